@@ -1,0 +1,508 @@
+//! The typed values of the configuration file: durations, sizes, status sets, methods,
+//! names and upstream URLs. Each parses inside serde's visitor, so serde_yaml attaches
+//! the line and column of the offending scalar to any error; each serializes back to the
+//! form a user would write, for `dedupe-proxy check`.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::{Method, StatusCode, Uri};
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Deserializes any string through `T::from_str`, reporting `expecting` on a non-string.
+struct FromStrVisitor<T> {
+    expecting: &'static str,
+    target: PhantomData<T>,
+}
+
+impl<T> FromStrVisitor<T> {
+    const fn new(expecting: &'static str) -> Self {
+        FromStrVisitor {
+            expecting,
+            target: PhantomData,
+        }
+    }
+}
+
+impl<T> Visitor<'_> for FromStrVisitor<T>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
+        text.parse().map_err(E::custom)
+    }
+}
+
+/// Implements `Deserialize` through `FromStr` and, unless told `number`, `Serialize`
+/// through `Display`.
+macro_rules! string_value {
+    ($type:ty, $expecting:literal) => {
+        string_value!($type, $expecting, number);
+
+        impl Serialize for $type {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+    };
+    ($type:ty, $expecting:literal, number) => {
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                deserializer.deserialize_str(FromStrVisitor::new($expecting))
+            }
+        }
+    };
+}
+
+/// Status codes print as numbers.
+macro_rules! serialize_status {
+    ($type:ty) => {
+        impl Serialize for $type {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_u16(self.0.as_u16())
+            }
+        }
+    };
+}
+
+/// A duration written like `500ms`, `30s`, `5m`, `72h` or `7d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        humantime::parse_duration(text)
+            .map(HumanDuration)
+            .map_err(|error| {
+                format!(
+                    "invalid duration `{text}` ({error}); write it like 500ms, 30s, 5m, 72h or 7d"
+                )
+            })
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
+string_value!(HumanDuration, "a duration like 30s");
+
+/// A size in bytes, written as a number of bytes or like `64KiB`, `1MiB`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl FromStr for Size {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        bytesize::ByteSize::from_str(text.trim())
+            .map(|size| Size(size.as_u64()))
+            .map_err(|_| format!("invalid size `{text}`; write bytes or a size like 64KiB or 1MiB"))
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        bytesize::ByteSize::b(self.0).display().iec().fmt(f)
+    }
+}
+
+string_value!(Size, "a size like 1MiB");
+
+/// One entry of `success_status`: a class like `2xx` or a single code like `409`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusPattern {
+    Class(u16),
+    Code(StatusCode),
+}
+
+impl FromStr for StatusPattern {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.as_bytes() {
+            [digit @ b'1'..=b'5', b'x' | b'X', b'x' | b'X'] => {
+                Ok(StatusPattern::Class(u16::from(digit - b'0')))
+            }
+            _ => text
+                .parse::<StatusValue>()
+                .map(|code| StatusPattern::Code(code.0)),
+        }
+    }
+}
+
+impl fmt::Display for StatusPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StatusPattern::Class(class) => write!(f, "{class}xx"),
+            StatusPattern::Code(code) => write!(f, "{}", code.as_u16()),
+        }
+    }
+}
+
+string_value!(
+    StatusPattern,
+    "a status class like \"2xx\" or a code like 200"
+);
+
+impl StatusPattern {
+    pub fn matches(&self, status: StatusCode) -> bool {
+        match self {
+            StatusPattern::Class(class) => status.as_u16() / 100 == *class,
+            StatusPattern::Code(code) => *code == status,
+        }
+    }
+}
+
+/// An HTTP status code from 100 to 599.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusValue(pub StatusCode);
+
+impl FromStr for StatusValue {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        text.parse::<u16>()
+            .ok()
+            .filter(|code| (100..600).contains(code))
+            .and_then(|code| StatusCode::from_u16(code).ok())
+            .map(StatusValue)
+            .ok_or_else(|| format!("invalid status `{text}`; expected a code from 100 to 599"))
+    }
+}
+
+impl fmt::Display for StatusValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.as_u16())
+    }
+}
+
+string_value!(StatusValue, "an HTTP status code", number);
+serialize_status!(StatusValue);
+
+/// An HTTP method name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MethodValue(pub Method);
+
+impl FromStr for MethodValue {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        Method::from_bytes(text.to_ascii_uppercase().as_bytes())
+            .map(MethodValue)
+            .map_err(|_| format!("invalid HTTP method `{text}`"))
+    }
+}
+
+impl fmt::Display for MethodValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.as_str())
+    }
+}
+
+string_value!(MethodValue, "an HTTP method");
+
+/// `method:` takes one method or a list of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Methods(pub Vec<MethodValue>);
+
+impl<'de> Deserialize<'de> for Methods {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OneOrMany;
+
+        impl<'de> Visitor<'de> for OneOrMany {
+            type Value = Methods;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a method like POST or a list of methods")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Methods, E> {
+                Ok(Methods(vec![text.parse().map_err(E::custom)?]))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Methods, A::Error> {
+                let mut methods = Vec::new();
+                while let Some(method) = seq.next_element()? {
+                    methods.push(method);
+                }
+                Ok(Methods(methods))
+            }
+        }
+
+        deserializer.deserialize_any(OneOrMany)
+    }
+}
+
+/// A route or scope name: `[a-z0-9_-]+`. Names appear in store keys, metrics and URLs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Name(pub String);
+
+impl FromStr for Name {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let valid = !text.is_empty()
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if valid {
+            Ok(Name(text.to_owned()))
+        } else {
+            Err(format!(
+                "invalid name `{text}`; use lowercase letters, digits, `_` and `-`"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+string_value!(Name, "a name of lowercase letters, digits, `_` and `-`");
+
+/// Where the application listens: `http://host:port`, optionally with a base path that
+/// is put in front of every forwarded path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    /// `http://host:port`, without a trailing slash.
+    pub origin: String,
+    /// The base path without a trailing slash; empty for none.
+    pub base_path: String,
+}
+
+impl FromStr for UpstreamUrl {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let uri: Uri = text
+            .parse()
+            .map_err(|error| format!("invalid upstream URL `{text}`: {error}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(format!(
+                    "upstream `{text}`: https upstreams are not supported; the proxy speaks plain HTTP to the application beside it"
+                ));
+            }
+            _ => return Err(format!("upstream `{text}` must be an http:// URL")),
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("upstream `{text}` has no host"))?;
+        if uri.query().is_some() {
+            return Err(format!("upstream `{text}` must not have a query"));
+        }
+        Ok(UpstreamUrl {
+            origin: format!("http://{authority}"),
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.origin, self.base_path)
+    }
+}
+
+string_value!(UpstreamUrl, "an upstream URL like http://127.0.0.1:8080");
+
+string_value!(
+    crate::key::KeyTemplate,
+    "a key template like \"{json:/id}\""
+);
+
+/// A status the proxy answers with to refuse a delivery for now: 4xx or 5xx, never a
+/// success, which would tell the provider to stop retrying an event that may yet fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefusalStatus(pub StatusCode);
+
+impl FromStr for RefusalStatus {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let StatusValue(code) = text.parse()?;
+        if code.is_client_error() || code.is_server_error() {
+            Ok(RefusalStatus(code))
+        } else {
+            Err(format!(
+                "status {text} would tell the provider the event was handled; use a 4xx or 5xx such as 409 or 429"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for RefusalStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.as_u16())
+    }
+}
+
+string_value!(RefusalStatus, "a 4xx or 5xx status code", number);
+serialize_status!(RefusalStatus);
+
+/// A header value such as a content type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderText(pub http::HeaderValue);
+
+impl FromStr for HeaderText {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        http::HeaderValue::from_str(text)
+            .map(HeaderText)
+            .map_err(|_| format!("`{text}` is not a valid header value"))
+    }
+}
+
+impl fmt::Display for HeaderText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.to_str().unwrap_or("<binary>"))
+    }
+}
+
+string_value!(HeaderText, "a header value");
+
+/// The name of an environment variable holding a secret (a field ending in `_env`),
+/// read as the file is parsed so that an unset variable is reported at its line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvSecret {
+    pub variable: String,
+    pub secret: Secret,
+}
+
+impl FromStr for EnvSecret {
+    type Err = String;
+
+    fn from_str(variable: &str) -> Result<Self, String> {
+        Ok(EnvSecret {
+            variable: variable.to_owned(),
+            secret: Secret::from_env(variable)?,
+        })
+    }
+}
+
+impl fmt::Display for EnvSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.variable)
+    }
+}
+
+string_value!(EnvSecret, "the name of an environment variable");
+
+/// A secret read from the environment; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Reads the secret held by the environment variable `variable`.
+    pub fn from_env(variable: &str) -> Result<Secret, String> {
+        match std::env::var(variable) {
+            Ok(value) if !value.is_empty() => Ok(Secret(value)),
+            Ok(_) => Err(format!("environment variable {variable} is empty")),
+            Err(_) => Err(format!("environment variable {variable} is not set")),
+        }
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            "500ms".parse::<HumanDuration>().unwrap().0,
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            "7d".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(7 * 86400)
+        );
+        assert_eq!("72h".parse::<HumanDuration>().unwrap().to_string(), "3days");
+        assert!("5 parsecs".parse::<HumanDuration>().is_err());
+        assert!("30".parse::<HumanDuration>().is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!("64KiB".parse::<Size>().unwrap().0, 65536);
+        assert_eq!("1MiB".parse::<Size>().unwrap().0, 1 << 20);
+        assert_eq!("1000".parse::<Size>().unwrap().0, 1000);
+        assert_eq!(Size(1 << 20).to_string(), "1.0 MiB");
+        assert!("lots".parse::<Size>().is_err());
+    }
+
+    #[test]
+    fn status_patterns() {
+        let class: StatusPattern = "2xx".parse().unwrap();
+        assert!(class.matches(StatusCode::NO_CONTENT));
+        assert!(!class.matches(StatusCode::MULTIPLE_CHOICES));
+        let code: StatusPattern = "409".parse().unwrap();
+        assert!(code.matches(StatusCode::CONFLICT));
+        assert!(!code.matches(StatusCode::OK));
+        assert!("6xx".parse::<StatusPattern>().is_err());
+        assert!("99".parse::<StatusPattern>().is_err());
+        assert!("600".parse::<StatusPattern>().is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert!("stripe-v2_x".parse::<Name>().is_ok());
+        assert!("Stripe".parse::<Name>().is_err());
+        assert!("a:b".parse::<Name>().is_err());
+        assert!("".parse::<Name>().is_err());
+    }
+
+    #[test]
+    fn upstream_urls() {
+        let url: UpstreamUrl = "http://127.0.0.1:8080/".parse().unwrap();
+        assert_eq!(
+            (url.origin.as_str(), url.base_path.as_str()),
+            ("http://127.0.0.1:8080", "")
+        );
+        let url: UpstreamUrl = "http://app:3000/base/".parse().unwrap();
+        assert_eq!(url.base_path, "/base");
+        assert!(
+            "https://app"
+                .parse::<UpstreamUrl>()
+                .unwrap_err()
+                .contains("https")
+        );
+        assert!("app:3000".parse::<UpstreamUrl>().is_err());
+        assert!("http://app/?q=1".parse::<UpstreamUrl>().is_err());
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        assert_eq!(format!("{:?}", Secret("hunter2".into())), "Secret(***)");
+    }
+}

@@ -1,0 +1,407 @@
+//! Key templates: parsing `"{header:X-Shop}:{json:/id}"` once at configuration time, and
+//! extracting an event's key from a delivery at request time.
+//!
+//! A template is literal text plus parts in braces. `{{` and `}}` stand for literal braces.
+//! Extraction is pure: it reads the request head and the buffered body and never touches
+//! the network or the store. The body is parsed at most once per delivery, and only when a
+//! part needs it (`json` or `form`), so a header-keyed route never parses its body.
+
+use std::fmt;
+use std::str::FromStr;
+
+use http::HeaderMap;
+use http::header::HeaderName;
+
+/// The longest key the proxy accepts, in bytes, after the template is filled in.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// A parsed key template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyTemplate {
+    source: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    /// An RFC 6901 JSON pointer into the body.
+    Json(String),
+    Header(HeaderName),
+    Query(String),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(String),
+}
+
+impl Part {
+    fn describe(&self) -> String {
+        match self {
+            Part::Literal(text) => text.clone(),
+            Part::Json(pointer) => format!("{{json:{pointer}}}"),
+            Part::Header(name) => format!("{{header:{name}}}"),
+            Part::Query(name) => format!("{{query:{name}}}"),
+            Part::Form(name) => format!("{{form:{name}}}"),
+        }
+    }
+}
+
+/// Why a template is invalid.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unclosed `{{` in key template")]
+    Unclosed,
+    #[error("unmatched `}}` in key template (write `}}}}` for a literal brace)")]
+    UnmatchedClose,
+    #[error("`{{{0}}}` is not a key part: use json:, header:, query: or form:")]
+    UnknownKind(String),
+    #[error("`{{{0}:}}` needs a name after the colon")]
+    EmptyName(String),
+    #[error("JSON pointer `{0}` must start with `/` (RFC 6901)")]
+    BadPointer(String),
+    #[error("`{0}` is not a valid header name")]
+    BadHeader(String),
+    #[error(
+        "a key template needs at least one {{json:..}}, {{header:..}}, {{query:..}} or {{form:..}} part; literal text alone would give every event the same key"
+    )]
+    NoParts,
+}
+
+impl FromStr for KeyTemplate {
+    type Err = TemplateError;
+
+    fn from_str(source: &str) -> Result<Self, TemplateError> {
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = source.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    literal.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    literal.push('}');
+                }
+                '}' => return Err(TemplateError::UnmatchedClose),
+                '{' => {
+                    let mut inner = String::new();
+                    loop {
+                        match chars.next() {
+                            Some('}') => break,
+                            Some(c) => inner.push(c),
+                            None => return Err(TemplateError::Unclosed),
+                        }
+                    }
+                    if !literal.is_empty() {
+                        parts.push(Part::Literal(std::mem::take(&mut literal)));
+                    }
+                    parts.push(parse_part(&inner)?);
+                }
+                c => literal.push(c),
+            }
+        }
+        if !literal.is_empty() {
+            parts.push(Part::Literal(literal));
+        }
+        if parts.iter().all(|part| matches!(part, Part::Literal(_))) {
+            return Err(TemplateError::NoParts);
+        }
+        Ok(KeyTemplate {
+            source: source.to_owned(),
+            parts,
+        })
+    }
+}
+
+fn parse_part(inner: &str) -> Result<Part, TemplateError> {
+    let Some((kind, name)) = inner.split_once(':') else {
+        return Err(TemplateError::UnknownKind(inner.to_owned()));
+    };
+    if name.is_empty() {
+        return Err(TemplateError::EmptyName(kind.to_owned()));
+    }
+    match kind {
+        "json" if name.starts_with('/') => Ok(Part::Json(name.to_owned())),
+        "json" => Err(TemplateError::BadPointer(name.to_owned())),
+        "header" => HeaderName::from_str(name)
+            .map(Part::Header)
+            .map_err(|_| TemplateError::BadHeader(name.to_owned())),
+        "query" => Ok(Part::Query(name.to_owned())),
+        "form" => Ok(Part::Form(name.to_owned())),
+        _ => Err(TemplateError::UnknownKind(inner.to_owned())),
+    }
+}
+
+impl fmt::Display for KeyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+/// Why a delivery has no usable key.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// A part is absent, empty, null, an object, an array or a boolean, or the body
+    /// is not the JSON or form it should be. `on_missing_key` decides what happens.
+    #[error("{part}: {reason}")]
+    Missing { part: String, reason: &'static str },
+    /// The key exceeds [`MAX_KEY_BYTES`]; always rejected.
+    #[error("key is {0} bytes, over the limit of 512")]
+    TooLong(usize),
+}
+
+/// What a template reads from: the request head and its buffered body.
+pub struct Delivery<'a> {
+    pub headers: &'a HeaderMap,
+    pub query: Option<&'a str>,
+    pub body: &'a [u8],
+}
+
+impl KeyTemplate {
+    /// Fills in the template from a delivery.
+    pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
+        let mut json: Option<Result<serde_json::Value, ()>> = None;
+        let mut key = String::new();
+        for part in &self.parts {
+            let missing = |reason| KeyError::Missing {
+                part: part.describe(),
+                reason,
+            };
+            match part {
+                Part::Literal(text) => key.push_str(text),
+                Part::Header(name) => {
+                    let value = delivery
+                        .headers
+                        .get(name)
+                        .ok_or_else(|| missing("header absent"))?;
+                    let value = value
+                        .to_str()
+                        .map_err(|_| missing("header is not visible ASCII"))?;
+                    key.push_str(non_empty(value).ok_or_else(|| missing("header empty"))?);
+                }
+                Part::Query(name) => {
+                    let query = delivery.query.unwrap_or("").as_bytes();
+                    let value = first_pair(query, name).ok_or_else(|| missing("query absent"))?;
+                    key.push_str(non_empty(&value).ok_or_else(|| missing("query empty"))?);
+                }
+                Part::Form(name) => {
+                    let value = first_pair(delivery.body, name)
+                        .ok_or_else(|| missing("form field absent"))?;
+                    key.push_str(non_empty(&value).ok_or_else(|| missing("form field empty"))?);
+                }
+                Part::Json(pointer) => {
+                    let document = json
+                        .get_or_insert_with(|| {
+                            serde_json::from_slice(delivery.body).map_err(|_| ())
+                        })
+                        .as_ref()
+                        .map_err(|_| missing("body is not valid JSON"))?;
+                    match document.pointer(pointer) {
+                        Some(serde_json::Value::String(text)) => key.push_str(
+                            non_empty(text).ok_or_else(|| missing("JSON value is empty"))?,
+                        ),
+                        Some(serde_json::Value::Number(number)) => {
+                            key.push_str(&number.to_string())
+                        }
+                        Some(_) => return Err(missing("JSON value is not a string or number")),
+                        None => return Err(missing("JSON value absent")),
+                    }
+                }
+            }
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(KeyError::TooLong(key.len()));
+        }
+        Ok(key)
+    }
+}
+
+fn non_empty(value: &str) -> Option<&str> {
+    (!value.is_empty()).then_some(value)
+}
+
+/// The first value of `name` in URL-encoded `pairs` (a query string or a form body).
+fn first_pair(pairs: &[u8], name: &str) -> Option<String> {
+    form_urlencoded::parse(pairs)
+        .find(|(field, _)| field == name)
+        .map(|(_, value)| value.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn template(text: &str) -> KeyTemplate {
+        text.parse().unwrap()
+    }
+
+    fn extract(
+        text: &str,
+        headers: &[(&str, &str)],
+        query: Option<&str>,
+        body: &str,
+    ) -> Result<String, KeyError> {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                HeaderName::from_str(name).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        template(text).extract(&Delivery {
+            headers: &map,
+            query,
+            body: body.as_bytes(),
+        })
+    }
+
+    #[test]
+    fn parses_every_part_kind_and_literals() {
+        let parsed = template("a{{b}}:{json:/id}-{header:X-Id}{query:q}{form:f}");
+        assert_eq!(
+            parsed.parts,
+            vec![
+                Part::Literal("a{b}:".into()),
+                Part::Json("/id".into()),
+                Part::Literal("-".into()),
+                Part::Header(HeaderName::from_static("x-id")),
+                Part::Query("q".into()),
+                Part::Form("f".into()),
+            ]
+        );
+        assert_eq!(
+            parsed.to_string(),
+            "a{{b}}:{json:/id}-{header:X-Id}{query:q}{form:f}"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_templates() {
+        let error = |text: &str| text.parse::<KeyTemplate>().unwrap_err();
+        assert_eq!(error("{json:/id"), TemplateError::Unclosed);
+        assert_eq!(error("id}"), TemplateError::UnmatchedClose);
+        assert_eq!(
+            error("{body:/id}"),
+            TemplateError::UnknownKind("body:/id".into())
+        );
+        assert_eq!(error("{id}"), TemplateError::UnknownKind("id".into()));
+        assert_eq!(
+            error("{header:}"),
+            TemplateError::EmptyName("header".into())
+        );
+        assert_eq!(error("{json:id}"), TemplateError::BadPointer("id".into()));
+        assert_eq!(
+            error("{header:bad name}"),
+            TemplateError::BadHeader("bad name".into())
+        );
+        assert_eq!(error("constant"), TemplateError::NoParts);
+        assert_eq!(error(""), TemplateError::NoParts);
+    }
+
+    #[test]
+    fn json_strings_and_numbers() {
+        assert_eq!(
+            extract("{json:/id}", &[], None, r#"{"id":"evt_1"}"#).unwrap(),
+            "evt_1"
+        );
+        assert_eq!(
+            extract("{json:/n}", &[], None, r#"{"n":42}"#).unwrap(),
+            "42"
+        );
+        assert_eq!(
+            extract("{json:/n}", &[], None, r#"{"n":-1.5}"#).unwrap(),
+            "-1.5"
+        );
+        assert_eq!(
+            extract("{json:/n}", &[], None, r#"{"n":1.50}"#).unwrap(),
+            "1.5"
+        );
+        assert_eq!(
+            extract("{json:/a~1b/0}", &[], None, r#"{"a/b":["x"]}"#).unwrap(),
+            "x"
+        );
+    }
+
+    #[test]
+    fn unusable_json_values_are_missing() {
+        for body in [
+            r#"{"id":null}"#,
+            r#"{"id":""}"#,
+            r#"{"id":{}}"#,
+            r#"{"id":[1]}"#,
+            r#"{"id":true}"#,
+            r#"{"other":1}"#,
+            "not json",
+            "",
+        ] {
+            let result = extract("{json:/id}", &[], None, body);
+            assert!(
+                matches!(result, Err(KeyError::Missing { .. })),
+                "{body}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn headers_query_and_form() {
+        assert_eq!(
+            extract(
+                "{header:x-shop}:{header:X-Event}",
+                &[("X-Shop", "s.example"), ("x-event", "7")],
+                None,
+                ""
+            )
+            .unwrap(),
+            "s.example:7"
+        );
+        assert_eq!(
+            extract("{query:event_id}", &[], Some("a=1&event_id=e%201"), "").unwrap(),
+            "e 1"
+        );
+        assert_eq!(
+            extract(
+                "{form:MessageSid}",
+                &[],
+                None,
+                "To=%2B1&MessageSid=SM123&MessageSid=SM9"
+            )
+            .unwrap(),
+            "SM123"
+        );
+        assert!(extract("{header:x-id}", &[("x-id", "")], None, "").is_err());
+        assert!(extract("{header:x-id}", &[], None, "").is_err());
+        assert!(extract("{query:id}", &[], None, "").is_err());
+        assert!(extract("{query:id}", &[], Some("id="), "").is_err());
+        assert!(extract("{form:id}", &[], None, "other=1").is_err());
+    }
+
+    #[test]
+    fn non_ascii_header_is_missing() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-id", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let result = template("{header:x-id}").extract(&Delivery {
+            headers: &headers,
+            query: None,
+            body: b"",
+        });
+        assert!(matches!(result, Err(KeyError::Missing { .. })));
+    }
+
+    #[test]
+    fn key_length_limit_is_512_bytes() {
+        let at_limit = "a".repeat(MAX_KEY_BYTES);
+        assert_eq!(
+            extract("{query:k}", &[], Some(&format!("k={at_limit}")), "")
+                .unwrap()
+                .len(),
+            512
+        );
+        let over = "a".repeat(MAX_KEY_BYTES - 1);
+        assert_eq!(
+            extract("x{query:k}y", &[], Some(&format!("k={over}")), ""),
+            Err(KeyError::TooLong(513))
+        );
+    }
+}

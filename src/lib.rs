@@ -1,0 +1,266 @@
+//! dedupe-proxy: a reverse proxy that makes each webhook event reach an application's
+//! success path once, although providers deliver at least once.
+//!
+//! # Architecture
+//!
+//! ```text
+//! provider ──HTTP──▶ server ──▶ proxy ──▶ upstream ──HTTP──▶ application
+//!                                 │
+//!                                 └──▶ store (ClaimStore: sled)
+//! admin port ──▶ admin (health, readiness, keys)
+//! ```
+//!
+//! - [`config`] reads the YAML file; [`route`] resolves routes; [`key`] extracts keys.
+//! - [`proxy`] is the lifecycle of one delivery: match, read, key, claim, forward, finish.
+//! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked.
+//! - [`upstream`] is the pooled client; [`response`] writes every answer the proxy makes.
+//! - [`server`] accepts connections; [`admin`] serves the admin port; [`shutdown`] waits
+//!   for signals.
+//!
+//! # A delivery's life
+//!
+//! A delivery on a matched route has its body read (bounded), its key extracted and
+//! claimed. Only an unclaimed key is forwarded, in a task that outlives the sender's
+//! connection. An upstream success marks the key done before the sender hears of it; any
+//! failure releases the claim so the provider's retry runs the work. A done key's
+//! duplicate is answered at once; an in-flight key's gets 409 and `Retry-After`.
+//!
+//! [`start`] brings the proxy up and returns an [`App`]; [`App::shutdown`] drains it.
+//! [`run`] does both around a shutdown signal, for the binary.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod key;
+pub mod proxy;
+pub mod response;
+pub mod route;
+pub mod server;
+pub mod shutdown;
+pub mod store;
+pub mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::proxy::Proxy;
+use crate::store::{ClaimStore, StoreError};
+
+/// How often the sweeper looks for expired records, and how many index entries one
+/// sweep call reads before yielding.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+const SWEEP_BATCH: usize = 1000;
+
+/// The admin listener's own grace at shutdown, after the proxy has drained.
+const ADMIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} for the {what}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// A running proxy.
+pub struct App {
+    /// Where providers connect (the bound address, useful with port 0).
+    pub proxy_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    admin: Arc<Admin>,
+    proxy: Arc<Proxy>,
+    store: Arc<dyn ClaimStore>,
+    shutdown_grace: Duration,
+    stop_proxy: CancellationToken,
+    stop_admin: CancellationToken,
+    proxy_server: JoinHandle<()>,
+    admin_server: JoinHandle<()>,
+    sweeper: JoinHandle<()>,
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// Opens the configured store, binds both listeners and starts serving.
+pub async fn start(config: Config) -> Result<App, StartError> {
+    start_with(config, None).await
+}
+
+/// Like [`start`], with a store the caller opened (an embedding, or a test that wraps
+/// the store to inject faults) instead of the configured one.
+pub async fn start_with_store(
+    config: Config,
+    store: Arc<dyn ClaimStore>,
+) -> Result<App, StartError> {
+    start_with(config, Some(store)).await
+}
+
+async fn start_with(
+    config: Config,
+    given_store: Option<Arc<dyn ClaimStore>>,
+) -> Result<App, StartError> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    // The admin port comes first, so that probes see "starting" while the store opens.
+    let admin_listener = bind("admin API", config.admin.listen).await?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let admin = Arc::new(Admin::new(
+        config
+            .admin
+            .token_env
+            .as_ref()
+            .map(|env| env.secret.clone()),
+    ));
+    let stop_admin = CancellationToken::new();
+    let admin_server = tokio::spawn(server::serve(
+        admin_listener,
+        {
+            let admin = Arc::clone(&admin);
+            move |request, peer| Arc::clone(&admin).handle(request, peer)
+        },
+        stop_admin.clone(),
+        ADMIN_GRACE,
+    ));
+
+    let opened = async {
+        let store = match given_store {
+            Some(store) => store,
+            None => store::open(&config.store).await?,
+        };
+        let listener = bind("proxy", config.listen).await?;
+        Ok::<_, StartError>((store, listener))
+    };
+    let (store, proxy_listener) = match opened.await {
+        Ok(opened) => opened,
+        Err(error) => {
+            stop_admin.cancel();
+            let _ = admin_server.await;
+            return Err(error);
+        }
+    };
+    let proxy_addr = proxy_listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let proxy = Arc::new(Proxy::new(&config, Arc::clone(&store)));
+    let stop_proxy = CancellationToken::new();
+    let proxy_server = tokio::spawn(server::serve(
+        proxy_listener,
+        {
+            let proxy = Arc::clone(&proxy);
+            move |request, peer| Arc::clone(&proxy).handle(request, peer)
+        },
+        stop_proxy.clone(),
+        config.shutdown_grace.0,
+    ));
+    let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store)));
+    admin.ready(Arc::clone(&proxy));
+    tracing::info!(
+        proxy = %proxy_addr,
+        admin = %admin_addr,
+        routes = config.routes.len(),
+        config = %config.source.display(),
+        "dedupe-proxy ready"
+    );
+    Ok(App {
+        proxy_addr,
+        admin_addr,
+        admin,
+        proxy,
+        store,
+        shutdown_grace: config.shutdown_grace.0,
+        stop_proxy,
+        stop_admin,
+        proxy_server,
+        admin_server,
+        sweeper,
+    })
+}
+
+impl App {
+    /// Stops accepting and reports not ready, lets in-flight forwards finish within the
+    /// shutdown grace, releases the claims still open, flushes the store, and returns.
+    pub async fn shutdown(self) -> Result<(), StoreError> {
+        let deadline = Instant::now() + self.shutdown_grace;
+        self.admin.shutting_down();
+        self.stop_proxy.cancel();
+        let _ = self.proxy_server.await;
+        self.proxy
+            .drain(deadline.saturating_duration_since(Instant::now()))
+            .await;
+        self.sweeper.abort();
+        let flushed = self.store.flush().await;
+        self.stop_admin.cancel();
+        let _ = self.admin_server.await;
+        match &flushed {
+            Ok(()) => tracing::info!("dedupe-proxy stopped"),
+            Err(error) => tracing::error!(%error, "the store could not be flushed at shutdown"),
+        }
+        flushed
+    }
+}
+
+/// Removes expired records in the background, a batch at a time.
+async fn sweep_forever(store: Arc<dyn ClaimStore>) {
+    let mut ticks = tokio::time::interval(SWEEP_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        loop {
+            match store.sweep(SWEEP_BATCH).await {
+                Ok(swept) => {
+                    if swept.removed > 0 {
+                        tracing::debug!(removed = swept.removed, "swept expired keys");
+                    }
+                    if swept.examined < SWEEP_BATCH {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "sweep failed");
+                    break;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Errors that end [`run`].
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("shutdown: {0}")]
+    Shutdown(#[from] StoreError),
+}
+
+/// Serves `config` until `shutdown` resolves, then drains and stops.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let app = start(config).await?;
+    shutdown.await;
+    app.shutdown().await?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! The binary: parse the command line, set up logging, load the configuration (exit 2 if
+//! it is invalid), and run until a shutdown signal.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use dedupe_proxy::cli::{Cli, Command, ConfigArgs, LogFormat};
+use dedupe_proxy::config::Config;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run(cli.run)) {
+        Command::Run(args) => serve(&args),
+        Command::Check(args) => check(&args),
+        Command::Demo(args) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime().block_on(dedupe_proxy::demo::run(&args))
+        }
+    }
+}
+
+fn serve(args: &ConfigArgs) -> ExitCode {
+    init_logging(args.log_format, "info");
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    match runtime().block_on(dedupe_proxy::run(config, dedupe_proxy::shutdown::signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "dedupe-proxy failed");
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(args: &ConfigArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    print!(
+        "{}",
+        serde_yaml::to_string(&config).expect("a configuration serializes")
+    );
+    eprintln!(
+        "{}: valid, {} route(s)",
+        config.source.display(),
+        config.routes.len()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Loads the configuration, or prints why not and gives exit status 2.
+fn load(args: &ConfigArgs) -> Result<Config, ExitCode> {
+    let Some(path) = &args.config else {
+        eprintln!("error: no configuration: pass --config FILE or set DEDUPE_PROXY_CONFIG");
+        return Err(ExitCode::from(2));
+    };
+    Config::load(path, &args.overrides()).map_err(|error| {
+        eprintln!("error: {error}");
+        ExitCode::from(2)
+    })
+}
+
+fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime")
+}

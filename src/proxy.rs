@@ -1,0 +1,513 @@
+//! The delivery lifecycle, as small named steps read top to bottom:
+//!
+//! ```text
+//! handle ─▶ match route ──none──▶ pass_unmatched (forward untouched, or 404)
+//!              │
+//!              ▼
+//!           deliver: read body (413) ─▶ extract key (400 / forward unkeyed)
+//!              ─▶ claim ──done──▶ answer_duplicate (200, or 422 on a changed body)
+//!                   │    ──in flight──▶ 409 + Retry-After
+//!                   │    ──store error──▶ 503 + Retry-After (or forward unkeyed)
+//!                   ▼
+//!           forward_claimed: in a task of its own
+//!              ─▶ upstream success ─▶ record_success (done, then answer)
+//!              ─▶ upstream failure, 502, 504 ─▶ release, then answer
+//! ```
+//!
+//! Every answer on a matched route carries `Dedupe-Status`, added in one place (`handle`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, Span, field};
+
+use crate::body::{self, BodyError, ProxyBody};
+use crate::config::{
+    Config, OnMissingKey, OnPayloadMismatch, OnStoreError, Unmatched, values::UpstreamUrl,
+};
+use crate::key::{Delivery, KeyError};
+use crate::response::{self, DedupeStatus, Refusal};
+use crate::route::{Route, RouteTable};
+use crate::store::{
+    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, RecordedResponse,
+    store_key,
+};
+use crate::upstream::{self, Upstream, UpstreamError};
+
+/// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
+/// answers without a `Content-Length`) stream through and are not replayed.
+pub const REPLAY_BODY_LIMIT: u64 = 64 * 1024;
+
+/// The proxy service: shared by every connection.
+pub struct Proxy {
+    routes: RouteTable,
+    unmatched: Unmatched,
+    fallback_upstream: UpstreamUrl,
+    unmatched_timeout: Duration,
+    store: Arc<dyn ClaimStore>,
+    upstream: Upstream,
+    /// Forward tasks, which outlive their senders; shutdown waits for them.
+    forwards: TaskTracker,
+    open_claims: OpenClaims,
+}
+
+impl Proxy {
+    pub fn new(config: &Config, store: Arc<dyn ClaimStore>) -> Proxy {
+        Proxy {
+            routes: RouteTable::new(config.routes.clone()),
+            unmatched: config.unmatched,
+            fallback_upstream: config.upstream.clone(),
+            unmatched_timeout: config.defaults.upstream_timeout.0,
+            store,
+            upstream: Upstream::new(),
+            forwards: TaskTracker::new(),
+            open_claims: OpenClaims::default(),
+        }
+    }
+
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    pub fn store(&self) -> &Arc<dyn ClaimStore> {
+        &self.store
+    }
+
+    /// Serves one request from a sender.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        let host = request_host(&request);
+        let route = self
+            .routes
+            .find(request.method(), host.as_deref(), request.uri().path())
+            .cloned();
+        let Some(route) = route else {
+            return self.pass_unmatched(request, peer).await;
+        };
+        let span = tracing::info_span!("delivery", route = %route.name, key = field::Empty);
+        let started = Instant::now();
+        let (outcome, response) = self
+            .deliver(&route, request, peer)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| {
+            tracing::info!(
+                outcome = outcome.as_str(),
+                status = response.status().as_u16(),
+                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "delivery answered"
+            );
+        });
+        response::tag(response, outcome)
+    }
+
+    /// The lifecycle of a delivery on a matched route.
+    async fn deliver(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> (DedupeStatus, Response<ProxyBody>) {
+        let policy = &route.policy;
+        let (head, body) = request.into_parts();
+
+        let body = match body::read_limited(&head.headers, body, policy.max_body.0).await {
+            Ok(body) => body,
+            Err(BodyError::TooLarge { limit }) => {
+                return (
+                    DedupeStatus::Rejected,
+                    Refusal::BodyTooLarge { limit }.into_response(),
+                );
+            }
+            Err(BodyError::Broken(reason)) => {
+                return (
+                    DedupeStatus::Rejected,
+                    Refusal::BodyUnreadable(reason).into_response(),
+                );
+            }
+        };
+
+        let delivery = Delivery {
+            headers: &head.headers,
+            query: head.uri.query(),
+            body: &body,
+        };
+        let key = match route.key.extract(&delivery) {
+            Ok(key) => key,
+            Err(KeyError::TooLong(length)) => {
+                return (
+                    DedupeStatus::Rejected,
+                    Refusal::KeyTooLong(length).into_response(),
+                );
+            }
+            Err(missing) => match policy.on_missing_key {
+                OnMissingKey::Forward => {
+                    tracing::debug!(%missing, "forwarding without a key");
+                    return (
+                        DedupeStatus::Unkeyed,
+                        self.forward_unkeyed(route, head, body, peer).await,
+                    );
+                }
+                OnMissingKey::Reject => {
+                    return (
+                        DedupeStatus::Rejected,
+                        Refusal::MissingKey(missing.to_string()).into_response(),
+                    );
+                }
+            },
+        };
+        Span::current().record("key", key.as_str());
+
+        let fingerprint: Fingerprint = Sha256::digest(&body).into();
+        let claimed = self
+            .store
+            .claim(
+                &store_key(&route.namespace, &key),
+                fingerprint,
+                policy.lease.0,
+            )
+            .await;
+        match claimed {
+            Ok(ClaimOutcome::Claimed(claim)) => {
+                self.forward_claimed(route, claim, head, body, &key, peer)
+                    .await
+            }
+            Ok(ClaimOutcome::Done(record)) => answer_duplicate(route, record, fingerprint),
+            Ok(ClaimOutcome::InFlight { .. }) => {
+                let refusal = Refusal::InFlight {
+                    status: policy.in_flight_status.0,
+                    retry_after: policy.retry_after.0,
+                };
+                (DedupeStatus::InFlight, refusal.into_response())
+            }
+            Err(error) => {
+                tracing::warn!(%error, "claim store failed");
+                match policy.on_store_error {
+                    OnStoreError::Forward => (
+                        DedupeStatus::Unkeyed,
+                        self.forward_unkeyed(route, head, body, peer).await,
+                    ),
+                    OnStoreError::Reject => {
+                        let refusal = Refusal::StoreUnavailable {
+                            retry_after: policy.retry_after.0,
+                        };
+                        (DedupeStatus::Unavailable, refusal.into_response())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forwards a claimed delivery in a task of its own: when the sender hangs up, hyper
+    /// drops this handler's future, but the forward and the recording of its outcome
+    /// must still run to their end.
+    async fn forward_claimed(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        claim: Claim,
+        head: http::request::Parts,
+        body: Bytes,
+        key: &str,
+        peer: SocketAddr,
+    ) -> (DedupeStatus, Response<ProxyBody>) {
+        let key_header = route.policy.forward_key_header.then_some(key);
+        let request = upstream::outbound(head, body::full(body), &route.upstream, peer, key_header);
+        let (answer, answered) = oneshot::channel();
+        let open = self.open_claims.hold(claim, Arc::clone(&self.store));
+        let proxy = Arc::clone(self);
+        let route = Arc::clone(route);
+        self.forwards.spawn(
+            async move {
+                let outcome = proxy.forward_and_record(&route, open, request).await;
+                // The sender may be gone; the outcome is recorded either way.
+                let _ = answer.send(outcome);
+            }
+            .instrument(Span::current()),
+        );
+        answered.await.unwrap_or_else(|_| {
+            // The task died (a panic); dropping its open claim released the key.
+            (DedupeStatus::Released, Refusal::Internal.into_response())
+        })
+    }
+
+    async fn forward_and_record(
+        &self,
+        route: &Route,
+        open: OpenClaim,
+        request: Request<ProxyBody>,
+    ) -> (DedupeStatus, Response<ProxyBody>) {
+        let started = Instant::now();
+        let sent = self
+            .upstream
+            .send(request, route.policy.upstream_timeout.0)
+            .await;
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "upstream answered"
+        );
+        let outcome = match sent {
+            Ok(response) if route.is_success(response.status()) => (
+                DedupeStatus::Forwarded,
+                self.record_success(route, open.claim(), response).await,
+            ),
+            Ok(response) => {
+                self.release(open.claim(), "upstream_status").await;
+                (DedupeStatus::Released, upstream::inbound(response))
+            }
+            Err(error) => {
+                tracing::warn!(%error, "forward failed");
+                let (reason, refusal) = match error {
+                    UpstreamError::Unreachable(detail) => {
+                        ("upstream_unreachable", Refusal::UpstreamUnreachable(detail))
+                    }
+                    UpstreamError::Timeout(after) => {
+                        ("upstream_timeout", Refusal::UpstreamTimeout(after))
+                    }
+                };
+                self.release(open.claim(), reason).await;
+                (DedupeStatus::Released, refusal.into_response())
+            }
+        };
+        open.settle();
+        outcome
+    }
+
+    /// Marks the key done, then hands back the upstream's answer. If the mark cannot be
+    /// written the answer is still the upstream's success: the work happened, and an
+    /// error would make the provider run it again at once.
+    async fn record_success(
+        &self,
+        route: &Route,
+        claim: &Claim,
+        response: Response<Incoming>,
+    ) -> Response<ProxyBody> {
+        let upstream_status = response.status().as_u16();
+        let (response, recorded) = if route.policy.duplicate_response.replay {
+            keep_for_replay(response, route.policy.upstream_timeout.0).await
+        } else {
+            (upstream::inbound(response), None)
+        };
+        let completion = Completion {
+            upstream_status,
+            retention: route.policy.retention.0,
+            response: recorded,
+        };
+        if let Err(error) = self.store.finish(claim, completion).await {
+            tracing::error!(%error, "upstream succeeded but the done mark was not recorded; a redelivery of this event would run again");
+        }
+        response
+    }
+
+    async fn release(&self, claim: &Claim, reason: &str) {
+        match self.store.release(claim).await {
+            Ok(()) => tracing::debug!(reason, "claim released"),
+            Err(error) => {
+                tracing::warn!(%error, reason, "claim not released; the key frees itself when its lease ends")
+            }
+        }
+    }
+
+    /// Forwards without deduplication (`on_missing_key` or `on_store_error: forward`).
+    async fn forward_unkeyed(
+        &self,
+        route: &Route,
+        head: http::request::Parts,
+        body: Bytes,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        let request = upstream::outbound(head, body::full(body), &route.upstream, peer, None);
+        self.relay(request, route.policy.upstream_timeout.0).await
+    }
+
+    /// A request no route matches: streamed through untouched, or refused.
+    async fn pass_unmatched(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        if self.unmatched == Unmatched::Reject {
+            return Refusal::NoRoute.into_response();
+        }
+        let (head, body) = request.into_parts();
+        let request = upstream::outbound(
+            head,
+            body::streaming(body),
+            &self.fallback_upstream,
+            peer,
+            None,
+        );
+        self.relay(request, self.unmatched_timeout).await
+    }
+
+    /// Sends without a claim and relays whatever comes back.
+    async fn relay(&self, request: Request<ProxyBody>, timeout: Duration) -> Response<ProxyBody> {
+        match self.upstream.send(request, timeout).await {
+            Ok(response) => upstream::inbound(response),
+            Err(UpstreamError::Unreachable(detail)) => {
+                Refusal::UpstreamUnreachable(detail).into_response()
+            }
+            Err(UpstreamError::Timeout(after)) => Refusal::UpstreamTimeout(after).into_response(),
+        }
+    }
+
+    /// Waits up to `grace` for forward tasks to finish, then releases the claims of those
+    /// still running, so that the provider's retry is forwarded at once after a restart.
+    pub async fn drain(&self, grace: Duration) {
+        self.forwards.close();
+        if tokio::time::timeout(grace, self.forwards.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = self.forwards.len(),
+                "forwards still running when the shutdown grace ended"
+            );
+        }
+        for claim in self.open_claims.take_all() {
+            if let Err(error) = self.store.release(&claim).await {
+                tracing::warn!(%error, key = %claim.key, "could not release an open claim at shutdown");
+            }
+        }
+    }
+}
+
+/// The answer to a delivery whose key is done.
+fn answer_duplicate(
+    route: &Route,
+    record: DoneRecord,
+    fingerprint: Fingerprint,
+) -> (DedupeStatus, Response<ProxyBody>) {
+    if record.fingerprint != fingerprint {
+        tracing::warn!("duplicate key with a different body than the delivery that was processed");
+        if route.policy.on_payload_mismatch == OnPayloadMismatch::Reject {
+            return (
+                DedupeStatus::Rejected,
+                Refusal::PayloadMismatch.into_response(),
+            );
+        }
+    }
+    (
+        DedupeStatus::Duplicate,
+        response::duplicate(&route.policy.duplicate_response, record.response),
+    )
+}
+
+/// Buffers a small upstream answer so that duplicates can be answered with it; a large
+/// or unsized one streams through and is not kept.
+async fn keep_for_replay(
+    response: Response<Incoming>,
+    timeout: Duration,
+) -> (Response<ProxyBody>, Option<RecordedResponse>) {
+    let small = response
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|length| length <= REPLAY_BODY_LIMIT);
+    if !small {
+        return (upstream::inbound(response), None);
+    }
+    let (head, body) = upstream::inbound(response).into_parts();
+    let body = match tokio::time::timeout(timeout, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => {
+            tracing::warn!("upstream answer body failed; relaying the status without it");
+            return (Response::from_parts(head, body::empty()), None);
+        }
+    };
+    let recorded = RecordedResponse {
+        status: head.status.as_u16(),
+        content_type: head
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned),
+        body: body.clone(),
+    };
+    (Response::from_parts(head, body::full(body)), Some(recorded))
+}
+
+/// The host a request was sent to: its `Host` header, or an HTTP/2 request's authority.
+fn request_host(request: &Request<Incoming>) -> Option<String> {
+    request
+        .headers()
+        .get(HOST)
+        .and_then(|value| value.to_str().ok())
+        .or_else(|| {
+            request
+                .uri()
+                .authority()
+                .map(|authority| authority.as_str())
+        })
+        .map(str::to_owned)
+}
+
+/// Claims whose forward is under way. Shutdown releases the ones still open when its
+/// grace ends; a forward task that dies without settling releases its own.
+#[derive(Clone, Default)]
+struct OpenClaims(Arc<Mutex<HashMap<u128, Claim>>>);
+
+impl OpenClaims {
+    fn hold(&self, claim: Claim, store: Arc<dyn ClaimStore>) -> OpenClaim {
+        self.lock().insert(claim.token, claim.clone());
+        OpenClaim {
+            registry: self.clone(),
+            claim,
+            store,
+            settled: false,
+        }
+    }
+
+    fn take_all(&self) -> Vec<Claim> {
+        self.lock().drain().map(|(_, claim)| claim).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, Claim>> {
+        // The map stays consistent even if a holder panicked.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A claim being forwarded: settled once finished or released.
+struct OpenClaim {
+    registry: OpenClaims,
+    claim: Claim,
+    store: Arc<dyn ClaimStore>,
+    settled: bool,
+}
+
+impl OpenClaim {
+    fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    fn settle(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for OpenClaim {
+    fn drop(&mut self) {
+        let still_open = self.registry.lock().remove(&self.claim.token).is_some();
+        if still_open && !self.settled {
+            let (store, claim) = (Arc::clone(&self.store), self.claim.clone());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { store.release(&claim).await });
+            }
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The answers the proxy writes itself, in one place: every refusal's status, JSON error
+//! body and `Retry-After`, the duplicate answer, and the `Dedupe-Status` header that says
+//! what happened to a delivery.
+
+use std::time::Duration;
+
+use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::body::{ProxyBody, full};
+use crate::route::DuplicateResponse;
+use crate::store::RecordedResponse;
+
+pub static DEDUPE_STATUS: HeaderName = HeaderName::from_static("dedupe-status");
+
+/// What happened to a delivery on a matched route, sent back as `Dedupe-Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DedupeStatus {
+    /// Refused before anything was stored.
+    Rejected,
+    /// Forwarded without deduplication (no usable key, or the store failed).
+    Unkeyed,
+    /// The store could not be used; nothing was forwarded.
+    Unavailable,
+    /// The key was done: answered without forwarding.
+    Duplicate,
+    /// Another delivery of the key is being forwarded.
+    InFlight,
+    /// Forwarded, the upstream succeeded, the key is done.
+    Forwarded,
+    /// Forwarded, the upstream failed, the claim was released for a retry.
+    Released,
+}
+
+impl DedupeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DedupeStatus::Rejected => "rejected",
+            DedupeStatus::Unkeyed => "unkeyed",
+            DedupeStatus::Unavailable => "unavailable",
+            DedupeStatus::Duplicate => "duplicate",
+            DedupeStatus::InFlight => "in-flight",
+            DedupeStatus::Forwarded => "forwarded",
+            DedupeStatus::Released => "released",
+        }
+    }
+}
+
+/// Adds `Dedupe-Status` to an answer.
+pub fn tag(mut response: Response<ProxyBody>, status: DedupeStatus) -> Response<ProxyBody> {
+    response.headers_mut().insert(
+        DEDUPE_STATUS.clone(),
+        HeaderValue::from_static(status.as_str()),
+    );
+    response
+}
+
+/// Every reason the proxy answers a delivery itself instead of relaying the upstream.
+#[derive(Debug)]
+pub enum Refusal {
+    NoRoute,
+    BodyTooLarge {
+        limit: u64,
+    },
+    BodyUnreadable(String),
+    MissingKey(String),
+    KeyTooLong(usize),
+    StoreUnavailable {
+        retry_after: Duration,
+    },
+    InFlight {
+        status: StatusCode,
+        retry_after: Duration,
+    },
+    PayloadMismatch,
+    UpstreamUnreachable(String),
+    UpstreamTimeout(Duration),
+    /// A forward task ended without an answer (it panicked); the claim's lease frees the key.
+    Internal,
+}
+
+impl Refusal {
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        match self {
+            Refusal::NoRoute => (
+                StatusCode::NOT_FOUND,
+                "no_route",
+                "no route matches this request".into(),
+            ),
+            Refusal::BodyTooLarge { limit } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body exceeds this route's max_body of {limit} bytes"),
+            ),
+            Refusal::BodyUnreadable(reason) => {
+                (StatusCode::BAD_REQUEST, "body_unreadable", reason.clone())
+            }
+            Refusal::MissingKey(reason) => (
+                StatusCode::BAD_REQUEST,
+                "missing_key",
+                format!("no usable event key: {reason}"),
+            ),
+            Refusal::KeyTooLong(length) => (
+                StatusCode::BAD_REQUEST,
+                "key_too_long",
+                format!("the event key is {length} bytes; the limit is 512"),
+            ),
+            Refusal::StoreUnavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the claim store is unavailable; retry later".into(),
+            ),
+            Refusal::InFlight { status, .. } => (
+                *status,
+                "in_flight",
+                "another delivery of this event is being processed; retry later".into(),
+            ),
+            Refusal::PayloadMismatch => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "payload_mismatch",
+                "this event key was already processed with a different body".into(),
+            ),
+            Refusal::UpstreamUnreachable(_) => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_unreachable",
+                "the application could not be reached; retry later".into(),
+            ),
+            Refusal::UpstreamTimeout(timeout) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                format!(
+                    "the application did not answer within {}",
+                    humantime::format_duration(*timeout)
+                ),
+            ),
+            Refusal::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the delivery failed inside the proxy; retry later".into(),
+            ),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Refusal::StoreUnavailable { retry_after } | Refusal::InFlight { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// The answer: its status, `{"error","detail"}` JSON body and `Retry-After`.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let (status, code, detail) = self.parts();
+        let body = serde_json::json!({ "error": code, "detail": detail }).to_string();
+        let mut response = json_response(status, body);
+        if let Some(after) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, retry_after_value(after));
+        }
+        response
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up, at least 1.
+fn retry_after_value(after: Duration) -> HeaderValue {
+    let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    HeaderValue::from(seconds.max(1))
+}
+
+pub fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The answer to a duplicate of a done key: the upstream's recorded answer when the
+/// route replays and one was recorded, else the configured duplicate response.
+pub fn duplicate(
+    configured: &DuplicateResponse,
+    recorded: Option<RecordedResponse>,
+) -> Response<ProxyBody> {
+    let replayed = recorded.filter(|_| configured.replay).and_then(|recorded| {
+        let status = StatusCode::from_u16(recorded.status).ok()?;
+        let content_type = recorded
+            .content_type
+            .and_then(|value| HeaderValue::from_str(&value).ok());
+        Some((status, content_type, recorded.body))
+    });
+    let (status, content_type, body) = replayed.unwrap_or_else(|| {
+        (
+            configured.status.0,
+            Some(configured.content_type.0.clone()),
+            configured.body.clone(),
+        )
+    });
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    if let Some(content_type) = content_type {
+        response.headers_mut().insert(CONTENT_TYPE, content_type);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body_text(response: Response<ProxyBody>) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn refusals_are_json_with_retry_after_where_it_helps() {
+        let response = Refusal::StoreUnavailable {
+            retry_after: Duration::from_millis(1500),
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[RETRY_AFTER], "2");
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
+        let body: serde_json::Value = serde_json::from_str(&body_text(response).await).unwrap();
+        assert_eq!(body["error"], "store_unavailable");
+        assert!(body["detail"].is_string());
+
+        let response = Refusal::KeyTooLong(600).into_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert!(!response.headers().contains_key(RETRY_AFTER));
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_value(Duration::ZERO), "1");
+        assert_eq!(retry_after_value(Duration::from_secs(5)), "5");
+        assert_eq!(retry_after_value(Duration::from_millis(5001)), "6");
+    }
+}

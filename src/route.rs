@@ -1,0 +1,345 @@
+//! Routes: each `routes:` entry resolved against `defaults` and the built-in values into
+//! a [`Route`] whose every setting is known, and the [`RouteTable`] that finds the first
+//! route matching a request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode};
+use serde::Serialize;
+
+use crate::config::values::{
+    HeaderText, HumanDuration, MethodValue, Name, RefusalStatus, Size, StatusPattern, StatusValue,
+    UpstreamUrl,
+};
+use crate::config::{
+    DuplicateResponseFile, MatchFile, OnMissingKey, OnPayloadMismatch, OnStoreError, RouteFile,
+};
+use crate::key::KeyTemplate;
+
+/// The default duplicate answer's body.
+pub const DEFAULT_DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
+
+/// A route with every setting resolved.
+#[derive(Debug, Clone, Serialize)]
+pub struct Route {
+    pub name: String,
+    /// The key namespace: `scope` when set, else the route's name.
+    pub namespace: String,
+    #[serde(rename = "match")]
+    pub matcher: Matcher,
+    pub key: KeyTemplate,
+    pub upstream: UpstreamUrl,
+    #[serde(flatten)]
+    pub policy: Policy,
+}
+
+/// The per-route settings that `defaults` can also set.
+#[derive(Debug, Clone, Serialize)]
+pub struct Policy {
+    pub retention: HumanDuration,
+    pub lease: HumanDuration,
+    pub max_body: Size,
+    pub upstream_timeout: HumanDuration,
+    pub success_status: Vec<StatusPattern>,
+    pub on_missing_key: OnMissingKey,
+    pub on_store_error: OnStoreError,
+    pub on_payload_mismatch: OnPayloadMismatch,
+    pub duplicate_response: DuplicateResponse,
+    pub in_flight_status: RefusalStatus,
+    pub retry_after: HumanDuration,
+    pub forward_key_header: bool,
+}
+
+/// What a duplicate of a done key is answered with.
+#[derive(Debug, Clone, Serialize)]
+pub struct DuplicateResponse {
+    pub status: StatusValue,
+    #[serde(serialize_with = "serialize_body")]
+    pub body: Bytes,
+    pub content_type: HeaderText,
+    /// Answer with the upstream's recorded answer when the store holds one.
+    pub replay: bool,
+}
+
+fn serialize_body<S: serde::Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&String::from_utf8_lossy(body))
+}
+
+/// Which requests a route takes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Matcher {
+    /// Empty: any method.
+    #[serde(rename = "method", skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<MethodValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// Lowercase; compared with the request's host without its port unless this has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+impl Matcher {
+    fn from_file(file: MatchFile) -> Matcher {
+        Matcher {
+            methods: file.method.0,
+            path: file.path,
+            path_prefix: file.path_prefix,
+            host: file.host.map(|host| host.to_ascii_lowercase()),
+        }
+    }
+
+    /// Whether a request with this method, host (from `Host` or the URI) and path matches.
+    pub fn matches(&self, method: &Method, host: Option<&str>, path: &str) -> bool {
+        let method_ok = self.methods.is_empty() || self.methods.iter().any(|m| m.0 == method);
+        let path_ok = match (&self.path, &self.path_prefix) {
+            (Some(exact), _) => path == exact,
+            (None, Some(prefix)) => path.starts_with(prefix.as_str()),
+            (None, None) => true,
+        };
+        method_ok && path_ok && self.host_matches(host)
+    }
+
+    fn host_matches(&self, host: Option<&str>) -> bool {
+        let Some(wanted) = &self.host else {
+            return true;
+        };
+        let Some(host) = host else {
+            return false;
+        };
+        let host = if wanted.contains(':') {
+            host
+        } else {
+            strip_port(host)
+        };
+        host.eq_ignore_ascii_case(wanted)
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        // An IPv6 literal keeps its brackets; only strip a port after them.
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
+            name
+        }
+        _ => host,
+    }
+}
+
+/// Picks a route's own value, else the default's, else the built-in one.
+fn inherit<T: Clone>(own: &Option<T>, default: &Option<T>, builtin: T) -> T {
+    own.as_ref()
+        .or(default.as_ref())
+        .cloned()
+        .unwrap_or(builtin)
+}
+
+fn seconds(secs: u64) -> HumanDuration {
+    HumanDuration(Duration::from_secs(secs))
+}
+
+impl Policy {
+    /// A route's own settings, else the defaults', else the built-in ones. With an empty
+    /// `own`, this resolves the defaults themselves.
+    pub fn resolve(own: &RouteFile, defaults: &RouteFile) -> Policy {
+        let d = defaults;
+        let none = DuplicateResponseFile::default();
+        let own_dup = own.duplicate_response.as_ref().unwrap_or(&none);
+        let default_dup = d.duplicate_response.as_ref().unwrap_or(&none);
+        Policy {
+            retention: inherit(&own.retention, &d.retention, seconds(7 * 24 * 3600)),
+            lease: inherit(&own.lease, &d.lease, seconds(300)),
+            max_body: inherit(&own.max_body, &d.max_body, Size(1 << 20)),
+            upstream_timeout: inherit(&own.upstream_timeout, &d.upstream_timeout, seconds(30)),
+            success_status: inherit(
+                &own.success_status,
+                &d.success_status,
+                vec![StatusPattern::Class(2)],
+            ),
+            on_missing_key: inherit(&own.on_missing_key, &d.on_missing_key, OnMissingKey::Reject),
+            on_store_error: inherit(&own.on_store_error, &d.on_store_error, OnStoreError::Reject),
+            on_payload_mismatch: inherit(
+                &own.on_payload_mismatch,
+                &d.on_payload_mismatch,
+                OnPayloadMismatch::Duplicate,
+            ),
+            duplicate_response: DuplicateResponse {
+                status: inherit(
+                    &own_dup.status,
+                    &default_dup.status,
+                    StatusValue(StatusCode::OK),
+                ),
+                body: Bytes::from(inherit(
+                    &own_dup.body,
+                    &default_dup.body,
+                    DEFAULT_DUPLICATE_BODY.to_owned(),
+                )),
+                content_type: inherit(
+                    &own_dup.content_type,
+                    &default_dup.content_type,
+                    HeaderText(HeaderValue::from_static("application/json")),
+                ),
+                replay: inherit(&own_dup.replay, &default_dup.replay, false),
+            },
+            in_flight_status: inherit(
+                &own.in_flight_status,
+                &d.in_flight_status,
+                RefusalStatus(StatusCode::CONFLICT),
+            ),
+            retry_after: inherit(&own.retry_after, &d.retry_after, seconds(5)),
+            forward_key_header: inherit(&own.forward_key_header, &d.forward_key_header, true),
+        }
+    }
+}
+
+impl Route {
+    /// Resolves a checked route entry (name, match and key present) against `defaults`.
+    pub fn resolve(file: RouteFile, defaults: &RouteFile, upstream: &UpstreamUrl) -> Route {
+        let policy = Policy::resolve(&file, defaults);
+        let name = file.name.expect("checked: a route has a name").0;
+        Route {
+            namespace: file.scope.map_or_else(|| name.clone(), |Name(scope)| scope),
+            name,
+            matcher: Matcher::from_file(file.matcher.expect("checked: a route has a match")),
+            key: file.key.expect("checked: a route has a key"),
+            upstream: inherit(&file.upstream, &defaults.upstream, upstream.clone()),
+            policy,
+        }
+    }
+
+    /// A setting that is valid but probably a mistake, worth a line in the log.
+    pub fn warning(&self) -> Option<String> {
+        let policy = &self.policy;
+        (policy.lease.0 <= policy.upstream_timeout.0).then(|| {
+            format!(
+                "route `{}`: lease ({}) is not longer than upstream_timeout ({}); a retry may be forwarded while a slow first delivery still runs",
+                self.name, policy.lease, policy.upstream_timeout
+            )
+        })
+    }
+
+    /// Whether the upstream's status counts as success for this route.
+    pub fn is_success(&self, status: StatusCode) -> bool {
+        self.policy
+            .success_status
+            .iter()
+            .any(|pattern| pattern.matches(status))
+    }
+}
+
+/// The routes in file order; the first match wins.
+#[derive(Debug, Clone, Default)]
+pub struct RouteTable {
+    routes: Vec<Arc<Route>>,
+}
+
+impl RouteTable {
+    pub fn new(routes: Vec<Route>) -> RouteTable {
+        RouteTable {
+            routes: routes.into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    pub fn find(&self, method: &Method, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|route| route.matcher.matches(method, host, path))
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|route| route.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Overrides};
+    use std::path::Path;
+
+    fn table(yaml: &str) -> RouteTable {
+        let text = format!("upstream: http://127.0.0.1:8080\n{yaml}");
+        let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        RouteTable::new(config.routes)
+    }
+
+    const ROUTES: &str = r#"
+defaults:
+  retention: 3d
+  duplicate_response: { status: 202 }
+routes:
+  - name: exact
+    match: { method: POST, path: /hooks/a }
+    key: "{json:/id}"
+    retention: 1h
+  - name: prefix
+    match: { method: [post, PUT], path_prefix: /hooks/, host: Hooks.Example.com }
+    key: "{query:id}"
+    scope: shared
+    duplicate_response: { body: "dup" }
+  - name: any
+    match: {}
+    key: "{header:x-id}"
+"#;
+
+    #[test]
+    fn first_match_wins() {
+        let routes = table(ROUTES);
+        let find =
+            |method: Method, host, path| routes.find(&method, host, path).map(|r| r.name.as_str());
+        assert_eq!(find(Method::POST, None, "/hooks/a"), Some("exact"));
+        assert_eq!(find(Method::GET, None, "/hooks/a"), Some("any"));
+        assert_eq!(
+            find(Method::PUT, Some("hooks.example.com:8081"), "/hooks/b"),
+            Some("prefix")
+        );
+        assert_eq!(
+            find(Method::PUT, Some("other.example.com"), "/hooks/b"),
+            Some("any")
+        );
+        assert_eq!(find(Method::PUT, None, "/hooks/b"), Some("any"));
+    }
+
+    #[test]
+    fn routes_inherit_field_by_field() {
+        let routes = table(ROUTES);
+        let exact = routes.by_name("exact").unwrap();
+        assert_eq!(exact.namespace, "exact");
+        assert_eq!(exact.policy.retention.0, Duration::from_secs(3600));
+        assert_eq!(exact.policy.lease.0, Duration::from_secs(300));
+        assert_eq!(
+            exact.policy.duplicate_response.status.0,
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(exact.policy.duplicate_response.body, DEFAULT_DUPLICATE_BODY);
+        let prefix = routes.by_name("prefix").unwrap();
+        assert_eq!(prefix.namespace, "shared");
+        assert_eq!(prefix.policy.retention.0, Duration::from_secs(3 * 86400));
+        assert_eq!(
+            prefix.policy.duplicate_response.status.0,
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(prefix.policy.duplicate_response.body, "dup");
+        assert!(prefix.is_success(StatusCode::OK));
+        assert!(!prefix.is_success(StatusCode::MOVED_PERMANENTLY));
+    }
+
+    #[test]
+    fn short_lease_is_warned_about() {
+        let text = "upstream: http://127.0.0.1:8080\nroutes:\n  - name: a\n    match: {}\n    key: \"{json:/id}\"\n    lease: 10s\n";
+        let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        assert_eq!(config.warnings.len(), 1);
+        assert!(config.warnings[0].contains("lease (10s)"));
+    }
+
+    #[test]
+    fn ports_are_stripped_from_hosts() {
+        assert_eq!(strip_port("a.example:80"), "a.example");
+        assert_eq!(strip_port("a.example"), "a.example");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}

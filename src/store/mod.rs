@@ -1,0 +1,217 @@
+//! The claim store: the one place that decides, atomically, whether a delivery may be
+//! forwarded. [`ClaimStore`] is the contract every backend keeps; `sled` is the embedded
+//! backend.
+//!
+//! A key is absent, `in_flight` (an owner holds it until its lease ends) or `done` (until
+//! its retention ends). Transitions:
+//!
+//! ```text
+//!   absent ──claim──▶ in_flight ──finish (owner, upstream success)──▶ done
+//!     ▲                 │  │                                          │
+//!     └──release (owner)┘  └─lease expired: the next claim takes over │
+//!     ▲                                                               │
+//!     └──────────────────────── retention expired ────────────────────┘
+//! ```
+//!
+//! Only the owner named by a [`Claim`]'s token can finish or release it, so a late owner
+//! whose lease was taken over cannot overwrite the new owner's claim.
+
+pub mod sled;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::config::StoreConfig;
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = u64;
+
+/// A SHA-256 digest of a delivery's body.
+pub type Fingerprint = [u8; 32];
+
+/// The full store key of an event: its route's namespace and its extracted key.
+pub fn store_key(namespace: &str, key: &str) -> String {
+    // Namespaces are `[a-z0-9_-]+`, so the first `:` always ends the namespace.
+    format!("{namespace}:{key}")
+}
+
+/// Where the store reads the time; tests substitute a manual clock.
+pub trait Clock: Send + Sync + 'static {
+    fn now(&self) -> Millis;
+}
+
+/// The system's wall clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    pub fn new(start: Millis) -> Arc<ManualClock> {
+        Arc::new(ManualClock(AtomicU64::new(start)))
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(millis(by), Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Millis {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A duration in whole milliseconds, saturating.
+pub fn millis(duration: Duration) -> Millis {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Proof of ownership of an in-flight key, returned by a successful claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub key: String,
+    pub token: u128,
+    /// The claim replaced an expired lease (its previous owner presumably died).
+    pub took_over: bool,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller owns the key now and must forward, then finish or release.
+    Claimed(Claim),
+    /// Another delivery holds the key until `lease_until`.
+    InFlight { lease_until: Millis },
+    /// The key was handled already.
+    Done(DoneRecord),
+}
+
+/// The record of a key whose upstream answered success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneRecord {
+    pub claimed_at: Millis,
+    pub completed_at: Millis,
+    pub expires_at: Millis,
+    pub upstream_status: u16,
+    pub fingerprint: Fingerprint,
+    /// The upstream's answer, kept for `duplicate_response.replay`.
+    pub response: Option<RecordedResponse>,
+}
+
+/// An upstream answer kept to replay to duplicates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedResponse {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: Bytes,
+}
+
+/// What the admin API shows of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    InFlight {
+        claimed_at: Millis,
+        lease_until: Millis,
+        fingerprint: Fingerprint,
+    },
+    Done(DoneRecord),
+}
+
+/// How a finished claim is recorded.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub upstream_status: u16,
+    pub retention: Duration,
+    pub response: Option<RecordedResponse>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The claim's lease was taken over, or the key forgotten; nothing was changed.
+    #[error("the claim is no longer held by this owner")]
+    NotOwner,
+    /// The backend could not be reached or failed; follow `on_store_error`.
+    #[error("store failure: {0}")]
+    Backend(String),
+}
+
+/// The contract every claim-store backend keeps. Every transition is atomic: two
+/// concurrent claims of one absent key give exactly one `Claimed`.
+#[async_trait]
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Claims `key` for `lease`, taking over an expired lease; reports a live claim or
+    /// a done record instead when there is one.
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Marks the claimed key done. Returns once the mark is as durable as configured.
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError>;
+
+    /// Gives up the claim, so that the next delivery is forwarded.
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError>;
+
+    /// The live state of a key; expired records read as absent.
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError>;
+
+    /// Forgets a done key so that a replay runs the work again. Returns whether a done
+    /// record was removed; an in-flight key is left alone.
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError>;
+
+    /// Removes expired records, looking at up to `limit` index entries.
+    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError>;
+
+    /// Writes everything to durable storage (at shutdown).
+    async fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Index entries looked at; fewer than the limit means nothing more has expired.
+    pub examined: usize,
+    /// Records removed.
+    pub removed: usize,
+}
+
+/// Opens the configured backend. May block on disk I/O, so it runs off the async workers.
+pub async fn open(config: &StoreConfig) -> Result<Arc<dyn ClaimStore>, StoreError> {
+    match config {
+        StoreConfig::Sled(sled) => {
+            let sled = sled.clone();
+            let store = tokio::task::spawn_blocking(move || sled::SledStore::open(&sled))
+                .await
+                .map_err(|error| StoreError::Backend(error.to_string()))??;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// What `forget` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forgotten {
+    Removed,
+    Absent,
+    /// The key is in flight; forgetting it would let a second delivery run alongside.
+    InFlight,
+}

@@ -1,0 +1,230 @@
+//! The way to the application: one pooled HTTP/1 client, the rewriting of a sender's
+//! request into the upstream's (hop-by-hop headers dropped, `X-Forwarded-*` and
+//! `Dedupe-Key` set) and of the upstream's answer back, and the two ways a forward fails:
+//! unreachable (502) or too slow (504).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::header::{CONNECTION, HOST, HeaderName};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::{ProxyBody, streaming};
+use crate::config::values::UpstreamUrl;
+
+/// The header that carries the event's key to the upstream.
+pub static DEDUPE_KEY: HeaderName = HeaderName::from_static("dedupe-key");
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Headers that describe one connection, not the message (RFC 9110 section 7.6.1), so a
+/// proxy must not pass them on; headers named in `Connection` are dropped as well.
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// How long to wait for a TCP connection to the upstream.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a forward got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream unreachable: {0}")]
+    Unreachable(String),
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One pooled client for every forward, cloned cheaply.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, ProxyBody>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Upstream::new()
+    }
+}
+
+impl Upstream {
+    pub fn new() -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Upstream { client }
+    }
+
+    /// Sends `request` and waits at most `timeout` for the answer's head.
+    pub async fn send(
+        &self,
+        request: Request<ProxyBody>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) => Err(UpstreamError::Unreachable(describe(&error))),
+            Err(_) => Err(UpstreamError::Timeout(timeout)),
+        }
+    }
+}
+
+/// The client error with its causes, which hold the useful part ("connection refused").
+fn describe(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Rewrites a sender's request for the upstream at `upstream`.
+pub fn outbound(
+    mut head: http::request::Parts,
+    body: ProxyBody,
+    upstream: &UpstreamUrl,
+    peer: SocketAddr,
+    dedupe_key: Option<&str>,
+) -> Request<ProxyBody> {
+    let original_host = head.headers.get(HOST).cloned().or_else(|| {
+        head.uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let headers = &mut head.headers;
+    strip_hop_by_hop(headers);
+    // Only the proxy may tell the upstream an event's key.
+    headers.remove(&DEDUPE_KEY);
+    if let Some(key) = dedupe_key.and_then(|key| HeaderValue::from_str(key).ok()) {
+        headers.insert(DEDUPE_KEY.clone(), key);
+    }
+    append_forwarded_for(headers, peer);
+    if !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+    if let Some(host) = &original_host {
+        if !headers.contains_key(&X_FORWARDED_HOST) {
+            headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+        }
+        // The application sees the Host the sender used (an HTTP/2 sender has none).
+        headers.entry(HOST).or_insert_with(|| host.clone());
+    }
+    let path_and_query = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    head.uri = format!(
+        "{}{}{}",
+        upstream.origin, upstream.base_path, path_and_query
+    )
+    .parse::<Uri>()
+    .expect("an upstream origin joined with a request path is a valid URI");
+    head.version = Version::HTTP_11;
+    Request::from_parts(head, body)
+}
+
+/// Rewrites the upstream's answer for the sender: its body streams through.
+pub fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
+    let (mut head, body) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    Response::from_parts(head, streaming(body))
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
+    let ip = peer.ip().to_string();
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(earlier) => format!("{earlier}, {ip}"),
+        None => ip,
+    };
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR.clone(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::empty;
+
+    fn request(headers: &[(&str, &str)], uri: &str) -> http::request::Parts {
+        let mut builder = Request::post(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn rewrites_headers_and_uri() {
+        let head = request(
+            &[
+                ("host", "hooks.example.com"),
+                ("connection", "keep-alive, x-private"),
+                ("x-private", "1"),
+                ("keep-alive", "timeout=5"),
+                ("x-forwarded-for", "203.0.113.9"),
+                ("dedupe-key", "forged"),
+                ("stripe-signature", "t=1,v1=abc"),
+            ],
+            "/webhooks/stripe?x=1",
+        );
+        let upstream: UpstreamUrl = "http://127.0.0.1:8080/app".parse().unwrap();
+        let peer: SocketAddr = "10.0.0.5:4321".parse().unwrap();
+        let out = outbound(head, empty(), &upstream, peer, Some("evt_1"));
+        assert_eq!(out.uri(), "http://127.0.0.1:8080/app/webhooks/stripe?x=1");
+        let h = out.headers();
+        assert_eq!(h["host"], "hooks.example.com");
+        assert_eq!(h["x-forwarded-host"], "hooks.example.com");
+        assert_eq!(h["x-forwarded-for"], "203.0.113.9, 10.0.0.5");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["dedupe-key"], "evt_1");
+        assert_eq!(h["stripe-signature"], "t=1,v1=abc");
+        for gone in ["connection", "x-private", "keep-alive"] {
+            assert!(!h.contains_key(gone), "{gone} should be dropped");
+        }
+    }
+
+    #[test]
+    fn forged_key_header_is_dropped_without_a_key() {
+        let head = request(&[("dedupe-key", "forged")], "/x");
+        let upstream: UpstreamUrl = "http://127.0.0.1:1".parse().unwrap();
+        let out = outbound(
+            head,
+            empty(),
+            &upstream,
+            "127.0.0.1:1".parse().unwrap(),
+            None,
+        );
+        assert!(!out.headers().contains_key("dedupe-key"));
+    }
+}

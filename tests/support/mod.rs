@@ -1,0 +1,477 @@
+//! Test support: a real hyper upstream with scripted answers that counts the work it
+//! does, the proxy started in-process or as the real binary on port 0, and a client.
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dedupe_proxy::config::{Config, Overrides};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+// ---------------------------------------------------------------- the upstream
+
+/// One scripted answer of the test upstream.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub delay: Duration,
+    pub body: String,
+    pub headers: Vec<(String, String)>,
+    /// Drop the connection instead of answering.
+    pub abort: bool,
+}
+
+impl Answer {
+    pub fn status(status: u16) -> Answer {
+        Answer {
+            status,
+            delay: Duration::ZERO,
+            body: format!("upstream answered {status}"),
+            headers: Vec::new(),
+            abort: false,
+        }
+    }
+
+    pub fn ok() -> Answer {
+        Answer::status(200)
+    }
+
+    pub fn after(mut self, delay: Duration) -> Answer {
+        self.delay = delay;
+        self
+    }
+
+    pub fn body(mut self, body: &str) -> Answer {
+        self.body = body.to_owned();
+        self
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Answer {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn abort() -> Answer {
+        Answer {
+            abort: true,
+            ..Answer::ok()
+        }
+    }
+}
+
+/// A request as the upstream received it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: Method,
+    pub uri: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+struct UpstreamState {
+    script: Mutex<VecDeque<Answer>>,
+    received: Mutex<Vec<Received>>,
+    /// Work done: 2xx answers completed, by `Dedupe-Key` (or `-` without one).
+    executions: Mutex<HashMap<String, usize>>,
+    running: AtomicUsize,
+    most_running: AtomicUsize,
+}
+
+/// A real HTTP upstream on port 0. Answers the scripted answers in order, then 200.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    state: Arc<UpstreamState>,
+    stop: CancellationToken,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        Upstream::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(UpstreamState::default());
+        let stop = CancellationToken::new();
+        let (loop_state, loop_stop) = (Arc::clone(&state), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    accepted = listener.accept() => accepted.unwrap(),
+                    () = loop_stop.cancelled() => return,
+                };
+                let state = Arc::clone(&loop_state);
+                let service =
+                    hyper::service::service_fn(move |request| answer(Arc::clone(&state), request));
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, state, stop }
+    }
+
+    /// Queues answers for the next requests.
+    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
+        self.state.script.lock().unwrap().extend(answers);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn requests(&self) -> usize {
+        self.state.received.lock().unwrap().len()
+    }
+
+    /// 2xx answers completed for requests carrying this `Dedupe-Key`.
+    pub fn executions(&self, key: &str) -> usize {
+        self.state
+            .executions
+            .lock()
+            .unwrap()
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn total_executions(&self) -> usize {
+        self.state.executions.lock().unwrap().values().sum()
+    }
+
+    /// The most requests the upstream was working on at the same moment.
+    pub fn most_running(&self) -> usize {
+        self.state.most_running.load(Ordering::SeqCst)
+    }
+
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn answer(
+    state: Arc<UpstreamState>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    let (head, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let key = head
+        .headers
+        .get("dedupe-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    state.received.lock().unwrap().push(Received {
+        method: head.method.clone(),
+        uri: head.uri.to_string(),
+        headers: head.headers.clone(),
+        body,
+    });
+    let scripted = state
+        .script
+        .lock()
+        .unwrap()
+        .pop_front()
+        .unwrap_or_else(Answer::ok);
+    let running = state.running.fetch_add(1, Ordering::SeqCst) + 1;
+    state.most_running.fetch_max(running, Ordering::SeqCst);
+    tokio::time::sleep(scripted.delay).await;
+    state.running.fetch_sub(1, Ordering::SeqCst);
+    if scripted.abort {
+        return Err(std::io::Error::other("scripted abort"));
+    }
+    if (200..300).contains(&scripted.status) {
+        *state.executions.lock().unwrap().entry(key).or_default() += 1;
+    }
+    let mut response = Response::new(Full::new(Bytes::from(scripted.body)));
+    *response.status_mut() = StatusCode::from_u16(scripted.status).unwrap();
+    for (name, value) in scripted.headers {
+        response.headers_mut().append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    Ok(response)
+}
+
+/// An address where nothing listens.
+pub async fn dead_address() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+// ---------------------------------------------------------------- the proxy
+
+/// The configuration text for a proxy on port 0 in front of `upstream`, storing in `data`.
+pub fn config_text(upstream: SocketAddr, data: &Path, rest: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nupstream: http://{upstream}\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ sled: {{ path: \"{}\" }} }}\n{rest}",
+        data.display()
+    )
+}
+
+pub fn parse_config(text: &str) -> Config {
+    Config::parse(text, Path::new("test.yaml"), &Overrides::default()).unwrap()
+}
+
+/// The proxy, started in-process on a temporary sled store.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub app: Option<dedupe_proxy::App>,
+    pub data: TempDir,
+}
+
+impl Proxy {
+    /// `rest` is YAML after `listen`, `upstream`, `admin` and `store`: defaults, routes...
+    pub async fn start(upstream: SocketAddr, rest: &str) -> Proxy {
+        let data = tempfile::tempdir().unwrap();
+        let config = parse_config(&config_text(upstream, &data.path().join("db"), rest));
+        let app = dedupe_proxy::start(config).await.unwrap();
+        Proxy {
+            addr: app.proxy_addr,
+            admin: app.admin_addr,
+            app: Some(app),
+            data,
+        }
+    }
+
+    pub async fn shutdown(&mut self) {
+        if let Some(app) = self.app.take() {
+            app.shutdown().await.unwrap();
+        }
+    }
+}
+
+/// One route named `hooks` on `POST /hooks` keyed by `{json:/id}`, plus `extra` lines
+/// indented under the route.
+pub fn json_route(extra: &str) -> String {
+    format!(
+        "routes:\n  - name: hooks\n    match: {{ method: POST, path: /hooks }}\n    key: \"{{json:/id}}\"\n{extra}"
+    )
+}
+
+// ---------------------------------------------------------------- the client
+
+/// An answer as a sender saw it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn dedupe(&self) -> &str {
+        self.headers
+            .get("dedupe-status")
+            .map_or("<none>", |v| v.to_str().unwrap())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Reply {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let response = client
+        .request(builder.body(Full::new(body.into())).unwrap())
+        .await
+        .unwrap();
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Reply {
+        status: head.status.as_u16(),
+        headers: head.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// Posts a JSON event `{"id": id}` to `/hooks`.
+pub async fn post_event(addr: SocketAddr, id: &str) -> Reply {
+    post_json(addr, "/hooks", &format!(r#"{{"id":"{id}","type":"test"}}"#)).await
+}
+
+pub async fn post_json(addr: SocketAddr, path: &str, body: &str) -> Reply {
+    send(
+        addr,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_owned(),
+    )
+    .await
+}
+
+/// Polls `check` every 20 ms until it holds, or panics after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------- the binary
+
+/// The real `dedupe-proxy` binary, started on a configuration file.
+pub struct Binary {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+pub fn binary_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_dedupe-proxy"))
+}
+
+impl Binary {
+    /// Starts `dedupe-proxy run -c config --log-format json` and waits until it is ready.
+    pub fn start(config: &Path) -> Binary {
+        let mut child = Command::new(binary_path())
+            .args(["run", "-c"])
+            .arg(config)
+            .args(["--log-format", "json"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line)
+                    && entry["fields"]["message"] == "dedupe-proxy ready"
+                {
+                    let proxy: SocketAddr =
+                        entry["fields"]["proxy"].as_str().unwrap().parse().unwrap();
+                    let admin: SocketAddr =
+                        entry["fields"]["admin"].as_str().unwrap().parse().unwrap();
+                    let _ = ready_tx.send((proxy, admin));
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let (addr, admin) = match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addresses) => addresses,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "the binary did not become ready; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        Binary {
+            child,
+            addr,
+            admin,
+            log,
+        }
+    }
+
+    /// SIGKILL: no chance to clean up.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the binary did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes `request` on a fresh connection and reads until the proxy closes it (or 5 s).
+pub async fn raw(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
