@@ -201,7 +201,7 @@ fn store_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<StoreConf
     map_then(deserializer, |file: StoreFile| match file {
         StoreFile { sled: Some(sled) } => Ok(StoreConfig::Sled(sled)),
         StoreFile { sled: None } => {
-            Err("`store` needs one backend: `sled: {}` for the defaults".into())
+            Err("needs one backend, for example `sled: {}` for the defaults".into())
         }
     })
 }

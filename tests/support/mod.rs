@@ -232,9 +232,15 @@ pub async fn dead_address() -> SocketAddr {
 // ---------------------------------------------------------------- the proxy
 
 /// The configuration text for a proxy on port 0 in front of `upstream`, storing in `data`.
+/// `rest` may set its own `admin:`.
 pub fn config_text(upstream: SocketAddr, data: &Path, rest: &str) -> String {
+    let admin = if rest.contains("admin:") {
+        ""
+    } else {
+        "admin: { listen: 127.0.0.1:0 }\n"
+    };
     format!(
-        "listen: 127.0.0.1:0\nupstream: http://{upstream}\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ sled: {{ path: \"{}\" }} }}\n{rest}",
+        "listen: 127.0.0.1:0\nupstream: http://{upstream}\n{admin}store: {{ sled: {{ path: \"{}\" }} }}\n{rest}",
         data.display()
     )
 }
@@ -380,7 +386,12 @@ pub fn binary_path() -> PathBuf {
 impl Binary {
     /// Starts `dedupe-proxy run -c config --log-format json` and waits until it is ready.
     pub fn start(config: &Path) -> Binary {
+        Binary::start_with_env(config, &[])
+    }
+
+    pub fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Binary {
         let mut child = Command::new(binary_path())
+            .envs(env.iter().copied())
             .args(["run", "-c"])
             .arg(config)
             .args(["--log-format", "json"])

@@ -1,0 +1,242 @@
+//! The admin listener: health, readiness through start-up and shutdown, inspection and
+//! removal of keys, and the bearer token on `/v1/*`.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let health = send(proxy.admin, "GET", "/healthz", &[], "").await;
+    assert_eq!(health.status, 200);
+    let ready = send(proxy.admin, "GET", "/readyz", &[], "").await;
+    assert_eq!(
+        (ready.status, ready.json()["status"].as_str()),
+        (200, Some("ready"))
+    );
+    assert_eq!(send(proxy.admin, "GET", "/nope", &[], "").await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_turns_503_as_soon_as_shutdown_starts() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(800))]);
+    let mut proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let admin = proxy.admin;
+    let sender = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    eventually(
+        Duration::from_secs(5),
+        "the delivery reaches the upstream",
+        || async { upstream.requests() == 1 },
+    )
+    .await;
+    let app = proxy.app.take().unwrap();
+    let stopping = tokio::spawn(app.shutdown());
+    eventually(
+        Duration::from_secs(2),
+        "readiness reports shutting down",
+        || async { send(admin, "GET", "/readyz", &[], "").await.status == 503 },
+    )
+    .await;
+    // Health stays up while the in-flight forward drains.
+    assert_eq!(send(admin, "GET", "/healthz", &[], "").await.status, 200);
+    assert!(
+        tokio::net::TcpStream::connect(proxy.addr).await.is_err(),
+        "new connections are refused while draining"
+    );
+    assert_eq!(sender.await.unwrap().dedupe(), "forwarded");
+    stopping.await.unwrap().unwrap();
+}
+
+fn instant(value: &serde_json::Value) -> std::time::SystemTime {
+    humantime::parse_rfc3339(value.as_str().unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn done_keys_can_be_inspected() {
+    use sha2::Digest;
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201)]);
+    let proxy = Proxy::start(upstream.addr, &json_route("    retention: 1h\n")).await;
+    let body = r#"{"id":"evt/1"}"#;
+    post_json(proxy.addr, "/hooks", body).await;
+    let key = send(proxy.admin, "GET", "/v1/keys/hooks/evt%2F1", &[], "").await;
+    assert_eq!(key.status, 200, "{}", key.body);
+    let record = key.json();
+    assert_eq!(record["route"], "hooks");
+    assert_eq!(record["key"], "evt/1");
+    assert_eq!(record["state"], "done");
+    assert_eq!(record["upstream_status"], 201);
+    assert_eq!(
+        record["body_sha256"],
+        hex::encode(sha2::Sha256::digest(body))
+    );
+    let (claimed, completed, expires) = (
+        instant(&record["claimed_at"]),
+        instant(&record["completed_at"]),
+        instant(&record["expires_at"]),
+    );
+    assert!(claimed <= completed);
+    assert_eq!(
+        expires.duration_since(completed).unwrap(),
+        Duration::from_secs(3600)
+    );
+}
+
+#[tokio::test]
+async fn in_flight_keys_can_be_inspected_but_not_forgotten() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(600))]);
+    let proxy = Proxy::start(upstream.addr, &json_route("    lease: 2m\n")).await;
+    let sender = tokio::spawn(post_event(proxy.addr, "evt_2"));
+    eventually(
+        Duration::from_secs(5),
+        "the delivery reaches the upstream",
+        || async { upstream.requests() == 1 },
+    )
+    .await;
+    let record = send(proxy.admin, "GET", "/v1/keys/hooks/evt_2", &[], "")
+        .await
+        .json();
+    assert_eq!(record["state"], "in_flight");
+    assert!(record["completed_at"].is_null());
+    assert!(record["upstream_status"].is_null());
+    let lease = instant(&record["expires_at"])
+        .duration_since(instant(&record["claimed_at"]))
+        .unwrap();
+    assert_eq!(lease, Duration::from_secs(120));
+    let refused = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_2", &[], "").await;
+    assert_eq!(
+        (refused.status, refused.json()["error"].as_str()),
+        (409, Some("in_flight"))
+    );
+    sender.await.unwrap();
+}
+
+#[tokio::test]
+async fn forgetting_a_key_lets_a_replay_run_the_work_again() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    post_event(proxy.addr, "evt_3").await;
+    assert_eq!(post_event(proxy.addr, "evt_3").await.dedupe(), "duplicate");
+    assert_eq!(
+        send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_3", &[], "")
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        send(proxy.admin, "GET", "/v1/keys/hooks/evt_3", &[], "")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_3", &[], "")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(post_event(proxy.addr, "evt_3").await.dedupe(), "forwarded");
+    assert_eq!(upstream.executions("evt_3"), 2);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_keys_are_404() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let absent = send(proxy.admin, "GET", "/v1/keys/hooks/never", &[], "").await;
+    assert_eq!(
+        (absent.status, absent.json()["error"].as_str()),
+        (404, Some("absent"))
+    );
+    let no_route = send(proxy.admin, "GET", "/v1/keys/nope/k", &[], "").await;
+    assert_eq!(
+        (no_route.status, no_route.json()["error"].as_str()),
+        (404, Some("no_such_route"))
+    );
+}
+
+#[tokio::test]
+async fn scoped_routes_share_their_keys_in_the_admin_view() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: a\n    match: { path: /a }\n    key: \"{json:/id}\"\n    scope: s\n  - name: b\n    match: { path: /b }\n    key: \"{json:/id}\"\n    scope: s\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    post_json(proxy.addr, "/a", r#"{"id":"e"}"#).await;
+    assert_eq!(
+        send(proxy.admin, "GET", "/v1/keys/b/e", &[], "")
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_the_v1_api_but_not_the_probes() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: DEDUPE_TEST_ADMIN_TOKEN }}\n{}",
+        json_route("")
+    );
+    std::fs::write(
+        &config,
+        config_text(upstream.addr, &dir.path().join("data"), &rest),
+    )
+    .unwrap();
+    let proxy = Binary::start_with_env(&config, &[("DEDUPE_TEST_ADMIN_TOKEN", "s3cret")]);
+    post_event(proxy.addr, "evt_t").await;
+    let path = "/v1/keys/hooks/evt_t";
+    let anonymous = send(proxy.admin, "GET", path, &[], "").await;
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(anonymous.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        send(
+            proxy.admin,
+            "GET",
+            path,
+            &[("authorization", "Bearer wrong")],
+            ""
+        )
+        .await
+        .status,
+        401
+    );
+    assert_eq!(
+        send(
+            proxy.admin,
+            "DELETE",
+            path,
+            &[("authorization", "Bearer s3cre")],
+            ""
+        )
+        .await
+        .status,
+        401
+    );
+    assert_eq!(
+        send(
+            proxy.admin,
+            "GET",
+            path,
+            &[("authorization", "Bearer s3cret")],
+            ""
+        )
+        .await
+        .status,
+        200
+    );
+    assert_eq!(
+        send(proxy.admin, "GET", "/healthz", &[], "").await.status,
+        200
+    );
+    assert_eq!(
+        send(proxy.admin, "GET", "/readyz", &[], "").await.status,
+        200
+    );
+}

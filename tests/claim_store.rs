@@ -1,0 +1,407 @@
+//! The claim-store contract (SPEC.md "Claim states"), run against the sled backend with
+//! a manual clock: every transition, owner checks, lease takeover, retention expiry,
+//! concurrent claims, the expiry sweep and recovery after a restart.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dedupe_proxy::config::{Durability, SledConfig};
+use dedupe_proxy::store::sled::SledStore;
+use dedupe_proxy::store::{
+    Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
+    RecordedResponse, StoreError,
+};
+
+const START: u64 = 1_800_000_000_000;
+const LEASE: Duration = Duration::from_secs(60);
+const RETENTION: Duration = Duration::from_secs(3600);
+const BODY: [u8; 32] = [7; 32];
+
+fn sled_config(path: &Path, durability: Durability) -> SledConfig {
+    SledConfig {
+        path: path.to_owned(),
+        durability,
+        ..SledConfig::default()
+    }
+}
+
+fn open(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
+    SledStore::open_with_clock(&sled_config(path, Durability::Batched), clock.clone()).unwrap()
+}
+
+struct Fixture {
+    store: SledStore,
+    clock: Arc<ManualClock>,
+    dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let store = open(&dir.path().join("db"), &clock);
+    Fixture { store, clock, dir }
+}
+
+fn done(status: u16) -> Completion {
+    Completion {
+        upstream_status: status,
+        retention: RETENTION,
+        response: None,
+    }
+}
+
+async fn claimed(store: &SledStore, key: &str) -> Claim {
+    match store.claim(key, BODY, LEASE).await.unwrap() {
+        ClaimOutcome::Claimed(claim) => claim,
+        other => panic!("expected a claim of {key}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn claim_then_claim_again_is_in_flight_until_the_lease_ends() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    assert!(!claim.took_over);
+    assert_eq!(
+        f.store.claim("k", BODY, LEASE).await.unwrap(),
+        ClaimOutcome::InFlight {
+            lease_until: START + 60_000
+        }
+    );
+    assert_eq!(
+        f.store.inspect("k").await.unwrap(),
+        Some(KeyState::InFlight {
+            claimed_at: START,
+            lease_until: START + 60_000,
+            fingerprint: BODY
+        })
+    );
+}
+
+#[tokio::test]
+async fn finish_records_done_and_duplicates_see_the_record() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    f.clock.advance(Duration::from_secs(2));
+    f.store.finish(&claim, done(201)).await.unwrap();
+    let ClaimOutcome::Done(record) = f.store.claim("k", [0; 32], LEASE).await.unwrap() else {
+        panic!("expected done");
+    };
+    assert_eq!(record.claimed_at, START);
+    assert_eq!(record.completed_at, START + 2000);
+    assert_eq!(record.expires_at, START + 2000 + 3_600_000);
+    assert_eq!(record.upstream_status, 201);
+    assert_eq!(
+        record.fingerprint, BODY,
+        "the first delivery's fingerprint is kept"
+    );
+}
+
+#[tokio::test]
+async fn release_makes_the_key_claimable_again() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    f.store.release(&claim).await.unwrap();
+    assert_eq!(f.store.inspect("k").await.unwrap(), None);
+    let again = claimed(&f.store, "k").await;
+    assert_ne!(again.token, claim.token);
+}
+
+#[tokio::test]
+async fn only_the_owner_finishes_or_releases() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    let impostor = Claim {
+        token: claim.token ^ 1,
+        ..claim.clone()
+    };
+    assert!(matches!(
+        f.store.finish(&impostor, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        f.store.release(&impostor).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        f.store.inspect("k").await.unwrap(),
+        Some(KeyState::InFlight { .. })
+    ));
+    // Nor can anyone finish a key that was never claimed.
+    let stray = Claim {
+        key: "other".into(),
+        ..claim.clone()
+    };
+    assert!(matches!(
+        f.store.finish(&stray, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert_eq!(f.store.inspect("other").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over_and_the_late_owner_is_refused() {
+    let f = fixture();
+    let late = claimed(&f.store, "k").await;
+    f.clock.advance(LEASE);
+    let taker = claimed(&f.store, "k").await;
+    assert!(taker.took_over);
+    assert!(matches!(
+        f.store.finish(&late, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        f.store.release(&late).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        f.store.inspect("k").await.unwrap(),
+        Some(KeyState::InFlight { .. })
+    ));
+    f.store.finish(&taker, done(200)).await.unwrap();
+    assert!(matches!(
+        f.store.claim("k", BODY, LEASE).await.unwrap(),
+        ClaimOutcome::Done(_)
+    ));
+    // The late owner cannot undo the new owner's done mark either.
+    assert!(matches!(
+        f.store.release(&late).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        f.store.inspect("k").await.unwrap(),
+        Some(KeyState::Done(_))
+    ));
+}
+
+#[tokio::test]
+async fn done_keys_expire_after_their_retention() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    f.store.finish(&claim, done(200)).await.unwrap();
+    f.clock.advance(RETENTION - Duration::from_millis(1));
+    assert!(matches!(
+        f.store.claim("k", BODY, LEASE).await.unwrap(),
+        ClaimOutcome::Done(_)
+    ));
+    f.clock.advance(Duration::from_millis(1));
+    assert_eq!(f.store.inspect("k").await.unwrap(), None);
+    let again = claimed(&f.store, "k").await;
+    assert!(
+        !again.took_over,
+        "an expired done record is absent, not a takeover"
+    );
+}
+
+#[tokio::test]
+async fn forget_removes_done_keys_but_not_in_flight_ones() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    assert_eq!(f.store.forget("k").await.unwrap(), Forgotten::InFlight);
+    f.store.finish(&claim, done(200)).await.unwrap();
+    assert_eq!(f.store.forget("k").await.unwrap(), Forgotten::Removed);
+    assert_eq!(f.store.forget("k").await.unwrap(), Forgotten::Absent);
+    claimed(&f.store, "k").await;
+}
+
+#[tokio::test]
+async fn the_recorded_response_is_kept_for_replay() {
+    let f = fixture();
+    let claim = claimed(&f.store, "k").await;
+    let response = RecordedResponse {
+        status: 201,
+        content_type: Some("application/json".into()),
+        body: Bytes::from_static(b"{\"order\":1}"),
+    };
+    let completion = Completion {
+        response: Some(response.clone()),
+        ..done(201)
+    };
+    f.store.finish(&claim, completion).await.unwrap();
+    let ClaimOutcome::Done(record) = f.store.claim("k", BODY, LEASE).await.unwrap() else {
+        panic!("expected done");
+    };
+    assert_eq!(record.response, Some(response));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_one_key_give_exactly_one_owner() {
+    let f = fixture();
+    let store = Arc::new(f.store);
+    for round in 0..50 {
+        let key = format!("k{round}");
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            tasks.spawn(async move { store.claim(&key, BODY, LEASE).await.unwrap() });
+        }
+        let mut owners = 0;
+        while let Some(outcome) = tasks.join_next().await {
+            match outcome.unwrap() {
+                ClaimOutcome::Claimed(_) => owners += 1,
+                ClaimOutcome::InFlight { .. } => {}
+                ClaimOutcome::Done(_) => panic!("nothing finished"),
+            }
+        }
+        assert_eq!(owners, 1, "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn the_sweep_reads_only_what_expired() {
+    let f = fixture();
+    for i in 0..1000 {
+        let claim = claimed(&f.store, &format!("short{i}")).await;
+        f.store
+            .finish(
+                &claim,
+                Completion {
+                    retention: Duration::from_secs(10),
+                    ..done(200)
+                },
+            )
+            .await
+            .unwrap();
+    }
+    for i in 0..3000 {
+        let claim = claimed(&f.store, &format!("long{i}")).await;
+        f.store.finish(&claim, done(200)).await.unwrap();
+    }
+    let nothing = f.store.sweep(100_000).await.unwrap();
+    assert_eq!(
+        (nothing.examined, nothing.removed),
+        (0, 0),
+        "nothing has expired yet"
+    );
+    f.clock.advance(Duration::from_secs(10));
+    let swept = f.store.sweep(100_000).await.unwrap();
+    assert_eq!(swept.removed, 1000);
+    assert_eq!(swept.examined, 1000, "the 3000 live keys were not read");
+    assert_eq!(
+        f.store
+            .inspect("long0")
+            .await
+            .unwrap()
+            .map(|s| matches!(s, KeyState::Done(_))),
+        Some(true)
+    );
+    let again = f.store.sweep(100_000).await.unwrap();
+    assert_eq!((again.examined, again.removed), (0, 0));
+}
+
+#[tokio::test]
+async fn the_sweep_works_in_batches_and_skips_records_that_moved_on() {
+    let f = fixture();
+    for i in 0..25 {
+        let claim = claimed(&f.store, &format!("k{i}")).await;
+        f.store
+            .finish(
+                &claim,
+                Completion {
+                    retention: Duration::from_secs(1),
+                    ..done(200)
+                },
+            )
+            .await
+            .unwrap();
+    }
+    f.clock.advance(Duration::from_secs(1));
+    // k0 is delivered again after expiring: its new claim must survive the sweep.
+    let fresh = claimed(&f.store, "k0").await;
+    let mut removed = 0;
+    loop {
+        let swept = f.store.sweep(10).await.unwrap();
+        removed += swept.removed;
+        if swept.examined < 10 {
+            break;
+        }
+    }
+    assert_eq!(removed, 24);
+    f.store.finish(&fresh, done(200)).await.unwrap();
+    assert!(matches!(
+        f.store.inspect("k0").await.unwrap(),
+        Some(KeyState::Done(_))
+    ));
+}
+
+#[tokio::test]
+async fn abandoned_leases_are_swept_too() {
+    let f = fixture();
+    claimed(&f.store, "orphan").await;
+    f.clock.advance(LEASE);
+    assert_eq!(f.store.sweep(100).await.unwrap().removed, 1);
+    assert_eq!(f.store.inspect("orphan").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
+    let f = fixture();
+    let path = f.dir.path().join("db");
+    let open_claim = claimed(&f.store, "open").await;
+    let finished = claimed(&f.store, "finished").await;
+    f.store.finish(&finished, done(200)).await.unwrap();
+    drop(f.store);
+
+    let store = open(&path, &f.clock);
+    assert_eq!(
+        store.inspect("open").await.unwrap(),
+        None,
+        "released at start-up"
+    );
+    let retry = claimed(&store, "open").await;
+    assert!(retry.took_over);
+    assert!(matches!(
+        store.finish(&open_claim, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        store.claim("finished", BODY, LEASE).await.unwrap(),
+        ClaimOutcome::Done(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_second_process_on_the_data_directory_is_refused_clearly() {
+    let f = fixture();
+    let error = SledStore::open(&sled_config(&f.dir.path().join("db"), Durability::Batched))
+        .err()
+        .expect("the directory is locked");
+    assert!(
+        error.to_string().contains("in use by another process"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_durability_shares_flushes_between_concurrent_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let store = Arc::new(
+        SledStore::open_with_clock(
+            &sled_config(&dir.path().join("db"), Durability::Fsync),
+            clock,
+        )
+        .unwrap(),
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let store = Arc::clone(&store);
+        tasks.spawn(async move {
+            let claim = claimed(&store, &format!("k{i}")).await;
+            store.finish(&claim, done(200)).await
+        });
+    }
+    let finished = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut ok = 0;
+        while let Some(result) = tasks.join_next().await {
+            result.unwrap().unwrap();
+            ok += 1;
+        }
+        ok
+    })
+    .await
+    .expect("group commit must not deadlock");
+    assert_eq!(finished, 200);
+}

@@ -1,0 +1,135 @@
+//! Configuration errors, through the real binary: every file in `tests/fixtures/invalid`
+//! must make `dedupe-proxy check` exit 2 with `file:line:column: message`, as its first
+//! line (`# expect: LINE:COLUMN fragment`) says; every example in `config/` must pass.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use support::binary_path;
+
+fn check(args: &[&str], file: &Path) -> Output {
+    Command::new(binary_path())
+        .args(args)
+        .arg(file)
+        .env_remove("DEDUPE_PROXY_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn yaml_files(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no YAML files in {}", dir.display());
+    files
+}
+
+#[test]
+fn every_invalid_fixture_is_refused_with_its_location() {
+    let mut failures = Vec::new();
+    for file in yaml_files("tests/fixtures/invalid") {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let expect = text
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("# expect: "))
+            .unwrap_or_else(|| panic!("{} lacks an `# expect:` line", file.display()));
+        let (location, fragment) = expect.split_once(' ').unwrap();
+        let output = check(&["check", "-c"], &file);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let wanted_prefix = format!("error: {}:{location}: ", file.display());
+        let ok = output.status.code() == Some(2)
+            && stderr.starts_with(&wanted_prefix)
+            && stderr.contains(fragment);
+        if !ok {
+            failures.push(format!(
+                "{}: exit {:?}, wanted `{wanted_prefix}…{fragment}…`, got: {}",
+                file.display(),
+                output.status.code(),
+                stderr.trim()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn run_refuses_an_invalid_file_with_exit_2() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/invalid/duplicate_route_name.yaml");
+    let output = check(&["run", "-c"], &file);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("duplicate route name"));
+}
+
+#[test]
+fn a_missing_file_or_no_file_is_exit_2() {
+    let output = check(&["check", "-c"], Path::new("/nonexistent/dedupe.yaml"));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("/nonexistent/dedupe.yaml: cannot read")
+    );
+    let output = Command::new(binary_path())
+        .arg("check")
+        .env_remove("DEDUPE_PROXY_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--config"));
+}
+
+#[test]
+fn every_example_config_passes_check_and_prints_its_routes() {
+    for file in yaml_files("config") {
+        let output = check(&["check", "-c"], &file);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("routes:"), "{}", file.display());
+    }
+}
+
+#[test]
+fn the_config_variable_names_the_file() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.yaml");
+    let output = Command::new(binary_path())
+        .arg("check")
+        .env("DEDUPE_PROXY_CONFIG", &file)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("name: stripe"));
+}
+
+#[test]
+fn command_line_overrides_win_over_the_file() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.yaml");
+    let output = check(
+        &[
+            "check",
+            "--listen",
+            "127.0.0.1:18081",
+            "--upstream",
+            "http://10.1.2.3:9000",
+            "-c",
+        ],
+        &file,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("listen: 127.0.0.1:18081"), "{stdout}");
+    assert!(
+        stdout.contains("upstream: http://10.1.2.3:9000"),
+        "{stdout}"
+    );
+}
