@@ -1,6 +1,7 @@
 //! The binary: parse the command line, set up logging, load the configuration (exit 2 if
 //! it is invalid), and run until a shutdown signal.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;

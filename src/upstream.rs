@@ -137,10 +137,13 @@ pub fn outbound(
     Request::from_parts(head, body)
 }
 
-/// Rewrites the upstream's answer for the sender: its body streams through.
+/// Rewrites the upstream's answer for the sender: its body streams through, and it
+/// goes out in the sender's HTTP version, not the upstream's (an HTTP/1.0 application
+/// must not turn the sender's keep-alive connection into a close-delimited one).
 pub fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    head.version = Version::default();
     Response::from_parts(head, streaming(body))
 }
 

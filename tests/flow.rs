@@ -612,3 +612,38 @@ async fn failed_done_mark_still_relays_the_upstream_success() {
     assert_eq!((reply.status, reply.body.as_str()), (200, "worked"));
     assert_eq!(upstream.total_executions(), 1);
 }
+
+#[tokio::test]
+async fn an_http_1_0_upstream_is_relayed_in_the_senders_version() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A legacy handler that speaks HTTP/1.0 and ends its body by closing.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let legacy = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nold but fine")
+                    .await;
+            });
+        }
+    });
+    let proxy = Proxy::start(legacy, &json_route("")).await;
+    let body = r#"{"id":"evt_old"}"#;
+    let answer = raw(
+        proxy.addr,
+        format!("POST /hooks HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.contains("\r\nold but fine\r\n"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("dedupe-status: forwarded"),
+        "{answer}"
+    );
+}
