@@ -27,7 +27,11 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         Ok(config) => config,
         Err(code) => return code,
     };
-    match runtime().block_on(dedupe_proxy::run(config, dedupe_proxy::shutdown::signal())) {
+    let served = runtime().block_on(async {
+        let shutdown = dedupe_proxy::shutdown::on_signal();
+        dedupe_proxy::run(config, shutdown).await
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "dedupe-proxy failed");
@@ -74,7 +78,8 @@ fn init_logging(format: LogFormat, default_filter: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

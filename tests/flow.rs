@@ -647,3 +647,25 @@ async fn an_http_1_0_upstream_is_relayed_in_the_senders_version() {
         "{answer}"
     );
 }
+
+#[tokio::test]
+async fn a_chunked_delivery_reaches_the_upstream_whole() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let (part1, part2) = (r#"{"id":"evt_"#, r#"chunked","n":1}"#);
+    let request = format!(
+        "POST /hooks HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{part1}\r\n{:x}\r\n{part2}\r\n0\r\n\r\n",
+        part1.len(),
+        part2.len()
+    );
+    let answer = raw(proxy.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let received = &upstream.received()[0];
+    assert_eq!(received.body, format!("{part1}{part2}"));
+    assert_eq!(received.headers["dedupe-key"], "evt_chunked");
+    // The body is buffered, so it goes out with its length.
+    assert_eq!(
+        received.headers["content-length"],
+        (part1.len() + part2.len()).to_string().as_str()
+    );
+}
