@@ -348,7 +348,8 @@ async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
     // a restarted process never sees this, its predecessor being gone.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let store = loop {
-        match SledStore::open_with_clock(&sled_config(&path, Durability::Batched), f.clock.clone()) {
+        match SledStore::open_with_clock(&sled_config(&path, Durability::Batched), f.clock.clone())
+        {
             Ok(store) => break store,
             Err(error) if std::time::Instant::now() < deadline => {
                 assert!(error.to_string().contains("in use"), "{error}");

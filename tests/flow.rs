@@ -669,3 +669,29 @@ async fn a_chunked_delivery_reaches_the_upstream_whole() {
         (part1.len() + part2.len()).to_string().as_str()
     );
 }
+
+#[tokio::test]
+async fn an_h2c_sender_is_served_and_forwarded_over_http_1_1() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    for expected in ["forwarded", "duplicate"] {
+        let request = http::Request::post(format!("http://{}/hooks", proxy.addr))
+            .body(Full::new(Bytes::from_static(br#"{"id":"evt_h2"}"#)))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        assert_eq!(response.headers()["dedupe-status"], expected);
+        let _ = response.into_body().collect().await.unwrap();
+    }
+    let received = &upstream.received()[0];
+    assert_eq!(received.headers["dedupe-key"], "evt_h2");
+    // HTTP/2 has no Host header: the request's authority becomes one.
+    assert_eq!(received.headers["host"], proxy.addr.to_string().as_str());
+    assert_eq!(upstream.requests(), 1);
+}
