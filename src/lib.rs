@@ -134,16 +134,10 @@ async fn start_with(
             .as_ref()
             .map(|env| env.secret.clone()),
     ));
-    let stop_admin = CancellationToken::new();
-    let admin_server = tokio::spawn(server::serve(
-        admin_listener,
-        {
-            let admin = Arc::clone(&admin);
-            move |request, peer| Arc::clone(&admin).handle(request, peer)
-        },
-        stop_admin.clone(),
-        ADMIN_GRACE,
-    ));
+    let (stop_admin, admin_server) = spawn_server(admin_listener, ADMIN_GRACE, {
+        let admin = Arc::clone(&admin);
+        move |request, peer| Arc::clone(&admin).handle(request, peer)
+    });
 
     let opened = async {
         let store = match given_store {
@@ -165,16 +159,10 @@ async fn start_with(
         .local_addr()
         .expect("a bound listener has an address");
     let proxy = Arc::new(Proxy::new(&config, Arc::clone(&store)));
-    let stop_proxy = CancellationToken::new();
-    let proxy_server = tokio::spawn(server::serve(
-        proxy_listener,
-        {
-            let proxy = Arc::clone(&proxy);
-            move |request, peer| Arc::clone(&proxy).handle(request, peer)
-        },
-        stop_proxy.clone(),
-        config.shutdown_grace.0,
-    ));
+    let (stop_proxy, proxy_server) = spawn_server(proxy_listener, config.shutdown_grace.0, {
+        let proxy = Arc::clone(&proxy);
+        move |request, peer| Arc::clone(&proxy).handle(request, peer)
+    });
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store)));
     admin.ready(Arc::clone(&proxy));
     tracing::info!(
@@ -197,6 +185,21 @@ async fn start_with(
         admin_server,
         sweeper,
     })
+}
+
+/// Serves `handler` on `listener` in a task; cancelling the token stops it within `grace`.
+fn spawn_server<H, F>(
+    listener: TcpListener,
+    grace: Duration,
+    handler: H,
+) -> (CancellationToken, JoinHandle<()>)
+where
+    H: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
+{
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(server::serve(listener, handler, stop.clone(), grace));
+    (stop, server)
 }
 
 impl App {

@@ -28,12 +28,7 @@ async fn readiness_turns_503_as_soon_as_shutdown_starts() {
     let mut proxy = Proxy::start(upstream.addr, &json_route("")).await;
     let admin = proxy.admin;
     let sender = tokio::spawn(post_event(proxy.addr, "evt_1"));
-    eventually(
-        Duration::from_secs(5),
-        "the delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     let app = proxy.app.take().unwrap();
     let stopping = tokio::spawn(app.shutdown());
     eventually(
@@ -93,12 +88,7 @@ async fn in_flight_keys_can_be_inspected_but_not_forgotten() {
     upstream.script([Answer::ok().after(Duration::from_millis(600))]);
     let proxy = Proxy::start(upstream.addr, &json_route("    lease: 2m\n")).await;
     let sender = tokio::spawn(post_event(proxy.addr, "evt_2"));
-    eventually(
-        Duration::from_secs(5),
-        "the delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     let record = send(proxy.admin, "GET", "/v1/keys/hooks/evt_2", &[], "")
         .await
         .json();

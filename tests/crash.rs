@@ -28,12 +28,7 @@ async fn kill_9_mid_delivery_then_the_retry_is_forwarded_at_once() {
     let config = write_config(&dir, upstream.addr, &json_route(""));
     let mut proxy = Binary::start(&config);
     let sender = tokio::spawn(post_event_fallible(proxy.addr, "evt_crash"));
-    eventually(
-        Duration::from_secs(5),
-        "the delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     proxy.kill9();
     assert!(
         sender.await.unwrap().is_err(),
@@ -114,12 +109,7 @@ async fn sigterm_lets_an_in_flight_forward_finish_and_record_its_outcome() {
     let config = write_config(&dir, upstream.addr, &json_route(""));
     let mut proxy = Binary::start(&config);
     let sender = tokio::spawn(post_event(proxy.addr, "evt_drain"));
-    eventually(
-        Duration::from_secs(5),
-        "the delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     proxy.signal("TERM");
     let answer = sender.await.unwrap();
     assert_eq!((answer.status, answer.dedupe()), (200, "forwarded"));
@@ -149,12 +139,7 @@ async fn the_grace_is_bounded_and_open_claims_are_released() {
         .await
         .unwrap();
     let _sender = tokio::spawn(post_event_fallible(app.proxy_addr, "evt_slow"));
-    eventually(
-        Duration::from_secs(5),
-        "the delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     assert!(
         store.inspect("hooks:evt_slow").await.unwrap().is_some(),
         "in flight"

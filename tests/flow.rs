@@ -211,12 +211,7 @@ async fn in_flight_key_gets_409_with_retry_after() {
     upstream.script([Answer::ok().after(Duration::from_millis(800))]);
     let proxy = Proxy::start(upstream.addr, &json_route("    retry_after: 7s\n")).await;
     let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
-    eventually(
-        Duration::from_secs(5),
-        "the first delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     let second = post_event(proxy.addr, "evt_1").await;
     assert_eq!(second.status, 409);
     assert_eq!(second.dedupe(), "in-flight");
@@ -232,12 +227,7 @@ async fn in_flight_status_is_configurable() {
     upstream.script([Answer::ok().after(Duration::from_millis(500))]);
     let proxy = Proxy::start(upstream.addr, &json_route("    in_flight_status: 429\n")).await;
     let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
-    eventually(
-        Duration::from_secs(5),
-        "the first delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     assert_eq!(post_event(proxy.addr, "evt_1").await.status, 429);
     first.await.unwrap();
 }

@@ -166,12 +166,7 @@ async fn a_sender_that_hangs_up_cancels_nothing() {
             body.len()
         );
         stream.write_all(request.as_bytes()).await.unwrap();
-        eventually(
-            Duration::from_secs(5),
-            "the delivery reaches the upstream",
-            || async { upstream.requests() == 1 },
-        )
-        .await;
+        upstream.wait_for_requests(1).await;
         // The sender hangs up while the upstream is still working.
     }
     eventually(
@@ -222,12 +217,7 @@ async fn an_expired_lease_is_taken_over_and_the_late_owner_does_not_overwrite() 
     )
     .await;
     let first = tokio::spawn(post_event(proxy.addr, "evt_lease"));
-    eventually(
-        Duration::from_secs(5),
-        "the first delivery reaches the upstream",
-        || async { upstream.requests() == 1 },
-    )
-    .await;
+    upstream.wait_for_requests(1).await;
     assert_eq!(
         post_event(proxy.addr, "evt_lease").await.dedupe(),
         "in-flight",

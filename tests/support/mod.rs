@@ -143,6 +143,16 @@ impl Upstream {
         self.state.received.lock().unwrap().len()
     }
 
+    /// Waits (up to 5 s) until `count` requests have arrived.
+    pub async fn wait_for_requests(&self, count: usize) {
+        eventually(
+            Duration::from_secs(5),
+            &format!("{count} request(s) at the upstream"),
+            || async { self.requests() >= count },
+        )
+        .await;
+    }
+
     /// 2xx answers completed for requests carrying this `Dedupe-Key`.
     pub fn executions(&self, key: &str) -> usize {
         self.state
