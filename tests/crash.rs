@@ -211,3 +211,21 @@ async fn a_second_process_on_the_same_data_directory_fails_clearly() {
     // The first one is unharmed.
     assert_eq!(post_event(first.addr, "evt_ok").await.dedupe(), "forwarded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_does_not_kill_the_proxy() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxy = Binary::start(&write_config(&dir, upstream.addr, &json_route("")));
+    proxy.signal("HUP");
+    eventually(Duration::from_secs(5), "the SIGHUP is logged", || async {
+        proxy.log_text().contains("SIGHUP received")
+    })
+    .await;
+    assert_eq!(
+        post_event(proxy.addr, "evt_hup").await.dedupe(),
+        "forwarded"
+    );
+    proxy.signal("TERM");
+    assert_eq!(proxy.wait(Duration::from_secs(10)).code(), Some(0));
+}
