@@ -1,6 +1,8 @@
 //! Bodies: the one body type the proxy passes around, and the bounded read of a
 //! delivery's body (the proxy must see the whole body to find the key and fingerprint it).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::HeaderMap;
 use http::header::CONTENT_LENGTH;
@@ -36,15 +38,18 @@ pub enum BodyError {
     TooLarge { limit: u64 },
     #[error("body could not be read: {0}")]
     Broken(String),
+    #[error("body not received within {0:?}")]
+    TimedOut(Duration),
 }
 
-/// Reads a whole body of at most `limit` bytes. A `Content-Length` over the limit is
-/// refused before reading, so that hyper never answers `100 Continue` to it; a chunked
-/// body is cut off as soon as it passes the limit.
+/// Reads a whole body of at most `limit` bytes within `timeout`. A `Content-Length` over
+/// the limit is refused before reading, so that hyper never answers `100 Continue` to it;
+/// a chunked body is cut off as soon as it passes the limit.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: Incoming,
     limit: u64,
+    timeout: Duration,
 ) -> Result<Bytes, BodyError> {
     let declared = headers
         .get(CONTENT_LENGTH)
@@ -54,9 +59,10 @@ pub async fn read_limited(
         return Err(BodyError::TooLarge { limit });
     }
     let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(BodyError::TooLarge { limit }),
-        Err(error) => Err(BodyError::Broken(error.to_string())),
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) if error.is::<LengthLimitError>() => Err(BodyError::TooLarge { limit }),
+        Ok(Err(error)) => Err(BodyError::Broken(error.to_string())),
+        Err(_) => Err(BodyError::TimedOut(timeout)),
     }
 }

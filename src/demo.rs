@@ -168,6 +168,7 @@ async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>
             let app = Arc::clone(&app);
             move |request, _peer| Arc::clone(&app).handle(request)
         },
+        crate::config::Limits::default(),
         stop_app.clone(),
         Duration::from_secs(1),
     ));

@@ -54,7 +54,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
-use crate::config::Config;
+use crate::config::{Config, Limits};
 use crate::proxy::Proxy;
 use crate::store::{ClaimStore, StoreError};
 
@@ -134,10 +134,11 @@ async fn start_with(
             .as_ref()
             .map(|env| env.secret.clone()),
     ));
-    let (stop_admin, admin_server) = spawn_server(admin_listener, ADMIN_GRACE, {
-        let admin = Arc::clone(&admin);
-        move |request, peer| Arc::clone(&admin).handle(request, peer)
-    });
+    let (stop_admin, admin_server) =
+        spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, {
+            let admin = Arc::clone(&admin);
+            move |request, peer| Arc::clone(&admin).handle(request, peer)
+        });
 
     let opened = async {
         let store = match given_store {
@@ -159,10 +160,15 @@ async fn start_with(
         .local_addr()
         .expect("a bound listener has an address");
     let proxy = Arc::new(Proxy::new(&config, Arc::clone(&store)));
-    let (stop_proxy, proxy_server) = spawn_server(proxy_listener, config.shutdown_grace.0, {
-        let proxy = Arc::clone(&proxy);
-        move |request, peer| Arc::clone(&proxy).handle(request, peer)
-    });
+    let (stop_proxy, proxy_server) = spawn_server(
+        proxy_listener,
+        config.limits.clone(),
+        config.shutdown_grace.0,
+        {
+            let proxy = Arc::clone(&proxy);
+            move |request, peer| Arc::clone(&proxy).handle(request, peer)
+        },
+    );
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store)));
     admin.ready(Arc::clone(&proxy));
     tracing::info!(
@@ -190,6 +196,7 @@ async fn start_with(
 /// Serves `handler` on `listener` in a task; cancelling the token stops it within `grace`.
 fn spawn_server<H, F>(
     listener: TcpListener,
+    limits: Limits,
     grace: Duration,
     handler: H,
 ) -> (CancellationToken, JoinHandle<()>)
@@ -198,7 +205,13 @@ where
     F: Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
 {
     let stop = CancellationToken::new();
-    let server = tokio::spawn(server::serve(listener, handler, stop.clone(), grace));
+    let server = tokio::spawn(server::serve(
+        listener,
+        handler,
+        limits,
+        stop.clone(),
+        grace,
+    ));
     (stop, server)
 }
 

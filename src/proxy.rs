@@ -54,6 +54,7 @@ pub struct Proxy {
     unmatched: Unmatched,
     fallback_upstream: UpstreamUrl,
     unmatched_timeout: Duration,
+    body_read_timeout: Duration,
     store: Arc<dyn ClaimStore>,
     upstream: Upstream,
     /// Forward tasks, which outlive their senders; shutdown waits for them.
@@ -68,6 +69,7 @@ impl Proxy {
             unmatched: config.unmatched,
             fallback_upstream: config.upstream.clone(),
             unmatched_timeout: config.defaults.upstream_timeout.0,
+            body_read_timeout: config.limits.body_read_timeout.0,
             store,
             upstream: Upstream::new(),
             forwards: TaskTracker::new(),
@@ -124,19 +126,21 @@ impl Proxy {
         let policy = &route.policy;
         let (head, body) = request.into_parts();
 
-        let body = match body::read_limited(&head.headers, body, policy.max_body.0).await {
+        let read = body::read_limited(
+            &head.headers,
+            body,
+            policy.max_body.0,
+            self.body_read_timeout,
+        );
+        let body = match read.await {
             Ok(body) => body,
-            Err(BodyError::TooLarge { limit }) => {
-                return (
-                    DedupeStatus::Rejected,
-                    Refusal::BodyTooLarge { limit }.into_response(),
-                );
-            }
-            Err(BodyError::Broken(reason)) => {
-                return (
-                    DedupeStatus::Rejected,
-                    Refusal::BodyUnreadable(reason).into_response(),
-                );
+            Err(error) => {
+                let refusal = match error {
+                    BodyError::TooLarge { limit } => Refusal::BodyTooLarge { limit },
+                    BodyError::Broken(reason) => Refusal::BodyUnreadable(reason),
+                    BodyError::TimedOut(after) => Refusal::BodyTimeout(after),
+                };
+                return (DedupeStatus::Rejected, refusal.into_response());
             }
         };
 

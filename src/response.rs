@@ -63,6 +63,7 @@ pub enum Refusal {
         limit: u64,
     },
     BodyUnreadable(String),
+    BodyTimeout(Duration),
     MissingKey(String),
     KeyTooLong(usize),
     StoreUnavailable {
@@ -95,6 +96,14 @@ impl Refusal {
             Refusal::BodyUnreadable(reason) => {
                 (StatusCode::BAD_REQUEST, "body_unreadable", reason.clone())
             }
+            Refusal::BodyTimeout(after) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the body did not arrive within {}",
+                    humantime::format_duration(*after)
+                ),
+            ),
             Refusal::MissingKey(reason) => (
                 StatusCode::BAD_REQUEST,
                 "missing_key",

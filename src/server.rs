@@ -1,9 +1,11 @@
 //! Listeners: the accept loop shared by the proxy and admin ports (HTTP/1.1 and h2c on
-//! one port), and the graceful close of their connections within a deadline.
+//! one port), the limits that bound what one sender can cost (open connections, time and
+//! bytes to send a request head), and the graceful close of connections within a deadline.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -12,19 +14,25 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::ProxyBody;
+use crate::config::Limits;
 
-/// How long a sender may take to send a request's head (slowloris guard).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The answer to a connection over `max_connections`, written before closing it.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 77\r\n\r\n\
+{\"error\":\"too_many_connections\",\"detail\":\"connection limit reached; retry\"}";
 
 /// Serves `handler` on `listener` until `stop` is cancelled, then stops accepting and
 /// waits up to `grace` for open connections to finish their requests.
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
+    limits: Limits,
     stop: CancellationToken,
     grace: Duration,
 ) where
@@ -32,11 +40,14 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper ignores a header timeout unless it has a timer.
+    // hyper ignores a header timeout unless it has a timer. The timeout also bounds how
+    // long an idle keep-alive connection waits for its next request.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(limits.header_read_timeout.0)
+        .max_buf_size(usize::try_from(limits.max_header_bytes.0).unwrap_or(usize::MAX));
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let connections = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -51,20 +62,32 @@ pub async fn serve<H, F>(
             },
             () = stop.cancelled() => break,
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::warn!(%peer, limit = limits.max_connections, "connection refused: too many open connections");
+            tokio::spawn(refuse(stream));
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
-        let service = service_fn(move |request| {
-            let answer = handler(request, peer);
-            async move { Ok::<_, Infallible>(answer.await) }
-        });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = connections.watch(connection);
+        let (builder, watcher) = (builder.clone(), connections.watcher());
+        let first_byte_timeout = limits.header_read_timeout.0;
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            // hyper's header timer starts with the first byte: a connection that never
+            // sends one would hold its slot forever.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(first_byte_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(read)) if read > 0 => {}
+                _ => return,
+            }
+            let service = service_fn(move |request| {
+                let answer = handler(request, peer);
+                async move { Ok::<_, Infallible>(answer.await) }
+            });
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            if let Err(error) = watcher.watch(connection.into_owned()).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
+            drop(slot);
         });
     }
     drop(listener);
@@ -74,4 +97,14 @@ pub async fn serve<H, F>(
     {
         tracing::warn!("connections still open when the shutdown grace ended");
     }
+}
+
+/// Tells a connection over the limit why it is closed, without reading from it.
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        stream.write_all(TOO_MANY_CONNECTIONS),
+    )
+    .await;
+    let _ = stream.shutdown().await;
 }

@@ -39,6 +39,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub store: StoreConfig,
     pub shutdown_grace: HumanDuration,
+    pub limits: Limits,
     pub unmatched: Unmatched,
     /// `defaults:` resolved against the built-in values; unmatched requests use its
     /// `upstream_timeout`.
@@ -123,6 +124,8 @@ struct ConfigFile {
     unmatched: Unmatched,
     #[serde(default = "default_shutdown_grace")]
     shutdown_grace: HumanDuration,
+    #[serde(default, deserialize_with = "limits_section")]
+    limits: Limits,
     #[serde(default, deserialize_with = "route_list")]
     routes: Vec<RouteFile>,
 }
@@ -155,6 +158,7 @@ impl ConfigFile {
             admin: self.admin,
             store: self.store,
             shutdown_grace: self.shutdown_grace,
+            limits: self.limits,
             unmatched: self.unmatched,
             defaults: Policy::resolve(&self.defaults, &RouteFile::default()),
             routes,
@@ -179,6 +183,52 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: default_admin_listen(),
             token_env: None,
+        }
+    }
+}
+
+/// `limits:`: what one sender may cost the proxy, on the provider-facing listener.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Open connections at most; one more is answered 503 and closed.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Time to send a request's head, and the most a keep-alive connection may idle
+    /// before its next request.
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: HumanDuration,
+    /// Time to send a request's body; then 408.
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout: HumanDuration,
+    /// Size of a request's head (request line and headers); more gets 431.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: Size,
+}
+
+fn default_max_connections() -> usize {
+    1024
+}
+
+fn default_header_read_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+
+fn default_body_read_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+
+fn default_max_header_bytes() -> Size {
+    Size(64 << 10)
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: default_max_connections(),
+            header_read_timeout: default_header_read_timeout(),
+            body_read_timeout: default_body_read_timeout(),
+            max_header_bytes: default_max_header_bytes(),
         }
     }
 }
@@ -459,6 +509,21 @@ where
     deserializer.deserialize_map(MapThen {
         convert,
         target: PhantomData,
+    })
+}
+
+fn limits_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {
+    map_then(deserializer, |limits: Limits| {
+        if limits.max_connections == 0 {
+            return Err("`max_connections` must be at least 1".into());
+        }
+        if limits.max_header_bytes.0 < 8192 {
+            return Err("`max_header_bytes` must be at least 8KiB".into());
+        }
+        if limits.header_read_timeout.0.is_zero() || limits.body_read_timeout.0.is_zero() {
+            return Err("read timeouts must be longer than zero".into());
+        }
+        Ok(limits)
     })
 }
 
