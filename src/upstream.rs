@@ -34,6 +34,12 @@ const HOP_BY_HOP: [&str; 6] = [
     "upgrade",
 ];
 
+/// How long an idle upstream connection is kept for reuse: shorter than the keep-alive
+/// timeouts of common application servers (gunicorn 2 s, Node.js 5 s), so that the pool
+/// rarely picks a connection the application is closing. A POST sent on such a connection
+/// fails with 502 and is never re-sent, since it may have reached the application.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How long to wait for a TCP connection to the upstream.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -64,7 +70,7 @@ impl Upstream {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(connector);
         Upstream { client }
     }
