@@ -16,7 +16,11 @@ use tokio::net::TcpStream;
 
 fn content_length(head: &str) -> usize {
     head.lines()
-        .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse().unwrap()))
+        .find_map(|line| {
+            line.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(|v| v.trim().parse().unwrap())
+        })
         .unwrap_or(0)
 }
 
@@ -36,7 +40,11 @@ async fn read_body(stream: &mut TcpStream, head: &str) -> Vec<u8> {
 async fn an_upstream_that_answers_before_reading_the_body_is_handled_consistently() {
     let upstream = raw_upstream(|mut stream| async move {
         if read_head(&mut stream).await.is_some() {
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nearly").await;
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nearly",
+                )
+                .await;
         }
     })
     .await;
@@ -64,7 +72,9 @@ async fn an_upstream_that_closes_its_keep_alive_connections_never_gets_a_request
             if let Some(head) = read_head(&mut stream).await {
                 read_body(&mut stream, &head).await;
                 *seen.lock().unwrap().entry(dedupe_key(&head)).or_default() += 1;
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
@@ -87,9 +97,16 @@ async fn an_upstream_that_closes_its_keep_alive_connections_never_gets_a_request
     let per_event = per_event.lock().unwrap();
     for (id, tries) in &attempts {
         let received = per_event.get(id).copied().unwrap_or(0);
-        assert!(received >= 1 && received <= *tries, "{id}: {received} received for {tries} attempts");
+        assert!(
+            received >= 1 && received <= *tries,
+            "{id}: {received} received for {tries} attempts"
+        );
     }
-    assert_eq!(per_event.values().sum::<usize>(), 60, "every event reached the app once: {per_event:?}");
+    assert_eq!(
+        per_event.values().sum::<usize>(),
+        60,
+        "every event reached the app once: {per_event:?}"
+    );
 }
 
 #[tokio::test]
@@ -100,7 +117,11 @@ async fn a_request_dropped_after_reaching_the_upstream_is_not_resent() {
     let reply = post_event(proxy.addr, "evt_drop").await;
     assert_eq!((reply.status, reply.dedupe()), (502, "released"));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(upstream.requests(), 1, "the pool must not re-send a request the upstream may have seen");
+    assert_eq!(
+        upstream.requests(),
+        1,
+        "the pool must not re-send a request the upstream may have seen"
+    );
 }
 
 #[tokio::test]
@@ -125,7 +146,13 @@ async fn a_slow_chunked_answer_streams_through_without_waiting_for_its_end() {
     let mut sender = TcpStream::connect(proxy.addr).await.unwrap();
     let body = r#"{"id":"evt_stream"}"#;
     sender
-        .write_all(format!("POST /hooks HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes())
+        .write_all(
+            format!(
+                "POST /hooks HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
         .await
         .unwrap();
     let mut seen = Vec::new();
@@ -138,7 +165,11 @@ async fn a_slow_chunked_answer_streams_through_without_waiting_for_its_end() {
         assert!(read > 0);
         seen.extend_from_slice(&buffer[..read]);
     }
-    assert!(String::from_utf8_lossy(&seen).to_ascii_lowercase().contains("dedupe-status: forwarded"));
+    assert!(
+        String::from_utf8_lossy(&seen)
+            .to_ascii_lowercase()
+            .contains("dedupe-status: forwarded")
+    );
     release.notify_one();
     while !String::from_utf8_lossy(&seen).ends_with("0\r\n\r\n") {
         let read = sender.read(&mut buffer).await.unwrap();
@@ -194,6 +225,12 @@ async fn informational_answers_are_skipped_and_redirects_release() {
     assert_eq!((redirected.status, redirected.dedupe()), (302, "released"));
     assert_eq!(redirected.header("location"), Some("/elsewhere"));
     let hinted = post_event(proxy.addr, "evt_1xx").await;
-    assert_eq!((hinted.status, hinted.dedupe(), hinted.body.as_str()), (200, "forwarded", "done"));
-    assert_eq!(post_event(proxy.addr, "evt_1xx").await.dedupe(), "duplicate");
+    assert_eq!(
+        (hinted.status, hinted.dedupe(), hinted.body.as_str()),
+        (200, "forwarded", "done")
+    );
+    assert_eq!(
+        post_event(proxy.addr, "evt_1xx").await.dedupe(),
+        "duplicate"
+    );
 }

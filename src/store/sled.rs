@@ -14,10 +14,14 @@
 //!   store opens, without a start-up scan.
 //! - `durability: fsync` makes each done mark durable before `finish` returns, through
 //!   [`GroupFlusher`]; `batched` leaves it to sled's background flush every `flush_every`.
+//! - sled keeps the first I/O error (a full disk, say) and fails every later operation,
+//!   even once the disk has room again. So any failure drops the open database, and a
+//!   background thread reopens the directory until it succeeds; meanwhile operations fail
+//!   fast and the proxy follows `on_store_error`. Once the cause is gone, the store comes
+//!   back by itself, with the same boot id, so this process's open claims stay its own.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, RwLock, Weak, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -79,29 +83,17 @@ fn backend(error: sled::Error) -> StoreError {
     StoreError::Backend(error.to_string())
 }
 
-/// The embedded store.
-pub struct SledStore {
+/// An open database: the trees and, with `fsync`, the flusher.
+struct Handle {
     db: sled::Db,
     claims: sled::Tree,
     deadlines: sled::Tree,
-    /// This process's random id, the high half of every owner token it issues.
-    boot: u64,
-    next_token: AtomicU64,
-    clock: Arc<dyn Clock>,
-    /// Present with `durability: fsync`.
     flusher: Option<GroupFlusher>,
 }
 
-impl SledStore {
-    /// Opens (or creates) the store at `config.path`. Blocks on disk I/O.
-    pub fn open(config: &SledConfig) -> Result<SledStore, StoreError> {
-        SledStore::open_with_clock(config, Arc::new(SystemClock))
-    }
-
-    pub fn open_with_clock(
-        config: &SledConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Result<SledStore, StoreError> {
+impl Handle {
+    /// Opens (or creates) the database at `config.path`. Blocks on disk I/O.
+    fn open(config: &SledConfig) -> Result<Handle, StoreError> {
         let path = config.path.display();
         let db = sled::Config::new()
             .path(&config.path)
@@ -118,26 +110,12 @@ impl SledStore {
         let deadlines = db.open_tree("deadlines").map_err(backend)?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
-        Ok(SledStore {
+        Ok(Handle {
             db,
             claims,
             deadlines,
-            boot: rand::random(),
-            next_token: AtomicU64::new(0),
-            clock,
             flusher,
         })
-    }
-
-    fn new_token(&self) -> u128 {
-        let sequence = self.next_token.fetch_add(1, Ordering::Relaxed);
-        (u128::from(self.boot) << 64) | u128::from(sequence)
-    }
-
-    /// Whether an in-flight record still holds its key: owned by this process (an earlier
-    /// process's claims are released) and within its lease.
-    fn holds(&self, owner: u128, lease_until: Millis, now: Millis) -> bool {
-        (owner >> 64) as u64 == self.boot && lease_until > now
     }
 
     /// Reads a key's record with the bytes it was decoded from, for a compare-and-swap.
@@ -190,44 +168,117 @@ impl SledStore {
             _ => Err(StoreError::NotOwner),
         }
     }
+
+    /// Removes up to `limit` records whose deadline is at or before `now`, reading only
+    /// the expired part of the index. Blocking.
+    fn sweep_expired(&self, now: Millis, limit: usize) -> Result<Swept, StoreError> {
+        let upper = now.saturating_add(1).to_be_bytes();
+        let mut swept = Swept::default();
+        for entry in self.deadlines.range(..upper.as_slice()).keys().take(limit) {
+            let index = entry.map_err(backend)?;
+            swept.examined += 1;
+            let (deadline, key) = index.split_at(8);
+            let deadline = Millis::from_be_bytes(deadline.try_into().expect("8 bytes"));
+            if let Some(bytes) = self.claims.get(key).map_err(backend)? {
+                // An entry whose record has moved on (a new claim, a finish) is only dropped.
+                let expired =
+                    decode(key, &bytes).is_none_or(|record| record.deadline() == deadline);
+                if expired
+                    && self
+                        .claims
+                        .compare_and_swap(key, Some(&bytes), None::<&[u8]>)
+                        .map_err(backend)?
+                        .is_ok()
+                {
+                    swept.removed += 1;
+                }
+            }
+            self.deadlines.remove(&index).map_err(backend)?;
+        }
+        Ok(swept)
+    }
 }
 
-/// Removes up to `limit` records whose deadline is at or before `now`, reading only the
-/// expired part of the index. Blocking.
-fn sweep_expired(
-    claims: &sled::Tree,
-    deadlines: &sled::Tree,
-    now: Millis,
-    limit: usize,
-) -> Result<Swept, StoreError> {
-    let upper = now.saturating_add(1).to_be_bytes();
-    let mut swept = Swept::default();
-    for entry in deadlines.range(..upper.as_slice()).keys().take(limit) {
-        let index = entry.map_err(backend)?;
-        swept.examined += 1;
-        let (deadline, key) = index.split_at(8);
-        let deadline = Millis::from_be_bytes(deadline.try_into().expect("8 bytes"));
-        if let Some(bytes) = claims.get(key).map_err(backend)? {
-            // An entry whose record has moved on (a new claim, a finish) is only dropped.
-            let expired = decode(key, &bytes).is_none_or(|record| record.deadline() == deadline);
-            if expired
-                && claims
-                    .compare_and_swap(key, Some(&bytes), None::<&[u8]>)
-                    .map_err(backend)?
-                    .is_ok()
+/// The open database, or none while it is being reopened after a failure.
+type Slot = RwLock<Option<Arc<Handle>>>;
+
+/// The embedded store.
+pub struct SledStore {
+    config: SledConfig,
+    handle: Arc<Slot>,
+    /// This process's random id, the high half of every owner token it issues.
+    boot: u64,
+    next_token: AtomicU64,
+    clock: Arc<dyn Clock>,
+}
+
+impl SledStore {
+    /// Opens (or creates) the store at `config.path`. Blocks on disk I/O.
+    pub fn open(config: &SledConfig) -> Result<SledStore, StoreError> {
+        SledStore::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    pub fn open_with_clock(
+        config: &SledConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SledStore, StoreError> {
+        let handle = Handle::open(config)?;
+        Ok(SledStore {
+            config: config.clone(),
+            handle: Arc::new(RwLock::new(Some(Arc::new(handle)))),
+            boot: rand::random(),
+            next_token: AtomicU64::new(0),
+            clock,
+        })
+    }
+
+    /// The open database, or an error while it is being reopened.
+    fn handle(&self) -> Result<Arc<Handle>, StoreError> {
+        let slot = self
+            .handle
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.clone()
+            .ok_or_else(|| StoreError::Backend("the store is reopening after a failure".into()))
+    }
+
+    /// Passes `result` through; a backend failure drops `failed` and starts reopening.
+    fn checked<T>(
+        &self,
+        failed: &Arc<Handle>,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if let Err(StoreError::Backend(error)) = &result {
+            let mut slot = self
+                .handle
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if slot
+                .as_ref()
+                .is_some_and(|current| Arc::ptr_eq(current, failed))
             {
-                swept.removed += 1;
+                tracing::error!(%error, "the store failed; reopening it in the background");
+                *slot = None;
+                reopen_in_background(Arc::downgrade(&self.handle), self.config.clone());
             }
         }
-        deadlines.remove(&index).map_err(backend)?;
+        result
     }
-    Ok(swept)
-}
 
-#[async_trait]
-impl ClaimStore for SledStore {
-    async fn claim(
+    fn new_token(&self) -> u128 {
+        let sequence = self.next_token.fetch_add(1, Ordering::Relaxed);
+        (u128::from(self.boot) << 64) | u128::from(sequence)
+    }
+
+    /// Whether an in-flight record still holds its key: owned by this process (an earlier
+    /// process's claims are released) and within its lease.
+    fn holds(&self, owner: u128, lease_until: Millis, now: Millis) -> bool {
+        (owner >> 64) as u64 == self.boot && lease_until > now
+    }
+
+    fn claim_on(
         &self,
+        handle: &Handle,
         key: &str,
         fingerprint: Fingerprint,
         lease: Duration,
@@ -235,7 +286,7 @@ impl ClaimStore for SledStore {
         let key_bytes = key.as_bytes();
         loop {
             let now = self.clock.now();
-            let current = self.read(key_bytes)?;
+            let current = handle.read(key_bytes)?;
             let found = current.as_ref().and_then(|(_, record)| record.as_ref());
             match found {
                 Some(Record::Done(done)) if done.expires_at > now => {
@@ -260,7 +311,7 @@ impl ClaimStore for SledStore {
             let current_ref = current
                 .as_ref()
                 .map(|(bytes, record)| (bytes, record.as_ref()));
-            if self.swap(key_bytes, current_ref, Some(&record))? {
+            if handle.swap(key_bytes, current_ref, Some(&record))? {
                 return Ok(ClaimOutcome::Claimed(Claim {
                     key: key.to_owned(),
                     token,
@@ -271,9 +322,14 @@ impl ClaimStore for SledStore {
         }
     }
 
-    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+    fn finish_on(
+        &self,
+        handle: &Handle,
+        claim: &Claim,
+        completion: &Completion,
+    ) -> Result<(), StoreError> {
         loop {
-            let (bytes, record) = self.owned(claim)?;
+            let (bytes, record) = handle.owned(claim)?;
             let Record::InFlight {
                 claimed_at,
                 fingerprint,
@@ -291,32 +347,28 @@ impl ClaimStore for SledStore {
                 fingerprint,
                 response: completion.response.clone(),
             });
-            if self.swap(
+            if handle.swap(
                 claim.key.as_bytes(),
                 Some((&bytes, Some(&record))),
                 Some(&done),
             )? {
-                break;
-            }
-        }
-        match &self.flusher {
-            Some(flusher) => flusher.flush().await,
-            None => Ok(()),
-        }
-    }
-
-    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
-        loop {
-            let (bytes, record) = self.owned(claim)?;
-            if self.swap(claim.key.as_bytes(), Some((&bytes, Some(&record))), None)? {
                 return Ok(());
             }
         }
     }
 
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+    fn release_on(&self, handle: &Handle, claim: &Claim) -> Result<(), StoreError> {
+        loop {
+            let (bytes, record) = handle.owned(claim)?;
+            if handle.swap(claim.key.as_bytes(), Some((&bytes, Some(&record))), None)? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn inspect_on(&self, handle: &Handle, key: &str) -> Result<Option<KeyState>, StoreError> {
         let now = self.clock.now();
-        let state = match self.read(key.as_bytes())? {
+        let state = match handle.read(key.as_bytes())? {
             Some((_, Some(Record::Done(done)))) if done.expires_at > now => {
                 Some(KeyState::Done(done))
             }
@@ -338,11 +390,11 @@ impl ClaimStore for SledStore {
         Ok(state)
     }
 
-    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+    fn forget_on(&self, handle: &Handle, key: &str) -> Result<Forgotten, StoreError> {
         let key_bytes = key.as_bytes();
         loop {
             let now = self.clock.now();
-            let Some((bytes, record)) = self.read(key_bytes)? else {
+            let Some((bytes, record)) = handle.read(key_bytes)? else {
                 return Ok(Forgotten::Absent);
             };
             let outcome = match &record {
@@ -354,27 +406,106 @@ impl ClaimStore for SledStore {
                 Some(Record::Done(done)) if done.expires_at > now => Forgotten::Removed,
                 _ => Forgotten::Absent,
             };
-            if self.swap(key_bytes, Some((&bytes, record.as_ref())), None)? {
+            if handle.swap(key_bytes, Some((&bytes, record.as_ref())), None)? {
                 return Ok(outcome);
             }
         }
     }
+}
+
+/// Reopens the data directory until it succeeds, backing off up to 5 s between tries,
+/// then puts the new database in `slot`. Gives up when the store is dropped.
+fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
+    let spawned = std::thread::Builder::new()
+        .name("sled-reopen".into())
+        .spawn(move || {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                std::thread::sleep(backoff);
+                let Some(slot) = slot.upgrade() else {
+                    return;
+                };
+                match Handle::open(&config) {
+                    Ok(handle) => {
+                        *slot
+                            .write()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                            Some(Arc::new(handle));
+                        tracing::info!("the store is open again");
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "reopening the store failed; trying again");
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot start the thread that reopens the store");
+    }
+}
+
+#[async_trait]
+impl ClaimStore for SledStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let handle = self.handle()?;
+        let claimed = self.claim_on(&handle, key, fingerprint, lease);
+        self.checked(&handle, claimed)
+    }
+
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+        let handle = self.handle()?;
+        let finished = self.finish_on(&handle, claim, &completion);
+        let finished = match (&finished, &handle.flusher) {
+            (Ok(()), Some(flusher)) => flusher.flush().await,
+            _ => finished,
+        };
+        self.checked(&handle, finished)
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        let handle = self.handle()?;
+        let released = self.release_on(&handle, claim);
+        self.checked(&handle, released)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        let handle = self.handle()?;
+        let state = self.inspect_on(&handle, key);
+        self.checked(&handle, state)
+    }
+
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        let handle = self.handle()?;
+        let forgotten = self.forget_on(&handle, key);
+        self.checked(&handle, forgotten)
+    }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
-        let (claims, deadlines) = (self.claims.clone(), self.deadlines.clone());
+        let handle = self.handle()?;
         let now = self.clock.now();
-        tokio::task::spawn_blocking(move || sweep_expired(&claims, &deadlines, now, limit))
+        let worker = Arc::clone(&handle);
+        let swept = tokio::task::spawn_blocking(move || worker.sweep_expired(now, limit))
             .await
-            .map_err(|error| StoreError::Backend(error.to_string()))?
+            .map_err(|error| StoreError::Backend(error.to_string()))
+            .and_then(|swept| swept);
+        self.checked(&handle, swept)
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
+        let handle = self.handle()?;
+        let worker = Arc::clone(&handle);
+        let flushed = tokio::task::spawn_blocking(move || worker.db.flush())
             .await
-            .map_err(|error| StoreError::Backend(error.to_string()))?
-            .map(drop)
-            .map_err(backend)
+            .map_err(|error| StoreError::Backend(error.to_string()))
+            .and_then(|flushed| flushed.map(drop).map_err(backend));
+        self.checked(&handle, flushed)
     }
 }
 

@@ -1,0 +1,159 @@
+//! Real store failures: a data directory on a small tmpfs that fills up, and a read-only
+//! one. They need root (to mount); elsewhere they are skipped with a message.
+//! The same rows are also tested with an injected failure in `flow.rs`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(options: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !mounted {
+            eprintln!("skipped: mounting a tmpfs needs root (this test fills a real disk)");
+            return None;
+        }
+        Some(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Fills the file system to the last byte.
+    fn fill(&self) -> PathBuf {
+        let filler = self.path().join("filler");
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=64k"])
+            .arg(format!("of={}", filler.display()))
+            .output();
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+async fn proxy_on(upstream: &Upstream, data: &Path, extra: &str) -> dedupe_proxy::App {
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ sled: {{ path: \"{}\", durability: fsync }} }}\n{}",
+        upstream.addr,
+        data.join("db").display(),
+        json_route(extra)
+    );
+    dedupe_proxy::start(parse_config(&text)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_gets_503s_and_the_store_recovers_when_space_returns() {
+    let Some(disk) = Tmpfs::mount("size=4m") else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let app = proxy_on(&upstream, disk.path(), "    retry_after: 2s\n").await;
+    assert_eq!(
+        post_event(app.proxy_addr, "evt_before").await.dedupe(),
+        "forwarded"
+    );
+
+    let filler = disk.fill();
+    let mut refused = 0;
+    for event in 0..30 {
+        let before = upstream.requests();
+        let reply = post_event(app.proxy_addr, &format!("evt_full_{event}")).await;
+        match (reply.status, reply.dedupe()) {
+            (503, "unavailable") => {
+                refused += 1;
+                assert_eq!(reply.header("retry-after"), Some("2"));
+                assert_eq!(upstream.requests(), before, "a 503 forwards nothing");
+            }
+            // The claim went through before sled noticed; the app's success is relayed
+            // even if the done mark could not be written.
+            (200, "forwarded") => assert_eq!(upstream.requests(), before + 1),
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(
+        refused >= 10,
+        "the full disk must show: {refused} of 30 refused"
+    );
+
+    std::fs::remove_file(filler).unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "the store recovers once there is room",
+        || async { post_event(app.proxy_addr, "evt_after").await.dedupe() == "forwarded" },
+    )
+    .await;
+    assert_eq!(
+        post_event(app.proxy_addr, "evt_after").await.dedupe(),
+        "duplicate"
+    );
+    assert_eq!(
+        post_event(app.proxy_addr, "evt_before").await.dedupe(),
+        "duplicate",
+        "earlier keys survive"
+    );
+    app.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_forwards_unkeyed_when_the_route_prefers_availability() {
+    let Some(disk) = Tmpfs::mount("size=4m") else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let app = proxy_on(&upstream, disk.path(), "    on_store_error: forward\n").await;
+    disk.fill();
+    let mut unkeyed = 0;
+    for event in 0..30 {
+        let reply = post_event(app.proxy_addr, &format!("evt_{event}")).await;
+        assert_eq!(reply.status, 200);
+        unkeyed += usize::from(reply.dedupe() == "unkeyed");
+    }
+    assert!(unkeyed >= 10, "{unkeyed} of 30 forwarded unkeyed");
+    assert_eq!(upstream.requests(), 30);
+}
+
+#[tokio::test]
+async fn a_read_only_data_directory_stops_the_start_with_a_clear_message() {
+    let Some(disk) = Tmpfs::mount("size=1m,ro") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:9\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ sled: {{ path: \"{}\" }} }}\n",
+        disk.path().join("db").display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let output = Command::new(binary_path())
+        .args(["run", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot open data directory"), "{stderr}");
+    assert!(stderr.contains("Read-only file system"), "{stderr}");
+}
