@@ -1,0 +1,284 @@
+//! Property tests. The claim state machine: any interleaving of claim, finish, release,
+//! lease expiry, sweep and restart agrees with a reference model of SPEC.md's claim
+//! states, so only the owner finishes, a key is done only after its owner finished it,
+//! and never two owners hold a key inside a lease. And the parsers (key templates, key
+//! extraction, configuration) never panic on any input.
+//!
+//! `PROPTEST_CASES=100000 cargo test --release --test properties` runs a longer search.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_proxy::config::{Config, Durability, Overrides, SledConfig};
+use dedupe_proxy::key::{Delivery, KeyError, KeyTemplate, MAX_KEY_BYTES};
+use dedupe_proxy::store::sled::SledStore;
+use dedupe_proxy::store::{Claim, ClaimOutcome, ClaimStore, Completion, ManualClock, StoreError};
+use proptest::prelude::*;
+
+// ------------------------------------------------------------------ the state machine
+
+#[derive(Debug, Clone)]
+enum Op {
+    Claim { key: usize, lease_ms: u64 },
+    Finish { handle: usize, retention_ms: u64 },
+    Release { handle: usize },
+    Advance { ms: u64 },
+    Sweep,
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, 200..1500u64).prop_map(|(key, lease_ms)| Op::Claim { key, lease_ms }),
+        3 => (0..16usize, 500..3000u64).prop_map(|(handle, retention_ms)| Op::Finish { handle, retention_ms }),
+        2 => (0..16usize).prop_map(|handle| Op::Release { handle }),
+        3 => (0..2000u64).prop_map(|ms| Op::Advance { ms }),
+        1 => Just(Op::Sweep),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// The reference model: what each key's record is, as SPEC.md describes it.
+#[derive(Debug, Clone, PartialEq)]
+enum Model {
+    InFlight { token: u128, boot: u32, lease_until: u64 },
+    Done { expires_at: u64 },
+}
+
+impl Model {
+    fn deadline(&self) -> u64 {
+        match self {
+            Model::InFlight { lease_until, .. } => *lease_until,
+            Model::Done { expires_at } => *expires_at,
+        }
+    }
+}
+
+const KEYS: [&str; 3] = ["a:1", "a:2", "b:1"];
+
+fn open(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
+    let config = SledConfig {
+        path: path.to_owned(),
+        durability: Durability::Batched,
+        ..SledConfig::default()
+    };
+    // A dropped store lets go of its directory lock a moment later (sled's threads).
+    loop {
+        match SledStore::open_with_clock(&config, clock.clone()) {
+            Ok(store) => return store,
+            Err(error) if error.to_string().contains("in use") => std::thread::sleep(Duration::from_millis(5)),
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
+async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let clock = ManualClock::new(1_000_000);
+    let mut store = open(&path, &clock);
+    let mut boot = 0u32;
+    let mut now = 1_000_000u64;
+    let mut model: HashMap<&str, Model> = HashMap::new();
+    let mut handles: Vec<(Claim, u32)> = Vec::new();
+    let mut finished_by_owner: HashMap<&str, usize> = HashMap::new();
+
+    for op in ops {
+        match op {
+            Op::Claim { key, lease_ms } => {
+                let key = KEYS[key];
+                let outcome = store.claim(key, [0; 32], Duration::from_millis(lease_ms)).await.unwrap();
+                let live = model.get(key).filter(|record| match record {
+                    Model::InFlight { boot: b, lease_until, .. } => *b == boot && *lease_until > now,
+                    Model::Done { expires_at } => *expires_at > now,
+                });
+                match (live, outcome) {
+                    (None, ClaimOutcome::Claimed(claim)) => {
+                        let took_over = matches!(model.get(key), Some(Model::InFlight { .. }));
+                        prop_assert_eq!(claim.took_over, took_over, "took_over for {}", key);
+                        model.insert(key, Model::InFlight { token: claim.token, boot, lease_until: now + lease_ms });
+                        handles.push((claim, boot));
+                    }
+                    (Some(Model::InFlight { lease_until, .. }), ClaimOutcome::InFlight { lease_until: seen }) => {
+                        prop_assert_eq!(*lease_until, seen);
+                    }
+                    (Some(Model::Done { expires_at }), ClaimOutcome::Done(record)) => {
+                        prop_assert_eq!(*expires_at, record.expires_at);
+                        prop_assert!(finished_by_owner.get(key).copied().unwrap_or(0) > 0, "done without a finish");
+                    }
+                    (live, outcome) => prop_assert!(false, "{key}: model {live:?}, store {outcome:?}"),
+                }
+            }
+            Op::Finish { handle, retention_ms } if !handles.is_empty() => {
+                let (claim, _) = handles[handle % handles.len()].clone();
+                let key = KEYS.iter().find(|k| **k == claim.key).copied().unwrap();
+                let owner = matches!(model.get(key), Some(Model::InFlight { token, .. }) if *token == claim.token);
+                let completion = Completion {
+                    upstream_status: 200,
+                    retention: Duration::from_millis(retention_ms),
+                    response: None,
+                };
+                match store.finish(&claim, completion).await {
+                    Ok(()) => {
+                        prop_assert!(owner, "a non-owner finished {}", key);
+                        model.insert(key, Model::Done { expires_at: now + retention_ms });
+                        *finished_by_owner.entry(key).or_default() += 1;
+                    }
+                    Err(StoreError::NotOwner) => prop_assert!(!owner, "the owner was refused on {}", key),
+                    Err(error) => prop_assert!(false, "{error}"),
+                }
+            }
+            Op::Release { handle } if !handles.is_empty() => {
+                let (claim, _) = handles[handle % handles.len()].clone();
+                let key = KEYS.iter().find(|k| **k == claim.key).copied().unwrap();
+                let owner = matches!(model.get(key), Some(Model::InFlight { token, .. }) if *token == claim.token);
+                match store.release(&claim).await {
+                    Ok(()) => {
+                        prop_assert!(owner, "a non-owner released {}", key);
+                        model.remove(key);
+                    }
+                    Err(StoreError::NotOwner) => prop_assert!(!owner, "the owner was refused on {}", key),
+                    Err(error) => prop_assert!(false, "{error}"),
+                }
+            }
+            Op::Finish { .. } | Op::Release { .. } => {}
+            Op::Advance { ms } => {
+                clock.advance(Duration::from_millis(ms));
+                now += ms;
+            }
+            Op::Sweep => {
+                let expired: Vec<&str> = model
+                    .iter()
+                    .filter(|(_, record)| record.deadline() <= now)
+                    .map(|(key, _)| *key)
+                    .collect();
+                let swept = store.sweep(10_000).await.unwrap();
+                prop_assert_eq!(swept.removed, expired.len(), "swept {:?}, model expired {:?}", swept, expired);
+                for key in expired {
+                    model.remove(key);
+                }
+            }
+            Op::Restart => {
+                drop(store);
+                store = open(&path, &clock);
+                boot += 1;
+            }
+        }
+        // Never two live owners: the model holds one token per key, and the store agrees
+        // on whether each key is held.
+        for key in KEYS {
+            let held = matches!(
+                model.get(key),
+                Some(Model::InFlight { boot: b, lease_until, .. }) if *b == boot && *lease_until > now
+            );
+            let state = store.inspect(key).await.unwrap();
+            prop_assert_eq!(
+                held,
+                matches!(state, Some(dedupe_proxy::store::KeyState::InFlight { .. })),
+                "{} held",
+                key
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_claim_store_agrees_with_the_model(ops in prop::collection::vec(op(), 1..60)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(run_ops(ops))?;
+    }
+}
+
+// ------------------------------------------------------------------ the parsers
+
+fn template_text() -> impl Strategy<Value = String> {
+    let part = prop_oneof![
+        "[a-z:_-]{0,4}",
+        Just("{json:/id}".to_owned()),
+        Just("{json:/a~1b/0}".to_owned()),
+        Just("{header:x-id}".to_owned()),
+        Just("{query:q}".to_owned()),
+        Just("{form:f}".to_owned()),
+        Just("{{".to_owned()),
+        Just("}}".to_owned()),
+        Just("{".to_owned()),
+        Just("}".to_owned()),
+        "\\{[a-z]{0,6}:?[^{}]{0,6}\\}",
+        any::<String>(),
+    ];
+    prop::collection::vec(part, 0..6).prop_map(|parts| parts.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn templates_parse_without_panicking_and_print_back(text in template_text()) {
+        if let Ok(template) = text.parse::<KeyTemplate>() {
+            prop_assert_eq!(template.to_string(), text.clone());
+            prop_assert_eq!(template.to_string().parse::<KeyTemplate>(), Ok(template));
+        }
+    }
+
+    #[test]
+    fn extraction_never_panics_and_bounds_the_key(
+        text in template_text(),
+        header in proptest::collection::vec(any::<u8>(), 0..700),
+        query in any::<String>(),
+        body in prop_oneof![
+            any::<Vec<u8>>(),
+            "\\{\"id\":(\"[^\"]{0,600}\"|-?[0-9]{1,30}(\\.[0-9]{1,5})?|null|true|\\[\\]|\\{\\})\\}".prop_map(String::into_bytes),
+            "([a-z]{1,3}=[^&]{0,10}&?){0,5}f=[^&]{0,600}".prop_map(String::into_bytes),
+        ],
+    ) {
+        let Ok(template) = text.parse::<KeyTemplate>() else { return Ok(()) };
+        let mut headers = http::HeaderMap::new();
+        if let Ok(value) = http::HeaderValue::from_bytes(&header) {
+            headers.insert("x-id", value);
+        }
+        let delivery = Delivery { headers: &headers, query: Some(&query), body: &body };
+        match template.extract(&delivery) {
+            Ok(key) => prop_assert!(key.len() <= MAX_KEY_BYTES),
+            Err(KeyError::TooLong(length)) => prop_assert!(length > MAX_KEY_BYTES),
+            Err(KeyError::Missing { .. }) => {}
+        }
+    }
+
+    #[test]
+    fn any_text_is_a_configuration_or_a_located_error(text in any::<String>()) {
+        config_never_panics(&text)?;
+    }
+
+    #[test]
+    fn a_mangled_example_is_a_configuration_or_a_located_error(
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<char>(), 0..3u8), 1..8)
+    ) {
+        let mut text: Vec<char> = include_str!("../config/example.yaml").chars().collect();
+        for (at, character, action) in edits {
+            let at = at.index(text.len());
+            match action {
+                0 => text[at] = character,
+                1 => { text.remove(at); }
+                _ => text.insert(at, character),
+            }
+        }
+        config_never_panics(&text.into_iter().collect::<String>())?;
+    }
+}
+
+fn config_never_panics(text: &str) -> Result<(), TestCaseError> {
+    match Config::parse(text, Path::new("fuzz.yaml"), &Overrides::default()) {
+        Ok(config) => prop_assert!(serde_yaml::to_string(&config).is_ok()),
+        Err(error) => {
+            let message = error.to_string();
+            prop_assert!(message.starts_with("fuzz.yaml:"), "{}", message);
+        }
+    }
+    Ok(())
+}
