@@ -43,8 +43,14 @@ fn op() -> impl Strategy<Value = Op> {
 /// The reference model: what each key's record is, as SPEC.md describes it.
 #[derive(Debug, Clone, PartialEq)]
 enum Model {
-    InFlight { token: u128, boot: u32, lease_until: u64 },
-    Done { expires_at: u64 },
+    InFlight {
+        token: u128,
+        boot: u32,
+        lease_until: u64,
+    },
+    Done {
+        expires_at: u64,
+    },
 }
 
 impl Model {
@@ -68,7 +74,9 @@ fn open(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
     loop {
         match SledStore::open_with_clock(&config, clock.clone()) {
             Ok(store) => return store,
-            Err(error) if error.to_string().contains("in use") => std::thread::sleep(Duration::from_millis(5)),
+            Err(error) if error.to_string().contains("in use") => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
             Err(error) => panic!("{error}"),
         }
     }
@@ -89,29 +97,54 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Claim { key, lease_ms } => {
                 let key = KEYS[key];
-                let outcome = store.claim(key, [0; 32], Duration::from_millis(lease_ms)).await.unwrap();
+                let outcome = store
+                    .claim(key, [0; 32], Duration::from_millis(lease_ms))
+                    .await
+                    .unwrap();
                 let live = model.get(key).filter(|record| match record {
-                    Model::InFlight { boot: b, lease_until, .. } => *b == boot && *lease_until > now,
+                    Model::InFlight {
+                        boot: b,
+                        lease_until,
+                        ..
+                    } => *b == boot && *lease_until > now,
                     Model::Done { expires_at } => *expires_at > now,
                 });
                 match (live, outcome) {
                     (None, ClaimOutcome::Claimed(claim)) => {
                         let took_over = matches!(model.get(key), Some(Model::InFlight { .. }));
                         prop_assert_eq!(claim.took_over, took_over, "took_over for {}", key);
-                        model.insert(key, Model::InFlight { token: claim.token, boot, lease_until: now + lease_ms });
+                        model.insert(
+                            key,
+                            Model::InFlight {
+                                token: claim.token,
+                                boot,
+                                lease_until: now + lease_ms,
+                            },
+                        );
                         handles.push((claim, boot));
                     }
-                    (Some(Model::InFlight { lease_until, .. }), ClaimOutcome::InFlight { lease_until: seen }) => {
+                    (
+                        Some(Model::InFlight { lease_until, .. }),
+                        ClaimOutcome::InFlight { lease_until: seen },
+                    ) => {
                         prop_assert_eq!(*lease_until, seen);
                     }
                     (Some(Model::Done { expires_at }), ClaimOutcome::Done(record)) => {
                         prop_assert_eq!(*expires_at, record.expires_at);
-                        prop_assert!(finished_by_owner.get(key).copied().unwrap_or(0) > 0, "done without a finish");
+                        prop_assert!(
+                            finished_by_owner.get(key).copied().unwrap_or(0) > 0,
+                            "done without a finish"
+                        );
                     }
-                    (live, outcome) => prop_assert!(false, "{key}: model {live:?}, store {outcome:?}"),
+                    (live, outcome) => {
+                        prop_assert!(false, "{key}: model {live:?}, store {outcome:?}")
+                    }
                 }
             }
-            Op::Finish { handle, retention_ms } if !handles.is_empty() => {
+            Op::Finish {
+                handle,
+                retention_ms,
+            } if !handles.is_empty() => {
                 let (claim, _) = handles[handle % handles.len()].clone();
                 let key = KEYS.iter().find(|k| **k == claim.key).copied().unwrap();
                 let owner = matches!(model.get(key), Some(Model::InFlight { token, .. }) if *token == claim.token);
@@ -123,10 +156,17 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 match store.finish(&claim, completion).await {
                     Ok(()) => {
                         prop_assert!(owner, "a non-owner finished {}", key);
-                        model.insert(key, Model::Done { expires_at: now + retention_ms });
+                        model.insert(
+                            key,
+                            Model::Done {
+                                expires_at: now + retention_ms,
+                            },
+                        );
                         *finished_by_owner.entry(key).or_default() += 1;
                     }
-                    Err(StoreError::NotOwner) => prop_assert!(!owner, "the owner was refused on {}", key),
+                    Err(StoreError::NotOwner) => {
+                        prop_assert!(!owner, "the owner was refused on {}", key)
+                    }
                     Err(error) => prop_assert!(false, "{error}"),
                 }
             }
@@ -139,7 +179,9 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert!(owner, "a non-owner released {}", key);
                         model.remove(key);
                     }
-                    Err(StoreError::NotOwner) => prop_assert!(!owner, "the owner was refused on {}", key),
+                    Err(StoreError::NotOwner) => {
+                        prop_assert!(!owner, "the owner was refused on {}", key)
+                    }
                     Err(error) => prop_assert!(false, "{error}"),
                 }
             }
@@ -155,7 +197,13 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map(|(key, _)| *key)
                     .collect();
                 let swept = store.sweep(10_000).await.unwrap();
-                prop_assert_eq!(swept.removed, expired.len(), "swept {:?}, model expired {:?}", swept, expired);
+                prop_assert_eq!(
+                    swept.removed,
+                    expired.len(),
+                    "swept {:?}, model expired {:?}",
+                    swept,
+                    expired
+                );
                 for key in expired {
                     model.remove(key);
                 }
