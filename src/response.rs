@@ -76,6 +76,8 @@ pub enum Refusal {
     PayloadMismatch,
     UpstreamUnreachable(String),
     UpstreamTimeout(Duration),
+    /// More requests are being handled than `limits.max_requests` allows.
+    Overloaded,
     /// A forward task ended without an answer (it panicked); the claim's lease frees the key.
     Internal,
 }
@@ -142,6 +144,11 @@ impl Refusal {
                     humantime::format_duration(*timeout)
                 ),
             ),
+            Refusal::Overloaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "too many requests are being handled; retry shortly".into(),
+            ),
             Refusal::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -155,6 +162,7 @@ impl Refusal {
             Refusal::StoreUnavailable { retry_after } | Refusal::InFlight { retry_after, .. } => {
                 Some(*retry_after)
             }
+            Refusal::Overloaded => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::ProxyBody;
 use crate::config::Limits;
+use crate::response::Refusal;
 
 /// The answer to a connection over `max_connections`, written before closing it.
 const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
@@ -48,6 +49,7 @@ pub async fn serve<H, F>(
         .header_read_timeout(limits.header_read_timeout.0)
         .max_buf_size(usize::try_from(limits.max_header_bytes.0).unwrap_or(usize::MAX));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let requests = Arc::new(Semaphore::new(limits.max_requests));
     let connections = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -68,7 +70,7 @@ pub async fn serve<H, F>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
+        let (handler, requests) = (handler.clone(), Arc::clone(&requests));
         let (builder, watcher) = (builder.clone(), connections.watcher());
         let first_byte_timeout = limits.header_read_timeout.0;
         tokio::spawn(async move {
@@ -80,8 +82,17 @@ pub async fn serve<H, F>(
                 _ => return,
             }
             let service = service_fn(move |request| {
-                let answer = handler(request, peer);
-                async move { Ok::<_, Infallible>(answer.await) }
+                // Shed load at once rather than queue it: the sender retries later.
+                let permit = Arc::clone(&requests).try_acquire_owned();
+                let answer = permit.is_ok().then(|| handler(request, peer));
+                async move {
+                    let response = match answer {
+                        Some(answer) => answer.await,
+                        None => Refusal::Overloaded.into_response(),
+                    };
+                    drop(permit);
+                    Ok::<_, Infallible>(response)
+                }
             });
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             if let Err(error) = watcher.watch(connection.into_owned()).await {

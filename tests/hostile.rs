@@ -245,3 +245,31 @@ async fn garbage_instead_of_an_http2_preface_is_dropped() {
     assert!(!answer.starts_with("HTTP/1.1 2"), "{answer:?}");
     assert_eq!(post_event(proxy.addr, "evt_ok").await.dedupe(), "forwarded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_limit_are_shed_with_503() {
+    let upstream = Upstream::start().await;
+    upstream.script([
+        Answer::ok().after(Duration::from_millis(600)),
+        Answer::ok().after(Duration::from_millis(600)),
+    ]);
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!("limits: {{ max_requests: 2 }}\n{}", json_route("")),
+    )
+    .await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    let second = tokio::spawn(post_event(proxy.addr, "evt_2"));
+    upstream.wait_for_requests(2).await;
+    let shed = post_event(proxy.addr, "evt_3").await;
+    assert_eq!(shed.status, 503);
+    assert_eq!(shed.json()["error"], "overloaded");
+    assert_eq!(shed.header("retry-after"), Some("1"));
+    assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+    assert_eq!(second.await.unwrap().dedupe(), "forwarded");
+    assert_eq!(
+        post_event(proxy.addr, "evt_3").await.dedupe(),
+        "forwarded",
+        "a slot is free again"
+    );
+}

@@ -194,6 +194,10 @@ pub struct Limits {
     /// Open connections at most; one more is answered 503 and closed.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Requests handled at once, over all connections (HTTP/2 streams included); one
+    /// more is answered 503 at once. Buffered bodies stay under this × `max_body`.
+    #[serde(default = "default_max_requests")]
+    pub max_requests: usize,
     /// Time to send a request's head, and the most a keep-alive connection may idle
     /// before its next request.
     #[serde(default = "default_header_read_timeout")]
@@ -207,6 +211,10 @@ pub struct Limits {
 }
 
 fn default_max_connections() -> usize {
+    1024
+}
+
+fn default_max_requests() -> usize {
     1024
 }
 
@@ -226,6 +234,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: default_max_connections(),
+            max_requests: default_max_requests(),
             header_read_timeout: default_header_read_timeout(),
             body_read_timeout: default_body_read_timeout(),
             max_header_bytes: default_max_header_bytes(),
@@ -514,8 +523,8 @@ where
 
 fn limits_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {
     map_then(deserializer, |limits: Limits| {
-        if limits.max_connections == 0 {
-            return Err("`max_connections` must be at least 1".into());
+        if limits.max_connections == 0 || limits.max_requests == 0 {
+            return Err("`max_connections` and `max_requests` must be at least 1".into());
         }
         if limits.max_header_bytes.0 < 8192 {
             return Err("`max_header_bytes` must be at least 8KiB".into());
