@@ -14,7 +14,9 @@ use std::time::Duration;
 use dedupe_proxy::config::{Config, Durability, Overrides, SledConfig};
 use dedupe_proxy::key::{Delivery, KeyError, KeyTemplate, MAX_KEY_BYTES};
 use dedupe_proxy::store::sled::SledStore;
-use dedupe_proxy::store::{Claim, ClaimOutcome, ClaimStore, Completion, ManualClock, StoreError};
+use dedupe_proxy::store::{
+    Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
+};
 use proptest::prelude::*;
 
 // ------------------------------------------------------------------ the state machine
@@ -40,26 +42,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The reference model: what each key's record is, as SPEC.md describes it.
-#[derive(Debug, Clone, PartialEq)]
-enum Model {
-    InFlight {
-        token: u128,
-        boot: u32,
-        lease_until: u64,
-    },
-    Done {
-        expires_at: u64,
-    },
-}
-
-impl Model {
-    fn deadline(&self) -> u64 {
-        match self {
-            Model::InFlight { lease_until, .. } => *lease_until,
-            Model::Done { expires_at } => *expires_at,
-        }
-    }
+/// The reference model of one key, as SPEC.md describes it: a lease while in flight,
+/// and a done record that outlives it until its retention ends.
+#[derive(Debug, Clone, Default)]
+struct Model {
+    /// (owner token, lease end)
+    lease: Option<(u128, u64)>,
+    done_until: Option<u64>,
 }
 
 const KEYS: [&str; 3] = ["a:1", "a:2", "b:1"];
@@ -87,11 +76,9 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let path = dir.path().join("db");
     let clock = ManualClock::new(1_000_000);
     let mut store = open(&path, &clock);
-    let mut boot = 0u32;
     let mut now = 1_000_000u64;
-    let mut model: HashMap<&str, Model> = HashMap::new();
-    let mut handles: Vec<(Claim, u32)> = Vec::new();
-    let mut finished_by_owner: HashMap<&str, usize> = HashMap::new();
+    let mut model: HashMap<&str, Model> = KEYS.iter().map(|key| (*key, Model::default())).collect();
+    let mut handles: Vec<Claim> = Vec::new();
 
     for op in ops {
         match op {
@@ -101,43 +88,31 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .claim(key, [0; 32], Duration::from_millis(lease_ms))
                     .await
                     .unwrap();
-                let live = model.get(key).filter(|record| match record {
-                    Model::InFlight {
-                        boot: b,
-                        lease_until,
-                        ..
-                    } => *b == boot && *lease_until > now,
-                    Model::Done { expires_at } => *expires_at > now,
-                });
-                match (live, outcome) {
-                    (None, ClaimOutcome::Claimed(claim)) => {
-                        let took_over = matches!(model.get(key), Some(Model::InFlight { .. }));
-                        prop_assert_eq!(claim.took_over, took_over, "took_over for {}", key);
-                        model.insert(
-                            key,
-                            Model::InFlight {
-                                token: claim.token,
-                                boot,
-                                lease_until: now + lease_ms,
-                            },
+                let entry = model.get_mut(key).unwrap();
+                let live_lease = entry.lease.filter(|(_, until)| *until > now);
+                let live_done = entry.done_until.filter(|until| *until > now);
+                match (live_lease, live_done, outcome) {
+                    (Some((_, until)), _, ClaimOutcome::InFlight { lease_until }) => {
+                        prop_assert_eq!(until, lease_until)
+                    }
+                    (None, Some(until), ClaimOutcome::Done(record)) => {
+                        prop_assert_eq!(until, record.expires_at)
+                    }
+                    (None, None, ClaimOutcome::Claimed(claim)) => {
+                        prop_assert_eq!(
+                            claim.took_over,
+                            entry.lease.is_some(),
+                            "took_over for {}",
+                            key
                         );
-                        handles.push((claim, boot));
+                        entry.lease = Some((claim.token, now + lease_ms));
+                        handles.push(claim);
                     }
-                    (
-                        Some(Model::InFlight { lease_until, .. }),
-                        ClaimOutcome::InFlight { lease_until: seen },
-                    ) => {
-                        prop_assert_eq!(*lease_until, seen);
-                    }
-                    (Some(Model::Done { expires_at }), ClaimOutcome::Done(record)) => {
-                        prop_assert_eq!(*expires_at, record.expires_at);
+                    (lease, done, outcome) => {
                         prop_assert!(
-                            finished_by_owner.get(key).copied().unwrap_or(0) > 0,
-                            "done without a finish"
-                        );
-                    }
-                    (live, outcome) => {
-                        prop_assert!(false, "{key}: model {live:?}, store {outcome:?}")
+                            false,
+                            "{key}: lease {lease:?}, done {done:?}, store {outcome:?}"
+                        )
                     }
                 }
             }
@@ -145,9 +120,9 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 handle,
                 retention_ms,
             } if !handles.is_empty() => {
-                let (claim, _) = handles[handle % handles.len()].clone();
-                let key = KEYS.iter().find(|k| **k == claim.key).copied().unwrap();
-                let owner = matches!(model.get(key), Some(Model::InFlight { token, .. }) if *token == claim.token);
+                let claim = handles[handle % handles.len()].clone();
+                let entry = model.get_mut(claim.key.as_str()).unwrap();
+                let owner = entry.lease.is_some_and(|(token, _)| token == claim.token);
                 let completion = Completion {
                     upstream_status: 200,
                     retention: Duration::from_millis(retention_ms),
@@ -155,32 +130,27 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 };
                 match store.finish(&claim, completion).await {
                     Ok(()) => {
-                        prop_assert!(owner, "a non-owner finished {}", key);
-                        model.insert(
-                            key,
-                            Model::Done {
-                                expires_at: now + retention_ms,
-                            },
-                        );
-                        *finished_by_owner.entry(key).or_default() += 1;
+                        prop_assert!(owner, "a non-owner finished {}", claim.key);
+                        entry.lease = None;
+                        entry.done_until = Some(now + retention_ms);
                     }
                     Err(StoreError::NotOwner) => {
-                        prop_assert!(!owner, "the owner was refused on {}", key)
+                        prop_assert!(!owner, "the owner was refused on {}", claim.key)
                     }
                     Err(error) => prop_assert!(false, "{error}"),
                 }
             }
             Op::Release { handle } if !handles.is_empty() => {
-                let (claim, _) = handles[handle % handles.len()].clone();
-                let key = KEYS.iter().find(|k| **k == claim.key).copied().unwrap();
-                let owner = matches!(model.get(key), Some(Model::InFlight { token, .. }) if *token == claim.token);
+                let claim = handles[handle % handles.len()].clone();
+                let entry = model.get_mut(claim.key.as_str()).unwrap();
+                let owner = entry.lease.is_some_and(|(token, _)| token == claim.token);
                 match store.release(&claim).await {
                     Ok(()) => {
-                        prop_assert!(owner, "a non-owner released {}", key);
-                        model.remove(key);
+                        prop_assert!(owner, "a non-owner released {}", claim.key);
+                        entry.lease = None;
                     }
                     Err(StoreError::NotOwner) => {
-                        prop_assert!(!owner, "the owner was refused on {}", key)
+                        prop_assert!(!owner, "the owner was refused on {}", claim.key)
                     }
                     Err(error) => prop_assert!(false, "{error}"),
                 }
@@ -191,41 +161,44 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 now += ms;
             }
             Op::Sweep => {
-                let expired: Vec<&str> = model
-                    .iter()
-                    .filter(|(_, record)| record.deadline() <= now)
-                    .map(|(key, _)| *key)
-                    .collect();
-                let swept = store.sweep(10_000).await.unwrap();
-                prop_assert_eq!(
-                    swept.removed,
-                    expired.len(),
-                    "swept {:?}, model expired {:?}",
-                    swept,
-                    expired
-                );
-                for key in expired {
-                    model.remove(key);
+                let mut expired = 0;
+                for entry in model.values_mut() {
+                    if entry.lease.is_some_and(|(_, until)| until <= now) {
+                        entry.lease = None;
+                        expired += 1;
+                    }
+                    if entry.done_until.is_some_and(|until| until <= now) {
+                        entry.done_until = None;
+                        expired += 1;
+                    }
                 }
+                let swept = store.sweep(10_000).await.unwrap();
+                prop_assert_eq!(swept.removed, expired, "swept {:?}", swept);
             }
             Op::Restart => {
                 drop(store);
                 store = open(&path, &clock);
-                boot += 1;
+                // A new process holds no claims: the old ones are released.
+                for entry in model.values_mut() {
+                    entry.lease = None;
+                }
             }
         }
-        // Never two live owners: the model holds one token per key, and the store agrees
-        // on whether each key is held.
+        // The store agrees with the model on who holds each key: one owner at most.
         for key in KEYS {
-            let held = matches!(
-                model.get(key),
-                Some(Model::InFlight { boot: b, lease_until, .. }) if *b == boot && *lease_until > now
-            );
+            let held = model[key].lease.is_some_and(|(_, until)| until > now);
+            let done = !held && model[key].done_until.is_some_and(|until| until > now);
             let state = store.inspect(key).await.unwrap();
             prop_assert_eq!(
                 held,
-                matches!(state, Some(dedupe_proxy::store::KeyState::InFlight { .. })),
+                matches!(state, Some(KeyState::InFlight { .. })),
                 "{} held",
+                key
+            );
+            prop_assert_eq!(
+                done,
+                matches!(state, Some(KeyState::Done(_))),
+                "{} done",
                 key
             );
         }

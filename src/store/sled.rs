@@ -1,31 +1,31 @@
-//! The embedded claim store on sled: one tree of claim records and one expiry index.
+//! The embedded claim store: in-flight leases in memory, done records in sled.
 //!
-//! - `claims`: store key → postcard-encoded [`Record`]. Every transition is a
-//!   compare-and-swap against the bytes just read, so concurrent claims of one key give
-//!   exactly one owner, and an owner whose record changed (taken over, forgotten) gets
-//!   [`StoreError::NotOwner`] instead of overwriting.
-//! - `deadlines`: big-endian deadline ‖ store key → nothing. A record is indexed at its
-//!   lease end while in flight and at its expiry once done, so the sweeper reads only
-//!   what has expired, never the whole store. An index entry is written before the record
-//!   it points to; a stale entry (its record changed since) is just dropped by the sweep.
-//! - Owner tokens start with this process's random boot id. A record in flight under
-//!   another boot id was left by an earlier process on this data directory: nobody else
-//!   can own it (sled locks the directory), so it reads as released from the moment the
-//!   store opens, without a start-up scan.
+//! - **Leases** (in-flight claims) live in a sharded map in memory. sled locks its data
+//!   directory, so no other process can hold a claim on these keys, and a claim left by a
+//!   crashed process must be released at start-up anyway: a lease needs no disk at all.
+//!   This keeps failed and in-flight deliveries off the disk and halves the writes of a
+//!   successful one. A claim checks the map and sled's done records while holding the key's
+//!   shard lock, so two claims of one key give exactly one owner, and a finish writes the
+//!   done record before it drops the lease under that same lock, so no claim can slip
+//!   between them.
+//! - **Done records**: `done` tree, store key → postcard-encoded [`DoneRecord`].
+//! - **Expiry index**: `expiry` tree, big-endian expiry ‖ store key → nothing, written
+//!   with each done record, so the sweeper reads only what has expired, never the whole
+//!   store. An entry whose record changed since (done again later) is just dropped.
 //! - `durability: fsync` makes each done mark durable before `finish` returns, through
 //!   [`GroupFlusher`]; `batched` leaves it to sled's background flush every `flush_every`.
 //! - sled keeps the first I/O error (a full disk, say) and fails every later operation,
 //!   even once the disk has room again. So any failure drops the open database, and a
 //!   background thread reopens the directory until it succeeds; meanwhile operations fail
-//!   fast and the proxy follows `on_store_error`. Once the cause is gone, the store comes
-//!   back by itself, with the same boot id, so this process's open claims stay its own.
+//!   fast and the proxy follows `on_store_error`. The leases stay in memory throughout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
 use super::{
@@ -34,47 +34,34 @@ use super::{
 };
 use crate::config::{Durability, SledConfig};
 
-/// What `claims` holds for a key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-enum Record {
-    InFlight {
-        owner: u128,
-        claimed_at: Millis,
-        lease_until: Millis,
-        fingerprint: Fingerprint,
-    },
-    Done(DoneRecord),
+/// An in-flight claim.
+#[derive(Debug, Clone)]
+struct Lease {
+    token: u128,
+    claimed_at: Millis,
+    lease_until: Millis,
+    fingerprint: Fingerprint,
 }
 
-impl Record {
-    /// When the record may be swept: its lease end or its expiry.
-    fn deadline(&self) -> Millis {
-        match self {
-            Record::InFlight { lease_until, .. } => *lease_until,
-            Record::Done(done) => done.expires_at,
-        }
-    }
-}
-
-fn encode(record: &Record) -> Vec<u8> {
+fn encode(record: &DoneRecord) -> Vec<u8> {
     postcard::to_stdvec(record).expect("a record always serializes")
 }
 
-/// Decodes a record; an undecodable one is treated as absent (and logged) rather than
-/// blocking its key forever, since refusing the key would lose the event.
-fn decode(key: &[u8], bytes: &[u8]) -> Option<Record> {
+/// Decodes a done record; an undecodable one is treated as absent (and logged) rather
+/// than blocking its key forever, since refusing the key would lose the event.
+fn decode(key: &[u8], bytes: &[u8]) -> Option<DoneRecord> {
     match postcard::from_bytes(bytes) {
         Ok(record) => Some(record),
         Err(error) => {
-            tracing::warn!(key = %String::from_utf8_lossy(key), %error, "unreadable claim record, treating it as absent");
+            tracing::warn!(key = %String::from_utf8_lossy(key), %error, "unreadable done record, treating it as absent");
             None
         }
     }
 }
 
-fn deadline_key(deadline: Millis, key: &[u8]) -> Vec<u8> {
+fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
     let mut index = Vec::with_capacity(8 + key.len());
-    index.extend_from_slice(&deadline.to_be_bytes());
+    index.extend_from_slice(&expires_at.to_be_bytes());
     index.extend_from_slice(key);
     index
 }
@@ -86,8 +73,8 @@ fn backend(error: sled::Error) -> StoreError {
 /// An open database: the trees and, with `fsync`, the flusher.
 struct Handle {
     db: sled::Db,
-    claims: sled::Tree,
-    deadlines: sled::Tree,
+    done: sled::Tree,
+    expiry: sled::Tree,
     flusher: Option<GroupFlusher>,
 }
 
@@ -99,6 +86,7 @@ impl Handle {
             .path(&config.path)
             .cache_capacity(config.cache.0)
             .flush_every_ms(Some(millis(config.flush_every.0).max(1)))
+            .mode(sled::Mode::HighThroughput)
             .open()
             .map_err(|error| match error.to_string() {
                 text if text.contains("could not acquire lock") => StoreError::Backend(format!(
@@ -106,86 +94,53 @@ impl Handle {
                 )),
                 text => StoreError::Backend(format!("cannot open data directory {path}: {text}")),
             })?;
-        let claims = db.open_tree("claims").map_err(backend)?;
-        let deadlines = db.open_tree("deadlines").map_err(backend)?;
+        let done = db.open_tree("done").map_err(backend)?;
+        let expiry = db.open_tree("expiry").map_err(backend)?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
         Ok(Handle {
             db,
-            claims,
-            deadlines,
+            done,
+            expiry,
             flusher,
         })
     }
 
-    /// Reads a key's record with the bytes it was decoded from, for a compare-and-swap.
-    fn read(&self, key: &[u8]) -> Result<Option<(sled::IVec, Option<Record>)>, StoreError> {
-        let current = self.claims.get(key).map_err(backend)?;
-        Ok(current.map(|bytes| {
-            let record = decode(key, &bytes);
-            (bytes, record)
-        }))
+    /// The done record of `key`, if it has one that has not expired.
+    fn live_done(&self, key: &str, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
+        let bytes = self.done.get(key).map_err(backend)?;
+        Ok(bytes
+            .and_then(|bytes| decode(key.as_bytes(), &bytes))
+            .filter(|record| record.expires_at > now))
     }
 
-    /// Replaces the record read as `current` with `new`, keeping the index in step:
-    /// `new`'s deadline is indexed before the swap and `current`'s dropped after it.
-    /// Returns false when the record changed since it was read; the index entry written
-    /// for `new` is then left for the sweep to drop.
-    fn swap(
-        &self,
-        key: &[u8],
-        current: Option<(&sled::IVec, Option<&Record>)>,
-        new: Option<&Record>,
-    ) -> Result<bool, StoreError> {
-        let new_index = new.map(|record| deadline_key(record.deadline(), key));
-        if let Some(index) = &new_index {
-            self.deadlines.insert(index, &[]).map_err(backend)?;
-        }
-        let swapped = self
-            .claims
-            .compare_and_swap(key, current.map(|(bytes, _)| bytes), new.map(encode))
-            .map_err(backend)?
-            .is_ok();
-        if swapped {
-            let old_index = current
-                .and_then(|(_, record)| record)
-                .map(|record| deadline_key(record.deadline(), key));
-            if let Some(old_index) = old_index.filter(|old| Some(old) != new_index.as_ref()) {
-                self.deadlines.remove(old_index).map_err(backend)?;
-            }
-        }
-        Ok(swapped)
+    /// Writes a done record, indexed at its expiry (index first: an index entry without
+    /// its record is harmless, the sweep drops it).
+    fn record_done(&self, key: &str, record: &DoneRecord) -> Result<(), StoreError> {
+        self.expiry
+            .insert(expiry_key(record.expires_at, key.as_bytes()), &[])
+            .map_err(backend)?;
+        self.done.insert(key, encode(record)).map_err(backend)?;
+        Ok(())
     }
 
-    /// Reads the record that `claim` owns, or fails with `NotOwner`.
-    fn owned(&self, claim: &Claim) -> Result<(sled::IVec, Record), StoreError> {
-        match self.read(claim.key.as_bytes())? {
-            Some((bytes, Some(record @ Record::InFlight { owner, .. })))
-                if owner == claim.token =>
-            {
-                Ok((bytes, record))
-            }
-            _ => Err(StoreError::NotOwner),
-        }
-    }
-
-    /// Removes up to `limit` records whose deadline is at or before `now`, reading only
-    /// the expired part of the index. Blocking.
+    /// Removes up to `limit` done records whose expiry is at or before `now`, reading
+    /// only the expired part of the index. Blocking.
     fn sweep_expired(&self, now: Millis, limit: usize) -> Result<Swept, StoreError> {
         let upper = now.saturating_add(1).to_be_bytes();
         let mut swept = Swept::default();
-        for entry in self.deadlines.range(..upper.as_slice()).keys().take(limit) {
+        for entry in self.expiry.range(..upper.as_slice()).keys().take(limit) {
             let index = entry.map_err(backend)?;
             swept.examined += 1;
-            let (deadline, key) = index.split_at(8);
-            let deadline = Millis::from_be_bytes(deadline.try_into().expect("8 bytes"));
-            if let Some(bytes) = self.claims.get(key).map_err(backend)? {
-                // An entry whose record has moved on (a new claim, a finish) is only dropped.
+            let (expires_at, key) = index.split_at(8);
+            let expires_at = Millis::from_be_bytes(expires_at.try_into().expect("8 bytes"));
+            if let Some(bytes) = self.done.get(key).map_err(backend)? {
+                // A record done again since (a later expiry) is left alone.
                 let expired =
-                    decode(key, &bytes).is_none_or(|record| record.deadline() == deadline);
+                    decode(key, &bytes).is_none_or(|record| record.expires_at == expires_at);
                 if expired
                     && self
-                        .claims
+                        .done
                         .compare_and_swap(key, Some(&bytes), None::<&[u8]>)
                         .map_err(backend)?
                         .is_ok()
@@ -193,7 +148,7 @@ impl Handle {
                     swept.removed += 1;
                 }
             }
-            self.deadlines.remove(&index).map_err(backend)?;
+            self.expiry.remove(&index).map_err(backend)?;
         }
         Ok(swept)
     }
@@ -206,8 +161,7 @@ type Slot = RwLock<Option<Arc<Handle>>>;
 pub struct SledStore {
     config: SledConfig,
     handle: Arc<Slot>,
-    /// This process's random id, the high half of every owner token it issues.
-    boot: u64,
+    leases: DashMap<String, Lease>,
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
 }
@@ -226,8 +180,8 @@ impl SledStore {
         Ok(SledStore {
             config: config.clone(),
             handle: Arc::new(RwLock::new(Some(Arc::new(handle)))),
-            boot: rand::random(),
-            next_token: AtomicU64::new(0),
+            leases: DashMap::new(),
+            next_token: AtomicU64::new(rand::random()),
             clock,
         })
     }
@@ -266,14 +220,7 @@ impl SledStore {
     }
 
     fn new_token(&self) -> u128 {
-        let sequence = self.next_token.fetch_add(1, Ordering::Relaxed);
-        (u128::from(self.boot) << 64) | u128::from(sequence)
-    }
-
-    /// Whether an in-flight record still holds its key: owned by this process (an earlier
-    /// process's claims are released) and within its lease.
-    fn holds(&self, owner: u128, lease_until: Millis, now: Millis) -> bool {
-        (owner >> 64) as u64 == self.boot && lease_until > now
+        u128::from(self.next_token.fetch_add(1, Ordering::Relaxed))
     }
 
     fn claim_on(
@@ -283,42 +230,38 @@ impl SledStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let key_bytes = key.as_bytes();
-        loop {
-            let now = self.clock.now();
-            let current = handle.read(key_bytes)?;
-            let found = current.as_ref().and_then(|(_, record)| record.as_ref());
-            match found {
-                Some(Record::Done(done)) if done.expires_at > now => {
-                    return Ok(ClaimOutcome::Done(done.clone()));
-                }
-                Some(Record::InFlight {
-                    owner, lease_until, ..
-                }) if self.holds(*owner, *lease_until, now) => {
-                    return Ok(ClaimOutcome::InFlight {
-                        lease_until: *lease_until,
-                    });
-                }
-                _ => {}
+        let now = self.clock.now();
+        let fresh = Lease {
+            token: self.new_token(),
+            claimed_at: now,
+            lease_until: now.saturating_add(millis(lease)),
+            fingerprint,
+        };
+        let claim = |took_over| {
+            ClaimOutcome::Claimed(Claim {
+                key: key.to_owned(),
+                token: fresh.token,
+                took_over,
+            })
+        };
+        // The shard lock is held until the lease is in place: nothing can claim or
+        // finish this key in between.
+        match self.leases.entry(key.to_owned()) {
+            Entry::Occupied(held) if held.get().lease_until > now => Ok(ClaimOutcome::InFlight {
+                lease_until: held.get().lease_until,
+            }),
+            Entry::Occupied(mut expired) => {
+                // Its owner outlived its lease: a new owner takes over.
+                expired.insert(fresh.clone());
+                Ok(claim(true))
             }
-            let token = self.new_token();
-            let record = Record::InFlight {
-                owner: token,
-                claimed_at: now,
-                lease_until: now.saturating_add(millis(lease)),
-                fingerprint,
-            };
-            let current_ref = current
-                .as_ref()
-                .map(|(bytes, record)| (bytes, record.as_ref()));
-            if handle.swap(key_bytes, current_ref, Some(&record))? {
-                return Ok(ClaimOutcome::Claimed(Claim {
-                    key: key.to_owned(),
-                    token,
-                    took_over: matches!(found, Some(Record::InFlight { .. })),
-                }));
-            }
-            // Another claim changed the record between our read and our swap: look again.
+            Entry::Vacant(vacant) => match handle.live_done(key, now)? {
+                Some(done) => Ok(ClaimOutcome::Done(done)),
+                None => {
+                    vacant.insert(fresh.clone());
+                    Ok(claim(false))
+                }
+            },
         }
     }
 
@@ -328,88 +271,32 @@ impl SledStore {
         claim: &Claim,
         completion: &Completion,
     ) -> Result<(), StoreError> {
-        loop {
-            let (bytes, record) = handle.owned(claim)?;
-            let Record::InFlight {
-                claimed_at,
-                fingerprint,
-                ..
-            } = record
-            else {
-                unreachable!("owned() returns in-flight records");
-            };
-            let now = self.clock.now();
-            let done = Record::Done(DoneRecord {
-                claimed_at,
-                completed_at: now,
-                expires_at: now.saturating_add(millis(completion.retention)),
-                upstream_status: completion.upstream_status,
-                fingerprint,
-                response: completion.response.clone(),
-            });
-            if handle.swap(
-                claim.key.as_bytes(),
-                Some((&bytes, Some(&record))),
-                Some(&done),
-            )? {
-                return Ok(());
+        match self.leases.entry(claim.key.clone()) {
+            Entry::Occupied(held) if held.get().token == claim.token => {
+                let lease = held.get();
+                let now = self.clock.now();
+                let done = DoneRecord {
+                    claimed_at: lease.claimed_at,
+                    completed_at: now,
+                    expires_at: now.saturating_add(millis(completion.retention)),
+                    upstream_status: completion.upstream_status,
+                    fingerprint: lease.fingerprint,
+                    response: completion.response.clone(),
+                };
+                // On failure the lease stays until it ends: duplicates meanwhile get 409.
+                handle.record_done(&claim.key, &done)?;
+                held.remove();
+                Ok(())
             }
+            _ => Err(StoreError::NotOwner),
         }
     }
 
-    fn release_on(&self, handle: &Handle, claim: &Claim) -> Result<(), StoreError> {
-        loop {
-            let (bytes, record) = handle.owned(claim)?;
-            if handle.swap(claim.key.as_bytes(), Some((&bytes, Some(&record))), None)? {
-                return Ok(());
-            }
-        }
-    }
-
-    fn inspect_on(&self, handle: &Handle, key: &str) -> Result<Option<KeyState>, StoreError> {
-        let now = self.clock.now();
-        let state = match handle.read(key.as_bytes())? {
-            Some((_, Some(Record::Done(done)))) if done.expires_at > now => {
-                Some(KeyState::Done(done))
-            }
-            Some((
-                _,
-                Some(Record::InFlight {
-                    owner,
-                    claimed_at,
-                    lease_until,
-                    fingerprint,
-                }),
-            )) if self.holds(owner, lease_until, now) => Some(KeyState::InFlight {
-                claimed_at,
-                lease_until,
-                fingerprint,
-            }),
-            _ => None,
-        };
-        Ok(state)
-    }
-
-    fn forget_on(&self, handle: &Handle, key: &str) -> Result<Forgotten, StoreError> {
-        let key_bytes = key.as_bytes();
-        loop {
-            let now = self.clock.now();
-            let Some((bytes, record)) = handle.read(key_bytes)? else {
-                return Ok(Forgotten::Absent);
-            };
-            let outcome = match &record {
-                Some(Record::InFlight {
-                    owner, lease_until, ..
-                }) if self.holds(*owner, *lease_until, now) => {
-                    return Ok(Forgotten::InFlight);
-                }
-                Some(Record::Done(done)) if done.expires_at > now => Forgotten::Removed,
-                _ => Forgotten::Absent,
-            };
-            if handle.swap(key_bytes, Some((&bytes, record.as_ref())), None)? {
-                return Ok(outcome);
-            }
-        }
+    /// Removes leases that have ended without their owner settling them.
+    fn drop_ended_leases(&self, now: Millis) -> usize {
+        let before = self.leases.len();
+        self.leases.retain(|_, lease| lease.lease_until > now);
+        before.saturating_sub(self.leases.len())
     }
 }
 
@@ -470,31 +357,65 @@ impl ClaimStore for SledStore {
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
-        let handle = self.handle()?;
-        let released = self.release_on(&handle, claim);
-        self.checked(&handle, released)
+        match self
+            .leases
+            .remove_if(&claim.key, |_, lease| lease.token == claim.token)
+        {
+            Some(_) => Ok(()),
+            None => Err(StoreError::NotOwner),
+        }
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        let now = self.clock.now();
+        if let Some(lease) = self.leases.get(key).filter(|lease| lease.lease_until > now) {
+            return Ok(Some(KeyState::InFlight {
+                claimed_at: lease.claimed_at,
+                lease_until: lease.lease_until,
+                fingerprint: lease.fingerprint,
+            }));
+        }
         let handle = self.handle()?;
-        let state = self.inspect_on(&handle, key);
-        self.checked(&handle, state)
+        let done = handle.live_done(key, now);
+        self.checked(&handle, done.map(|done| done.map(KeyState::Done)))
     }
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        let now = self.clock.now();
+        if self
+            .leases
+            .get(key)
+            .is_some_and(|lease| lease.lease_until > now)
+        {
+            return Ok(Forgotten::InFlight);
+        }
         let handle = self.handle()?;
-        let forgotten = self.forget_on(&handle, key);
-        self.checked(&handle, forgotten)
+        let removed = handle.done.remove(key).map_err(backend).map(|removed| {
+            let live = removed
+                .and_then(|bytes| decode(key.as_bytes(), &bytes))
+                .is_some_and(|record| record.expires_at > now);
+            if live {
+                Forgotten::Removed
+            } else {
+                Forgotten::Absent
+            }
+        });
+        self.checked(&handle, removed)
     }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
-        let handle = self.handle()?;
         let now = self.clock.now();
+        let ended = self.drop_ended_leases(now);
+        let handle = self.handle()?;
         let worker = Arc::clone(&handle);
         let swept = tokio::task::spawn_blocking(move || worker.sweep_expired(now, limit))
             .await
             .map_err(|error| StoreError::Backend(error.to_string()))
-            .and_then(|swept| swept);
+            .and_then(|swept| swept)
+            .map(|swept| Swept {
+                examined: swept.examined,
+                removed: swept.removed + ended,
+            });
         self.checked(&handle, swept)
     }
 
