@@ -1,0 +1,255 @@
+//! Metrics: every metric's name, help text and labels in one place, recorded by the
+//! proxy, the store sweeper and the configuration reloader, and encoded for `GET /metrics`
+//! (prometheus-client's text exposition).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::response::DedupeStatus;
+use crate::store::KeyCounts;
+
+/// The `route` label of requests no route matched.
+const UNMATCHED: &str = "(unmatched)";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteOutcome {
+    route: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteReason {
+    route: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// Why a claim was released, for `dedupe_claims_released_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReason {
+    UpstreamStatus,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+    Shutdown,
+    TaskFailed,
+}
+
+impl ReleaseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::UpstreamStatus => "upstream_status",
+            ReleaseReason::UpstreamUnreachable => "upstream_unreachable",
+            ReleaseReason::UpstreamTimeout => "upstream_timeout",
+            ReleaseReason::Shutdown => "shutdown",
+            ReleaseReason::TaskFailed => "task_failed",
+        }
+    }
+}
+
+/// The registry and its metrics; cheap to share behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RouteOutcome, Counter>,
+    upstream_duration: Family<RouteLabel, Histogram>,
+    claims_released: Family<RouteReason, Counter>,
+    store_errors: Counter,
+    store_keys: Family<StateLabel, Gauge>,
+    sweep_removed: Counter,
+    payload_mismatch: Family<RouteLabel, Counter>,
+    config_reloads: Family<ResultLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<RouteOutcome, Counter>::default();
+        registry.register(
+            "dedupe_requests",
+            "Requests by route and outcome (the Dedupe-Status value; `unmatched` for requests no route took)",
+            requests.clone(),
+        );
+        // 1 ms to about 33 s: a local application's answer, up to the longest timeouts.
+        let upstream_duration = Family::<RouteLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.001, 2.0, 16))) as fn() -> Histogram,
+        );
+        registry.register(
+            "dedupe_upstream_duration_seconds",
+            "Time from forwarding a claimed delivery to the upstream's answer head, or its failure",
+            upstream_duration.clone(),
+        );
+        let claims_released = Family::<RouteReason, Counter>::default();
+        registry.register(
+            "dedupe_claims_released",
+            "Claims released so that a retry runs the work, by route and reason",
+            claims_released.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "dedupe_store_errors",
+            "Claim-store operations that failed",
+            store_errors.clone(),
+        );
+        let store_keys = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "dedupe_store_keys",
+            "Keys in the store by state (done: records on disk, expired ones until swept)",
+            store_keys.clone(),
+        );
+        let sweep_removed = Counter::default();
+        registry.register(
+            "dedupe_sweep_removed",
+            "Expired records removed by the background sweep",
+            sweep_removed.clone(),
+        );
+        let payload_mismatch = Family::<RouteLabel, Counter>::default();
+        registry.register(
+            "dedupe_payload_mismatch",
+            "Duplicates whose body differs from the delivery that was processed, by route",
+            payload_mismatch.clone(),
+        );
+        let config_reloads = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "dedupe_config_reloads",
+            "Configuration reloads by result (an invalid file keeps the running routes)",
+            config_reloads.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            upstream_duration,
+            claims_released,
+            store_errors,
+            store_keys,
+            sweep_removed,
+            payload_mismatch,
+            config_reloads,
+        }
+    }
+
+    pub fn delivery(&self, route: &str, outcome: DedupeStatus) {
+        self.count_request(route, outcome.as_str());
+    }
+
+    pub fn unmatched(&self) {
+        self.count_request(UNMATCHED, "unmatched");
+    }
+
+    fn count_request(&self, route: &str, outcome: &'static str) {
+        let labels = RouteOutcome {
+            route: route.to_owned(),
+            outcome,
+        };
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    pub fn upstream_answered(&self, route: &str, seconds: f64) {
+        let labels = RouteLabel {
+            route: route.to_owned(),
+        };
+        self.upstream_duration.get_or_create(&labels).observe(seconds);
+    }
+
+    pub fn released(&self, route: &str, reason: ReleaseReason) {
+        let labels = RouteReason {
+            route: route.to_owned(),
+            reason: reason.as_str(),
+        };
+        self.claims_released.get_or_create(&labels).inc();
+    }
+
+    pub fn store_error(&self) {
+        self.store_errors.inc();
+    }
+
+    pub fn swept(&self, removed: usize) {
+        self.sweep_removed.inc_by(removed as u64);
+    }
+
+    pub fn payload_mismatch(&self, route: &str) {
+        let labels = RouteLabel {
+            route: route.to_owned(),
+        };
+        self.payload_mismatch.get_or_create(&labels).inc();
+    }
+
+    pub fn reloaded(&self, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        self.config_reloads.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// The exposition text, with the store's key counts as of now.
+    pub fn encode(&self, keys: KeyCounts) -> String {
+        let gauge = |state| self.store_keys.get_or_create(&StateLabel { state }).clone();
+        gauge("in_flight").set(i64::try_from(keys.in_flight).unwrap_or(i64::MAX));
+        if let Some(done) = keys.done {
+            gauge("done").set(i64::try_from(done).unwrap_or(i64::MAX));
+        }
+        let mut text = String::new();
+        encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_labels_and_values_are_exposed() {
+        let metrics = Metrics::new();
+        metrics.delivery("stripe", DedupeStatus::Forwarded);
+        metrics.delivery("stripe", DedupeStatus::Forwarded);
+        metrics.delivery("stripe", DedupeStatus::Duplicate);
+        metrics.unmatched();
+        metrics.upstream_answered("stripe", 0.003);
+        metrics.released("stripe", ReleaseReason::UpstreamTimeout);
+        metrics.store_error();
+        metrics.swept(7);
+        metrics.payload_mismatch("stripe");
+        metrics.reloaded(false);
+        let text = metrics.encode(KeyCounts {
+            in_flight: 2,
+            done: Some(40),
+        });
+        for line in [
+            r#"dedupe_requests_total{route="stripe",outcome="forwarded"} 2"#,
+            r#"dedupe_requests_total{route="stripe",outcome="duplicate"} 1"#,
+            r#"dedupe_requests_total{route="(unmatched)",outcome="unmatched"} 1"#,
+            r#"dedupe_upstream_duration_seconds_count{route="stripe"} 1"#,
+            r#"dedupe_claims_released_total{route="stripe",reason="upstream_timeout"} 1"#,
+            "dedupe_store_errors_total 1",
+            r#"dedupe_store_keys{state="in_flight"} 2"#,
+            r#"dedupe_store_keys{state="done"} 40"#,
+            "dedupe_sweep_removed_total 7",
+            r#"dedupe_payload_mismatch_total{route="stripe"} 1"#,
+            r#"dedupe_config_reloads_total{result="failure"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing `{line}` in:\n{text}");
+        }
+    }
+}
