@@ -1,46 +1,57 @@
-//! The admin listener: liveness, readiness, and inspection and removal of keys. Kept on
-//! its own port (127.0.0.1 by default) so that providers never reach it.
+//! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
+//! and inspection and removal of keys. Kept on its own port (127.0.0.1 by default) so
+//! that providers never reach it.
 //!
 //! With `admin.token_env` set, every `/v1/*` request needs `Authorization: Bearer
-//! <token>`, compared in constant time; health and readiness stay open for probes.
+//! <token>`, compared in constant time; health, readiness and metrics stay open for
+//! probes and scrapers.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use crate::body::{ProxyBody, empty};
+use crate::body::{ProxyBody, empty, full};
 use crate::config::values::Secret;
+use crate::metrics::Metrics;
 use crate::proxy::Proxy;
+use crate::reload::Reloader;
 use crate::response::json_response;
-use crate::store::{Forgotten, KeyState, Millis, store_key};
+use crate::store::{Forgotten, KeyCounts, KeyState, Millis, store_key};
+
+/// What the admin API serves once the store is open and the routes loaded.
+pub struct Serving {
+    pub proxy: Arc<Proxy>,
+    pub reloader: Arc<Reloader>,
+}
 
 /// The admin service's state, shared by its connections.
 pub struct Admin {
-    /// Set once the store is open and the routes loaded.
-    proxy: OnceLock<Arc<Proxy>>,
+    serving: OnceLock<Serving>,
     shutting_down: AtomicBool,
     token: Option<Secret>,
+    metrics: Arc<Metrics>,
 }
 
 impl Admin {
-    pub fn new(token: Option<Secret>) -> Admin {
+    pub fn new(token: Option<Secret>, metrics: Arc<Metrics>) -> Admin {
         Admin {
-            proxy: OnceLock::new(),
+            serving: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
             token,
+            metrics,
         }
     }
 
     /// Reports ready from now on.
-    pub fn ready(&self, proxy: Arc<Proxy>) {
-        let _ = self.proxy.set(proxy);
+    pub fn ready(&self, serving: Serving) {
+        let _ = self.serving.set(serving);
     }
 
     /// Reports not ready from now on, so that traffic moves elsewhere during the drain.
@@ -59,6 +70,7 @@ impl Admin {
                 json_response(StatusCode::OK, json!({"status": "ok"}).to_string())
             }
             (&Method::GET, "/readyz") => self.readiness(),
+            (&Method::GET, "/metrics") => self.metrics(),
             (_, path) if path.starts_with("/v1/") => {
                 if !self.authorized(&request) {
                     let mut response = error(
@@ -71,20 +83,45 @@ impl Admin {
                         .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                     return response;
                 }
-                match path
-                    .strip_prefix("/v1/keys/")
-                    .and_then(|rest| rest.split_once('/'))
-                {
-                    Some((route, key)) => self.key(request.method(), route, key).await,
-                    None => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
+                let Some(serving) = self.serving.get() else {
+                    return error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "starting",
+                        "the store is not open yet",
+                    );
+                };
+                match (request.method(), path) {
+                    (&Method::GET, "/v1/routes") => routes(serving),
+                    (&Method::POST, "/v1/reload") => reload(serving).await,
+                    _ => match path
+                        .strip_prefix("/v1/keys/")
+                        .and_then(|rest| rest.split_once('/'))
+                    {
+                        Some((route, key)) => {
+                            key_request(serving, request.method(), route, key).await
+                        }
+                        None => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
+                    },
                 }
             }
             _ => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
         }
     }
 
+    fn metrics(&self) -> Response<ProxyBody> {
+        let keys = self.serving.get().map_or(KeyCounts::default(), |serving| {
+            serving.proxy.store().key_counts()
+        });
+        let mut response = Response::new(full(self.metrics.encode(keys)));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        );
+        response
+    }
+
     fn readiness(&self) -> Response<ProxyBody> {
-        let ready = self.proxy.get().is_some() && !self.shutting_down.load(Ordering::SeqCst);
+        let ready = self.serving.get().is_some() && !self.shutting_down.load(Ordering::SeqCst);
         let (status, text) = if ready {
             (StatusCode::OK, "ready")
         } else if self.shutting_down.load(Ordering::SeqCst) {
@@ -107,72 +144,96 @@ impl Admin {
             .unwrap_or("");
         presented.as_bytes().ct_eq(token.expose().as_bytes()).into()
     }
+}
 
-    /// `GET` or `DELETE /v1/keys/{route}/{key}`; the key is percent-decoded.
-    async fn key(&self, method: &Method, route_name: &str, raw_key: &str) -> Response<ProxyBody> {
-        let Some(proxy) = self.proxy.get() else {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "starting",
-                "the store is not open yet",
-            );
-        };
-        let Some(route) = proxy.routes().by_name(route_name) else {
-            return error(
-                StatusCode::NOT_FOUND,
-                "no_such_route",
-                &format!("no route named `{route_name}`"),
-            );
-        };
-        let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
-        let full_key = store_key(&route.namespace, &key);
-        let store = proxy.store();
-        match *method {
-            Method::GET => match store.inspect(&full_key).await {
-                Ok(Some(state)) => json_response(
-                    StatusCode::OK,
-                    describe(route_name, &key, &state).to_string(),
-                ),
-                Ok(None) => error(
-                    StatusCode::NOT_FOUND,
-                    "absent",
-                    "the key is absent, released or expired",
-                ),
-                Err(failure) => error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    &failure.to_string(),
-                ),
-            },
-            Method::DELETE => match store.forget(&full_key).await {
-                Ok(Forgotten::Removed) => {
-                    tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
-                    let mut response = Response::new(empty());
-                    *response.status_mut() = StatusCode::NO_CONTENT;
-                    response
-                }
-                Ok(Forgotten::Absent) => error(
-                    StatusCode::NOT_FOUND,
-                    "absent",
-                    "the key is absent, released or expired",
-                ),
-                Ok(Forgotten::InFlight) => error(
-                    StatusCode::CONFLICT,
-                    "in_flight",
-                    "the key is being processed; forgetting it could run the event twice at once",
-                ),
-                Err(failure) => error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    &failure.to_string(),
-                ),
-            },
-            _ => error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "use GET or DELETE",
+/// `GET /v1/routes`: every route with its resolved settings, and where unmatched
+/// requests go.
+fn routes(serving: &Serving) -> Response<ProxyBody> {
+    let routing = serving.proxy.routing();
+    let routes: Vec<_> = routing.table.routes().collect();
+    let body = json!({
+        "routes": routes,
+        "unmatched": routing.unmatched,
+        "upstream": routing.fallback_upstream.to_string(),
+    });
+    json_response(StatusCode::OK, body.to_string())
+}
+
+/// `POST /v1/reload`: reads the configuration file again.
+async fn reload(serving: &Serving) -> Response<ProxyBody> {
+    let reloader = Arc::clone(&serving.reloader);
+    let reloaded = tokio::task::spawn_blocking(move || reloader.reload()).await;
+    match reloaded {
+        Ok(Ok(reloaded)) => json_response(StatusCode::OK, json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed }).to_string()),
+        Ok(Err(invalid)) => error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", &invalid.to_string()),
+        Err(failed) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &failed.to_string()),
+    }
+}
+
+/// `GET` or `DELETE /v1/keys/{route}/{key}`; the key is percent-decoded.
+async fn key_request(
+    serving: &Serving,
+    method: &Method,
+    route_name: &str,
+    raw_key: &str,
+) -> Response<ProxyBody> {
+    let proxy = &serving.proxy;
+    let routing = proxy.routing();
+    let Some(route) = routing.table.by_name(route_name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_such_route",
+            &format!("no route named `{route_name}`"),
+        );
+    };
+    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
+    let full_key = store_key(&route.namespace, &key);
+    let store = proxy.store();
+    match *method {
+        Method::GET => match store.inspect(&full_key).await {
+            Ok(Some(state)) => json_response(
+                StatusCode::OK,
+                describe(route_name, &key, &state).to_string(),
             ),
-        }
+            Ok(None) => error(
+                StatusCode::NOT_FOUND,
+                "absent",
+                "the key is absent, released or expired",
+            ),
+            Err(failure) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                &failure.to_string(),
+            ),
+        },
+        Method::DELETE => match store.forget(&full_key).await {
+            Ok(Forgotten::Removed) => {
+                tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
+                let mut response = Response::new(empty());
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+            }
+            Ok(Forgotten::Absent) => error(
+                StatusCode::NOT_FOUND,
+                "absent",
+                "the key is absent, released or expired",
+            ),
+            Ok(Forgotten::InFlight) => error(
+                StatusCode::CONFLICT,
+                "in_flight",
+                "the key is being processed; forgetting it could run the event twice at once",
+            ),
+            Err(failure) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                &failure.to_string(),
+            ),
+        },
+        _ => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "use GET or DELETE",
+        ),
     }
 }
 

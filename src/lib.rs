@@ -36,7 +36,9 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod key;
+pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod response;
 pub mod route;
 pub mod server;
@@ -53,9 +55,11 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Admin;
+use crate::admin::{Admin, Serving};
 use crate::config::{Config, Limits};
+use crate::metrics::Metrics;
 use crate::proxy::Proxy;
+use crate::reload::Reloader;
 use crate::store::{ClaimStore, StoreError};
 
 /// How often the sweeper looks for expired records, and how many index entries one
@@ -93,6 +97,10 @@ pub struct App {
     proxy_server: JoinHandle<()>,
     admin_server: JoinHandle<()>,
     sweeper: JoinHandle<()>,
+    /// Reloads on SIGHUP until shutdown.
+    hangups: JoinHandle<()>,
+    /// Reloads when the configuration file changes, while it lives.
+    _watcher: Option<notify::RecommendedWatcher>,
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
@@ -127,13 +135,13 @@ async fn start_with(
     let admin_addr = admin_listener
         .local_addr()
         .expect("a bound listener has an address");
-    let admin = Arc::new(Admin::new(
-        config
-            .admin
-            .token_env
-            .as_ref()
-            .map(|env| env.secret.clone()),
-    ));
+    let metrics = Arc::new(Metrics::new());
+    let token = config
+        .admin
+        .token_env
+        .as_ref()
+        .map(|env| env.secret.clone());
+    let admin = Arc::new(Admin::new(token, Arc::clone(&metrics)));
     let (stop_admin, admin_server) =
         spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, {
             let admin = Arc::clone(&admin);
@@ -159,7 +167,11 @@ async fn start_with(
     let proxy_addr = proxy_listener
         .local_addr()
         .expect("a bound listener has an address");
-    let proxy = Arc::new(Proxy::new(&config, Arc::clone(&store)));
+    let proxy = Arc::new(Proxy::new(
+        &config,
+        Arc::clone(&store),
+        Arc::clone(&metrics),
+    ));
     let (stop_proxy, proxy_server) = spawn_server(
         proxy_listener,
         config.limits.clone(),
@@ -169,13 +181,32 @@ async fn start_with(
             move |request, peer| Arc::clone(&proxy).handle(request, peer)
         },
     );
-    let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store)));
-    admin.ready(Arc::clone(&proxy));
+    let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store), Arc::clone(&metrics)));
+    let (routes, source) = (config.routes.len(), config.source.clone());
+    let shutdown_grace = config.shutdown_grace.0;
+    let reloader = Arc::new(Reloader::new(config, Arc::clone(&proxy), metrics));
+    let hangups = reload::reload_on_hangup(Arc::clone(&reloader));
+    // A configuration given as text (an embedding, a test) has no file to watch.
+    let watcher = if source.is_file() {
+        match reload::reload_on_change(Arc::clone(&reloader)) {
+            Ok(watcher) => Some(watcher),
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or POST /v1/reload");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    admin.ready(Serving {
+        proxy: Arc::clone(&proxy),
+        reloader,
+    });
     tracing::info!(
         proxy = %proxy_addr,
         admin = %admin_addr,
-        routes = config.routes.len(),
-        config = %config.source.display(),
+        routes,
+        config = %source.display(),
         "dedupe-proxy ready"
     );
     Ok(App {
@@ -184,12 +215,14 @@ async fn start_with(
         admin,
         proxy,
         store,
-        shutdown_grace: config.shutdown_grace.0,
+        shutdown_grace,
         stop_proxy,
         stop_admin,
         proxy_server,
         admin_server,
         sweeper,
+        hangups,
+        _watcher: watcher,
     })
 }
 
@@ -227,6 +260,7 @@ impl App {
             .drain(deadline.saturating_duration_since(Instant::now()))
             .await;
         self.sweeper.abort();
+        self.hangups.abort();
         let flushed = self.store.flush().await;
         self.stop_admin.cancel();
         let _ = self.admin_server.await;
@@ -239,7 +273,7 @@ impl App {
 }
 
 /// Removes expired records in the background, a batch at a time.
-async fn sweep_forever(store: Arc<dyn ClaimStore>) {
+async fn sweep_forever(store: Arc<dyn ClaimStore>, metrics: Arc<Metrics>) {
     let mut ticks = tokio::time::interval(SWEEP_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -249,6 +283,7 @@ async fn sweep_forever(store: Arc<dyn ClaimStore>) {
             match store.sweep(SWEEP_BATCH).await {
                 Ok(swept) => {
                     if swept.removed > 0 {
+                        metrics.swept(swept.removed);
                         tracing::debug!(removed = swept.removed, "swept expired keys");
                     }
                     if swept.examined < SWEEP_BATCH {
@@ -256,6 +291,7 @@ async fn sweep_forever(store: Arc<dyn ClaimStore>) {
                     }
                 }
                 Err(error) => {
+                    metrics.store_error();
                     tracing::warn!(%error, "sweep failed");
                     break;
                 }

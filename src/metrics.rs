@@ -171,7 +171,9 @@ impl Metrics {
         let labels = RouteLabel {
             route: route.to_owned(),
         };
-        self.upstream_duration.get_or_create(&labels).observe(seconds);
+        self.upstream_duration
+            .get_or_create(&labels)
+            .observe(seconds);
     }
 
     pub fn released(&self, route: &str, reason: ReleaseReason) {
@@ -199,7 +201,9 @@ impl Metrics {
 
     pub fn reloaded(&self, success: bool) {
         let result = if success { "success" } else { "failure" };
-        self.config_reloads.get_or_create(&ResultLabel { result }).inc();
+        self.config_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// The exposition text, with the store's key counts as of now.

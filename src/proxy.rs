@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use http::{Request, Response};
@@ -32,12 +33,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
 
 use crate::body::{self, BodyError, ProxyBody};
-use crate::config::{
-    Config, OnMissingKey, OnPayloadMismatch, OnStoreError, Unmatched, values::UpstreamUrl,
-};
+use crate::config::{Config, OnMissingKey, OnPayloadMismatch, OnStoreError, Unmatched};
 use crate::key::{Delivery, KeyError};
+use crate::metrics::{Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
-use crate::route::{Route, RouteTable};
+use crate::route::{Route, Routing};
 use crate::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, RecordedResponse,
     store_key,
@@ -50,35 +50,39 @@ pub const REPLAY_BODY_LIMIT: u64 = 64 * 1024;
 
 /// The proxy service: shared by every connection.
 pub struct Proxy {
-    routes: RouteTable,
-    unmatched: Unmatched,
-    fallback_upstream: UpstreamUrl,
-    unmatched_timeout: Duration,
+    /// The routes and what to do without one; a reload swaps them at once, while a
+    /// delivery keeps the route it matched.
+    routing: ArcSwap<Routing>,
     body_read_timeout: Duration,
     store: Arc<dyn ClaimStore>,
     upstream: Upstream,
     /// Forward tasks, which outlive their senders; shutdown waits for them.
     forwards: TaskTracker,
     open_claims: OpenClaims,
+    metrics: Arc<Metrics>,
 }
 
 impl Proxy {
-    pub fn new(config: &Config, store: Arc<dyn ClaimStore>) -> Proxy {
+    pub fn new(config: &Config, store: Arc<dyn ClaimStore>, metrics: Arc<Metrics>) -> Proxy {
         Proxy {
-            routes: RouteTable::new(config.routes.clone()),
-            unmatched: config.unmatched,
-            fallback_upstream: config.upstream.clone(),
-            unmatched_timeout: config.defaults.upstream_timeout.0,
+            routing: ArcSwap::from_pointee(Routing::from_config(config)),
             body_read_timeout: config.limits.body_read_timeout.0,
             store,
             upstream: Upstream::new(),
             forwards: TaskTracker::new(),
             open_claims: OpenClaims::default(),
+            metrics,
         }
     }
 
-    pub fn routes(&self) -> &RouteTable {
-        &self.routes
+    /// The routing in force now.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.load_full()
+    }
+
+    /// Puts new routing in force for the next requests.
+    pub fn apply(&self, routing: Routing) {
+        self.routing.store(Arc::new(routing));
     }
 
     pub fn store(&self) -> &Arc<dyn ClaimStore> {
@@ -91,13 +95,15 @@ impl Proxy {
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
+        let routing = self.routing.load_full();
         let host = request_host(&request);
-        let route = self
-            .routes
+        let route = routing
+            .table
             .find(request.method(), host.as_deref(), request.uri().path())
             .cloned();
         let Some(route) = route else {
-            return self.pass_unmatched(request, peer).await;
+            self.metrics.unmatched();
+            return self.pass_unmatched(&routing, request, peer).await;
         };
         let span = tracing::info_span!("delivery", route = %route.name, key = field::Empty);
         let started = Instant::now();
@@ -113,6 +119,7 @@ impl Proxy {
                 "delivery answered"
             );
         });
+        self.metrics.delivery(&route.name, outcome);
         response::tag(response, outcome)
     }
 
@@ -189,7 +196,7 @@ impl Proxy {
                 self.forward_claimed(route, claim, head, body, &key, peer)
                     .await
             }
-            Ok(ClaimOutcome::Done(record)) => answer_duplicate(route, record, fingerprint),
+            Ok(ClaimOutcome::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(ClaimOutcome::InFlight { .. }) => {
                 let refusal = Refusal::InFlight {
                     status: policy.in_flight_status.0,
@@ -199,6 +206,7 @@ impl Proxy {
             }
             Err(error) => {
                 tracing::warn!(%error, "claim store failed");
+                self.metrics.store_error();
                 match policy.on_store_error {
                     OnStoreError::Forward => (
                         DedupeStatus::Unkeyed,
@@ -230,7 +238,7 @@ impl Proxy {
         let key_header = route.policy.forward_key_header.then_some(key);
         let request = upstream::outbound(head, body::full(body), &route.upstream, peer, key_header);
         let (answer, answered) = oneshot::channel();
-        let open = self.open_claims.hold(claim, Arc::clone(&self.store));
+        let open = self.open_claims.hold(claim, route, self);
         let proxy = Arc::clone(self);
         let route = Arc::clone(route);
         self.forwards.spawn(
@@ -258,30 +266,32 @@ impl Proxy {
             .upstream
             .send(request, route.policy.upstream_timeout.0)
             .await;
-        tracing::debug!(
-            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "upstream answered"
-        );
+        let elapsed = started.elapsed().as_secs_f64();
+        self.metrics.upstream_answered(&route.name, elapsed);
+        tracing::debug!(elapsed_ms = elapsed * 1000.0, "upstream answered");
         let outcome = match sent {
             Ok(response) if route.is_success(response.status()) => (
                 DedupeStatus::Forwarded,
                 self.record_success(route, open.claim(), response).await,
             ),
             Ok(response) => {
-                self.release(open.claim(), "upstream_status").await;
+                self.release(route, open.claim(), ReleaseReason::UpstreamStatus)
+                    .await;
                 (DedupeStatus::Released, upstream::inbound(response))
             }
             Err(error) => {
                 tracing::warn!(%error, "forward failed");
                 let (reason, refusal) = match error {
-                    UpstreamError::Unreachable(detail) => {
-                        ("upstream_unreachable", Refusal::UpstreamUnreachable(detail))
-                    }
-                    UpstreamError::Timeout(after) => {
-                        ("upstream_timeout", Refusal::UpstreamTimeout(after))
-                    }
+                    UpstreamError::Unreachable(detail) => (
+                        ReleaseReason::UpstreamUnreachable,
+                        Refusal::UpstreamUnreachable(detail),
+                    ),
+                    UpstreamError::Timeout(after) => (
+                        ReleaseReason::UpstreamTimeout,
+                        Refusal::UpstreamTimeout(after),
+                    ),
                 };
-                self.release(open.claim(), reason).await;
+                self.release(route, open.claim(), reason).await;
                 (DedupeStatus::Released, refusal.into_response())
             }
         };
@@ -310,18 +320,14 @@ impl Proxy {
             response: recorded,
         };
         if let Err(error) = self.store.finish(claim, completion).await {
+            self.metrics.store_error();
             tracing::error!(%error, "upstream succeeded but the done mark was not recorded; a redelivery of this event would run again");
         }
         response
     }
 
-    async fn release(&self, claim: &Claim, reason: &str) {
-        match self.store.release(claim).await {
-            Ok(()) => tracing::debug!(reason, "claim released"),
-            Err(error) => {
-                tracing::warn!(%error, reason, "claim not released; the key frees itself when its lease ends")
-            }
-        }
+    async fn release(&self, route: &Route, claim: &Claim, reason: ReleaseReason) {
+        release(&*self.store, &self.metrics, &route.name, claim, reason).await;
     }
 
     /// Forwards without deduplication (`on_missing_key` or `on_store_error: forward`).
@@ -339,21 +345,22 @@ impl Proxy {
     /// A request no route matches: streamed through untouched, or refused.
     async fn pass_unmatched(
         &self,
+        routing: &Routing,
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
-        if self.unmatched == Unmatched::Reject {
+        if routing.unmatched == Unmatched::Reject {
             return Refusal::NoRoute.into_response();
         }
         let (head, body) = request.into_parts();
         let request = upstream::outbound(
             head,
             body::streaming(body),
-            &self.fallback_upstream,
+            &routing.fallback_upstream,
             peer,
             None,
         );
-        self.relay(request, self.unmatched_timeout).await
+        self.relay(request, routing.unmatched_timeout).await
     }
 
     /// Sends without a claim and relays whatever comes back.
@@ -380,33 +387,64 @@ impl Proxy {
                 "forwards still running when the shutdown grace ended"
             );
         }
-        for claim in self.open_claims.take_all() {
-            if let Err(error) = self.store.release(&claim).await {
-                tracing::warn!(%error, key = %claim.key, "could not release an open claim at shutdown");
+        for (route, claim) in self.open_claims.take_all() {
+            release(
+                &*self.store,
+                &self.metrics,
+                &route,
+                &claim,
+                ReleaseReason::Shutdown,
+            )
+            .await;
+        }
+    }
+
+    /// The answer to a delivery whose key is done.
+    fn answer_duplicate(
+        &self,
+        route: &Route,
+        record: DoneRecord,
+        fingerprint: Fingerprint,
+    ) -> (DedupeStatus, Response<ProxyBody>) {
+        if record.fingerprint != fingerprint {
+            tracing::warn!(
+                "duplicate key with a different body than the delivery that was processed"
+            );
+            self.metrics.payload_mismatch(&route.name);
+            if route.policy.on_payload_mismatch == OnPayloadMismatch::Reject {
+                return (
+                    DedupeStatus::Rejected,
+                    Refusal::PayloadMismatch.into_response(),
+                );
             }
         }
+        (
+            DedupeStatus::Duplicate,
+            response::duplicate(&route.policy.duplicate_response, record.response),
+        )
     }
 }
 
-/// The answer to a delivery whose key is done.
-fn answer_duplicate(
-    route: &Route,
-    record: DoneRecord,
-    fingerprint: Fingerprint,
-) -> (DedupeStatus, Response<ProxyBody>) {
-    if record.fingerprint != fingerprint {
-        tracing::warn!("duplicate key with a different body than the delivery that was processed");
-        if route.policy.on_payload_mismatch == OnPayloadMismatch::Reject {
-            return (
-                DedupeStatus::Rejected,
-                Refusal::PayloadMismatch.into_response(),
-            );
+/// Releases a claim so that a retry runs the work, counting why.
+async fn release(
+    store: &dyn ClaimStore,
+    metrics: &Metrics,
+    route: &str,
+    claim: &Claim,
+    reason: ReleaseReason,
+) {
+    match store.release(claim).await {
+        Ok(()) => {
+            metrics.released(route, reason);
+            tracing::debug!(reason = reason.as_str(), "claim released");
+        }
+        Err(error) => {
+            if matches!(error, crate::store::StoreError::Backend(_)) {
+                metrics.store_error();
+            }
+            tracing::warn!(%error, reason = reason.as_str(), key = %claim.key, "claim not released; the key frees itself when its lease ends");
         }
     }
-    (
-        DedupeStatus::Duplicate,
-        response::duplicate(&route.policy.duplicate_response, record.response),
-    )
 }
 
 /// Buffers a small upstream answer so that duplicates can be answered with it; a large
@@ -458,27 +496,31 @@ fn request_host(request: &Request<Incoming>) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Claims whose forward is under way. Shutdown releases the ones still open when its
-/// grace ends; a forward task that dies without settling releases its own.
+/// Claims whose forward is under way, with their route's name. Shutdown releases the
+/// ones still open when its grace ends; a forward task that dies without settling
+/// releases its own.
 #[derive(Clone, Default)]
-struct OpenClaims(Arc<Mutex<HashMap<u128, Claim>>>);
+struct OpenClaims(Arc<Mutex<HashMap<u128, (String, Claim)>>>);
 
 impl OpenClaims {
-    fn hold(&self, claim: Claim, store: Arc<dyn ClaimStore>) -> OpenClaim {
-        self.lock().insert(claim.token, claim.clone());
+    fn hold(&self, claim: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
+        self.lock()
+            .insert(claim.token, (route.name.clone(), claim.clone()));
         OpenClaim {
             registry: self.clone(),
             claim,
-            store,
+            route: route.name.clone(),
+            store: Arc::clone(&proxy.store),
+            metrics: Arc::clone(&proxy.metrics),
             settled: false,
         }
     }
 
-    fn take_all(&self) -> Vec<Claim> {
-        self.lock().drain().map(|(_, claim)| claim).collect()
+    fn take_all(&self) -> Vec<(String, Claim)> {
+        self.lock().drain().map(|(_, open)| open).collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, Claim>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, (String, Claim)>> {
         // The map stays consistent even if a holder panicked.
         self.0
             .lock()
@@ -490,7 +532,9 @@ impl OpenClaims {
 struct OpenClaim {
     registry: OpenClaims,
     claim: Claim,
+    route: String,
     store: Arc<dyn ClaimStore>,
+    metrics: Arc<Metrics>,
     settled: bool,
 }
 
@@ -508,9 +552,12 @@ impl Drop for OpenClaim {
     fn drop(&mut self) {
         let still_open = self.registry.lock().remove(&self.claim.token).is_some();
         if still_open && !self.settled {
-            let (store, claim) = (Arc::clone(&self.store), self.claim.clone());
+            let (store, metrics) = (Arc::clone(&self.store), Arc::clone(&self.metrics));
+            let (route, claim) = (self.route.clone(), self.claim.clone());
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move { store.release(&claim).await });
+                runtime.spawn(async move {
+                    release(&*store, &metrics, &route, &claim, ReleaseReason::TaskFailed).await;
+                });
             }
         }
     }

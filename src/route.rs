@@ -14,7 +14,8 @@ use crate::config::values::{
     UpstreamUrl,
 };
 use crate::config::{
-    DuplicateResponseFile, MatchFile, OnMissingKey, OnPayloadMismatch, OnStoreError, RouteFile,
+    Config, DuplicateResponseFile, MatchFile, OnMissingKey, OnPayloadMismatch, OnStoreError,
+    RouteFile, Unmatched,
 };
 use crate::key::KeyTemplate;
 
@@ -230,6 +231,27 @@ impl Route {
     }
 }
 
+/// What a configuration reload replaces, all at once: the routes, and where requests
+/// no route takes go.
+#[derive(Debug)]
+pub struct Routing {
+    pub table: RouteTable,
+    pub unmatched: Unmatched,
+    pub fallback_upstream: UpstreamUrl,
+    pub unmatched_timeout: Duration,
+}
+
+impl Routing {
+    pub fn from_config(config: &Config) -> Routing {
+        Routing {
+            table: RouteTable::new(config.routes.clone()),
+            unmatched: config.unmatched,
+            fallback_upstream: config.upstream.clone(),
+            unmatched_timeout: config.defaults.upstream_timeout.0,
+        }
+    }
+}
+
 /// The routes in file order; the first match wins.
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable {
@@ -251,6 +273,10 @@ impl RouteTable {
 
     pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
         self.routes.iter().find(|route| route.name == name)
+    }
+
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes.iter().map(|route| route.as_ref())
     }
 }
 

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
-    Swept,
+    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyCounts, KeyState,
+    StoreError, Swept,
 };
 use support::*;
 
@@ -542,6 +542,9 @@ impl ClaimStore for FailingStore {
     }
     async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush().await
+    }
+    fn key_counts(&self) -> KeyCounts {
+        self.inner.key_counts()
     }
 }
 

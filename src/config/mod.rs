@@ -45,6 +45,10 @@ pub struct Config {
     /// `upstream_timeout`.
     pub defaults: Policy,
     pub routes: Vec<Route>,
+    /// The command-line settings applied over the file, kept to apply them again on
+    /// every reload.
+    #[serde(skip)]
+    pub overrides: Overrides,
     /// Settings that are valid but probably not what the operator meant.
     #[serde(skip)]
     pub warnings: Vec<String>,
@@ -162,13 +166,14 @@ impl ConfigFile {
             unmatched: self.unmatched,
             defaults: Policy::resolve(&self.defaults, &RouteFile::default()),
             routes,
+            overrides: overrides.clone(),
             warnings,
         }
     }
 }
 
 /// `admin:`: the listener for health, readiness and key inspection.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     #[serde(default = "default_admin_listen")]
@@ -188,7 +193,7 @@ impl Default for AdminConfig {
 }
 
 /// `limits:`: what one sender may cost the proxy, on the provider-facing listener.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Open connections at most; one more is answered 503 and closed.
@@ -243,7 +248,7 @@ impl Default for Limits {
 }
 
 /// `store:`: exactly one backend.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum StoreConfig {
     Sled(SledConfig),
 }
@@ -283,7 +288,7 @@ impl Default for StoreConfig {
 }
 
 /// `store.sled:`: the embedded store.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SledConfig {
     /// The data directory, relative to the working directory.

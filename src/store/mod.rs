@@ -183,6 +183,17 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Writes everything to durable storage (at shutdown).
     async fn flush(&self) -> Result<(), StoreError>;
+
+    /// How many keys the store holds, for the `dedupe_store_keys` metric.
+    fn key_counts(&self) -> KeyCounts;
+}
+
+/// Keys by state. `done` is `None` until the store knows it (sled counts its records in
+/// the background after opening).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    pub in_flight: usize,
+    pub done: Option<u64>,
 }
 
 /// What one sweep did.

@@ -19,7 +19,7 @@
 //!   background thread reopens the directory until it succeeds; meanwhile operations fail
 //!   fast and the proxy follows `on_store_error`. The leases stay in memory throughout.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak, mpsc};
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
-    KeyState, Millis, StoreError, Swept, SystemClock, millis,
+    KeyCounts, KeyState, Millis, StoreError, Swept, SystemClock, millis,
 };
 use crate::config::{Durability, SledConfig};
 
@@ -116,12 +116,13 @@ impl Handle {
 
     /// Writes a done record, indexed at its expiry (index first: an index entry without
     /// its record is harmless, the sweep drops it).
-    fn record_done(&self, key: &str, record: &DoneRecord) -> Result<(), StoreError> {
+    /// Returns whether the key had no record before (an expired one counts as a record).
+    fn record_done(&self, key: &str, record: &DoneRecord) -> Result<bool, StoreError> {
         self.expiry
             .insert(expiry_key(record.expires_at, key.as_bytes()), &[])
             .map_err(backend)?;
-        self.done.insert(key, encode(record)).map_err(backend)?;
-        Ok(())
+        let previous = self.done.insert(key, encode(record)).map_err(backend)?;
+        Ok(previous.is_none())
     }
 
     /// Removes up to `limit` done records whose expiry is at or before `now`, reading
@@ -157,11 +158,46 @@ impl Handle {
 /// The open database, or none while it is being reopened after a failure.
 type Slot = RwLock<Option<Arc<Handle>>>;
 
+/// How many done records the store holds: counted once in the background after opening
+/// (reading every key; writes meanwhile may be counted twice), then kept by every write.
+#[derive(Default)]
+struct DoneCount {
+    counted: AtomicBool,
+    records: AtomicI64,
+}
+
+impl DoneCount {
+    fn add(&self, change: i64) {
+        self.records.fetch_add(change, Ordering::Relaxed);
+    }
+
+    fn start_counting(self: &Arc<Self>, done: sled::Tree) {
+        let count = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("sled-count".into())
+            .spawn(move || {
+                let records = done.iter().keys().filter(Result::is_ok).count();
+                count.add(i64::try_from(records).unwrap_or(i64::MAX));
+                count.counted.store(true, Ordering::Relaxed);
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "cannot count the store's records; the done-keys metric stays absent");
+        }
+    }
+
+    fn get(&self) -> Option<u64> {
+        self.counted
+            .load(Ordering::Relaxed)
+            .then(|| u64::try_from(self.records.load(Ordering::Relaxed)).unwrap_or(0))
+    }
+}
+
 /// The embedded store.
 pub struct SledStore {
     config: SledConfig,
     handle: Arc<Slot>,
     leases: DashMap<String, Lease>,
+    done_count: Arc<DoneCount>,
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
 }
@@ -177,10 +213,13 @@ impl SledStore {
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
         let handle = Handle::open(config)?;
+        let done_count = Arc::new(DoneCount::default());
+        done_count.start_counting(handle.done.clone());
         Ok(SledStore {
             config: config.clone(),
             handle: Arc::new(RwLock::new(Some(Arc::new(handle)))),
             leases: DashMap::new(),
+            done_count,
             next_token: AtomicU64::new(rand::random()),
             clock,
         })
@@ -284,7 +323,9 @@ impl SledStore {
                     response: completion.response.clone(),
                 };
                 // On failure the lease stays until it ends: duplicates meanwhile get 409.
-                handle.record_done(&claim.key, &done)?;
+                if handle.record_done(&claim.key, &done)? {
+                    self.done_count.add(1);
+                }
                 held.remove();
                 Ok(())
             }
@@ -391,6 +432,9 @@ impl ClaimStore for SledStore {
         }
         let handle = self.handle()?;
         let removed = handle.done.remove(key).map_err(backend).map(|removed| {
+            if removed.is_some() {
+                self.done_count.add(-1);
+            }
             let live = removed
                 .and_then(|bytes| decode(key.as_bytes(), &bytes))
                 .is_some_and(|record| record.expires_at > now);
@@ -412,11 +456,22 @@ impl ClaimStore for SledStore {
             .await
             .map_err(|error| StoreError::Backend(error.to_string()))
             .and_then(|swept| swept)
-            .map(|swept| Swept {
-                examined: swept.examined,
-                removed: swept.removed + ended,
+            .map(|swept| {
+                self.done_count
+                    .add(-i64::try_from(swept.removed).unwrap_or(0));
+                Swept {
+                    examined: swept.examined,
+                    removed: swept.removed + ended,
+                }
             });
         self.checked(&handle, swept)
+    }
+
+    fn key_counts(&self) -> KeyCounts {
+        KeyCounts {
+            in_flight: self.leases.len(),
+            done: self.done_count.get(),
+        }
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -1,0 +1,158 @@
+//! Live configuration: reloading the file on SIGHUP, on `POST /v1/reload`, and when the
+//! file changes on disk (including a Kubernetes ConfigMap update, which swaps a symlink
+//! in the mounted directory rather than writing the file).
+//!
+//! A reload swaps the routing in one step: requests already matched keep their route,
+//! connections stay open. An invalid file is logged with its line and column, counted,
+//! and the running routes stay. Settings that only apply at start (listeners, store,
+//! limits, shutdown grace) are reported as needing a restart.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use serde::Serialize;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, ConfigError, Overrides};
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::route::Routing;
+
+/// How long file events settle before the file is read (an editor or the kubelet may
+/// write in several steps).
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// What a successful reload did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reloaded {
+    pub routes: usize,
+    /// Changed settings that apply only after a restart.
+    pub restart_needed: Vec<&'static str>,
+}
+
+/// Reloads the configuration file into a running proxy.
+pub struct Reloader {
+    source: PathBuf,
+    overrides: Overrides,
+    /// The configuration the process started with: what a restart would change.
+    started: Config,
+    proxy: Arc<Proxy>,
+    metrics: Arc<Metrics>,
+    /// The file's text as last loaded, so that file events that change nothing are ignored.
+    loaded_text: Mutex<Option<String>>,
+}
+
+impl Reloader {
+    pub fn new(started: Config, proxy: Arc<Proxy>, metrics: Arc<Metrics>) -> Reloader {
+        let loaded_text = std::fs::read_to_string(&started.source).ok();
+        Reloader {
+            source: started.source.clone(),
+            overrides: started.overrides.clone(),
+            started,
+            proxy,
+            metrics,
+            loaded_text: Mutex::new(loaded_text),
+        }
+    }
+
+    /// Reads the file again and puts its routing in force, or keeps the running one.
+    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let loaded = std::fs::read_to_string(&self.source)
+            .map_err(|source| ConfigError::Read {
+                file: self.source.display().to_string(),
+                source,
+            })
+            .and_then(|text| {
+                Config::parse(&text, &self.source, &self.overrides).map(|config| (text, config))
+            });
+        let (text, config) = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                self.metrics.reloaded(false);
+                tracing::error!(%error, "configuration reload failed; the running routes stay");
+                return Err(error);
+            }
+        };
+        for warning in &config.warnings {
+            tracing::warn!("{warning}");
+        }
+        self.proxy.apply(Routing::from_config(&config));
+        let reloaded = Reloaded {
+            routes: config.routes.len(),
+            restart_needed: self.restart_needed(&config),
+        };
+        *self.loaded_text.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+        self.metrics.reloaded(true);
+        tracing::info!(routes = reloaded.routes, "configuration reloaded");
+        if !reloaded.restart_needed.is_empty() {
+            tracing::warn!(
+                settings = ?reloaded.restart_needed,
+                "changed settings apply only after a restart"
+            );
+        }
+        Ok(reloaded)
+    }
+
+    fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
+        let old = &self.started;
+        [
+            ("listen", old.listen != new.listen),
+            ("admin", old.admin != new.admin),
+            ("store", old.store != new.store),
+            ("limits", old.limits != new.limits),
+            ("shutdown_grace", old.shutdown_grace != new.shutdown_grace),
+        ]
+        .into_iter()
+        .filter_map(|(setting, changed)| changed.then_some(setting))
+        .collect()
+    }
+
+    /// Whether the file's text differs from what was last loaded.
+    fn changed_on_disk(&self) -> bool {
+        let now = std::fs::read_to_string(&self.source).ok();
+        now.is_some() && *self.loaded_text.lock().unwrap_or_else(|p| p.into_inner()) != now
+    }
+}
+
+/// Reloads on every SIGHUP.
+pub fn reload_on_hangup(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
+    let mut hangups = signal(SignalKind::hangup()).expect("installing the SIGHUP handler");
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP received: reloading the configuration");
+            let _ = reloader.reload();
+        }
+    })
+}
+
+/// Reloads when the configuration file changes. The directory is watched, not the
+/// file, because a ConfigMap update replaces the `..data` symlink the file points
+/// through; the file's text is compared so that unrelated events change nothing.
+/// Returns the watcher, which stops when dropped.
+pub fn reload_on_change(reloader: Arc<Reloader>) -> notify::Result<notify::RecommendedWatcher> {
+    let directory = match reloader.source.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let (events, mut changes) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            let _ = events.send(());
+        }
+    })?;
+    watcher.watch(&directory, RecursiveMode::NonRecursive)?;
+    tokio::spawn(async move {
+        while changes.recv().await.is_some() {
+            tokio::time::sleep(SETTLE).await;
+            while changes.try_recv().is_ok() {}
+            if reloader.changed_on_disk() {
+                tracing::info!(file = %reloader.source.display(), "configuration file changed: reloading");
+                let _ = reloader.reload();
+            }
+        }
+    });
+    Ok(watcher)
+}
