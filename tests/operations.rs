@@ -1,0 +1,508 @@
+//! Operating the proxy: metrics, the resolved routes, live reload (POST, SIGHUP, a file
+//! change, a ConfigMap-style symlink swap), what a reload cannot change, and the logs.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dedupe_proxy::config::{Config, Overrides};
+use support::*;
+
+/// A configuration file in `dir` with the given routes, in front of `upstream`.
+fn write_file(path: &Path, upstream: std::net::SocketAddr, data: &Path, rest: &str) {
+    std::fs::write(path, config_text(upstream, data, rest)).unwrap();
+}
+
+fn route(name: &str, path: &str) -> String {
+    format!(
+        "  - name: {name}\n    match: {{ method: POST, path: {path} }}\n    key: \"{{json:/id}}\"\n"
+    )
+}
+
+/// The proxy started in-process from a real file, so that it can reload it.
+async fn start_from_file(path: &Path) -> dedupe_proxy::App {
+    let config = Config::load(path, &Overrides::default()).unwrap();
+    dedupe_proxy::start(config).await.unwrap()
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find(|line| line.starts_with(line_start))
+        .unwrap_or_else(|| panic!("no `{line_start}` in:\n{text}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn metrics_count_what_happened() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok(), Answer::status(500)]);
+    let proxy = Proxy::start(upstream.addr, &json_route("    retention: 1s\n")).await;
+    post_event(proxy.addr, "evt_1").await;
+    post_event(proxy.addr, "evt_1").await;
+    post_json(proxy.addr, "/hooks", r#"{"id":"evt_1","changed":true}"#).await;
+    post_event(proxy.addr, "evt_2").await;
+    send(proxy.addr, "GET", "/elsewhere", &[], "").await;
+    eventually(
+        Duration::from_secs(5),
+        "the sweep removes the expired key",
+        || async {
+            let text = send(proxy.admin, "GET", "/metrics", &[], "").await.body;
+            text.contains("dedupe_sweep_removed_total 1")
+        },
+    )
+    .await;
+
+    let reply = send(proxy.admin, "GET", "/metrics", &[], "").await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = reply.body;
+    assert_eq!(
+        metric(
+            &text,
+            r#"dedupe_requests_total{route="hooks",outcome="forwarded"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"dedupe_requests_total{route="hooks",outcome="duplicate"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"dedupe_requests_total{route="hooks",outcome="released"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"dedupe_requests_total{route="(unmatched)",outcome="unmatched"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"dedupe_upstream_duration_seconds_count{route="hooks"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"dedupe_claims_released_total{route="hooks",reason="upstream_status"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&text, r#"dedupe_payload_mismatch_total{route="hooks"}"#),
+        1.0
+    );
+    assert_eq!(metric(&text, "dedupe_store_errors_total"), 0.0);
+    assert_eq!(
+        metric(&text, r#"dedupe_store_keys{state="in_flight"}"#),
+        0.0
+    );
+    assert_eq!(
+        metric(&text, r#"dedupe_store_keys{state="done"}"#),
+        0.0,
+        "the one done key was swept"
+    );
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[tokio::test]
+async fn metrics_and_probes_stay_open_when_a_token_guards_v1() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: DEDUPE_OPS_TOKEN }}\n{}",
+        json_route("")
+    );
+    std::fs::write(
+        &config,
+        config_text(upstream.addr, &dir.path().join("data"), &rest),
+    )
+    .unwrap();
+    let proxy = tokio::task::spawn_blocking(move || {
+        Binary::start_with_env(&config, &[("DEDUPE_OPS_TOKEN", "t0ken")])
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        send(proxy.admin, "GET", "/metrics", &[], "").await.status,
+        200
+    );
+    assert_eq!(
+        send(proxy.admin, "GET", "/v1/routes", &[], "").await.status,
+        401
+    );
+    assert_eq!(
+        send(proxy.admin, "POST", "/v1/reload", &[], "")
+            .await
+            .status,
+        401
+    );
+    let routes = send(
+        proxy.admin,
+        "GET",
+        "/v1/routes",
+        &[("authorization", "Bearer t0ken")],
+        "",
+    )
+    .await;
+    assert_eq!(routes.status, 200);
+    assert!(
+        !proxy.log_text().contains("t0ken"),
+        "the token must never be logged"
+    );
+}
+
+#[tokio::test]
+async fn the_resolved_routes_are_listed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!(
+            "defaults: {{ retention: 3d }}\n{}",
+            json_route("    lease: 1m\n")
+        ),
+    )
+    .await;
+    let reply = send(proxy.admin, "GET", "/v1/routes", &[], "").await;
+    assert_eq!(reply.status, 200);
+    let body = reply.json();
+    let route = &body["routes"][0];
+    assert_eq!(route["name"], "hooks");
+    assert_eq!(route["key"], "{json:/id}");
+    assert_eq!(route["retention"], "3days");
+    assert_eq!(route["lease"], "1m");
+    assert_eq!(route["match"]["path"], "/hooks");
+    assert_eq!(body["unmatched"], "forward");
+}
+
+#[tokio::test]
+async fn post_reload_applies_new_routes_and_refuses_invalid_files() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let data = dir.path().join("data");
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("a", "/a")),
+    );
+    let app = start_from_file(&path).await;
+    assert_eq!(
+        post_json(app.proxy_addr, "/b", r#"{"id":"e1"}"#)
+            .await
+            .dedupe(),
+        "<none>"
+    );
+
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}{}", route("a", "/a"), route("b", "/b")),
+    );
+    let reloaded = send(app.admin_addr, "POST", "/v1/reload", &[], "").await;
+    assert_eq!(reloaded.status, 200, "{}", reloaded.body);
+    assert_eq!(reloaded.json()["routes"], 2);
+    assert_eq!(reloaded.json()["restart_needed"], serde_json::json!([]));
+    assert_eq!(
+        post_json(app.proxy_addr, "/b", r#"{"id":"e1"}"#)
+            .await
+            .dedupe(),
+        "forwarded"
+    );
+
+    std::fs::write(
+        &path,
+        "upstream: http://127.0.0.1:1\nroutes:\n  - name: a\n    match: { path: /a }\n    kee: x\n",
+    )
+    .unwrap();
+    let refused = send(app.admin_addr, "POST", "/v1/reload", &[], "").await;
+    assert_eq!(refused.status, 422);
+    let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("config.yaml:5:5: routes[0]: unknown field `kee`"),
+        "{detail}"
+    );
+    // The running routes stay.
+    assert_eq!(
+        post_json(app.proxy_addr, "/b", r#"{"id":"e1"}"#)
+            .await
+            .dedupe(),
+        "duplicate"
+    );
+    let text = send(app.admin_addr, "GET", "/metrics", &[], "").await.body;
+    assert_eq!(
+        metric(&text, r#"dedupe_config_reloads_total{result="failure"}"#),
+        1.0
+    );
+    app.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn settings_that_need_a_restart_are_reported() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let data = dir.path().join("data");
+    write_file(&path, upstream.addr, &data, &json_route(""));
+    let app = start_from_file(&path).await;
+    let rest = format!(
+        "limits: {{ max_connections: 7 }}\nshutdown_grace: 3s\n{}",
+        json_route("")
+    );
+    write_file(&path, upstream.addr, &dir.path().join("elsewhere"), &rest);
+    let reloaded = send(app.admin_addr, "POST", "/v1/reload", &[], "").await;
+    assert_eq!(reloaded.status, 200);
+    assert_eq!(
+        reloaded.json()["restart_needed"],
+        serde_json::json!(["store", "limits", "shutdown_grace"])
+    );
+    app.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reload_keeps_connections_and_in_flight_deliveries() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(600))]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let data = dir.path().join("data");
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("a", "/a")),
+    );
+    let app = start_from_file(&path).await;
+    let in_flight = tokio::spawn(post_json(app.proxy_addr, "/a", r#"{"id":"slow"}"#));
+    upstream.wait_for_requests(1).await;
+    // The route the delivery matched disappears while it is in flight.
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("b", "/b")),
+    );
+    assert_eq!(
+        send(app.admin_addr, "POST", "/v1/reload", &[], "")
+            .await
+            .status,
+        200
+    );
+    let answer = in_flight.await.unwrap();
+    assert_eq!((answer.status, answer.dedupe()), (200, "forwarded"));
+    // A keep-alive connection opened before the reload goes on serving.
+    let raw_answer = raw(
+        app.proxy_addr,
+        b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{\"id\":\"k\"}POST /b HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 10\r\n\r\n{\"id\":\"k\"}",
+    )
+    .await;
+    assert_eq!(
+        raw_answer.matches("HTTP/1.1 200").count(),
+        2,
+        "{raw_answer}"
+    );
+    assert!(
+        raw_answer.contains("dedupe-status: duplicate"),
+        "{raw_answer}"
+    );
+    app.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_changed_file_is_reloaded_by_itself() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let data = dir.path().join("data");
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("a", "/a")),
+    );
+    let app = start_from_file(&path).await;
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("b", "/b")),
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the new route is in force",
+        || async {
+            post_json(app.proxy_addr, "/b", r#"{"id":"w1"}"#)
+                .await
+                .dedupe()
+                != "<none>"
+        },
+    )
+    .await;
+    app.shutdown().await.unwrap();
+}
+
+/// Lays out a directory the way the kubelet mounts a ConfigMap: `config.yaml` is a
+/// symlink through `..data`, itself a symlink to a timestamped directory.
+fn configmap_version(dir: &Path, version: &str, text: &str) {
+    let versioned = dir.join(format!("..{version}"));
+    std::fs::create_dir(&versioned).unwrap();
+    std::fs::write(versioned.join("config.yaml"), text).unwrap();
+    let staged = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..{version}"), &staged).unwrap();
+    std::fs::rename(&staged, dir.join("..data")).unwrap();
+    let link = dir.join("config.yaml");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("..data/config.yaml", &link).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_configmap_update_is_reloaded() {
+    let upstream = Upstream::start().await;
+    let mount = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("db");
+    configmap_version(
+        mount.path(),
+        "v1",
+        &config_text(
+            upstream.addr,
+            &db,
+            &format!("routes:\n{}", route("a", "/a")),
+        ),
+    );
+    let app = start_from_file(&mount.path().join("config.yaml")).await;
+    assert_eq!(
+        post_json(app.proxy_addr, "/a", r#"{"id":"c1"}"#)
+            .await
+            .dedupe(),
+        "forwarded"
+    );
+    configmap_version(
+        mount.path(),
+        "v2",
+        &config_text(
+            upstream.addr,
+            &db,
+            &format!("routes:\n{}", route("b", "/b")),
+        ),
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the ConfigMap's new routes are in force",
+        || async {
+            post_json(app.proxy_addr, "/b", r#"{"id":"c2"}"#)
+                .await
+                .dedupe()
+                == "forwarded"
+        },
+    )
+    .await;
+    assert_eq!(
+        post_json(app.proxy_addr, "/a", r#"{"id":"c3"}"#)
+            .await
+            .dedupe(),
+        "<none>"
+    );
+    app.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_binary_and_logs_say_what_happened_without_secrets() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path: PathBuf = dir.path().join("config.yaml");
+    let data = dir.path().join("data");
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("a", "/a")),
+    );
+    let config = path.clone();
+    let mut proxy = tokio::task::spawn_blocking(move || Binary::start(&config))
+        .await
+        .unwrap();
+    let secret_body = r#"{"id":"evt_log","card":"4242424242424242"}"#;
+    assert_eq!(
+        post_json(proxy.addr, "/a", secret_body).await.dedupe(),
+        "forwarded"
+    );
+
+    // An invalid file first: logged with its location, the routes stay.
+    std::fs::write(&path, "upstream: [\n").unwrap();
+    proxy.signal("HUP");
+    eventually(
+        Duration::from_secs(5),
+        "the failed reload is logged",
+        || async { proxy.log_text().contains("configuration reload failed") },
+    )
+    .await;
+    assert!(
+        proxy.log_text().contains("config.yaml:"),
+        "{}",
+        proxy.log_text()
+    );
+    assert_eq!(
+        post_json(proxy.addr, "/a", secret_body).await.dedupe(),
+        "duplicate"
+    );
+
+    write_file(
+        &path,
+        upstream.addr,
+        &data,
+        &format!("routes:\n{}", route("b", "/b")),
+    );
+    proxy.signal("HUP");
+    eventually(
+        Duration::from_secs(5),
+        "the new route is in force",
+        || async {
+            post_json(proxy.addr, "/b", r#"{"id":"evt_b"}"#)
+                .await
+                .dedupe()
+                == "forwarded"
+        },
+    )
+    .await;
+
+    let log = proxy.log_text();
+    let delivery = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["fields"]["message"] == "delivery answered")
+        .expect("a delivery line");
+    assert_eq!(delivery["span"]["route"], "a");
+    assert_eq!(delivery["span"]["key"], "evt_log");
+    assert_eq!(delivery["fields"]["outcome"], "forwarded");
+    assert_eq!(delivery["fields"]["status"], 200);
+    assert!(delivery["fields"]["elapsed_ms"].is_number());
+    assert!(!log.contains("4242424242424242"), "bodies are never logged");
+    proxy.signal("TERM");
+    assert_eq!(proxy.wait(Duration::from_secs(10)).code(), Some(0));
+    assert!(proxy.log_text().contains("dedupe-proxy stopped"));
+}
