@@ -400,12 +400,28 @@ impl Binary {
     }
 
     pub fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Binary {
+        let args = [
+            "run".into(),
+            "-c".into(),
+            config.display().to_string(),
+            "--log-format".into(),
+            "json".into(),
+        ];
+        Binary::spawn(&args, env)
+    }
+
+    /// Starts the binary with exactly these arguments (which must ask for JSON logs) and
+    /// environment, and waits until it logs that it is ready.
+    pub fn spawn(args: &[String], env: &[(&str, &str)]) -> Binary {
         let mut child = Command::new(binary_path())
             .envs(env.iter().copied())
-            .args(["run", "-c"])
-            .arg(config)
-            .args(["--log-format", "json"])
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                env.iter()
+                    .find(|(name, _)| *name == "RUST_LOG")
+                    .map_or("info", |(_, value)| value),
+            )
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
