@@ -105,7 +105,12 @@ impl Proxy {
             self.metrics.unmatched();
             return self.pass_unmatched(&routing, request, peer).await;
         };
-        let span = tracing::info_span!("delivery", route = %route.name, key = field::Empty);
+        let span = tracing::info_span!(
+            "delivery",
+            route = %route.name,
+            key = field::Empty,
+            upstream_status = field::Empty
+        );
         let started = Instant::now();
         let (outcome, response) = self
             .deliver(&route, request, peer)
@@ -268,6 +273,9 @@ impl Proxy {
             .await;
         let elapsed = started.elapsed().as_secs_f64();
         self.metrics.upstream_answered(&route.name, elapsed);
+        if let Ok(response) = &sent {
+            Span::current().record("upstream_status", response.status().as_u16());
+        }
         tracing::debug!(elapsed_ms = elapsed * 1000.0, "upstream answered");
         let outcome = match sent {
             Ok(response) if route.is_success(response.status()) => (

@@ -518,6 +518,7 @@ async fn sighup_reloads_the_binary_and_logs_say_what_happened_without_secrets() 
     assert_eq!(delivery["span"]["key"], "evt_log");
     assert_eq!(delivery["fields"]["outcome"], "forwarded");
     assert_eq!(delivery["fields"]["status"], 200);
+    assert_eq!(delivery["span"]["upstream_status"], 200);
     assert!(delivery["fields"]["elapsed_ms"].is_number());
     assert!(!log.contains("4242424242424242"), "bodies are never logged");
     proxy.signal("TERM");
