@@ -109,9 +109,10 @@ impl Admin {
     }
 
     fn metrics(&self) -> Response<ProxyBody> {
-        let keys = self.serving.get().map_or(KeyCounts::default(), |serving| {
-            serving.proxy.store().key_counts()
-        });
+        let keys = self
+            .serving
+            .get()
+            .map_or(KeyCounts::default(), |serving| serving.proxy.key_counts());
         let mut response = Response::new(full(self.metrics.encode(keys)));
         response.headers_mut().insert(
             CONTENT_TYPE,

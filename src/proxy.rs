@@ -89,6 +89,14 @@ impl Proxy {
         &self.store
     }
 
+    /// This process's claims being forwarded, and the store's done records.
+    pub fn key_counts(&self) -> crate::store::KeyCounts {
+        crate::store::KeyCounts {
+            in_flight: self.open_claims.lock().len(),
+            done: self.store.done_keys(),
+        }
+    }
+
     /// Serves one request from a sender.
     pub async fn handle(
         self: Arc<Self>,

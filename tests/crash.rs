@@ -133,7 +133,9 @@ async fn the_grace_is_bounded_and_open_claims_are_released() {
         &data.path().join("db"),
         &format!("shutdown_grace: 300ms\n{}", json_route("")),
     ));
-    let StoreConfig::Sled(sled) = &config.store;
+    let StoreConfig::Sled(sled) = &config.store else {
+        panic!("sled expected")
+    };
     let store = Arc::new(SledStore::open(sled).unwrap());
     let app = dedupe_proxy::start_with_store(config, store.clone())
         .await

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyCounts, KeyState,
-    StoreError, Swept,
+    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
+    Swept,
 };
 use support::*;
 
@@ -543,8 +543,8 @@ impl ClaimStore for FailingStore {
     async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush().await
     }
-    fn key_counts(&self) -> KeyCounts {
-        self.inner.key_counts()
+    fn done_keys(&self) -> Option<u64> {
+        self.inner.done_keys()
     }
 }
 
@@ -560,7 +560,9 @@ async fn proxy_on_failing_store(
         &data.path().join("db"),
         &json_route(extra),
     ));
-    let StoreConfig::Sled(sled) = &config.store;
+    let StoreConfig::Sled(sled) = &config.store else {
+        panic!("sled expected")
+    };
     let store = FailingStore {
         inner: SledStore::open(sled).unwrap(),
         fail_claims,

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::key::KeyTemplate;
 use crate::route::{Policy, Route};
 use values::{
-    EnvSecret, HeaderText, HumanDuration, Methods, Name, RefusalStatus, Size, StatusPattern,
-    StatusValue, UpstreamUrl,
+    EnvSecret, HeaderText, HumanDuration, Methods, Name, RefusalStatus, Secret, Size,
+    StatusPattern, StatusValue, TableName, UpstreamUrl,
 };
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.
@@ -251,6 +251,8 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreConfig {
     Sled(SledConfig),
+    Redis(RedisConfig),
+    Postgres(PostgresConfig),
 }
 
 /// `store:` as written: one field per backend, exactly one of them set.
@@ -259,26 +261,214 @@ pub enum StoreConfig {
 struct StoreFile {
     #[serde(skip_serializing_if = "Option::is_none")]
     sled: Option<SledConfig>,
+    #[serde(
+        default,
+        deserialize_with = "redis_section",
+        skip_serializing_if = "Option::is_none"
+    )]
+    redis: Option<RedisConfig>,
+    #[serde(
+        default,
+        deserialize_with = "postgres_section",
+        skip_serializing_if = "Option::is_none"
+    )]
+    postgres: Option<PostgresConfig>,
 }
 
 fn store_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<StoreConfig, D::Error> {
     map_then(deserializer, |file: StoreFile| match file {
-        StoreFile { sled: Some(sled) } => Ok(StoreConfig::Sled(sled)),
-        StoreFile { sled: None } => {
-            Err("needs one backend, for example `sled: {}` for the defaults".into())
-        }
+        StoreFile {
+            sled: Some(sled),
+            redis: None,
+            postgres: None,
+        } => Ok(StoreConfig::Sled(sled)),
+        StoreFile {
+            sled: None,
+            redis: Some(redis),
+            postgres: None,
+        } => Ok(StoreConfig::Redis(redis)),
+        StoreFile {
+            sled: None,
+            redis: None,
+            postgres: Some(postgres),
+        } => Ok(StoreConfig::Postgres(postgres)),
+        StoreFile {
+            sled: None,
+            redis: None,
+            postgres: None,
+        } => Err("needs one backend, for example `sled: {}` for the defaults".into()),
+        _ => Err("takes exactly one backend: `sled`, `redis` or `postgres`".into()),
     })
 }
 
 impl Serialize for StoreConfig {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let file = match self {
-            StoreConfig::Sled(sled) => StoreFile {
-                sled: Some(sled.clone()),
-            },
+        let mut file = StoreFile {
+            sled: None,
+            redis: None,
+            postgres: None,
         };
+        match self {
+            StoreConfig::Sled(sled) => file.sled = Some(sled.clone()),
+            StoreConfig::Redis(redis) => file.redis = Some(redis.clone()),
+            StoreConfig::Postgres(postgres) => file.postgres = Some(postgres.clone()),
+        }
         file.serialize(serializer)
     }
+}
+
+/// A server's URL, written in the file or, when it holds a password, named by `url_env`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerUrl {
+    Written(Secret),
+    FromEnv(EnvSecret),
+}
+
+/// `url: <with the password masked>` or `url_env: <the variable's name>`.
+impl Serialize for ServerUrl {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1))?;
+        match self {
+            ServerUrl::Written(url) => map.serialize_entry("url", &mask_password(url.expose()))?,
+            ServerUrl::FromEnv(env) => map.serialize_entry("url_env", &env.variable)?,
+        }
+        map.end()
+    }
+}
+
+impl ServerUrl {
+    pub fn expose(&self) -> &str {
+        match self {
+            ServerUrl::Written(url) => url.expose(),
+            ServerUrl::FromEnv(env) => env.secret.expose(),
+        }
+    }
+
+    /// The URL with any password replaced by `***`, for messages and `check`.
+    pub fn masked(&self) -> String {
+        mask_password(self.expose())
+    }
+}
+
+fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn server_url(url: Option<String>, url_env: Option<EnvSecret>) -> Result<ServerUrl, String> {
+    match (url, url_env) {
+        (Some(url), None) => Ok(ServerUrl::Written(Secret::new(url))),
+        (None, Some(env)) => Ok(ServerUrl::FromEnv(env)),
+        (None, None) => Err("needs `url`, or `url_env` naming a variable that holds it".into()),
+        (Some(_), Some(_)) => Err("takes `url` or `url_env`, not both".into()),
+    }
+}
+
+/// `store.redis:`: claims shared by every replica through one Redis.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RedisConfig {
+    #[serde(flatten)]
+    pub url: ServerUrl,
+    /// Put in front of every key, so that several applications can share a Redis.
+    pub prefix: String,
+    /// How long one Redis command may take before it counts as a store failure.
+    pub timeout: HumanDuration,
+}
+
+/// `store.postgres:`: claims shared by every replica through one PostgreSQL table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PostgresConfig {
+    #[serde(flatten)]
+    pub url: ServerUrl,
+    /// The claims table, created at start if missing.
+    pub table: TableName,
+    /// How long one statement may take before it counts as a store failure.
+    pub timeout: HumanDuration,
+    /// Connections kept open to the database.
+    pub pool_size: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedisFile {
+    url: Option<String>,
+    url_env: Option<EnvSecret>,
+    #[serde(default = "default_redis_prefix")]
+    prefix: String,
+    #[serde(default = "default_server_timeout")]
+    timeout: HumanDuration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PostgresFile {
+    url: Option<String>,
+    url_env: Option<EnvSecret>,
+    #[serde(default = "default_table")]
+    table: TableName,
+    #[serde(default = "default_server_timeout")]
+    timeout: HumanDuration,
+    #[serde(default = "default_pool_size")]
+    pool_size: usize,
+}
+
+fn default_redis_prefix() -> String {
+    "dedupe:".into()
+}
+
+fn default_table() -> TableName {
+    TableName("dedupe_claims".into())
+}
+
+fn default_server_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(2))
+}
+
+fn default_pool_size() -> usize {
+    16
+}
+
+fn redis_section<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<RedisConfig>, D::Error> {
+    map_then(deserializer, |file: RedisFile| {
+        if file.timeout.0.is_zero() {
+            return Err("`timeout` must be longer than zero".into());
+        }
+        Ok(Some(RedisConfig {
+            url: server_url(file.url, file.url_env)?,
+            prefix: file.prefix,
+            timeout: file.timeout,
+        }))
+    })
+}
+
+fn postgres_section<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<PostgresConfig>, D::Error> {
+    map_then(deserializer, |file: PostgresFile| {
+        if file.timeout.0.is_zero() {
+            return Err("`timeout` must be longer than zero".into());
+        }
+        if file.pool_size == 0 {
+            return Err("`pool_size` must be at least 1".into());
+        }
+        Ok(Some(PostgresConfig {
+            url: server_url(file.url, file.url_env)?,
+            table: file.table,
+            timeout: file.timeout,
+            pool_size: file.pool_size,
+        }))
+    })
 }
 
 impl Default for StoreConfig {
@@ -624,7 +814,9 @@ mod tests {
         assert_eq!(config.admin.listen, "127.0.0.1:9091".parse().unwrap());
         assert_eq!(config.shutdown_grace.0, Duration::from_secs(25));
         assert_eq!(config.unmatched, Unmatched::Forward);
-        let StoreConfig::Sled(sled) = &config.store;
+        let StoreConfig::Sled(sled) = &config.store else {
+            panic!("sled by default")
+        };
         assert_eq!(sled.path, PathBuf::from("./dedupe-data"));
         assert_eq!(sled.durability, Durability::Batched);
         assert_eq!(sled.flush_every.0, Duration::from_millis(100));

@@ -408,11 +408,47 @@ impl fmt::Display for EnvSecret {
 
 string_value!(EnvSecret, "the name of an environment variable");
 
+/// A PostgreSQL table name: `[a-z_][a-z0-9_]*`, at most 63 bytes, so that it can go into
+/// SQL as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableName(pub String);
+
+impl FromStr for TableName {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut bytes = text.bytes();
+        let first_ok = bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
+        let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if first_ok && rest_ok && text.len() <= 63 {
+            Ok(TableName(text.to_owned()))
+        } else {
+            Err(format!(
+                "invalid table name `{text}`; use lowercase letters, digits and `_`, not starting with a digit"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+string_value!(TableName, "a table name");
+
 /// A secret read from the environment; never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
+    pub fn new(value: String) -> Secret {
+        Secret(value)
+    }
+
     /// Reads the secret held by the environment variable `variable`.
     pub fn from_env(variable: &str) -> Result<Secret, String> {
         match std::env::var(variable) {

@@ -16,6 +16,8 @@
 //! Only the owner named by a [`Claim`]'s token can finish or release it, so a late owner
 //! whose lease was taken over cannot overwrite the new owner's claim.
 
+pub mod postgres;
+pub mod redis;
 pub mod sled;
 
 use std::sync::Arc;
@@ -184,12 +186,14 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Writes everything to durable storage (at shutdown).
     async fn flush(&self) -> Result<(), StoreError>;
 
-    /// How many keys the store holds, for the `dedupe_store_keys` metric.
-    fn key_counts(&self) -> KeyCounts;
+    /// How many done records the store holds, for `dedupe_store_keys{state="done"}`, if
+    /// it can tell cheaply (sled counts its records in the background after opening; the
+    /// shared stores would need a scan).
+    fn done_keys(&self) -> Option<u64>;
 }
 
-/// Keys by state. `done` is `None` until the store knows it (sled counts its records in
-/// the background after opening).
+/// Keys by state, for the metrics: this process's claims in flight, and the store's
+/// done records when it knows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyCounts {
     pub in_flight: usize,
@@ -214,6 +218,10 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn ClaimStore>, StoreErro
                 .await
                 .map_err(|error| StoreError::Backend(error.to_string()))??;
             Ok(Arc::new(store))
+        }
+        StoreConfig::Redis(config) => Ok(Arc::new(redis::RedisStore::connect(config).await?)),
+        StoreConfig::Postgres(config) => {
+            Ok(Arc::new(postgres::PostgresStore::connect(config).await?))
         }
     }
 }

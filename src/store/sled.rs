@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
-    KeyCounts, KeyState, Millis, StoreError, Swept, SystemClock, millis,
+    KeyState, Millis, StoreError, Swept, SystemClock, millis,
 };
 use crate::config::{Durability, SledConfig};
 
@@ -467,11 +467,8 @@ impl ClaimStore for SledStore {
         self.checked(&handle, swept)
     }
 
-    fn key_counts(&self) -> KeyCounts {
-        KeyCounts {
-            in_flight: self.leases.len(),
-            done: self.done_count.get(),
-        }
+    fn done_keys(&self) -> Option<u64> {
+        self.done_count.get()
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -1,0 +1,354 @@
+//! The shared claim store on Redis: every replica's proxy claims in the same Redis.
+//!
+//! One hash per key (`{prefix}{namespace}:{key}`), so every operation touches a single
+//! key and works on Redis Cluster. Each transition is one Lua script that checks the
+//! state and owner token and changes the hash atomically on the server. Leases and
+//! retention are the key's native TTL: an expired lease or done record is simply gone,
+//! so there is nothing to sweep.
+//!
+//! Hash fields: `s` state (`f` in flight, `d` done), `o` owner token, `c` claimed at,
+//! `l` lease end, `p` completed at, `e` expires at, `u` upstream status, `h` body
+//! SHA-256, and `rs`/`rt`/`rb` the recorded answer for `replay`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Script};
+
+use super::{
+    Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
+    KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis,
+};
+use crate::config::RedisConfig;
+
+const CLAIM: &str = r"
+local state = redis.call('HGET', KEYS[1], 's')
+if state == 'd' then
+  return {'d', redis.call('HMGET', KEYS[1], 'c', 'p', 'e', 'u', 'h', 'rs', 'rt', 'rb')}
+end
+if state == 'f' then
+  return {'f', redis.call('HGET', KEYS[1], 'l')}
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 's', 'f', 'o', ARGV[1], 'c', ARGV[2], 'l', ARGV[3], 'h', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {'c'}
+";
+
+const FINISH: &str = r"
+if redis.call('HGET', KEYS[1], 's') ~= 'f' or redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 's', 'd', 'p', ARGV[2], 'e', ARGV[3], 'u', ARGV[5])
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'rs', ARGV[6], 'rt', ARGV[7], 'rb', ARGV[8])
+end
+redis.call('HDEL', KEYS[1], 'o', 'l')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+";
+
+const RELEASE: &str = r"
+if redis.call('HGET', KEYS[1], 's') == 'f' and redis.call('HGET', KEYS[1], 'o') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+const FORGET: &str = r"
+local state = redis.call('HGET', KEYS[1], 's')
+if state == 'd' then
+  redis.call('DEL', KEYS[1])
+  return 'removed'
+end
+if state == 'f' then
+  return 'in_flight'
+end
+return 'absent'
+";
+
+/// The Redis store.
+pub struct RedisStore {
+    connection: ConnectionManager,
+    prefix: String,
+    timeout: Duration,
+    clock: Box<dyn Clock>,
+    claim: Script,
+    finish: Script,
+    release: Script,
+    forget: Script,
+}
+
+fn backend(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("redis: {error}"))
+}
+
+impl RedisStore {
+    /// Connects to Redis and checks that it answers.
+    pub async fn connect(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        let url = config.url.masked();
+        let client = redis::Client::open(config.url.expose())
+            .map_err(|error| StoreError::Backend(format!("redis URL {url}: {error}")))?;
+        let timeout = config.timeout.0;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        let mut connection =
+            tokio::time::timeout(timeout, client.get_connection_manager_with_config(manager))
+                .await
+                .map_err(|_| {
+                    StoreError::Backend(format!("redis at {url} did not answer within {timeout:?}"))
+                })?
+                .map_err(|error| {
+                    StoreError::Backend(format!("cannot reach redis at {url}: {error}"))
+                })?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| StoreError::Backend(format!("redis at {url}: {error}")))?;
+        Ok(RedisStore {
+            connection,
+            prefix: config.prefix.clone(),
+            timeout,
+            clock: Box::new(SystemClock),
+            claim: Script::new(CLAIM),
+            finish: Script::new(FINISH),
+            release: Script::new(RELEASE),
+            forget: Script::new(FORGET),
+        })
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// Runs a Redis call with the configured timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| backend(format!("no answer within {:?}", self.timeout)))?
+            .map_err(backend)
+    }
+}
+
+fn number(field: &Option<Vec<u8>>) -> Result<u64, StoreError> {
+    field
+        .as_deref()
+        .and_then(|bytes| std::str::from_utf8(bytes).ok())
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| backend("a claim record has a missing or malformed field"))
+}
+
+fn fingerprint(field: &Option<Vec<u8>>) -> Fingerprint {
+    field
+        .as_deref()
+        .and_then(|bytes| bytes.try_into().ok())
+        .unwrap_or([0; 32])
+}
+
+/// Builds a done record from the fields `c p e u h rs rt rb`, in that order.
+fn done_record(fields: &[Option<Vec<u8>>]) -> Result<DoneRecord, StoreError> {
+    let [
+        claimed,
+        completed,
+        expires,
+        status,
+        hash,
+        r_status,
+        r_type,
+        r_body,
+    ] = fields
+    else {
+        return Err(backend("a done record has the wrong number of fields"));
+    };
+    let response = match r_status {
+        Some(_) => Some(RecordedResponse {
+            status: u16::try_from(number(r_status)?).unwrap_or(200),
+            content_type: r_type
+                .as_deref()
+                .filter(|bytes| !bytes.is_empty())
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
+            body: r_body.clone().unwrap_or_default().into(),
+        }),
+        None => None,
+    };
+    Ok(DoneRecord {
+        claimed_at: number(claimed)?,
+        completed_at: number(completed)?,
+        expires_at: number(expires)?,
+        upstream_status: u16::try_from(number(status)?).unwrap_or(0),
+        fingerprint: fingerprint(hash),
+        response,
+    })
+}
+
+#[async_trait]
+impl ClaimStore for RedisStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let now = self.clock.now();
+        let token: u128 = rand::random();
+        let lease_ms = millis(lease).max(1);
+        let mut connection = self.connection.clone();
+        let mut invocation = self.claim.key(self.key(key));
+        invocation
+            .arg(token.to_string())
+            .arg(now)
+            .arg(now.saturating_add(lease_ms))
+            .arg(fingerprint.as_slice())
+            .arg(lease_ms);
+        let answer: redis::Value = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        let redis::Value::Array(parts) = answer else {
+            return Err(backend("unexpected answer to a claim"));
+        };
+        let tag: String = parts
+            .first()
+            .map(redis::from_redis_value_ref)
+            .transpose()
+            .map_err(backend)?
+            .unwrap_or_default();
+        match tag.as_str() {
+            "c" => Ok(ClaimOutcome::Claimed(Claim {
+                key: key.to_owned(),
+                token,
+                took_over: false,
+            })),
+            "f" => {
+                let lease_until: Option<Vec<u8>> = parts
+                    .get(1)
+                    .map(redis::from_redis_value_ref)
+                    .transpose()
+                    .map_err(backend)?;
+                Ok(ClaimOutcome::InFlight {
+                    lease_until: number(&lease_until).unwrap_or(now),
+                })
+            }
+            "d" => {
+                let fields: Vec<Option<Vec<u8>>> = parts
+                    .get(1)
+                    .map(redis::from_redis_value_ref)
+                    .transpose()
+                    .map_err(backend)?
+                    .unwrap_or_default();
+                Ok(ClaimOutcome::Done(done_record(&fields)?))
+            }
+            other => Err(backend(format!("unexpected claim state `{other}`"))),
+        }
+    }
+
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let retention = millis(completion.retention).max(1);
+        let (status, content_type, body) = match &completion.response {
+            Some(recorded) => (
+                recorded.status.to_string(),
+                recorded.content_type.clone().unwrap_or_default(),
+                recorded.body.to_vec(),
+            ),
+            None => (String::new(), String::new(), Vec::new()),
+        };
+        let mut connection = self.connection.clone();
+        let mut invocation = self.finish.key(self.key(&claim.key));
+        invocation
+            .arg(claim.token.to_string())
+            .arg(now)
+            .arg(now.saturating_add(retention))
+            .arg(retention)
+            .arg(completion.upstream_status)
+            .arg(status)
+            .arg(content_type)
+            .arg(body);
+        let finished: i64 = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        if finished == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::NotOwner)
+        }
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let mut invocation = self.release.key(self.key(&claim.key));
+        invocation.arg(claim.token.to_string());
+        let released: i64 = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        if released == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::NotOwner)
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        let mut connection = self.connection.clone();
+        let fields = ["s", "c", "l", "h", "p", "e", "u", "rs", "rt", "rb"];
+        let values: Vec<Option<Vec<u8>>> = self
+            .bounded(connection.hmget(self.key(key), &fields[..]))
+            .await?;
+        let state = values[0].as_deref();
+        match state {
+            Some(b"f") => Ok(Some(KeyState::InFlight {
+                claimed_at: number(&values[1])?,
+                lease_until: number(&values[2])?,
+                fingerprint: fingerprint(&values[3]),
+            })),
+            Some(b"d") => {
+                let record_fields = [
+                    values[1].clone(),
+                    values[4].clone(),
+                    values[5].clone(),
+                    values[6].clone(),
+                    values[3].clone(),
+                    values[7].clone(),
+                    values[8].clone(),
+                    values[9].clone(),
+                ];
+                Ok(Some(KeyState::Done(done_record(&record_fields)?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        let mut connection = self.connection.clone();
+        let invocation = self.forget.key(self.key(key));
+        let outcome: String = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        Ok(match outcome.as_str() {
+            "removed" => Forgotten::Removed,
+            "in_flight" => Forgotten::InFlight,
+            _ => Forgotten::Absent,
+        })
+    }
+
+    /// Redis expires leases and done records itself.
+    async fn sweep(&self, _limit: usize) -> Result<Swept, StoreError> {
+        Ok(Swept::default())
+    }
+
+    /// Durability is the Redis server's (its `appendfsync` setting).
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn done_keys(&self) -> Option<u64> {
+        None
+    }
+}
