@@ -543,3 +543,7 @@ pub async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
     }
     Some(String::from_utf8_lossy(&head).into_owned())
 }
+
+/// The Redis and PostgreSQL on this machine, which the shared-store tests use.
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

@@ -1,17 +1,15 @@
-//! The claim-store contract (SPEC.md "Claim states"), run against the sled backend with
-//! a manual clock: every transition, owner checks, lease takeover, retention expiry,
-//! concurrent claims, the expiry sweep and recovery after a restart.
+//! What only the sled backend does (the shared contract is in `conformance.rs`): the
+//! sweep that reads only what expired, in batches; recovery after a restart; the
+//! directory lock; group commit with `durability: fsync`.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use dedupe_proxy::config::{Durability, SledConfig};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
-    RecordedResponse, StoreError,
+    Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
 };
 
 const START: u64 = 1_800_000_000_000;
@@ -56,196 +54,6 @@ async fn claimed(store: &SledStore, key: &str) -> Claim {
     match store.claim(key, BODY, LEASE).await.unwrap() {
         ClaimOutcome::Claimed(claim) => claim,
         other => panic!("expected a claim of {key}, got {other:?}"),
-    }
-}
-
-#[tokio::test]
-async fn claim_then_claim_again_is_in_flight_until_the_lease_ends() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    assert!(!claim.took_over);
-    assert_eq!(
-        f.store.claim("k", BODY, LEASE).await.unwrap(),
-        ClaimOutcome::InFlight {
-            lease_until: START + 60_000
-        }
-    );
-    assert_eq!(
-        f.store.inspect("k").await.unwrap(),
-        Some(KeyState::InFlight {
-            claimed_at: START,
-            lease_until: START + 60_000,
-            fingerprint: BODY
-        })
-    );
-}
-
-#[tokio::test]
-async fn finish_records_done_and_duplicates_see_the_record() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    f.clock.advance(Duration::from_secs(2));
-    f.store.finish(&claim, done(201)).await.unwrap();
-    let ClaimOutcome::Done(record) = f.store.claim("k", [0; 32], LEASE).await.unwrap() else {
-        panic!("expected done");
-    };
-    assert_eq!(record.claimed_at, START);
-    assert_eq!(record.completed_at, START + 2000);
-    assert_eq!(record.expires_at, START + 2000 + 3_600_000);
-    assert_eq!(record.upstream_status, 201);
-    assert_eq!(
-        record.fingerprint, BODY,
-        "the first delivery's fingerprint is kept"
-    );
-}
-
-#[tokio::test]
-async fn release_makes_the_key_claimable_again() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    f.store.release(&claim).await.unwrap();
-    assert_eq!(f.store.inspect("k").await.unwrap(), None);
-    let again = claimed(&f.store, "k").await;
-    assert_ne!(again.token, claim.token);
-}
-
-#[tokio::test]
-async fn only_the_owner_finishes_or_releases() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    let impostor = Claim {
-        token: claim.token ^ 1,
-        ..claim.clone()
-    };
-    assert!(matches!(
-        f.store.finish(&impostor, done(200)).await,
-        Err(StoreError::NotOwner)
-    ));
-    assert!(matches!(
-        f.store.release(&impostor).await,
-        Err(StoreError::NotOwner)
-    ));
-    assert!(matches!(
-        f.store.inspect("k").await.unwrap(),
-        Some(KeyState::InFlight { .. })
-    ));
-    // Nor can anyone finish a key that was never claimed.
-    let stray = Claim {
-        key: "other".into(),
-        ..claim.clone()
-    };
-    assert!(matches!(
-        f.store.finish(&stray, done(200)).await,
-        Err(StoreError::NotOwner)
-    ));
-    assert_eq!(f.store.inspect("other").await.unwrap(), None);
-}
-
-#[tokio::test]
-async fn an_expired_lease_is_taken_over_and_the_late_owner_is_refused() {
-    let f = fixture();
-    let late = claimed(&f.store, "k").await;
-    f.clock.advance(LEASE);
-    let taker = claimed(&f.store, "k").await;
-    assert!(taker.took_over);
-    assert!(matches!(
-        f.store.finish(&late, done(200)).await,
-        Err(StoreError::NotOwner)
-    ));
-    assert!(matches!(
-        f.store.release(&late).await,
-        Err(StoreError::NotOwner)
-    ));
-    assert!(matches!(
-        f.store.inspect("k").await.unwrap(),
-        Some(KeyState::InFlight { .. })
-    ));
-    f.store.finish(&taker, done(200)).await.unwrap();
-    assert!(matches!(
-        f.store.claim("k", BODY, LEASE).await.unwrap(),
-        ClaimOutcome::Done(_)
-    ));
-    // The late owner cannot undo the new owner's done mark either.
-    assert!(matches!(
-        f.store.release(&late).await,
-        Err(StoreError::NotOwner)
-    ));
-    assert!(matches!(
-        f.store.inspect("k").await.unwrap(),
-        Some(KeyState::Done(_))
-    ));
-}
-
-#[tokio::test]
-async fn done_keys_expire_after_their_retention() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    f.store.finish(&claim, done(200)).await.unwrap();
-    f.clock.advance(RETENTION - Duration::from_millis(1));
-    assert!(matches!(
-        f.store.claim("k", BODY, LEASE).await.unwrap(),
-        ClaimOutcome::Done(_)
-    ));
-    f.clock.advance(Duration::from_millis(1));
-    assert_eq!(f.store.inspect("k").await.unwrap(), None);
-    let again = claimed(&f.store, "k").await;
-    assert!(
-        !again.took_over,
-        "an expired done record is absent, not a takeover"
-    );
-}
-
-#[tokio::test]
-async fn forget_removes_done_keys_but_not_in_flight_ones() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    assert_eq!(f.store.forget("k").await.unwrap(), Forgotten::InFlight);
-    f.store.finish(&claim, done(200)).await.unwrap();
-    assert_eq!(f.store.forget("k").await.unwrap(), Forgotten::Removed);
-    assert_eq!(f.store.forget("k").await.unwrap(), Forgotten::Absent);
-    claimed(&f.store, "k").await;
-}
-
-#[tokio::test]
-async fn the_recorded_response_is_kept_for_replay() {
-    let f = fixture();
-    let claim = claimed(&f.store, "k").await;
-    let response = RecordedResponse {
-        status: 201,
-        content_type: Some("application/json".into()),
-        body: Bytes::from_static(b"{\"order\":1}"),
-    };
-    let completion = Completion {
-        response: Some(response.clone()),
-        ..done(201)
-    };
-    f.store.finish(&claim, completion).await.unwrap();
-    let ClaimOutcome::Done(record) = f.store.claim("k", BODY, LEASE).await.unwrap() else {
-        panic!("expected done");
-    };
-    assert_eq!(record.response, Some(response));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_claims_of_one_key_give_exactly_one_owner() {
-    let f = fixture();
-    let store = Arc::new(f.store);
-    for round in 0..50 {
-        let key = format!("k{round}");
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..16 {
-            let (store, key) = (Arc::clone(&store), key.clone());
-            tasks.spawn(async move { store.claim(&key, BODY, LEASE).await.unwrap() });
-        }
-        let mut owners = 0;
-        while let Some(outcome) = tasks.join_next().await {
-            match outcome.unwrap() {
-                ClaimOutcome::Claimed(_) => owners += 1,
-                ClaimOutcome::InFlight { .. } => {}
-                ClaimOutcome::Done(_) => panic!("nothing finished"),
-            }
-        }
-        assert_eq!(owners, 1, "round {round}");
     }
 }
 

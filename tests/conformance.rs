@@ -1,0 +1,308 @@
+//! The claim-store contract (SPEC.md "Claim states"), one suite run unchanged against
+//! sled, Redis and PostgreSQL: every transition, owner checks, lease takeover, retention
+//! expiry, the recorded answer, and concurrent claims from many tasks.
+//!
+//! Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, database `test`) are the real
+//! servers on this machine; without them these tests are skipped with a message, except
+//! in CI (`CI=true`), where a missing server is a failure. sled time is a manual clock;
+//! the shared stores keep real time, so leases and retentions here are short.
+//! Backend-specific behaviour (sled's sweep, restart and durability) is in `sled_store.rs`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig};
+use dedupe_proxy::config::values::{HumanDuration, Secret, TableName};
+use dedupe_proxy::store::postgres::PostgresStore;
+use dedupe_proxy::store::redis::RedisStore;
+use dedupe_proxy::store::sled::SledStore;
+use dedupe_proxy::store::{
+    Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
+    RecordedResponse, StoreError,
+};
+
+const LEASE: Duration = Duration::from_millis(400);
+const RETENTION: Duration = Duration::from_millis(800);
+const BODY: [u8; 32] = [7; 32];
+
+/// A store under test, and how time passes for it.
+struct Harness {
+    store: Arc<dyn ClaimStore>,
+    clock: Option<Arc<ManualClock>>,
+    /// Keys are unique to each test, so tests can share a Redis or a table.
+    run: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// A server the tests need: present, skipped locally, or a failure in CI.
+fn unavailable(what: &str, error: StoreError) -> Option<Harness> {
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+        panic!("{what} must be running in CI: {error}");
+    }
+    eprintln!("skipped: {what} is not reachable ({error})");
+    None
+}
+
+impl Harness {
+    async fn sled() -> Option<Harness> {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_800_000_000_000);
+        let config = SledConfig {
+            path: dir.path().join("db"),
+            ..SledConfig::default()
+        };
+        let store = SledStore::open_with_clock(&config, clock.clone()).unwrap();
+        Some(Harness {
+            store: Arc::new(store),
+            clock: Some(clock),
+            run: String::new(),
+            _dir: Some(dir),
+        })
+    }
+
+    async fn redis() -> Option<Harness> {
+        let config = RedisConfig {
+            url: ServerUrl::Written(Secret::new(support::REDIS_URL.into())),
+            prefix: "dedupe-test:".into(),
+            timeout: HumanDuration(Duration::from_secs(2)),
+        };
+        match RedisStore::connect(&config).await {
+            Ok(store) => Some(Harness::shared(Arc::new(store))),
+            Err(error) => unavailable("Redis", error),
+        }
+    }
+
+    async fn postgres() -> Option<Harness> {
+        let config = PostgresConfig {
+            url: ServerUrl::Written(Secret::new(support::POSTGRES_URL.into())),
+            table: TableName("dedupe_conformance".into()),
+            timeout: HumanDuration(Duration::from_secs(5)),
+            pool_size: 8,
+        };
+        match PostgresStore::connect(&config).await {
+            Ok(store) => Some(Harness::shared(Arc::new(store))),
+            Err(error) => unavailable("PostgreSQL", error),
+        }
+    }
+
+    fn shared(store: Arc<dyn ClaimStore>) -> Harness {
+        Harness {
+            store,
+            clock: None,
+            run: format!("{:016x}:", rand::random::<u64>()),
+            _dir: None,
+        }
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("t:{}{name}", self.run)
+    }
+
+    /// Lets `duration` pass: the manual clock moves, real time is slept.
+    async fn pass(&self, duration: Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(duration),
+            None => tokio::time::sleep(duration).await,
+        }
+    }
+
+    async fn claimed(&self, name: &str) -> Claim {
+        match self.store.claim(&self.key(name), BODY, LEASE).await.unwrap() {
+            ClaimOutcome::Claimed(claim) => claim,
+            other => panic!("expected a claim of {name}, got {other:?}"),
+        }
+    }
+
+    async fn state(&self, name: &str) -> Option<KeyState> {
+        self.store.inspect(&self.key(name)).await.unwrap()
+    }
+}
+
+fn done(status: u16) -> Completion {
+    Completion {
+        upstream_status: status,
+        retention: RETENTION,
+        response: None,
+    }
+}
+
+async fn claim_then_claim_again_is_in_flight(h: Harness) {
+    let claim = h.claimed("k").await;
+    assert!(!claim.took_over);
+    let ClaimOutcome::InFlight { lease_until } = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap() else {
+        panic!("in flight expected");
+    };
+    let Some(KeyState::InFlight {
+        claimed_at,
+        lease_until: seen,
+        fingerprint,
+    }) = h.state("k").await
+    else {
+        panic!("in flight expected");
+    };
+    assert_eq!(seen, lease_until);
+    assert_eq!(lease_until - claimed_at, 400);
+    assert_eq!(fingerprint, BODY);
+}
+
+async fn finish_records_done_and_duplicates_see_it(h: Harness) {
+    let claim = h.claimed("k").await;
+    h.store.finish(&claim, done(201)).await.unwrap();
+    let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), [0; 32], LEASE).await.unwrap() else {
+        panic!("done expected");
+    };
+    assert_eq!(record.upstream_status, 201);
+    assert_eq!(record.fingerprint, BODY, "the first delivery's fingerprint is kept");
+    assert!(record.claimed_at <= record.completed_at);
+    assert_eq!(record.expires_at - record.completed_at, 800);
+    assert_eq!(record.response, None);
+    assert!(matches!(h.state("k").await, Some(KeyState::Done(_))));
+}
+
+async fn release_makes_the_key_claimable_again(h: Harness) {
+    let claim = h.claimed("k").await;
+    h.store.release(&claim).await.unwrap();
+    assert_eq!(h.state("k").await, None);
+    let again = h.claimed("k").await;
+    assert_ne!(again.token, claim.token);
+}
+
+async fn only_the_owner_finishes_or_releases(h: Harness) {
+    let claim = h.claimed("k").await;
+    let impostor = Claim {
+        token: claim.token ^ 1,
+        ..claim.clone()
+    };
+    assert!(matches!(h.store.finish(&impostor, done(200)).await, Err(StoreError::NotOwner)));
+    assert!(matches!(h.store.release(&impostor).await, Err(StoreError::NotOwner)));
+    assert!(matches!(h.state("k").await, Some(KeyState::InFlight { .. })));
+    let stray = Claim {
+        key: h.key("never-claimed"),
+        ..claim.clone()
+    };
+    assert!(matches!(h.store.finish(&stray, done(200)).await, Err(StoreError::NotOwner)));
+    assert_eq!(h.state("never-claimed").await, None);
+    h.store.finish(&claim, done(200)).await.unwrap();
+}
+
+async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
+    let late = h.claimed("k").await;
+    h.pass(LEASE + Duration::from_millis(100)).await;
+    let taker = h.claimed("k").await;
+    assert!(matches!(h.store.finish(&late, done(200)).await, Err(StoreError::NotOwner)));
+    assert!(matches!(h.store.release(&late).await, Err(StoreError::NotOwner)));
+    assert!(matches!(h.state("k").await, Some(KeyState::InFlight { .. })));
+    h.store.finish(&taker, done(200)).await.unwrap();
+    assert!(matches!(h.store.release(&late).await, Err(StoreError::NotOwner)));
+    assert!(matches!(h.state("k").await, Some(KeyState::Done(_))));
+}
+
+async fn done_keys_expire_after_their_retention(h: Harness) {
+    let claim = h.claimed("k").await;
+    h.store.finish(&claim, done(200)).await.unwrap();
+    h.pass(RETENTION / 4).await;
+    assert!(matches!(h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap(), ClaimOutcome::Done(_)));
+    h.pass(RETENTION).await;
+    assert_eq!(h.state("k").await, None);
+    h.claimed("k").await;
+    // And the sweep leaves the new claim alone.
+    h.store.sweep(10_000).await.unwrap();
+    assert!(matches!(h.state("k").await, Some(KeyState::InFlight { .. })));
+}
+
+async fn forget_removes_done_keys_but_not_in_flight_ones(h: Harness) {
+    let claim = h.claimed("k").await;
+    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::InFlight);
+    h.store.finish(&claim, done(200)).await.unwrap();
+    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::Removed);
+    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::Absent);
+    h.claimed("k").await;
+}
+
+async fn the_recorded_answer_is_kept_for_replay(h: Harness) {
+    let claim = h.claimed("k").await;
+    let response = RecordedResponse {
+        status: 201,
+        content_type: Some("application/json".into()),
+        body: Bytes::from_static(b"{\"order\":1}"),
+    };
+    let completion = Completion {
+        response: Some(response.clone()),
+        ..done(201)
+    };
+    h.store.finish(&claim, completion).await.unwrap();
+    let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap() else {
+        panic!("done expected");
+    };
+    assert_eq!(record.response, Some(response));
+}
+
+async fn concurrent_claims_of_one_key_give_exactly_one_owner(h: Harness) {
+    let h = Arc::new(h);
+    for round in 0..20 {
+        let key = h.key(&format!("k{round}"));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (store, key) = (Arc::clone(&h.store), key.clone());
+            tasks.spawn(async move { store.claim(&key, BODY, LEASE).await.unwrap() });
+        }
+        let mut owners = 0;
+        while let Some(outcome) = tasks.join_next().await {
+            match outcome.unwrap() {
+                ClaimOutcome::Claimed(_) => owners += 1,
+                ClaimOutcome::InFlight { .. } => {}
+                ClaimOutcome::Done(_) => panic!("nothing finished"),
+            }
+        }
+        assert_eq!(owners, 1, "round {round}");
+    }
+}
+
+/// Runs each contract test against each backend.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod sled_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Harness::sled().await.unwrap()).await;
+                }
+            )*
+        }
+        mod redis_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    if let Some(harness) = super::Harness::redis().await {
+                        super::$test(harness).await;
+                    }
+                }
+            )*
+        }
+        mod postgres_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    if let Some(harness) = super::Harness::postgres().await {
+                        super::$test(harness).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    claim_then_claim_again_is_in_flight,
+    finish_records_done_and_duplicates_see_it,
+    release_makes_the_key_claimable_again,
+    only_the_owner_finishes_or_releases,
+    an_expired_lease_is_taken_over_and_the_late_owner_refused,
+    done_keys_expire_after_their_retention,
+    forget_removes_done_keys_but_not_in_flight_ones,
+    the_recorded_answer_is_kept_for_replay,
+    concurrent_claims_of_one_key_give_exactly_one_owner,
+);
