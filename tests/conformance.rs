@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig};
 use dedupe_proxy::config::values::{HumanDuration, Secret, TableName};
+use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig};
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::sled::SledStore;
@@ -110,7 +110,12 @@ impl Harness {
     }
 
     async fn claimed(&self, name: &str) -> Claim {
-        match self.store.claim(&self.key(name), BODY, LEASE).await.unwrap() {
+        match self
+            .store
+            .claim(&self.key(name), BODY, LEASE)
+            .await
+            .unwrap()
+        {
             ClaimOutcome::Claimed(claim) => claim,
             other => panic!("expected a claim of {name}, got {other:?}"),
         }
@@ -132,7 +137,9 @@ fn done(status: u16) -> Completion {
 async fn claim_then_claim_again_is_in_flight(h: Harness) {
     let claim = h.claimed("k").await;
     assert!(!claim.took_over);
-    let ClaimOutcome::InFlight { lease_until } = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap() else {
+    let ClaimOutcome::InFlight { lease_until } =
+        h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap()
+    else {
         panic!("in flight expected");
     };
     let Some(KeyState::InFlight {
@@ -151,11 +158,15 @@ async fn claim_then_claim_again_is_in_flight(h: Harness) {
 async fn finish_records_done_and_duplicates_see_it(h: Harness) {
     let claim = h.claimed("k").await;
     h.store.finish(&claim, done(201)).await.unwrap();
-    let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), [0; 32], LEASE).await.unwrap() else {
+    let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), [0; 32], LEASE).await.unwrap()
+    else {
         panic!("done expected");
     };
     assert_eq!(record.upstream_status, 201);
-    assert_eq!(record.fingerprint, BODY, "the first delivery's fingerprint is kept");
+    assert_eq!(
+        record.fingerprint, BODY,
+        "the first delivery's fingerprint is kept"
+    );
     assert!(record.claimed_at <= record.completed_at);
     assert_eq!(record.expires_at - record.completed_at, 800);
     assert_eq!(record.response, None);
@@ -176,14 +187,26 @@ async fn only_the_owner_finishes_or_releases(h: Harness) {
         token: claim.token ^ 1,
         ..claim.clone()
     };
-    assert!(matches!(h.store.finish(&impostor, done(200)).await, Err(StoreError::NotOwner)));
-    assert!(matches!(h.store.release(&impostor).await, Err(StoreError::NotOwner)));
-    assert!(matches!(h.state("k").await, Some(KeyState::InFlight { .. })));
+    assert!(matches!(
+        h.store.finish(&impostor, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        h.store.release(&impostor).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        h.state("k").await,
+        Some(KeyState::InFlight { .. })
+    ));
     let stray = Claim {
         key: h.key("never-claimed"),
         ..claim.clone()
     };
-    assert!(matches!(h.store.finish(&stray, done(200)).await, Err(StoreError::NotOwner)));
+    assert!(matches!(
+        h.store.finish(&stray, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
     assert_eq!(h.state("never-claimed").await, None);
     h.store.finish(&claim, done(200)).await.unwrap();
 }
@@ -192,11 +215,23 @@ async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
     let late = h.claimed("k").await;
     h.pass(LEASE + Duration::from_millis(100)).await;
     let taker = h.claimed("k").await;
-    assert!(matches!(h.store.finish(&late, done(200)).await, Err(StoreError::NotOwner)));
-    assert!(matches!(h.store.release(&late).await, Err(StoreError::NotOwner)));
-    assert!(matches!(h.state("k").await, Some(KeyState::InFlight { .. })));
+    assert!(matches!(
+        h.store.finish(&late, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        h.store.release(&late).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        h.state("k").await,
+        Some(KeyState::InFlight { .. })
+    ));
     h.store.finish(&taker, done(200)).await.unwrap();
-    assert!(matches!(h.store.release(&late).await, Err(StoreError::NotOwner)));
+    assert!(matches!(
+        h.store.release(&late).await,
+        Err(StoreError::NotOwner)
+    ));
     assert!(matches!(h.state("k").await, Some(KeyState::Done(_))));
 }
 
@@ -204,21 +239,36 @@ async fn done_keys_expire_after_their_retention(h: Harness) {
     let claim = h.claimed("k").await;
     h.store.finish(&claim, done(200)).await.unwrap();
     h.pass(RETENTION / 4).await;
-    assert!(matches!(h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap(), ClaimOutcome::Done(_)));
+    assert!(matches!(
+        h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap(),
+        ClaimOutcome::Done(_)
+    ));
     h.pass(RETENTION).await;
     assert_eq!(h.state("k").await, None);
     h.claimed("k").await;
     // And the sweep leaves the new claim alone.
     h.store.sweep(10_000).await.unwrap();
-    assert!(matches!(h.state("k").await, Some(KeyState::InFlight { .. })));
+    assert!(matches!(
+        h.state("k").await,
+        Some(KeyState::InFlight { .. })
+    ));
 }
 
 async fn forget_removes_done_keys_but_not_in_flight_ones(h: Harness) {
     let claim = h.claimed("k").await;
-    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::InFlight);
+    assert_eq!(
+        h.store.forget(&h.key("k")).await.unwrap(),
+        Forgotten::InFlight
+    );
     h.store.finish(&claim, done(200)).await.unwrap();
-    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::Removed);
-    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::Absent);
+    assert_eq!(
+        h.store.forget(&h.key("k")).await.unwrap(),
+        Forgotten::Removed
+    );
+    assert_eq!(
+        h.store.forget(&h.key("k")).await.unwrap(),
+        Forgotten::Absent
+    );
     h.claimed("k").await;
 }
 

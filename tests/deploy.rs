@@ -25,7 +25,8 @@ fn documents(path: &Path) -> Vec<Value> {
 
 use serde::Deserialize;
 
-/// Every resource a kustomization directory brings in, following `../base` and files.
+/// Every resource a kustomization directory brings in, following `../base` and files,
+/// with its `patches` applied (these replace a ConfigMap's data, by kind and name).
 fn kustomize(dir: &Path) -> Vec<Value> {
     let kustomization = &documents(&dir.join("kustomization.yaml"))[0];
     let mut resources = Vec::new();
@@ -41,6 +42,24 @@ fn kustomize(dir: &Path) -> Vec<Value> {
             resources.extend(kustomize(&path));
         } else {
             resources.extend(documents(&path));
+        }
+    }
+    for patch in kustomization["patches"].as_sequence().into_iter().flatten() {
+        let path = dir.join(patch["path"].as_str().expect("a patch file"));
+        for patch in documents(&path) {
+            assert_eq!(
+                patch["kind"], "ConfigMap",
+                "only ConfigMap data patches are understood here"
+            );
+            let target = resources
+                .iter_mut()
+                .find(|r| {
+                    r["kind"] == patch["kind"] && r["metadata"]["name"] == patch["metadata"]["name"]
+                })
+                .unwrap_or_else(|| panic!("{} patches nothing", path.display()));
+            for (key, value) in patch["data"].as_mapping().unwrap() {
+                target["data"][key.as_str().unwrap()] = value.clone();
+            }
         }
     }
     resources
@@ -63,7 +82,8 @@ struct Pod {
     env: Vec<(String, String)>,
     config_text: String,
     config_mount: String,
-    data_mount: String,
+    /// The data volume's mount, when the store is on it (sled).
+    data_mount: Option<String>,
     grace_seconds: u64,
 }
 
@@ -135,9 +155,9 @@ fn pod(variant: &str) -> Pod {
             .iter()
             .find(|m| m["name"] == name)
             .map(|m| m["mountPath"].as_str().unwrap().to_owned())
-            .unwrap_or_else(|| panic!("{variant}: no {name} mount"))
     };
-    let (config_mount, data_mount) = (mount("config"), mount("data"));
+    let config_mount = mount("config").expect("a config mount");
+    let data_mount = mount("data");
     let args: Vec<String> = container["args"]
         .as_sequence()
         .unwrap()
@@ -155,11 +175,21 @@ fn pod(variant: &str) -> Pod {
         "{variant}: the config file is the ConfigMap's"
     );
     assert!(args.windows(2).any(|w| w == ["--log-format", "json"]));
-    let store_path = config["store"]["sled"]["path"].as_str().unwrap();
-    assert!(
-        store_path.starts_with(&format!("{data_mount}/")),
-        "{variant}: the store is on the data volume"
-    );
+    match config["store"]["sled"]["path"].as_str() {
+        Some(store_path) => {
+            let data_mount = data_mount
+                .as_deref()
+                .expect("a sled store needs a data volume");
+            assert!(
+                store_path.starts_with(&format!("{data_mount}/")),
+                "{variant}: the store is on the data volume"
+            );
+        }
+        None => assert!(
+            data_mount.is_none(),
+            "{variant}: a shared store needs no data volume"
+        ),
+    }
 
     let grace_seconds = spec["terminationGracePeriodSeconds"].as_u64().unwrap();
     let shutdown_grace =
@@ -176,13 +206,11 @@ fn pod(variant: &str) -> Pod {
         .map(|e| {
             let value = match e["value"].as_str() {
                 Some(value) => value.to_owned(),
-                None => {
-                    assert!(
-                        e["valueFrom"]["secretKeyRef"].is_mapping(),
-                        "a secret comes from a Secret"
-                    );
-                    "token-from-the-secret".to_owned()
-                }
+                None => match e["valueFrom"]["secretKeyRef"]["key"].as_str() {
+                    Some("admin-token") => "token-from-the-secret".to_owned(),
+                    Some("redis-url") => REDIS_URL.to_owned(),
+                    other => panic!("{variant}: an unexpected secret {other:?}"),
+                },
             };
             (e["name"].as_str().unwrap().to_owned(), value)
         })
@@ -225,7 +253,7 @@ async fn run_as_deployed(variant: &str) {
     let config = pod
         .config_text
         .replace(
-            &format!("{}/", pod.data_mount),
+            &format!("{}/", pod.data_mount.as_deref().unwrap_or("/nowhere")),
             &format!("{}/", data.display()),
         )
         .replace("0.0.0.0:8081", "127.0.0.1:0")
@@ -282,6 +310,29 @@ async fn the_sidecar_deployment_runs_as_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_statefulset_runs_as_written() {
     run_as_deployed("persistent").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replicated_deployment_on_redis_runs_as_written() {
+    if tokio::net::TcpStream::connect("127.0.0.1:6379")
+        .await
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "Redis must be running in CI"
+        );
+        eprintln!("skipped: Redis is not reachable");
+        return;
+    }
+    let resources = kustomize(&repo("deploy/kubernetes/replicated"));
+    assert!(
+        of_kind(&resources, &["Deployment"])["spec"]["replicas"]
+            .as_u64()
+            .unwrap()
+            > 1
+    );
+    run_as_deployed("replicated").await;
 }
 
 /// The instructions of the runtime stage of the Dockerfile, by keyword.

@@ -247,7 +247,7 @@ impl Provider {
 // ------------------------------------------------------------------ the run
 
 struct Report {
-    durability: &'static str,
+    store: &'static str,
     events: usize,
     deliveries: usize,
     acknowledged: usize,
@@ -272,8 +272,8 @@ impl Report {
 
     fn line(&self) -> String {
         format!(
-            "faults: durability={} events={} deliveries={} acknowledged={} kills={} (sigterm {}) lost={} unacknowledged={} extra_executions={} bound={} (in flight at kills {}, stalls given up {}) beyond_bound={} in {:.1}s",
-            self.durability,
+            "faults: store={} events={} deliveries={} acknowledged={} kills={} (sigterm {}) lost={} unacknowledged={} extra_executions={} bound={} (in flight at kills {}, stalls given up {}) beyond_bound={} in {:.1}s",
+            self.store,
             self.events,
             self.deliveries,
             self.acknowledged,
@@ -291,22 +291,40 @@ impl Report {
     }
 }
 
-fn write_config(dir: &Path, upstream: SocketAddr, durability: &str) -> PathBuf {
+/// The store a run uses: `batched` or `fsync` for sled, or `redis`.
+fn store_section(dir: &Path, store: &str) -> String {
+    match store {
+        "redis" => format!(
+            "store: {{ redis: {{ url: \"{}\", prefix: \"faults-{:x}:\" }} }}",
+            support::REDIS_URL,
+            rand::random::<u64>()
+        ),
+        durability => format!(
+            "store: {{ sled: {{ path: \"{}\", durability: {durability}, flush_every: 100ms }} }}",
+            dir.join("data").display()
+        ),
+    }
+}
+
+fn write_config(dir: &Path, upstream: SocketAddr, store: &str) -> PathBuf {
     let path = dir.join("config.yaml");
+    // A shared store keeps a killed proxy's claims until their lease ends: keep it short.
+    let lease = if store == "redis" { "2s" } else { "30s" };
     let text = format!(
         "listen: 127.0.0.1:0
 upstream: http://{upstream}
 admin: {{ listen: 127.0.0.1:0 }}
-store: {{ sled: {{ path: \"{}\", durability: {durability}, flush_every: 100ms }} }}
+{}
 shutdown_grace: 3s
 routes:
   - name: hooks
     match: {{ method: POST, path: /hooks }}
     key: \"{{json:/id}}\"
     upstream_timeout: {}ms
-    lease: 30s
+    lease: {lease}
+    retention: 10m
 ",
-        dir.join("data").display(),
+        store_section(dir, store),
         UPSTREAM_TIMEOUT.as_millis()
     );
     std::fs::write(&path, text).unwrap();
@@ -319,11 +337,12 @@ async fn start_binary(config: PathBuf) -> Binary {
         .unwrap()
 }
 
-async fn run(durability: &'static str, events: usize, senders: usize, faults: Faults) -> Report {
+/// One run against `store` (`batched`, `fsync` or `redis`).
+async fn run(store: &'static str, events: usize, senders: usize, faults: Faults) -> Report {
     let started = Instant::now();
     let (upstream_addr, upstream) = start_upstream(faults).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), upstream_addr, durability);
+    let config = write_config(dir.path(), upstream_addr, store);
     let mut proxy = start_binary(config.clone()).await;
     let address = Arc::new(RwLock::new(Some(proxy.addr)));
 
@@ -410,7 +429,7 @@ async fn run(durability: &'static str, events: usize, senders: usize, faults: Fa
         .map(|(id, count)| count.saturating_sub(1).saturating_sub(allowed(id)))
         .sum();
     Report {
-        durability,
+        store,
         events: started_events,
         deliveries: provider.deliveries.load(Ordering::SeqCst),
         acknowledged: acknowledged.len(),
@@ -462,6 +481,28 @@ async fn no_event_is_lost_under_kills_and_faults_with_batched_durability() {
     show(&report);
     assert_eq!(report.lost, 0, "{}", report.line());
     assert_eq!(report.unacknowledged, 0, "{}", report.line());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_event_is_lost_under_kills_and_faults_with_a_shared_redis_store() {
+    if tokio::net::TcpStream::connect("127.0.0.1:6379")
+        .await
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "Redis must be running in CI"
+        );
+        eprintln!("skipped: Redis is not reachable");
+        return;
+    }
+    let (events, senders, faults) = sized_faults();
+    let report = run("redis", events, senders, faults).await;
+    show(&report);
+    assert_eq!(report.lost, 0, "{}", report.line());
+    assert_eq!(report.unacknowledged, 0, "{}", report.line());
+    // Redis keeps every done mark across the proxy's kills.
+    assert_eq!(report.unexplained, 0, "{}", report.line());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -913,6 +913,23 @@ mod tests {
     }
 
     #[test]
+    fn passwords_in_server_urls_are_masked_when_printed() {
+        let config = parse("upstream: http://127.0.0.1:8080\nstore:\n  postgres: { url: \"postgres://app:hunter2@db:5432/app\" }\n").unwrap();
+        let printed = serde_yaml::to_string(&config).unwrap();
+        assert!(
+            printed.contains("url: postgres://app:***@db:5432/app"),
+            "{printed}"
+        );
+        assert!(!printed.contains("hunter2"));
+        assert!(!format!("{config:?}").contains("hunter2"));
+        let StoreConfig::Postgres(postgres) = &config.store else {
+            panic!("postgres expected");
+        };
+        assert_eq!(postgres.url.expose(), "postgres://app:hunter2@db:5432/app");
+        assert_eq!(postgres.table.0, "dedupe_claims");
+    }
+
+    #[test]
     fn error_display_names_file_line_and_column() {
         let error = parse("upstream: http://127.0.0.1:8080\nbogus: 1\n").unwrap_err();
         assert!(

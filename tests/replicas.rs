@@ -1,0 +1,184 @@
+//! Several replicas sharing one store: three proxy processes in front of one upstream,
+//! on Redis and then on PostgreSQL. A storm spread across them runs the work once; a
+//! replica killed while it holds a claim leaves the event to another replica after the
+//! lease. (Skipped locally without the servers; a failure in CI.)
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use support::*;
+use tokio::task::JoinSet;
+
+/// The `store:` section for a shared backend, fresh for the test `name`, or `None` (and
+/// a message) when the server is not reachable outside CI.
+async fn shared_store(kind: &str, name: &str) -> Option<String> {
+    let reachable = match kind {
+        "redis" => tokio::net::TcpStream::connect("127.0.0.1:6379")
+            .await
+            .is_ok(),
+        _ => tokio::net::TcpStream::connect("127.0.0.1:5432")
+            .await
+            .is_ok(),
+    };
+    if reachable {
+        let run = format!("{:x}", rand::random::<u64>());
+        return Some(match kind {
+            "redis" => {
+                format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
+            }
+            _ => {
+                drop_table(name).await;
+                format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {name} }} }}")
+            }
+        });
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |ci| ci != "true"),
+        "{kind} must be running in CI"
+    );
+    eprintln!("skipped: {kind} is not reachable");
+    None
+}
+
+/// Starts a test's PostgreSQL table afresh (the replicas create it again).
+async fn drop_table(name: &str) {
+    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
+        .await
+        .unwrap();
+}
+
+fn write_replica_config(
+    dir: &Path,
+    name: &str,
+    upstream: std::net::SocketAddr,
+    store: &str,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{upstream}\nadmin: {{ listen: 127.0.0.1:0 }}\n{store}\n{}",
+        json_route("    lease: 1s\n    upstream_timeout: 800ms\n    retention: 1m\n")
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn start_replicas(
+    upstream: std::net::SocketAddr,
+    store: &str,
+) -> (Vec<Binary>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let config = write_replica_config(dir.path(), name, upstream, store);
+        replicas.push(
+            tokio::task::spawn_blocking(move || Binary::start(&config))
+                .await
+                .unwrap(),
+        );
+    }
+    (replicas, dir)
+}
+
+async fn a_storm_across_three_replicas_runs_the_work_once(kind: &str) {
+    let Some(store) = shared_store(kind, "replicas_storm").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(400))]);
+    let (replicas, _dir) = start_replicas(upstream.addr, &store).await;
+    let mut storm = JoinSet::new();
+    for delivery in 0..60 {
+        let addr = replicas[delivery % 3].addr;
+        storm.spawn(post_event(addr, "evt_storm"));
+    }
+    let mut outcomes = std::collections::HashMap::<String, usize>::new();
+    while let Some(reply) = storm.join_next().await {
+        *outcomes
+            .entry(reply.unwrap().dedupe().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(outcomes.get("forwarded"), Some(&1), "{kind}: {outcomes:?}");
+    assert_eq!(upstream.executions("evt_storm"), 1, "{kind}");
+    for replica in &replicas {
+        assert_eq!(
+            post_event(replica.addr, "evt_storm").await.dedupe(),
+            "duplicate",
+            "{kind}"
+        );
+    }
+}
+
+async fn a_killed_replica_leaves_the_event_to_another_after_the_lease(kind: &str) {
+    let Some(store) = shared_store(kind, "replicas_kill").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    // The first forward hangs until its proxy dies; the retry is answered at once.
+    upstream.script([Answer::ok().after(Duration::from_secs(30))]);
+    let (mut replicas, _dir) = start_replicas(upstream.addr, &store).await;
+    let holder = replicas[0].addr;
+    let hung = tokio::spawn(async move {
+        let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http();
+        let request = http::Request::post(format!("http://{holder}/hooks"))
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                br#"{"id":"evt_kill"}"#,
+            )))
+            .unwrap();
+        client.request(request).await.map(|r| r.status())
+    });
+    upstream.wait_for_requests(1).await;
+    replicas[0].kill9();
+    assert!(
+        hung.await.unwrap().is_err(),
+        "the sender saw its connection die"
+    );
+    // Within the lease another replica refuses to run the event a second time...
+    let early = post_event(replicas[1].addr, "evt_kill").await;
+    assert_eq!((early.status, early.dedupe()), (409, "in-flight"), "{kind}");
+    // ...and after it, the provider's retry through another replica runs it.
+    eventually(
+        Duration::from_secs(5),
+        "the retry is forwarded after the lease",
+        || async { post_event(replicas[2].addr, "evt_kill").await.dedupe() == "forwarded" },
+    )
+    .await;
+    assert_eq!(
+        post_event(replicas[1].addr, "evt_kill").await.dedupe(),
+        "duplicate",
+        "{kind}"
+    );
+    assert_eq!(
+        upstream.executions("evt_kill"),
+        1,
+        "{kind}: the killed forward never finished its work"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_storm_across_three_replicas_runs_the_work_once() {
+    a_storm_across_three_replicas_runs_the_work_once("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_storm_across_three_replicas_runs_the_work_once() {
+    a_storm_across_three_replicas_runs_the_work_once("postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_killed_replica_leaves_the_event_to_another_after_the_lease() {
+    a_killed_replica_leaves_the_event_to_another_after_the_lease("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_killed_replica_leaves_the_event_to_another_after_the_lease() {
+    a_killed_replica_leaves_the_event_to_another_after_the_lease("postgres").await;
+}
