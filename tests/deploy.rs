@@ -290,8 +290,18 @@ async fn run_as_deployed(variant: &str) {
             .status,
         200
     );
-    let reply = post_json(proxy.addr, "/webhooks/stripe", r#"{"id":"evt_k8s"}"#).await;
+    // A fresh event: a shared store outlives this test.
+    let event = format!("evt_k8s_{:x}", rand::random::<u64>());
+    let body = format!(r#"{{"id":"{event}"}}"#);
+    let reply = post_json(proxy.addr, "/webhooks/stripe", &body).await;
     assert_eq!(reply.dedupe(), "forwarded");
+    let forget = format!("/v1/keys/stripe/{event}");
+    assert_eq!(
+        send(proxy.admin, "DELETE", &forget, &token, "")
+            .await
+            .status,
+        204
+    );
     proxy.signal("TERM");
     let exit = proxy.wait(Duration::from_secs(pod.grace_seconds));
     assert_eq!(
