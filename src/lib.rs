@@ -37,6 +37,7 @@ pub mod config;
 pub mod demo;
 pub mod key;
 pub mod metrics;
+pub mod preset;
 pub mod proxy;
 pub mod reload;
 pub mod response;
@@ -45,6 +46,7 @@ pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod upstream;
+pub mod verify;
 
 use std::future::Future;
 use std::net::SocketAddr;

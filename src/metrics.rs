@@ -75,6 +75,7 @@ pub struct Metrics {
     store_keys: Family<StateLabel, Gauge>,
     sweep_removed: Counter,
     payload_mismatch: Family<RouteLabel, Counter>,
+    signatures_refused: Family<RouteReason, Counter>,
     config_reloads: Family<ResultLabel, Counter>,
 }
 
@@ -132,6 +133,12 @@ impl Metrics {
             "Duplicates whose body differs from the delivery that was processed, by route",
             payload_mismatch.clone(),
         );
+        let signatures_refused = Family::<RouteReason, Counter>::default();
+        registry.register(
+            "dedupe_signatures_refused",
+            "Deliveries refused for their signature, by route and reason",
+            signatures_refused.clone(),
+        );
         let config_reloads = Family::<ResultLabel, Counter>::default();
         registry.register(
             "dedupe_config_reloads",
@@ -147,6 +154,7 @@ impl Metrics {
             store_keys,
             sweep_removed,
             payload_mismatch,
+            signatures_refused,
             config_reloads,
         }
     }
@@ -197,6 +205,14 @@ impl Metrics {
             route: route.to_owned(),
         };
         self.payload_mismatch.get_or_create(&labels).inc();
+    }
+
+    pub fn signature_refused(&self, route: &str, reason: &'static str) {
+        let labels = RouteReason {
+            route: route.to_owned(),
+            reason,
+        };
+        self.signatures_refused.get_or_create(&labels).inc();
     }
 
     pub fn reloaded(&self, success: bool) {

@@ -164,6 +164,18 @@ impl Proxy {
             }
         };
 
+        // A forgery must not claim (and so pre-empt) a real event's key.
+        if let Some(verify) = &route.verify
+            && let Err(failure) = verify.verify(&head.headers, &body, unix_now())
+        {
+            tracing::warn!(reason = failure.code(), %failure, "signature refused");
+            self.metrics.signature_refused(&route.name, failure.code());
+            return (
+                DedupeStatus::Rejected,
+                Refusal::Signature(failure).into_response(),
+            );
+        }
+
         let delivery = Delivery {
             headers: &head.headers,
             query: head.uri.query(),
@@ -495,6 +507,14 @@ async fn keep_for_replay(
         body: body.clone(),
     };
     (Response::from_parts(head, body::full(body)), Some(recorded))
+}
+
+/// The Unix time in seconds, for signature timestamps.
+fn unix_now() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }
 
 /// The host a request was sent to: its `Host` header, or an HTTP/2 request's authority.

@@ -10,6 +10,7 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::body::{ProxyBody, full};
 use crate::route::DuplicateResponse;
 use crate::store::RecordedResponse;
+use crate::verify::VerifyError;
 
 pub static DEDUPE_STATUS: HeaderName = HeaderName::from_static("dedupe-status");
 
@@ -64,6 +65,8 @@ pub enum Refusal {
     },
     BodyUnreadable(String),
     BodyTimeout(Duration),
+    /// The route checks signatures and this one fails.
+    Signature(VerifyError),
     MissingKey(String),
     KeyTooLong(usize),
     StoreUnavailable {
@@ -105,6 +108,11 @@ impl Refusal {
                     "the body did not arrive within {}",
                     humantime::format_duration(*after)
                 ),
+            ),
+            Refusal::Signature(failure) => (
+                StatusCode::UNAUTHORIZED,
+                failure.code(),
+                failure.to_string(),
             ),
             Refusal::MissingKey(reason) => (
                 StatusCode::BAD_REQUEST,

@@ -18,6 +18,8 @@ use crate::config::{
     RouteFile, Unmatched,
 };
 use crate::key::KeyTemplate;
+use crate::preset::Preset;
+use crate::verify::{Verify, VerifySetting};
 
 /// The default duplicate answer's body.
 pub const DEFAULT_DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
@@ -31,6 +33,11 @@ pub struct Route {
     #[serde(rename = "match")]
     pub matcher: Matcher,
     pub key: KeyTemplate,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<Preset>,
+    /// The signature check, before anything is claimed or forwarded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
     pub upstream: UpstreamUrl,
     #[serde(flatten)]
     pub policy: Policy,
@@ -206,6 +213,11 @@ impl Route {
             name,
             matcher: Matcher::from_file(file.matcher.expect("checked: a route has a match")),
             key: file.key.expect("checked: a route has a key"),
+            preset: file.preset,
+            verify: match file.verify {
+                Some(VerifySetting::On(verify)) => Some(verify),
+                Some(VerifySetting::Off) | None => None,
+            },
             upstream: inherit(&file.upstream, &defaults.upstream, upstream.clone()),
             policy,
         }

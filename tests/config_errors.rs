@@ -84,10 +84,26 @@ fn a_missing_file_or_no_file_is_exit_2() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--config"));
 }
 
+/// The secrets the example configurations' presets and checks read.
+const EXAMPLE_SECRETS: [(&str, &str); 7] = [
+    ("STRIPE_WEBHOOK_SECRET", "whsec_example"),
+    ("GITHUB_WEBHOOK_SECRET", "example"),
+    ("SHOPIFY_WEBHOOK_SECRET", "example"),
+    ("SLACK_SIGNING_SECRET", "example"),
+    ("PADDLE_WEBHOOK_SECRET", "pdl_ntfset_example"),
+    ("LEGACY_HOOK_SECRET", "example"),
+    ("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+];
+
 #[test]
 fn every_example_config_passes_check_and_prints_its_routes() {
     for file in yaml_files("config") {
-        let output = check(&["check", "-c"], &file);
+        let output = Command::new(binary_path())
+            .args(["check", "-c"])
+            .arg(&file)
+            .envs(EXAMPLE_SECRETS)
+            .output()
+            .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert_eq!(
             output.status.code(),

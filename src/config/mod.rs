@@ -21,7 +21,9 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::{Deserialize, Serialize};
 
 use crate::key::KeyTemplate;
+use crate::preset::Preset;
 use crate::route::{Policy, Route};
+use crate::verify::VerifySetting;
 use values::{
     EnvSecret, HeaderText, HumanDuration, Methods, Name, RefusalStatus, Secret, Size,
     StatusPattern, StatusValue, TableName, UpstreamUrl,
@@ -574,6 +576,10 @@ pub struct RouteFile {
     #[serde(rename = "match", default, deserialize_with = "match_section")]
     pub matcher: Option<MatchFile>,
     pub key: Option<KeyTemplate>,
+    /// A provider's key and signature check; the route's own `key` and `verify` win.
+    pub preset: Option<Preset>,
+    /// The signature check; `none` turns off a preset's.
+    pub verify: Option<VerifySetting>,
     pub scope: Option<Name>,
     pub upstream: Option<UpstreamUrl>,
     pub retention: Option<HumanDuration>,
@@ -631,6 +637,20 @@ impl RouteFile {
         Ok(())
     }
 
+    /// Fills in the preset's key and signature check where the route has none.
+    fn apply_preset(&mut self) -> Result<(), String> {
+        let Some(preset) = self.preset else {
+            return Ok(());
+        };
+        if self.key.is_none() {
+            self.key = Some(preset.key());
+        }
+        if self.verify.is_none() {
+            self.verify = preset.verify()?.map(VerifySetting::On);
+        }
+        Ok(())
+    }
+
     fn check_route(&self, earlier: &[RouteFile]) -> Result<(), String> {
         let Some(name) = &self.name else {
             return Err("a route needs a `name`".into());
@@ -639,7 +659,9 @@ impl RouteFile {
             return Err(format!("route `{name}` needs a `match`"));
         }
         if self.key.is_none() {
-            return Err(format!("route `{name}` needs a `key` template"));
+            return Err(format!(
+                "route `{name}` needs a `key` template (or a `preset`)"
+            ));
         }
         if earlier
             .iter()
@@ -658,6 +680,8 @@ impl RouteFile {
             ("match", self.matcher.is_some()),
             ("key", self.key.is_some()),
             ("scope", self.scope.is_some()),
+            ("preset", self.preset.is_some()),
+            ("verify", self.verify.is_some()),
         ];
         if let Some((field, _)) = per_route.iter().find(|(_, set)| *set) {
             return Err(format!("`{field}` belongs to a route, not to `defaults`"));
@@ -775,7 +799,8 @@ fn route_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<RouteFil
         type Value = RouteFile;
 
         fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<RouteFile, D::Error> {
-            map_then(deserializer, |route: RouteFile| {
+            map_then(deserializer, |mut route: RouteFile| {
+                route.apply_preset()?;
                 route.check_route(self.earlier)?;
                 Ok(route)
             })

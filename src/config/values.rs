@@ -408,6 +408,28 @@ impl fmt::Display for EnvSecret {
 
 string_value!(EnvSecret, "the name of an environment variable");
 
+/// An HTTP header's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNameValue(pub http::header::HeaderName);
+
+impl FromStr for HeaderNameValue {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        http::header::HeaderName::from_str(text)
+            .map(HeaderNameValue)
+            .map_err(|_| format!("`{text}` is not a valid header name"))
+    }
+}
+
+impl fmt::Display for HeaderNameValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.as_str())
+    }
+}
+
+string_value!(HeaderNameValue, "a header name");
+
 /// A PostgreSQL table name: `[a-z_][a-z0-9_]*`, at most 63 bytes, so that it can go into
 /// SQL as it is.
 #[derive(Clone, Debug, PartialEq, Eq)]

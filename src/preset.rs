@@ -1,0 +1,117 @@
+//! Presets: a known provider's event key and signature check in one line of YAML
+//! (`preset: stripe`). A route's own `key` and `verify` win over the preset's; the
+//! preset's check reads the provider's usual secret variable, and `verify: none` turns it
+//! off. Sources are in the README's provider table.
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::KeyTemplate;
+use crate::verify::{Github, Paddle, Secrets, Shopify, Slack, StandardWebhooks, Stripe, Verify};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    Stripe,
+    Github,
+    Shopify,
+    StandardWebhooks,
+    Svix,
+    Slack,
+    Twilio,
+    Paddle,
+}
+
+impl Preset {
+    /// The provider's stable event ID.
+    pub fn key(self) -> KeyTemplate {
+        let template = match self {
+            // The event object's ID, the same on every retry and resend.
+            Preset::Stripe => "{json:/id}",
+            // Repeated on redelivery, shared by the hooks of one event: keys stay scoped
+            // to the route (one route per hook).
+            Preset::Github => "{header:X-GitHub-Delivery}",
+            Preset::Shopify => "{header:X-Shopify-Event-Id}",
+            Preset::StandardWebhooks => "{header:webhook-id}",
+            Preset::Svix => "{header:svix-id}",
+            // Inside the event_callback wrapper.
+            Preset::Slack => "{json:/event_id}",
+            Preset::Twilio => "{header:I-Twilio-Idempotency-Token}",
+            // The event's ID, not the per-delivery notification ID.
+            Preset::Paddle => "{json:/event_id}",
+        };
+        template.parse().expect("preset templates are valid")
+    }
+
+    /// The environment variable the preset's signature check reads its secret from.
+    pub fn secret_env(self) -> Option<&'static str> {
+        match self {
+            Preset::Stripe => Some("STRIPE_WEBHOOK_SECRET"),
+            Preset::Github => Some("GITHUB_WEBHOOK_SECRET"),
+            Preset::Shopify => Some("SHOPIFY_WEBHOOK_SECRET"),
+            Preset::StandardWebhooks => Some("WEBHOOK_SECRET"),
+            Preset::Svix => Some("SVIX_WEBHOOK_SECRET"),
+            Preset::Slack => Some("SLACK_SIGNING_SECRET"),
+            Preset::Paddle => Some("PADDLE_WEBHOOK_SECRET"),
+            // Twilio signs the full public URL, which a proxy behind an ingress cannot
+            // know for sure; its check is left to the application.
+            Preset::Twilio => None,
+        }
+    }
+
+    /// The provider's signature check, reading its secret now.
+    pub fn verify(self) -> Result<Option<Verify>, String> {
+        let Some(variable) = self.secret_env() else {
+            return Ok(None);
+        };
+        let secrets = Secrets::from_env(variable).map_err(|error| {
+            format!("preset `{}` checks signatures with a secret from {variable}: {error} (or write `verify: none`)", self.name())
+        })?;
+        let verify = match self {
+            Preset::Stripe => Verify::Stripe(Stripe::preset(secrets)),
+            Preset::Github => Verify::Github(Github::preset(secrets)),
+            Preset::Shopify => Verify::Shopify(Shopify::preset(secrets)),
+            Preset::StandardWebhooks | Preset::Svix => {
+                Verify::StandardWebhooks(StandardWebhooks::preset(secrets)?)
+            }
+            Preset::Slack => Verify::Slack(Slack::preset(secrets)),
+            Preset::Paddle => Verify::Paddle(Paddle::preset(secrets)),
+            Preset::Twilio => unreachable!("Twilio has no secret variable"),
+        };
+        Ok(Some(verify))
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Preset::Stripe => "stripe",
+            Preset::Github => "github",
+            Preset::Shopify => "shopify",
+            Preset::StandardWebhooks => "standard_webhooks",
+            Preset::Svix => "svix",
+            Preset::Slack => "slack",
+            Preset::Twilio => "twilio",
+            Preset::Paddle => "paddle",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_has_a_valid_key() {
+        for preset in [
+            Preset::Stripe,
+            Preset::Github,
+            Preset::Shopify,
+            Preset::StandardWebhooks,
+            Preset::Svix,
+            Preset::Slack,
+            Preset::Twilio,
+            Preset::Paddle,
+        ] {
+            let key = preset.key().to_string();
+            assert!(key.starts_with('{'), "{key}");
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Slack: `X-Slack-Signature: v0=<hex>`, the HMAC-SHA256 of
+//! `"v0:{X-Slack-Request-Timestamp}:{raw body}"` keyed with the app's signing secret;
+//! the timestamp within 5 minutes (as Slack's SDKs check).
+
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, default_tolerance, header,
+    parse_timestamp, within_tolerance,
+};
+use crate::config::values::HumanDuration;
+
+const SIGNATURE: &str = "x-slack-signature";
+const TIMESTAMP: &str = "x-slack-request-timestamp";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SlackFile {
+    secret_env: Secrets,
+    #[serde(default = "default_tolerance")]
+    tolerance: HumanDuration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Slack {
+    secret_env: Secrets,
+    tolerance: HumanDuration,
+    #[serde(skip)]
+    keys: Vec<Vec<u8>>,
+}
+
+impl Slack {
+    pub(super) fn new(file: SlackFile) -> Slack {
+        Slack {
+            keys: file.secret_env.raw(),
+            secret_env: file.secret_env,
+            tolerance: file.tolerance,
+        }
+    }
+
+    pub fn preset(secret_env: Secrets) -> Slack {
+        Slack::new(SlackFile {
+            secret_env,
+            tolerance: default_tolerance(),
+        })
+    }
+}
+
+impl Scheme for Slack {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+        let text = header(headers, TIMESTAMP)?;
+        let timestamp = parse_timestamp(text, TIMESTAMP)?;
+        let signature = header(headers, SIGNATURE)?
+            .strip_prefix("v0=")
+            .and_then(decode_hex)
+            .ok_or(VerifyError::Malformed(SIGNATURE))?;
+        within_tolerance(timestamp, now, &self.tolerance)?;
+        if any_hmac_matches(
+            &self.keys,
+            &[b"v0:", text.as_bytes(), b":", body],
+            &[signature],
+        ) {
+            Ok(())
+        } else {
+            Err(VerifyError::NoMatch)
+        }
+    }
+}

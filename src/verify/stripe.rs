@@ -1,0 +1,73 @@
+//! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`, the HMAC-SHA256 of
+//! `"{t}.{raw body}"` keyed with the endpoint's signing secret (`whsec_...`, used as it
+//! is); `t` must be within the tolerance (Stripe's libraries use 300 s). Several `v1`
+//! entries appear while a secret rotates.
+
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, default_tolerance, header,
+    parse_timestamp, within_tolerance,
+};
+use crate::config::values::HumanDuration;
+
+const SIGNATURE: &str = "stripe-signature";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StripeFile {
+    secret_env: Secrets,
+    #[serde(default = "default_tolerance")]
+    tolerance: HumanDuration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stripe {
+    secret_env: Secrets,
+    tolerance: HumanDuration,
+    #[serde(skip)]
+    keys: Vec<Vec<u8>>,
+}
+
+impl Stripe {
+    pub(super) fn new(file: StripeFile) -> Stripe {
+        Stripe {
+            keys: file.secret_env.raw(),
+            secret_env: file.secret_env,
+            tolerance: file.tolerance,
+        }
+    }
+
+    pub fn preset(secret_env: Secrets) -> Stripe {
+        Stripe::new(StripeFile {
+            secret_env,
+            tolerance: default_tolerance(),
+        })
+    }
+}
+
+impl Scheme for Stripe {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+        let value = header(headers, SIGNATURE)?;
+        let mut timestamp = None;
+        let mut signatures = Vec::new();
+        for item in value.split(',') {
+            match item.trim().split_once('=') {
+                Some(("t", text)) => timestamp = Some((text, parse_timestamp(text, SIGNATURE)?)),
+                Some(("v1", hex)) => signatures.extend(decode_hex(hex)),
+                _ => {}
+            }
+        }
+        let (text, timestamp) = timestamp.ok_or(VerifyError::Malformed(SIGNATURE))?;
+        if signatures.is_empty() {
+            return Err(VerifyError::Malformed(SIGNATURE));
+        }
+        within_tolerance(timestamp, now, &self.tolerance)?;
+        if any_hmac_matches(&self.keys, &[text.as_bytes(), b".", body], &signatures) {
+            Ok(())
+        } else {
+            Err(VerifyError::NoMatch)
+        }
+    }
+}
