@@ -324,15 +324,7 @@ async fn the_statefulset_runs_as_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replicated_deployment_on_redis_runs_as_written() {
-    if tokio::net::TcpStream::connect("127.0.0.1:6379")
-        .await
-        .is_err()
-    {
-        assert!(
-            std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "Redis must be running in CI"
-        );
-        eprintln!("skipped: Redis is not reachable");
+    if !support::service_available("Redis", 6379).await {
         return;
     }
     let resources = kustomize(&repo("deploy/kubernetes/replicated"));

@@ -485,15 +485,7 @@ async fn no_event_is_lost_under_kills_and_faults_with_batched_durability() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_event_is_lost_under_kills_and_faults_with_a_shared_redis_store() {
-    if tokio::net::TcpStream::connect("127.0.0.1:6379")
-        .await
-        .is_err()
-    {
-        assert!(
-            std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "Redis must be running in CI"
-        );
-        eprintln!("skipped: Redis is not reachable");
+    if !support::service_available("Redis", 6379).await {
         return;
     }
     let (events, senders, faults) = sized_faults();

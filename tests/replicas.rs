@@ -14,32 +14,24 @@ use tokio::task::JoinSet;
 /// The `store:` section for a shared backend, fresh for the test `name`, or `None` (and
 /// a message) when the server is not reachable outside CI.
 async fn shared_store(kind: &str, name: &str) -> Option<String> {
-    let reachable = match kind {
-        "redis" => tokio::net::TcpStream::connect("127.0.0.1:6379")
-            .await
-            .is_ok(),
-        _ => tokio::net::TcpStream::connect("127.0.0.1:5432")
-            .await
-            .is_ok(),
+    let (server, port) = if kind == "redis" {
+        ("Redis", 6379)
+    } else {
+        ("PostgreSQL", 5432)
     };
-    if reachable {
-        let run = format!("{:x}", rand::random::<u64>());
-        return Some(match kind {
-            "redis" => {
-                format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
-            }
-            _ => {
-                drop_table(name).await;
-                format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {name} }} }}")
-            }
-        });
+    if !service_available(server, port).await {
+        return None;
     }
-    assert!(
-        std::env::var("CI").map_or(true, |ci| ci != "true"),
-        "{kind} must be running in CI"
-    );
-    eprintln!("skipped: {kind} is not reachable");
-    None
+    let run = format!("{:x}", rand::random::<u64>());
+    Some(match kind {
+        "redis" => {
+            format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
+        }
+        _ => {
+            drop_table(name).await;
+            format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {name} }} }}")
+        }
+    })
 }
 
 /// Starts a test's PostgreSQL table afresh (the replicas create it again).

@@ -226,6 +226,16 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn ClaimStore>, StoreErro
     }
 }
 
+/// `Ok` when an owner-guarded change took effect, `NotOwner` when it matched nothing
+/// (the claim was taken over, released or forgotten meanwhile).
+fn owned(changed: bool) -> Result<(), StoreError> {
+    if changed {
+        Ok(())
+    } else {
+        Err(StoreError::NotOwner)
+    }
+}
+
 /// What `forget` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Forgotten {

@@ -16,7 +16,7 @@ use tokio_postgres::types::ToSql;
 
 use super::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, KeyState,
-    Millis, RecordedResponse, StoreError, Swept, millis,
+    Millis, RecordedResponse, StoreError, Swept, millis, owned,
 };
 use crate::config::PostgresConfig;
 
@@ -296,11 +296,7 @@ impl ClaimStore for PostgresStore {
                 ],
             )
             .await?;
-        if updated == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::NotOwner)
-        }
+        owned(updated == 1)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -308,11 +304,7 @@ impl ClaimStore for PostgresStore {
         let deleted = self
             .execute(&self.statements.release, &[&claim.key, &owner])
             .await?;
-        if deleted == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::NotOwner)
-        }
+        owned(deleted == 1)
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {

@@ -19,7 +19,7 @@ use redis::{AsyncCommands, Script};
 
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
-    KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis,
+    KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis, owned,
 };
 use crate::config::RedisConfig;
 
@@ -274,11 +274,7 @@ impl ClaimStore for RedisStore {
         let finished: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
-        if finished == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::NotOwner)
-        }
+        owned(finished == 1)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -288,11 +284,7 @@ impl ClaimStore for RedisStore {
         let released: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
-        if released == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::NotOwner)
-        }
+        owned(released == 1)
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {

@@ -544,6 +544,23 @@ pub async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
     Some(String::from_utf8_lossy(&head).into_owned())
 }
 
+/// Whether a server the tests need listens on 127.0.0.1:`port`. Locally a missing one
+/// skips the test with a message; in CI (`CI=true`) it is a failure.
+pub async fn service_available(name: &str, port: u16) -> bool {
+    if tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_ok()
+    {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |ci| ci != "true"),
+        "{name} must be running in CI"
+    );
+    eprintln!("skipped: {name} is not reachable on port {port}");
+    false
+}
+
 /// The Redis and PostgreSQL on this machine, which the shared-store tests use.
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
