@@ -6,21 +6,25 @@
 //! ```text
 //! provider ──HTTP──▶ server ──▶ proxy ──▶ upstream ──HTTP──▶ application
 //!                                 │
-//!                                 └──▶ store (ClaimStore: sled)
-//! admin port ──▶ admin (health, readiness, keys)
+//!                                 └──▶ store (ClaimStore: sled | Redis | PostgreSQL)
+//! admin port ──▶ admin (health, readiness, metrics, routes, reload, keys)
 //! ```
 //!
-//! - [`config`] reads the YAML file; [`route`] resolves routes; [`key`] extracts keys.
-//! - [`proxy`] is the lifecycle of one delivery: match, read, key, claim, forward, finish.
-//! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked.
+//! - [`config`] reads the YAML file; [`route`] resolves routes; [`key`] extracts keys;
+//!   [`verify`] checks signatures; [`preset`] knows the major providers.
+//! - [`proxy`] is the lifecycle of one delivery: match, read, verify, key, claim,
+//!   forward, finish.
+//! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked, on
+//!   sled (embedded) or shared by replicas on Redis or PostgreSQL.
 //! - [`upstream`] is the pooled client; [`response`] writes every answer the proxy makes.
-//! - [`server`] accepts connections; [`admin`] serves the admin port; [`shutdown`] waits
-//!   for signals.
+//! - [`server`] accepts connections within [`config::Limits`]; [`admin`] serves the admin
+//!   port; [`metrics`] names every metric; [`reload`] applies a changed configuration;
+//!   [`shutdown`] waits for signals.
 //!
 //! # A delivery's life
 //!
-//! A delivery on a matched route has its body read (bounded), its key extracted and
-//! claimed. Only an unclaimed key is forwarded, in a task that outlives the sender's
+//! A delivery on a matched route has its body read (bounded), its signature checked, its
+//! key extracted and claimed. Only an unclaimed key is forwarded, in a task that outlives the sender's
 //! connection. An upstream success marks the key done before the sender hears of it; any
 //! failure releases the claim so the provider's retry runs the work. A done key's
 //! duplicate is answered at once; an in-flight key's gets 409 and `Retry-After`.
