@@ -5,7 +5,7 @@
 //! Every check runs while serde reads the value it concerns: scalars parse inside their
 //! visitors (see `values`), and checks that span a whole map (a route's required fields,
 //! duplicate route names, `path` with `path_prefix`) run inside that map's visitor through
-//! [`map_then`]. serde_yaml only attaches a position to errors raised inside a visitor, so
+//! `map_then`. serde_yaml only attaches a position to errors raised inside a visitor, so
 //! this is what lets every error point at its line.
 
 pub mod values;

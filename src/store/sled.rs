@@ -13,7 +13,7 @@
 //!   with each done record, so the sweeper reads only what has expired, never the whole
 //!   store. An entry whose record changed since (done again later) is just dropped.
 //! - `durability: fsync` makes each done mark durable before `finish` returns, through
-//!   [`GroupFlusher`]; `batched` leaves it to sled's background flush every `flush_every`.
+//!   `GroupFlusher`; `batched` leaves it to sled's background flush every `flush_every`.
 //! - sled keeps the first I/O error (a full disk, say) and fails every later operation,
 //!   even once the disk has room again. So any failure drops the open database, and a
 //!   background thread reopens the directory until it succeeds; meanwhile operations fail
