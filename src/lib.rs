@@ -68,8 +68,8 @@ use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::store::{ClaimStore, StoreError};
 
-/// How often the sweeper looks for expired records, and how many index entries one
-/// sweep call reads before yielding.
+/// How often the sweeper looks for expired records, and how many one sweep call reads
+/// before yielding.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const SWEEP_BATCH: usize = 1000;
 

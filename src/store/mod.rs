@@ -180,15 +180,16 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// record was removed; an in-flight key is left alone.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError>;
 
-    /// Removes expired records, looking at up to `limit` index entries.
+    /// Removes expired records, looking at up to `limit` of them (or of their index
+    /// entries).
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError>;
 
     /// Writes everything to durable storage (at shutdown).
     async fn flush(&self) -> Result<(), StoreError>;
 
     /// How many done records the store holds, for `dedupe_store_keys{state="done"}`, if
-    /// it can tell cheaply (sled counts its records in the background after opening; the
-    /// shared stores would need a scan).
+    /// it can tell cheaply (sled counts its records when it opens; the shared stores would
+    /// need a scan).
     fn done_keys(&self) -> Option<u64>;
 }
 
@@ -203,7 +204,8 @@ pub struct KeyCounts {
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Swept {
-    /// Index entries looked at; fewer than the limit means nothing more has expired.
+    /// Records (or index entries) looked at; fewer than the limit means nothing more
+    /// has expired.
     pub examined: usize,
     /// Records removed.
     pub removed: usize,

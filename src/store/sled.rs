@@ -8,10 +8,9 @@
 //!   shard lock, so two claims of one key give exactly one owner, and a finish writes the
 //!   done record before it drops the lease under that same lock, so no claim can slip
 //!   between them.
-//! - **Done records**: `done` tree, store key → postcard-encoded [`DoneRecord`].
-//! - **Expiry index**: `expiry` tree, big-endian expiry ‖ store key → nothing, written
-//!   with each done record, so the sweeper reads only what has expired, never the whole
-//!   store. An entry whose record changed since (done again later) is just dropped.
+//! - **Done records** are filed by when they expire, one sled tree per window of time,
+//!   with a Bloom filter per tree in memory ([`epochs`]). The sweep empties and drops the
+//!   trees whose window has passed, reading nothing else.
 //! - `durability: fsync` makes each done mark durable before `finish` returns, through
 //!   `GroupFlusher`; `batched` leaves it to sled's background flush every `flush_every`.
 //! - sled keeps the first I/O error (a full disk, say) and fails every later operation,
@@ -19,7 +18,9 @@
 //!   background thread reopens the directory until it succeeds; meanwhile operations fail
 //!   fast and the proxy follows `on_store_error`. The leases stay in memory throughout.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+mod epochs;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak, mpsc};
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
+use self::epochs::{Epochs, record_key};
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
     KeyState, Millis, StoreError, Swept, SystemClock, millis,
@@ -43,44 +45,20 @@ struct Lease {
     fingerprint: Fingerprint,
 }
 
-fn encode(record: &DoneRecord) -> Vec<u8> {
-    postcard::to_stdvec(record).expect("a record always serializes")
-}
-
-/// Decodes a done record; an undecodable one is treated as absent (and logged) rather
-/// than blocking its key forever, since refusing the key would lose the event.
-fn decode(key: &[u8], bytes: &[u8]) -> Option<DoneRecord> {
-    match postcard::from_bytes(bytes) {
-        Ok(record) => Some(record),
-        Err(error) => {
-            tracing::warn!(key = %String::from_utf8_lossy(key), %error, "unreadable done record, treating it as absent");
-            None
-        }
-    }
-}
-
-fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
-    let mut index = Vec::with_capacity(8 + key.len());
-    index.extend_from_slice(&expires_at.to_be_bytes());
-    index.extend_from_slice(key);
-    index
-}
-
 fn backend(error: sled::Error) -> StoreError {
     StoreError::Backend(error.to_string())
 }
 
-/// An open database: the trees and, with `fsync`, the flusher.
+/// An open database: its done records and, with `fsync`, the flusher.
 struct Handle {
     db: sled::Db,
-    done: sled::Tree,
-    expiry: sled::Tree,
+    epochs: Epochs,
     flusher: Option<GroupFlusher>,
 }
 
 impl Handle {
     /// Opens (or creates) the database at `config.path`. Blocks on disk I/O.
-    fn open(config: &SledConfig) -> Result<Handle, StoreError> {
+    fn open(config: &SledConfig, now: Millis) -> Result<Handle, StoreError> {
         let path = config.path.display();
         let db = sled::Config::new()
             .path(&config.path)
@@ -94,110 +72,30 @@ impl Handle {
                 )),
                 text => StoreError::Backend(format!("cannot open data directory {path}: {text}")),
             })?;
-        let done = db.open_tree("done").map_err(backend)?;
-        let expiry = db.open_tree("expiry").map_err(backend)?;
+        let epochs = Epochs::open(&db, now).map_err(backend)?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
         Ok(Handle {
             db,
-            done,
-            expiry,
+            epochs,
             flusher,
         })
     }
 
     /// The done record of `key`, if it has one that has not expired.
     fn live_done(&self, key: &str, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
-        let bytes = self.done.get(key).map_err(backend)?;
-        Ok(bytes
-            .and_then(|bytes| decode(key.as_bytes(), &bytes))
-            .filter(|record| record.expires_at > now))
-    }
-
-    /// Writes a done record, indexed at its expiry (index first: an index entry without
-    /// its record is harmless, the sweep drops it).
-    /// Returns whether the key had no record before (an expired one counts as a record).
-    fn record_done(&self, key: &str, record: &DoneRecord) -> Result<bool, StoreError> {
-        self.expiry
-            .insert(expiry_key(record.expires_at, key.as_bytes()), &[])
-            .map_err(backend)?;
-        let previous = self.done.insert(key, encode(record)).map_err(backend)?;
-        Ok(previous.is_none())
-    }
-
-    /// Removes up to `limit` done records whose expiry is at or before `now`, reading
-    /// only the expired part of the index. Blocking.
-    fn sweep_expired(&self, now: Millis, limit: usize) -> Result<Swept, StoreError> {
-        let upper = now.saturating_add(1).to_be_bytes();
-        let mut swept = Swept::default();
-        for entry in self.expiry.range(..upper.as_slice()).keys().take(limit) {
-            let index = entry.map_err(backend)?;
-            swept.examined += 1;
-            let (expires_at, key) = index.split_at(8);
-            let expires_at = Millis::from_be_bytes(expires_at.try_into().expect("8 bytes"));
-            if let Some(bytes) = self.done.get(key).map_err(backend)? {
-                // A record done again since (a later expiry) is left alone.
-                let expired =
-                    decode(key, &bytes).is_none_or(|record| record.expires_at == expires_at);
-                if expired
-                    && self
-                        .done
-                        .compare_and_swap(key, Some(&bytes), None::<&[u8]>)
-                        .map_err(backend)?
-                        .is_ok()
-                {
-                    swept.removed += 1;
-                }
-            }
-            self.expiry.remove(&index).map_err(backend)?;
-        }
-        Ok(swept)
+        self.epochs.get(&record_key(key), now).map_err(backend)
     }
 }
 
 /// The open database, or none while it is being reopened after a failure.
 type Slot = RwLock<Option<Arc<Handle>>>;
 
-/// How many done records the store holds: counted once in the background after opening
-/// (reading every key; writes meanwhile may be counted twice), then kept by every write.
-#[derive(Default)]
-struct DoneCount {
-    counted: AtomicBool,
-    records: AtomicI64,
-}
-
-impl DoneCount {
-    fn add(&self, change: i64) {
-        self.records.fetch_add(change, Ordering::Relaxed);
-    }
-
-    fn start_counting(self: &Arc<Self>, done: sled::Tree) {
-        let count = Arc::clone(self);
-        let spawned = std::thread::Builder::new()
-            .name("sled-count".into())
-            .spawn(move || {
-                let records = done.iter().keys().filter(Result::is_ok).count();
-                count.add(i64::try_from(records).unwrap_or(i64::MAX));
-                count.counted.store(true, Ordering::Relaxed);
-            });
-        if let Err(error) = spawned {
-            tracing::warn!(%error, "cannot count the store's records; the done-keys metric stays absent");
-        }
-    }
-
-    fn get(&self) -> Option<u64> {
-        self.counted
-            .load(Ordering::Relaxed)
-            .then(|| u64::try_from(self.records.load(Ordering::Relaxed)).unwrap_or(0))
-    }
-}
-
 /// The embedded store.
 pub struct SledStore {
     config: SledConfig,
     handle: Arc<Slot>,
     leases: DashMap<String, Lease>,
-    done_count: Arc<DoneCount>,
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
 }
@@ -212,14 +110,11 @@ impl SledStore {
         config: &SledConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
-        let handle = Handle::open(config)?;
-        let done_count = Arc::new(DoneCount::default());
-        done_count.start_counting(handle.done.clone());
+        let handle = Handle::open(config, clock.now())?;
         Ok(SledStore {
             config: config.clone(),
             handle: Arc::new(RwLock::new(Some(Arc::new(handle)))),
             leases: DashMap::new(),
-            done_count,
             next_token: AtomicU64::new(rand::random()),
             clock,
         })
@@ -252,7 +147,11 @@ impl SledStore {
             {
                 tracing::error!(%error, "the store failed; reopening it in the background");
                 *slot = None;
-                reopen_in_background(Arc::downgrade(&self.handle), self.config.clone());
+                reopen_in_background(
+                    Arc::downgrade(&self.handle),
+                    self.config.clone(),
+                    Arc::clone(&self.clock),
+                );
             }
         }
         result
@@ -323,9 +222,10 @@ impl SledStore {
                     response: completion.response.clone(),
                 };
                 // On failure the lease stays until it ends: duplicates meanwhile get 409.
-                if handle.record_done(&claim.key, &done)? {
-                    self.done_count.add(1);
-                }
+                handle
+                    .epochs
+                    .put(&record_key(&claim.key), &done, millis(completion.retention))
+                    .map_err(backend)?;
                 held.remove();
                 Ok(())
             }
@@ -343,7 +243,7 @@ impl SledStore {
 
 /// Reopens the data directory until it succeeds, backing off up to 5 s between tries,
 /// then puts the new database in `slot`. Gives up when the store is dropped.
-fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
+fn reopen_in_background(slot: Weak<Slot>, config: SledConfig, clock: Arc<dyn Clock>) {
     let spawned = std::thread::Builder::new()
         .name("sled-reopen".into())
         .spawn(move || {
@@ -353,7 +253,7 @@ fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
                 let Some(slot) = slot.upgrade() else {
                     return;
                 };
-                match Handle::open(&config) {
+                match Handle::open(&config, clock.now()) {
                     Ok(handle) => {
                         *slot
                             .write()
@@ -431,20 +331,15 @@ impl ClaimStore for SledStore {
             return Ok(Forgotten::InFlight);
         }
         let handle = self.handle()?;
-        let removed = handle.done.remove(key).map_err(backend).map(|removed| {
-            if removed.is_some() {
-                self.done_count.add(-1);
-            }
-            let live = removed
-                .and_then(|bytes| decode(key.as_bytes(), &bytes))
-                .is_some_and(|record| record.expires_at > now);
-            if live {
+        let removed = handle.epochs.remove(&record_key(key), now).map_err(backend);
+        let forgotten = removed.map(|removed| {
+            if removed.live {
                 Forgotten::Removed
             } else {
                 Forgotten::Absent
             }
         });
-        self.checked(&handle, removed)
+        self.checked(&handle, forgotten)
     }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
@@ -452,23 +347,19 @@ impl ClaimStore for SledStore {
         let ended = self.drop_ended_leases(now);
         let handle = self.handle()?;
         let worker = Arc::clone(&handle);
-        let swept = tokio::task::spawn_blocking(move || worker.sweep_expired(now, limit))
+        let swept = tokio::task::spawn_blocking(move || worker.epochs.sweep(now, limit))
             .await
             .map_err(|error| StoreError::Backend(error.to_string()))
-            .and_then(|swept| swept)
-            .map(|swept| {
-                self.done_count
-                    .add(-i64::try_from(swept.removed).unwrap_or(0));
-                Swept {
-                    examined: swept.examined,
-                    removed: swept.removed + ended,
-                }
+            .and_then(|swept| swept.map_err(backend))
+            .map(|swept| Swept {
+                examined: swept.examined,
+                removed: swept.removed + ended,
             });
         self.checked(&handle, swept)
     }
 
     fn done_keys(&self) -> Option<u64> {
-        self.done_count.get()
+        self.handle().ok().map(|handle| handle.epochs.records())
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

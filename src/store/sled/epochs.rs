@@ -1,0 +1,529 @@
+//! Done records, filed by when they expire.
+//!
+//! Each *epoch* is a sled tree holding the records whose expiry falls in one window of
+//! time, keyed by a 16-byte SHA-256 prefix of the store key. Once a window has passed,
+//! everything in its tree has expired: the sweep empties the tree and drops it. So no
+//! expiry index is needed (it doubled the disk per key), and the sweep's cost follows what
+//! expired, not the store's size.
+//!
+//! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
+//! that may hold its key: about one read for a duplicate, almost none for a new event.
+//! Opening the store reads every key once to build the filters and count the records.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use fastbloom::AtomicBloomFilter;
+use sha2::{Digest, Sha256};
+
+use serde::{Deserialize, Serialize};
+
+use super::super::{DoneRecord, Fingerprint, Millis, RecordedResponse, Swept};
+
+/// A done record's key in its tree: the first 16 bytes of the store key's SHA-256.
+pub(super) type RecordKey = [u8; 16];
+
+pub(super) fn record_key(store_key: &str) -> RecordKey {
+    let digest = Sha256::digest(store_key.as_bytes());
+    let mut key = [0; 16];
+    key.copy_from_slice(&digest[..16]);
+    key
+}
+
+/// Epoch trees are named `done.<width>.<end>`, in milliseconds.
+const TREE_PREFIX: &str = "done.";
+
+/// The narrowest window.
+const MIN_WIDTH: Millis = 1024;
+
+/// The false-positive rate of each filter segment.
+const FALSE_POSITIVES: f64 = 0.01;
+
+/// The smallest filter segment, in keys.
+const MIN_FILTER: usize = 1024;
+
+/// The time window `[end - width, end)` of an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Window {
+    end: Millis,
+    width: Millis,
+}
+
+impl Window {
+    /// The window of a record expiring at `expires_at` that was kept for `retention`.
+    /// Its width is a power of two near an eighth of the retention: about eight to
+    /// sixteen trees hold a route's records, and an expired record stays on disk at most
+    /// an eighth of its retention longer.
+    fn holding(expires_at: Millis, retention: Millis) -> Window {
+        let target = (retention / 8).max(MIN_WIDTH);
+        let width = 1 << target.ilog2();
+        Window {
+            end: (expires_at / width).saturating_add(1).saturating_mul(width),
+            width,
+        }
+    }
+
+    fn tree_name(self) -> String {
+        format!("{TREE_PREFIX}{}.{}", self.width, self.end)
+    }
+
+    fn from_tree_name(name: &[u8]) -> Option<Window> {
+        let name = std::str::from_utf8(name).ok()?.strip_prefix(TREE_PREFIX)?;
+        let (width, end) = name.split_once('.')?;
+        Some(Window {
+            end: end.parse().ok()?,
+            width: width.parse().ok()?,
+        })
+    }
+}
+
+/// A Bloom filter that grows: when its last segment is full, a twice larger one is added.
+struct Filter {
+    segments: RwLock<Vec<Segment>>,
+}
+
+struct Segment {
+    bits: AtomicBloomFilter,
+    capacity: usize,
+    items: AtomicUsize,
+}
+
+impl Segment {
+    fn new(capacity: usize) -> Segment {
+        Segment {
+            bits: AtomicBloomFilter::with_false_pos(FALSE_POSITIVES).expected_items(capacity),
+            capacity,
+            items: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// The filter's hash of a key: the key is already a digest, so its first 8 bytes serve.
+fn filter_hash(key: &RecordKey) -> u64 {
+    u64::from_le_bytes(key[..8].try_into().expect("8 bytes"))
+}
+
+impl Filter {
+    fn new() -> Filter {
+        Filter {
+            segments: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Adds `key`; `expected` sizes the first segment.
+    fn insert(&self, key: &RecordKey, expected: impl FnOnce() -> usize) {
+        let hash = filter_hash(key);
+        {
+            let segments = read(&self.segments);
+            if let Some(last) = segments.last()
+                && last.items.fetch_add(1, Ordering::Relaxed) < last.capacity
+            {
+                last.bits.insert_hash(hash);
+                return;
+            }
+        }
+        let mut segments = self
+            .segments
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let full = segments
+            .last()
+            .is_none_or(|last| last.items.load(Ordering::Relaxed) > last.capacity);
+        if full {
+            let capacity = segments
+                .last()
+                .map_or_else(|| expected().max(MIN_FILTER), |last| last.capacity * 2);
+            segments.push(Segment::new(capacity));
+        }
+        let last = segments.last().expect("a segment was just added");
+        last.items.fetch_add(1, Ordering::Relaxed);
+        last.bits.insert_hash(hash);
+    }
+
+    /// A filter holding `keys`, with room for as many again before it grows.
+    fn of(keys: &[RecordKey]) -> Filter {
+        let segment = Segment::new((keys.len() * 2).max(MIN_FILTER));
+        for key in keys {
+            segment.bits.insert_hash(filter_hash(key));
+        }
+        segment.items.store(keys.len(), Ordering::Relaxed);
+        Filter {
+            segments: RwLock::new(vec![segment]),
+        }
+    }
+
+    fn may_contain(&self, key: &RecordKey) -> bool {
+        let hash = filter_hash(key);
+        read(&self.segments)
+            .iter()
+            .any(|segment| segment.bits.contains_hash(hash))
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One window's tree, its filter and how many records it holds.
+struct Epoch {
+    window: Window,
+    tree: sled::Tree,
+    filter: Filter,
+    records: AtomicI64,
+}
+
+impl Epoch {
+    fn new(window: Window, tree: sled::Tree) -> Epoch {
+        Epoch {
+            window,
+            tree,
+            filter: Filter::new(),
+            records: AtomicI64::new(0),
+        }
+    }
+
+    /// An existing tree, its filter and count built by reading every key.
+    fn read(window: Window, tree: sled::Tree) -> sled::Result<Epoch> {
+        let keys: Vec<RecordKey> = tree
+            .iter()
+            .keys()
+            .map(|key| key.map(|key| key.as_ref().try_into().unwrap_or_default()))
+            .collect::<sled::Result<_>>()?;
+        Ok(Epoch {
+            window,
+            tree,
+            filter: Filter::of(&keys),
+            records: AtomicI64::new(i64::try_from(keys.len()).unwrap_or(i64::MAX)),
+        })
+    }
+}
+
+/// Every epoch of the database, by window.
+pub(super) struct Epochs {
+    db: sled::Db,
+    by_window: RwLock<BTreeMap<Window, Arc<Epoch>>>,
+}
+
+impl Epochs {
+    /// Finds and indexes the epoch trees of `db`, first moving records of the earlier
+    /// single-tree layout into them. Reads every key.
+    pub(super) fn open(db: &sled::Db, now: Millis) -> sled::Result<Epochs> {
+        let mut by_window = BTreeMap::new();
+        for name in db.tree_names() {
+            if let Some(window) = Window::from_tree_name(&name) {
+                let epoch = Epoch::read(window, db.open_tree(&name)?)?;
+                by_window.insert(window, Arc::new(epoch));
+            }
+        }
+        let epochs = Epochs {
+            db: db.clone(),
+            by_window: RwLock::new(by_window),
+        };
+        epochs.migrate_single_tree_layout(now)?;
+        Ok(epochs)
+    }
+
+    /// Moves the live records of the layout before epochs (a `done` tree keyed by store
+    /// key, an `expiry` index) into epoch trees, then drops the old trees.
+    fn migrate_single_tree_layout(&self, now: Millis) -> sled::Result<()> {
+        let names = self.db.tree_names();
+        if !names.iter().any(|name| name == b"done") {
+            return Ok(());
+        }
+        let old = self.db.open_tree("done")?;
+        let mut moved = 0;
+        for entry in old.iter() {
+            let (store_key, bytes) = entry?;
+            // That layout stored the record itself; an unreadable one is left behind.
+            let live = postcard::from_bytes::<DoneRecord>(&bytes)
+                .ok()
+                .filter(|record| record.expires_at > now);
+            if let Some(record) = live {
+                let key = record_key(&String::from_utf8_lossy(&store_key));
+                let retention = record.expires_at.saturating_sub(record.completed_at);
+                self.put(&key, &record, retention)?;
+                moved += 1;
+            }
+        }
+        self.db.flush()?;
+        self.db.drop_tree("done")?;
+        if names.iter().any(|name| name == b"expiry") {
+            self.db.drop_tree("expiry")?;
+        }
+        tracing::info!(
+            records = moved,
+            "moved the live done records into epoch trees"
+        );
+        Ok(())
+    }
+
+    /// The live done record of `key`, if there is one.
+    pub(super) fn get(&self, key: &RecordKey, now: Millis) -> sled::Result<Option<DoneRecord>> {
+        // Held throughout, so that the sweep cannot drop a tree being read.
+        let by_window = read(&self.by_window);
+        // Newest windows first; a window that has ended holds nothing live.
+        for epoch in by_window.values().rev() {
+            if epoch.window.end <= now {
+                break;
+            }
+            if !epoch.filter.may_contain(key) {
+                continue;
+            }
+            if let Some(bytes) = epoch.tree.get(key)? {
+                let live = decode(key, &bytes).filter(|record| record.expires_at > now);
+                if live.is_some() {
+                    return Ok(live);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes a done record kept for `retention` into its window's tree.
+    pub(super) fn put(
+        &self,
+        key: &RecordKey,
+        record: &DoneRecord,
+        retention: Millis,
+    ) -> sled::Result<()> {
+        let window = Window::holding(record.expires_at, retention);
+        let bytes = encode(record);
+        loop {
+            {
+                let by_window = read(&self.by_window);
+                if let Some(epoch) = by_window.get(&window) {
+                    // Filter first: a key in the filter and not in the tree is harmless.
+                    let expected = || expected_records(&by_window, window);
+                    epoch.filter.insert(key, expected);
+                    if epoch.tree.insert(key, bytes)?.is_none() {
+                        epoch.records.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+            }
+            self.create(window)?;
+        }
+    }
+
+    fn create(&self, window: Window) -> sled::Result<()> {
+        let mut by_window = self
+            .by_window
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !by_window.contains_key(&window) {
+            let epoch = Epoch::new(window, self.db.open_tree(window.tree_name())?);
+            by_window.insert(window, Arc::new(epoch));
+        }
+        Ok(())
+    }
+
+    /// Removes `key`'s records from every tree. Returns whether any was removed, and
+    /// whether a live one was.
+    pub(super) fn remove(&self, key: &RecordKey, now: Millis) -> sled::Result<Removed> {
+        let by_window = read(&self.by_window);
+        let mut removed = Removed::default();
+        for epoch in by_window.values() {
+            if !epoch.filter.may_contain(key) {
+                continue;
+            }
+            if let Some(bytes) = epoch.tree.remove(key)? {
+                epoch.records.fetch_sub(1, Ordering::Relaxed);
+                removed.any = true;
+                removed.live |= decode(key, &bytes).is_some_and(|record| record.expires_at > now);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes up to `limit` records of windows that ended by `now`, oldest first, and
+    /// drops each tree once it is empty. Reads nothing else.
+    pub(super) fn sweep(&self, now: Millis, limit: usize) -> sled::Result<Swept> {
+        let ended: Vec<Arc<Epoch>> = read(&self.by_window)
+            .values()
+            .take_while(|epoch| epoch.window.end <= now)
+            .cloned()
+            .collect();
+        let mut swept = Swept::default();
+        for epoch in ended {
+            let budget = limit - swept.examined;
+            if budget == 0 {
+                break;
+            }
+            let keys: Vec<sled::IVec> = epoch
+                .tree
+                .iter()
+                .keys()
+                .take(budget)
+                .collect::<sled::Result<_>>()?;
+            for key in &keys {
+                swept.examined += 1;
+                if epoch.tree.remove(key)?.is_some() {
+                    epoch.records.fetch_sub(1, Ordering::Relaxed);
+                    swept.removed += 1;
+                }
+            }
+            if keys.len() < budget {
+                self.drop_epoch(&epoch)?;
+            }
+        }
+        Ok(swept)
+    }
+
+    fn drop_epoch(&self, epoch: &Epoch) -> sled::Result<()> {
+        let mut by_window = self
+            .by_window
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_window.remove(&epoch.window);
+        // Under the lock: no reader is in the tree, and no writer can recreate it before
+        // it is gone.
+        self.db.drop_tree(epoch.window.tree_name())?;
+        Ok(())
+    }
+
+    /// How many done records the store holds, expired ones not yet swept included.
+    pub(super) fn records(&self) -> u64 {
+        let records: i64 = read(&self.by_window)
+            .values()
+            .map(|epoch| epoch.records.load(Ordering::Relaxed))
+            .sum();
+        u64::try_from(records).unwrap_or(0)
+    }
+}
+
+/// The size of a new window's filter: as many keys as the previous window of its width
+/// held, since traffic changes slowly.
+fn expected_records(by_window: &BTreeMap<Window, Arc<Epoch>>, window: Window) -> usize {
+    by_window
+        .range(..window)
+        .rev()
+        .find(|(earlier, _)| earlier.width == window.width)
+        .map_or(0, |(_, epoch)| {
+            usize::try_from(epoch.records.load(Ordering::Relaxed)).unwrap_or(0)
+        })
+}
+
+/// What [`Epochs::remove`] found.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Removed {
+    pub any: bool,
+    pub live: bool,
+}
+
+/// A done record as stored: its times as differences, which take fewer bytes (48 in all
+/// for a typical record, instead of 53).
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    expires_at: Millis,
+    /// `expires_at - completed_at`
+    kept_for: Millis,
+    /// `completed_at - claimed_at`
+    took: Millis,
+    upstream_status: u16,
+    fingerprint: Fingerprint,
+    response: Option<RecordedResponse>,
+}
+
+fn encode(record: &DoneRecord) -> Vec<u8> {
+    let stored = Stored {
+        expires_at: record.expires_at,
+        kept_for: record.expires_at.saturating_sub(record.completed_at),
+        took: record.completed_at.saturating_sub(record.claimed_at),
+        upstream_status: record.upstream_status,
+        fingerprint: record.fingerprint,
+        response: record.response.clone(),
+    };
+    postcard::to_stdvec(&stored).expect("a record always serializes")
+}
+
+/// Decodes a done record; an undecodable one is treated as absent (and logged) rather
+/// than blocking its key forever, since refusing the key would lose the event.
+fn decode(key: &[u8], bytes: &[u8]) -> Option<DoneRecord> {
+    match postcard::from_bytes::<Stored>(bytes) {
+        Ok(stored) => {
+            let completed_at = stored.expires_at.saturating_sub(stored.kept_for);
+            Some(DoneRecord {
+                claimed_at: completed_at.saturating_sub(stored.took),
+                completed_at,
+                expires_at: stored.expires_at,
+                upstream_status: stored.upstream_status,
+                fingerprint: stored.fingerprint,
+                response: stored.response,
+            })
+        }
+        Err(error) => {
+            tracing::warn!(key = %hex::encode(key), %error, "unreadable done record, treating it as absent");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_about_an_eighth_of_the_retention_and_hold_their_records() {
+        let day = 86_400_000;
+        let window = Window::holding(1_800_000_000_000, 7 * day);
+        assert!(window.width <= 7 * day / 8 && window.width > 7 * day / 16);
+        assert!(window.end > 1_800_000_000_000);
+        assert!(window.end - window.width <= 1_800_000_000_000);
+        assert_eq!(Window::holding(5_000, 1_000).width, MIN_WIDTH);
+        assert_eq!(
+            Window::from_tree_name(window.tree_name().as_bytes()),
+            Some(window)
+        );
+        assert_eq!(Window::from_tree_name(b"done"), None);
+        assert_eq!(Window::from_tree_name(b"__sled__default"), None);
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let record = DoneRecord {
+            claimed_at: 1_800_000_000_000,
+            completed_at: 1_800_000_000_250,
+            expires_at: 1_800_604_800_250,
+            upstream_status: 202,
+            fingerprint: [9; 32],
+            response: Some(RecordedResponse {
+                status: 202,
+                content_type: Some("application/json".into()),
+                body: bytes::Bytes::from_static(b"{}"),
+            }),
+        };
+        let bytes = encode(&record);
+        assert_eq!(decode(b"k", &bytes), Some(record.clone()));
+        let plain = DoneRecord {
+            response: None,
+            ..record
+        };
+        assert_eq!(encode(&plain).len(), 48);
+        assert_eq!(decode(b"k", b"\xff"), None, "unreadable reads as absent");
+    }
+
+    #[test]
+    fn a_filter_grows_and_never_forgets_a_key() {
+        let filter = Filter::new();
+        let keys: Vec<RecordKey> = (0..10_000u32)
+            .map(|i| record_key(&format!("k{i}")))
+            .collect();
+        for key in &keys[..5000] {
+            filter.insert(key, || 0);
+        }
+        assert!(read(&filter.segments).len() > 1, "it grew");
+        assert!(keys[..5000].iter().all(|key| filter.may_contain(key)));
+        let read_back = Filter::of(&keys[5000..]);
+        for key in &keys[..3000] {
+            read_back.insert(key, || 0);
+        }
+        let mut held = keys[..3000].iter().chain(&keys[5000..]);
+        assert!(held.all(|key| read_back.may_contain(key)));
+        let filter = read_back;
+        let strangers = (0..10_000u32)
+            .filter(|i| filter.may_contain(&record_key(&format!("stranger{i}"))))
+            .count();
+        assert!(strangers < 500, "{strangers} false positives in 10000");
+    }
+}
