@@ -1,6 +1,7 @@
 //! What only the sled backend does (the shared contract is in `conformance.rs`): the
-//! sweep that reads only what expired, in batches; recovery after a restart; the
-//! directory lock; group commit with `durability: fsync`.
+//! sweep that reads only what expired, in batches; recovery after a restart, across every
+//! expiry window and from the earlier single-tree layout; the directory lock; group commit
+//! with `durability: fsync`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use dedupe_proxy::config::{Durability, SledConfig};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
+    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, KeyState, ManualClock, StoreError,
 };
 
 const START: u64 = 1_800_000_000_000;
@@ -57,81 +58,79 @@ async fn claimed(store: &SledStore, key: &str) -> Claim {
     }
 }
 
+fn kept_for(retention: Duration) -> Completion {
+    Completion {
+        retention,
+        ..done(200)
+    }
+}
+
+/// The widest window that holds records kept for ten seconds: a power of two near an
+/// eighth of the retention, at least 1024 ms.
+const SHORT_WINDOW: Duration = Duration::from_millis(1024);
+
 #[tokio::test]
 async fn the_sweep_reads_only_what_expired() {
     let f = fixture();
     for i in 0..1000 {
         let claim = claimed(&f.store, &format!("short{i}")).await;
-        f.store
-            .finish(
-                &claim,
-                Completion {
-                    retention: Duration::from_secs(10),
-                    ..done(200)
-                },
-            )
-            .await
-            .unwrap();
+        let completion = kept_for(Duration::from_secs(10));
+        f.store.finish(&claim, completion).await.unwrap();
     }
     for i in 0..3000 {
         let claim = claimed(&f.store, &format!("long{i}")).await;
         f.store.finish(&claim, done(200)).await.unwrap();
     }
+    assert_eq!(f.store.done_keys(), Some(4000));
     let nothing = f.store.sweep(100_000).await.unwrap();
-    assert_eq!(
-        (nothing.examined, nothing.removed),
-        (0, 0),
-        "nothing has expired yet"
-    );
+    assert_eq!((nothing.examined, nothing.removed), (0, 0), "nothing has expired yet");
+
+    // Expired records read as absent at once, and their keys can be claimed again...
     f.clock.advance(Duration::from_secs(10));
+    assert_eq!(f.store.inspect("short0").await.unwrap(), None);
+    let again = claimed(&f.store, "short1").await;
+    f.store.release(&again).await.unwrap();
+    // ...and are removed once their whole window has passed, without reading the others.
+    f.clock.advance(SHORT_WINDOW);
     let swept = f.store.sweep(100_000).await.unwrap();
     assert_eq!(swept.removed, 1000);
     assert_eq!(swept.examined, 1000, "the 3000 live keys were not read");
-    assert_eq!(
-        f.store
-            .inspect("long0")
-            .await
-            .unwrap()
-            .map(|s| matches!(s, KeyState::Done(_))),
-        Some(true)
-    );
+    assert_eq!(f.store.done_keys(), Some(3000));
+    assert!(matches!(
+        f.store.inspect("long0").await.unwrap(),
+        Some(KeyState::Done(_))
+    ));
     let again = f.store.sweep(100_000).await.unwrap();
     assert_eq!((again.examined, again.removed), (0, 0));
 }
 
 #[tokio::test]
-async fn the_sweep_works_in_batches_and_skips_records_that_moved_on() {
+async fn the_sweep_works_in_batches_and_keeps_records_done_again() {
     let f = fixture();
     for i in 0..25 {
         let claim = claimed(&f.store, &format!("k{i}")).await;
-        f.store
-            .finish(
-                &claim,
-                Completion {
-                    retention: Duration::from_secs(1),
-                    ..done(200)
-                },
-            )
-            .await
-            .unwrap();
+        f.store.finish(&claim, kept_for(Duration::from_secs(1))).await.unwrap();
     }
     f.clock.advance(Duration::from_secs(1));
     // k0 is delivered and done again after expiring: its new record must survive.
     let fresh = claimed(&f.store, "k0").await;
     f.store.finish(&fresh, done(200)).await.unwrap();
-    let mut removed = 0;
+    f.clock.advance(SHORT_WINDOW);
+    let mut batches = Vec::new();
     loop {
         let swept = f.store.sweep(10).await.unwrap();
-        removed += swept.removed;
+        batches.push(swept.removed);
         if swept.examined < 10 {
             break;
         }
     }
-    assert_eq!(removed, 24);
+    // The 25 expired records, k0's old one included.
+    assert_eq!(batches, [10, 10, 5]);
     assert!(matches!(
         f.store.inspect("k0").await.unwrap(),
         Some(KeyState::Done(_))
     ));
+    assert_eq!(f.store.done_keys(), Some(1));
 }
 
 #[tokio::test]
@@ -143,6 +142,23 @@ async fn abandoned_leases_are_swept_too() {
     assert_eq!(f.store.inspect("orphan").await.unwrap(), None);
 }
 
+/// Opens the store again after a drop. sled's background flusher lets go of the directory
+/// lock a moment after the drop; a restarted process never sees this, its predecessor
+/// being gone.
+async fn reopen(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match SledStore::open_with_clock(&sled_config(path, Durability::Batched), clock.clone()) {
+            Ok(store) => return store,
+            Err(error) if std::time::Instant::now() < deadline => {
+                assert!(error.to_string().contains("in use"), "{error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
     let f = fixture();
@@ -152,20 +168,7 @@ async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
     f.store.finish(&finished, done(200)).await.unwrap();
     drop(f.store);
 
-    // sled's background flusher lets go of the directory lock a moment after the drop;
-    // a restarted process never sees this, its predecessor being gone.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let store = loop {
-        match SledStore::open_with_clock(&sled_config(&path, Durability::Batched), f.clock.clone())
-        {
-            Ok(store) => break store,
-            Err(error) if std::time::Instant::now() < deadline => {
-                assert!(error.to_string().contains("in use"), "{error}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    };
+    let store = reopen(&path, &f.clock).await;
     assert_eq!(
         store.inspect("open").await.unwrap(),
         None,
@@ -180,6 +183,93 @@ async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
         store.claim("finished", BODY, LEASE).await.unwrap(),
         ClaimOutcome::Done(_)
     ));
+}
+
+#[tokio::test]
+async fn a_restart_finds_every_done_key_in_every_window() {
+    let f = fixture();
+    let path = f.dir.path().join("db");
+    // Retentions from a second to a week, finished over a simulated hour: many windows.
+    let retentions = [1, 10, 60, 3600, 86_400, 7 * 86_400].map(Duration::from_secs);
+    for i in 0..600 {
+        let claim = claimed(&f.store, &format!("e{i}")).await;
+        let retention = retentions[i % retentions.len()];
+        f.store.finish(&claim, kept_for(retention)).await.unwrap();
+        f.clock.advance(Duration::from_secs(6));
+    }
+    let live = |i: usize| {
+        // finished at START + 6 s × i, now START + 3600 s
+        6 * i as u64 + retentions[i % retentions.len()].as_secs() > 3600
+    };
+    let held = f.store.done_keys();
+    drop(f.store);
+    let store = reopen(&path, &f.clock).await;
+    assert_eq!(store.done_keys(), held, "counted again at start-up");
+    for i in 0..600 {
+        let state = store.inspect(&format!("e{i}")).await.unwrap();
+        assert_eq!(
+            matches!(state, Some(KeyState::Done(_))),
+            live(i),
+            "e{i} after the restart"
+        );
+        if live(i) {
+            let again = store.claim(&format!("e{i}"), BODY, LEASE).await.unwrap();
+            assert!(matches!(again, ClaimOutcome::Done(_)), "e{i}: {again:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn done_keys_of_the_single_tree_layout_are_moved_into_windows() {
+    // The layout before windows: a `done` tree keyed by store key, and an expiry index.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let db = sled::open(&path).unwrap();
+        let old = db.open_tree("done").unwrap();
+        let index = db.open_tree("expiry").unwrap();
+        for (key, expires_at) in [("stripe:evt_live", START + 60_000), ("stripe:evt_gone", START - 1)] {
+            let record = DoneRecord {
+                claimed_at: START - 2_000,
+                completed_at: START - 1_000,
+                expires_at,
+                upstream_status: 202,
+                fingerprint: BODY,
+                response: None,
+            };
+            old.insert(key, postcard::to_stdvec(&record).unwrap()).unwrap();
+            let mut entry = expires_at.to_be_bytes().to_vec();
+            entry.extend_from_slice(key.as_bytes());
+            index.insert(entry, &[]).unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let clock = ManualClock::new(START);
+    let store = reopen(&path, &clock).await;
+    match store.claim("stripe:evt_live", BODY, LEASE).await.unwrap() {
+        ClaimOutcome::Done(record) => {
+            assert_eq!((record.upstream_status, record.expires_at), (202, START + 60_000))
+        }
+        other => panic!("the live record was lost: {other:?}"),
+    }
+    claimed(&store, "stripe:evt_gone").await;
+    assert_eq!(store.done_keys(), Some(1));
+    drop(store);
+    let db = loop {
+        match sled::open(&path) {
+            Ok(db) => break db,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let names: Vec<String> = db
+        .tree_names()
+        .iter()
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|name| name == "done" || name == "expiry"),
+        "old trees dropped: {names:?}"
+    );
 }
 
 #[tokio::test]
