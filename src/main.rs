@@ -14,6 +14,28 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `arena_eager_commit` option (`mi_option_t` in mimalloc.h; libmimalloc-sys
+/// does not name it).
+#[cfg(target_os = "linux")]
+const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+
+/// mimalloc commits its arenas eagerly on Linux, and the memory of an eagerly committed
+/// arena stays resident long after it is freed. Measured by `bench/run`'s memory figure
+/// with a million done keys: RSS 155 MiB with the default, 106 MiB without eager commit,
+/// requests/s within noise. The first arena is reserved before `main` runs, so this is
+/// set from a constructor that runs before mimalloc's own (gcc gives that one no priority;
+/// prioritized ones run first). `MIMALLOC_ARENA_EAGER_COMMIT` still overrides it.
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array.00101")]
+static COMMIT_ARENAS_ON_DEMAND: extern "C" fn() = commit_arenas_on_demand;
+
+#[cfg(target_os = "linux")]
+extern "C" fn commit_arenas_on_demand() {
+    // SAFETY: stores an integer in mimalloc's option table; runs before any thread exists.
+    unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_ARENA_EAGER_COMMIT, 0) }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run(cli.run)) {
