@@ -180,7 +180,12 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 }
                 swept_total += store.sweep(10_000).await.unwrap().removed;
-                prop_assert!(swept_total <= ended, "swept {} of {} ended", swept_total, ended);
+                prop_assert!(
+                    swept_total <= ended,
+                    "swept {} of {} ended",
+                    swept_total,
+                    ended
+                );
             }
             Op::Restart => {
                 drop(store);

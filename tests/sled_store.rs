@@ -83,7 +83,11 @@ async fn the_sweep_reads_only_what_expired() {
     }
     assert_eq!(f.store.done_keys(), Some(4000));
     let nothing = f.store.sweep(100_000).await.unwrap();
-    assert_eq!((nothing.examined, nothing.removed), (0, 0), "nothing has expired yet");
+    assert_eq!(
+        (nothing.examined, nothing.removed),
+        (0, 0),
+        "nothing has expired yet"
+    );
 
     // Expired records read as absent at once, and their keys can be claimed again...
     f.clock.advance(Duration::from_secs(10));
@@ -109,7 +113,10 @@ async fn the_sweep_works_in_batches_and_keeps_records_done_again() {
     let f = fixture();
     for i in 0..25 {
         let claim = claimed(&f.store, &format!("k{i}")).await;
-        f.store.finish(&claim, kept_for(Duration::from_secs(1))).await.unwrap();
+        f.store
+            .finish(&claim, kept_for(Duration::from_secs(1)))
+            .await
+            .unwrap();
     }
     f.clock.advance(Duration::from_secs(1));
     // k0 is delivered and done again after expiring: its new record must survive.
@@ -228,7 +235,10 @@ async fn done_keys_of_the_single_tree_layout_are_moved_into_windows() {
         let db = sled::open(&path).unwrap();
         let old = db.open_tree("done").unwrap();
         let index = db.open_tree("expiry").unwrap();
-        for (key, expires_at) in [("stripe:evt_live", START + 60_000), ("stripe:evt_gone", START - 1)] {
+        for (key, expires_at) in [
+            ("stripe:evt_live", START + 60_000),
+            ("stripe:evt_gone", START - 1),
+        ] {
             let record = DoneRecord {
                 claimed_at: START - 2_000,
                 completed_at: START - 1_000,
@@ -237,7 +247,8 @@ async fn done_keys_of_the_single_tree_layout_are_moved_into_windows() {
                 fingerprint: BODY,
                 response: None,
             };
-            old.insert(key, postcard::to_stdvec(&record).unwrap()).unwrap();
+            old.insert(key, postcard::to_stdvec(&record).unwrap())
+                .unwrap();
             let mut entry = expires_at.to_be_bytes().to_vec();
             entry.extend_from_slice(key.as_bytes());
             index.insert(entry, &[]).unwrap();
@@ -248,7 +259,10 @@ async fn done_keys_of_the_single_tree_layout_are_moved_into_windows() {
     let store = reopen(&path, &clock).await;
     match store.claim("stripe:evt_live", BODY, LEASE).await.unwrap() {
         ClaimOutcome::Done(record) => {
-            assert_eq!((record.upstream_status, record.expires_at), (202, START + 60_000))
+            assert_eq!(
+                (record.upstream_status, record.expires_at),
+                (202, START + 60_000)
+            )
         }
         other => panic!("the live record was lost: {other:?}"),
     }

@@ -11,6 +11,7 @@
 //! Opening the store reads every key once to build the filters and count the records.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
@@ -311,9 +312,9 @@ impl Epochs {
             .by_window
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !by_window.contains_key(&window) {
+        if let Entry::Vacant(vacant) = by_window.entry(window) {
             let epoch = Epoch::new(window, self.db.open_tree(window.tree_name())?);
-            by_window.insert(window, Arc::new(epoch));
+            vacant.insert(Arc::new(epoch));
         }
         Ok(())
     }
