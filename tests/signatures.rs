@@ -3,7 +3,7 @@
 //! `svix`, `@paddle/paddle-node-sdk`, and Python's `slack_sdk`): a valid delivery is
 //! forwarded; a tampered body, a wrong secret, a stale or future timestamp, a missing or
 //! malformed header get 401 naming the reason, and nothing is forwarded or stored. Then
-//! presets. `.ci/run` installs the signers; without them these tests are skipped locally.
+//! presets. `tests/setup` installs the signers; without them these tests are skipped locally.
 
 mod support;
 
@@ -45,7 +45,7 @@ fn signers_ready() -> bool {
             "CI must install tests/signers (npm ci) and slack_sdk"
         );
         eprintln!(
-            "skipped: the provider SDK signers are not installed (npm ci --prefix tests/signers; pip install -r tests/signers/requirements.txt)"
+            "skipped: the provider SDK signers are not installed (run tests/setup)"
         );
     }
     node && python
