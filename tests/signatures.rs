@@ -44,9 +44,7 @@ fn signers_ready() -> bool {
             std::env::var("CI").map_or(true, |ci| ci != "true"),
             "CI must install tests/signers (npm ci) and slack_sdk"
         );
-        eprintln!(
-            "skipped: the provider SDK signers are not installed (run tests/setup)"
-        );
+        eprintln!("skipped: the provider SDK signers are not installed (run tests/setup)");
     }
     node && python
 }

@@ -29,7 +29,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
-use self::epochs::{Epochs, record_key};
+use self::epochs::{Epochs, RecordKey, record_key};
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
     KeyState, Millis, StoreError, Swept, SystemClock, millis,
@@ -40,6 +40,8 @@ use crate::config::{Durability, SledConfig};
 #[derive(Debug, Clone)]
 struct Lease {
     token: u128,
+    /// Where the done record goes: hashed once, at the claim.
+    record_key: RecordKey,
     claimed_at: Millis,
     lease_until: Millis,
     fingerprint: Fingerprint,
@@ -82,9 +84,9 @@ impl Handle {
         })
     }
 
-    /// The done record of `key`, if it has one that has not expired.
-    fn live_done(&self, key: &str, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
-        self.epochs.get(&record_key(key), now).map_err(backend)
+    /// The done record stored under `key`, if it has one that has not expired.
+    fn live_done(&self, key: &RecordKey, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
+        self.epochs.get(key, now).map_err(backend)
     }
 }
 
@@ -171,6 +173,7 @@ impl SledStore {
         let now = self.clock.now();
         let fresh = Lease {
             token: self.new_token(),
+            record_key: record_key(key),
             claimed_at: now,
             lease_until: now.saturating_add(millis(lease)),
             fingerprint,
@@ -193,7 +196,7 @@ impl SledStore {
                 expired.insert(fresh.clone());
                 Ok(claim(true))
             }
-            Entry::Vacant(vacant) => match handle.live_done(key, now)? {
+            Entry::Vacant(vacant) => match handle.live_done(&fresh.record_key, now)? {
                 Some(done) => Ok(ClaimOutcome::Done(done)),
                 None => {
                     vacant.insert(fresh.clone());
@@ -224,7 +227,7 @@ impl SledStore {
                 // On failure the lease stays until it ends: duplicates meanwhile get 409.
                 handle
                     .epochs
-                    .put(&record_key(&claim.key), &done, millis(completion.retention))
+                    .put(&lease.record_key, &done, millis(completion.retention))
                     .map_err(backend)?;
                 held.remove();
                 Ok(())
@@ -317,7 +320,7 @@ impl ClaimStore for SledStore {
             }));
         }
         let handle = self.handle()?;
-        let done = handle.live_done(key, now);
+        let done = handle.live_done(&record_key(key), now);
         self.checked(&handle, done.map(|done| done.map(KeyState::Done)))
     }
 
@@ -332,8 +335,8 @@ impl ClaimStore for SledStore {
         }
         let handle = self.handle()?;
         let removed = handle.epochs.remove(&record_key(key), now).map_err(backend);
-        let forgotten = removed.map(|removed| {
-            if removed.live {
+        let forgotten = removed.map(|live| {
+            if live {
                 Forgotten::Removed
             } else {
                 Forgotten::Absent

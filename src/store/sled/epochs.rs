@@ -320,23 +320,21 @@ impl Epochs {
         Ok(())
     }
 
-    /// Removes `key`'s records from every tree. Returns whether any was removed, and
-    /// whether a live one was.
-    pub(super) fn remove(&self, key: &RecordKey, now: Millis) -> sled::Result<Removed> {
+    /// Removes `key`'s records from every tree. Returns whether a live one was removed.
+    pub(super) fn remove(&self, key: &RecordKey, now: Millis) -> sled::Result<bool> {
         let by_window = read(&self.by_window);
-        let mut removed = Removed::default();
+        let mut removed_live = false;
         for epoch in by_window.values() {
             if !epoch.filter.may_contain(key) {
                 continue;
             }
             if let Some(bytes) = epoch.tree.remove(key)? {
                 epoch.records.fetch_sub(1, Ordering::Relaxed);
-                removed.any = true;
-                removed.live |=
+                removed_live |=
                     decode(key, &bytes, epoch.window).is_some_and(|record| record.expires_at > now);
             }
         }
-        Ok(removed)
+        Ok(removed_live)
     }
 
     /// Removes up to `limit` records of windows that ended by `now`, oldest first, and
@@ -405,13 +403,6 @@ fn expected_records(by_window: &BTreeMap<Window, Arc<Epoch>>, window: Window) ->
         .map_or(0, |(_, epoch)| {
             usize::try_from(epoch.records.load(Ordering::Relaxed)).unwrap_or(0)
         })
-}
-
-/// What [`Epochs::remove`] found.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Removed {
-    pub any: bool,
-    pub live: bool,
 }
 
 /// A done record as stored, its times as small differences, which take fewer bytes
