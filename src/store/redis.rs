@@ -289,30 +289,19 @@ impl ClaimStore for RedisStore {
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
         let mut connection = self.connection.clone();
-        let fields = ["s", "c", "l", "h", "p", "e", "u", "rs", "rt", "rb"];
+        // The state, then the fields of a done record in `done_record`'s order, then the
+        // lease's end.
+        let fields = ["s", "c", "p", "e", "u", "h", "rs", "rt", "rb", "l"];
         let values: Vec<Option<Vec<u8>>> = self
             .bounded(connection.hmget(self.key(key), &fields[..]))
             .await?;
-        let state = values[0].as_deref();
-        match state {
+        match values[0].as_deref() {
             Some(b"f") => Ok(Some(KeyState::InFlight {
                 claimed_at: number(&values[1])?,
-                lease_until: number(&values[2])?,
-                fingerprint: fingerprint(&values[3]),
+                lease_until: number(&values[9])?,
+                fingerprint: fingerprint(&values[5]),
             })),
-            Some(b"d") => {
-                let record_fields = [
-                    values[1].clone(),
-                    values[4].clone(),
-                    values[5].clone(),
-                    values[6].clone(),
-                    values[3].clone(),
-                    values[7].clone(),
-                    values[8].clone(),
-                    values[9].clone(),
-                ];
-                Ok(Some(KeyState::Done(done_record(&record_fields)?)))
-            }
+            Some(b"d") => Ok(Some(KeyState::Done(done_record(&values[1..9])?))),
             _ => Ok(None),
         }
     }
