@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::config::{Config, ConfigError, Overrides};
+use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::route::Routing;
@@ -35,9 +35,8 @@ pub struct Reloaded {
 
 /// Reloads the configuration file into a running proxy.
 pub struct Reloader {
-    source: PathBuf,
-    overrides: Overrides,
-    /// The configuration the process started with: what a restart would change.
+    /// The configuration the process started with (its file and command-line
+    /// overrides are what a reload reads again): what a restart would change.
     started: Config,
     proxy: Arc<Proxy>,
     metrics: Arc<Metrics>,
@@ -49,8 +48,6 @@ impl Reloader {
     pub fn new(started: Config, proxy: Arc<Proxy>, metrics: Arc<Metrics>) -> Reloader {
         let loaded_text = std::fs::read_to_string(&started.source).ok();
         Reloader {
-            source: started.source.clone(),
-            overrides: started.overrides.clone(),
             started,
             proxy,
             metrics,
@@ -60,13 +57,14 @@ impl Reloader {
 
     /// Reads the file again and puts its routing in force, or keeps the running one.
     pub fn reload(&self) -> Result<Reloaded, ConfigError> {
-        let loaded = std::fs::read_to_string(&self.source)
+        let loaded = std::fs::read_to_string(&self.started.source)
             .map_err(|source| ConfigError::Read {
-                file: self.source.display().to_string(),
+                file: self.started.source.display().to_string(),
                 source,
             })
             .and_then(|text| {
-                Config::parse(&text, &self.source, &self.overrides).map(|config| (text, config))
+                Config::parse(&text, &self.started.source, &self.started.overrides)
+                    .map(|config| (text, config))
             });
         let (text, config) = match loaded {
             Ok(loaded) => loaded,
@@ -112,7 +110,7 @@ impl Reloader {
 
     /// Whether the file's text differs from what was last loaded.
     fn changed_on_disk(&self) -> bool {
-        let now = std::fs::read_to_string(&self.source).ok();
+        let now = std::fs::read_to_string(&self.started.source).ok();
         now.is_some() && *self.loaded_text.lock().unwrap_or_else(|p| p.into_inner()) != now
     }
 }
@@ -133,7 +131,7 @@ pub fn reload_on_hangup(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> 
 /// through; the file's text is compared so that unrelated events change nothing.
 /// Returns the watcher, which stops when dropped.
 pub fn reload_on_change(reloader: Arc<Reloader>) -> notify::Result<notify::RecommendedWatcher> {
-    let directory = match reloader.source.parent() {
+    let directory = match reloader.started.source.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
         _ => PathBuf::from("."),
     };
@@ -149,7 +147,7 @@ pub fn reload_on_change(reloader: Arc<Reloader>) -> notify::Result<notify::Recom
             tokio::time::sleep(SETTLE).await;
             while changes.try_recv().is_ok() {}
             if reloader.changed_on_disk() {
-                tracing::info!(file = %reloader.source.display(), "configuration file changed: reloading");
+                tracing::info!(file = %reloader.started.source.display(), "configuration file changed: reloading");
                 let _ = reloader.reload();
             }
         }

@@ -7,6 +7,7 @@
 //! flight and the retention's end once done; an index on it lets the sweeper delete only
 //! what has expired. Times come from the database's clock, which all replicas share.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -154,32 +155,46 @@ impl PostgresStore {
         transaction.commit().await.map_err(backend)
     }
 
-    /// Runs `statement` with `params` (a cached prepared statement) within the timeout.
+    /// Runs `statement` with `params` (a cached prepared statement) within the timeout,
+    /// returning its rows.
     async fn query(
         &self,
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        let work = async {
-            let client = self.pool.get().await.map_err(backend)?;
-            let prepared = client.prepare_cached(statement).await.map_err(backend)?;
+        self.bounded(async {
+            let (client, prepared) = self.prepared(statement).await?;
             client.query(&prepared, params).await.map_err(backend)
-        };
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .map_err(|_| backend(format!("no answer within {:?}", self.timeout)))?
+        })
+        .await
     }
 
+    /// Like [`PostgresStore::query`], returning how many rows it changed.
     async fn execute(
         &self,
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, StoreError> {
-        let work = async {
-            let client = self.pool.get().await.map_err(backend)?;
-            let prepared = client.prepare_cached(statement).await.map_err(backend)?;
+        self.bounded(async {
+            let (client, prepared) = self.prepared(statement).await?;
             client.execute(&prepared, params).await.map_err(backend)
-        };
+        })
+        .await
+    }
+
+    async fn prepared(
+        &self,
+        statement: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self.pool.get().await.map_err(backend)?;
+        let prepared = client.prepare_cached(statement).await.map_err(backend)?;
+        Ok((client, prepared))
+    }
+
+    async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         tokio::time::timeout(self.timeout, work)
             .await
             .map_err(|_| backend(format!("no answer within {:?}", self.timeout)))?
