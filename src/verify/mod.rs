@@ -277,6 +277,53 @@ fn any_hmac_matches(secrets: &[Vec<u8>], message: &[&[u8]], candidates: &[Vec<u8
     })
 }
 
+/// The layout of a signature header of `key=value` items carrying a Unix timestamp and
+/// one or more hex HMAC-SHA256 signatures of `"{timestamp}{joiner}{raw body}"`: Stripe's
+/// `t=..,v1=..` and Paddle's `ts=..;h1=..`.
+struct TimestampedHex {
+    header: &'static str,
+    separator: char,
+    timestamp: &'static str,
+    signature: &'static str,
+    joiner: &'static [u8],
+}
+
+impl TimestampedHex {
+    fn verify(
+        &self,
+        keys: &[Vec<u8>],
+        tolerance: &HumanDuration,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<(), VerifyError> {
+        let value = header(headers, self.header)?;
+        let mut timestamp = None;
+        let mut signatures = Vec::new();
+        for item in value.split(self.separator) {
+            match item.trim().split_once('=') {
+                Some((name, text)) if name == self.timestamp => {
+                    timestamp = Some((text, parse_timestamp(text, self.header)?));
+                }
+                Some((name, hex)) if name == self.signature => {
+                    signatures.extend(decode_hex(hex));
+                }
+                _ => {}
+            }
+        }
+        let (text, timestamp) = timestamp.ok_or(VerifyError::Malformed(self.header))?;
+        if signatures.is_empty() {
+            return Err(VerifyError::Malformed(self.header));
+        }
+        within_tolerance(timestamp, now, tolerance)?;
+        if any_hmac_matches(keys, &[text.as_bytes(), self.joiner, body], &signatures) {
+            Ok(())
+        } else {
+            Err(VerifyError::NoMatch)
+        }
+    }
+}
+
 /// A header's value as text, or why it cannot be read.
 fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, VerifyError> {
     headers

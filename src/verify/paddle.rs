@@ -7,10 +7,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, header, parse_timestamp,
-    within_tolerance,
-};
+use super::{Scheme, Secrets, TimestampedHex, VerifyError};
 use crate::config::values::HumanDuration;
 
 const SIGNATURE: &str = "paddle-signature";
@@ -52,27 +49,17 @@ impl Paddle {
     }
 }
 
+/// The header's layout.
+const LAYOUT: TimestampedHex = TimestampedHex {
+    header: SIGNATURE,
+    separator: ';',
+    timestamp: "ts",
+    signature: "h1",
+    joiner: b":",
+};
+
 impl Scheme for Paddle {
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
-        let value = header(headers, SIGNATURE)?;
-        let mut timestamp = None;
-        let mut signatures = Vec::new();
-        for item in value.split(';') {
-            match item.trim().split_once('=') {
-                Some(("ts", text)) => timestamp = Some((text, parse_timestamp(text, SIGNATURE)?)),
-                Some(("h1", hex)) => signatures.extend(decode_hex(hex)),
-                _ => {}
-            }
-        }
-        let (text, timestamp) = timestamp.ok_or(VerifyError::Malformed(SIGNATURE))?;
-        if signatures.is_empty() {
-            return Err(VerifyError::Malformed(SIGNATURE));
-        }
-        within_tolerance(timestamp, now, &self.tolerance)?;
-        if any_hmac_matches(&self.keys, &[text.as_bytes(), b":", body], &signatures) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        LAYOUT.verify(&self.keys, &self.tolerance, headers, body, now)
     }
 }

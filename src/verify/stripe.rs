@@ -6,10 +6,7 @@
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, default_tolerance, header,
-    parse_timestamp, within_tolerance,
-};
+use super::{Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
 use crate::config::values::HumanDuration;
 
 const SIGNATURE: &str = "stripe-signature";
@@ -47,27 +44,17 @@ impl Stripe {
     }
 }
 
+/// The header's layout.
+const LAYOUT: TimestampedHex = TimestampedHex {
+    header: SIGNATURE,
+    separator: ',',
+    timestamp: "t",
+    signature: "v1",
+    joiner: b".",
+};
+
 impl Scheme for Stripe {
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
-        let value = header(headers, SIGNATURE)?;
-        let mut timestamp = None;
-        let mut signatures = Vec::new();
-        for item in value.split(',') {
-            match item.trim().split_once('=') {
-                Some(("t", text)) => timestamp = Some((text, parse_timestamp(text, SIGNATURE)?)),
-                Some(("v1", hex)) => signatures.extend(decode_hex(hex)),
-                _ => {}
-            }
-        }
-        let (text, timestamp) = timestamp.ok_or(VerifyError::Malformed(SIGNATURE))?;
-        if signatures.is_empty() {
-            return Err(VerifyError::Malformed(SIGNATURE));
-        }
-        within_tolerance(timestamp, now, &self.tolerance)?;
-        if any_hmac_matches(&self.keys, &[text.as_bytes(), b".", body], &signatures) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        LAYOUT.verify(&self.keys, &self.tolerance, headers, body, now)
     }
 }
