@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{ProxyBody, full};
 use crate::cli::DemoArgs;
 use crate::config::{Config, Overrides};
+use crate::workers::Workers;
 
 /// Senders that deliver each event at the same moment, as a provider's retry storm does.
 const SENDERS_PER_EVENT: usize = 3;
@@ -171,6 +172,7 @@ async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>
         crate::config::Limits::default(),
         stop_app.clone(),
         Duration::from_secs(1),
+        Arc::new(Workers::start(1)?),
     ));
 
     let data = tempfile::tempdir()?;

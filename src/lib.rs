@@ -17,7 +17,8 @@
 //! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked, on
 //!   sled (embedded) or shared by replicas on Redis or PostgreSQL.
 //! - [`upstream`] is the pooled client; [`response`] writes every answer the proxy makes.
-//! - [`server`] accepts connections within [`config::Limits`]; [`admin`] serves the admin
+//! - [`server`] accepts connections within [`config::Limits`] and hands each to one of
+//!   the [`workers`] (a single-threaded runtime per core); [`admin`] serves the admin
 //!   port; [`metrics`] names every metric; [`reload`] applies a changed configuration;
 //!   [`shutdown`] waits for signals.
 //!
@@ -51,6 +52,7 @@ pub mod shutdown;
 pub mod store;
 pub mod upstream;
 pub mod verify;
+pub mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -67,6 +69,7 @@ use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::store::{ClaimStore, StoreError};
+use crate::workers::Workers;
 
 /// How often the sweeper looks for expired records, and how many one sweep call reads
 /// before yielding.
@@ -87,6 +90,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     Store(#[from] StoreError),
+    #[error("cannot start the worker threads: {0}")]
+    Workers(std::io::Error),
 }
 
 /// A running proxy.
@@ -107,6 +112,8 @@ pub struct App {
     hangups: JoinHandle<()>,
     /// Reloads when the configuration file changes, while it lives.
     _watcher: Option<notify::RecommendedWatcher>,
+    /// Run every connection and forward; dropped last, when the proxy is drained.
+    _workers: Arc<Workers>,
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
@@ -148,8 +155,10 @@ async fn start_with(
         .as_ref()
         .map(|env| env.secret.clone());
     let admin = Arc::new(Admin::new(token, Arc::clone(&metrics)));
+    let workers = Workers::start(workers::default_count()).map_err(StartError::Workers)?;
+    let workers = Arc::new(workers);
     let (stop_admin, admin_server) =
-        spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, {
+        spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, &workers, {
             let admin = Arc::clone(&admin);
             move |request, peer| Arc::clone(&admin).handle(request, peer)
         });
@@ -177,11 +186,13 @@ async fn start_with(
         &config,
         Arc::clone(&store),
         Arc::clone(&metrics),
+        workers.count(),
     ));
     let (stop_proxy, proxy_server) = spawn_server(
         proxy_listener,
         config.limits.clone(),
         config.shutdown_grace.0,
+        &workers,
         {
             let proxy = Arc::clone(&proxy);
             move |request, peer| Arc::clone(&proxy).handle(request, peer)
@@ -229,6 +240,7 @@ async fn start_with(
         sweeper,
         hangups,
         _watcher: watcher,
+        _workers: workers,
     })
 }
 
@@ -237,6 +249,7 @@ fn spawn_server<H, F>(
     listener: TcpListener,
     limits: Limits,
     grace: Duration,
+    workers: &Arc<Workers>,
     handler: H,
 ) -> (CancellationToken, JoinHandle<()>)
 where
@@ -250,6 +263,7 @@ where
         limits,
         stop.clone(),
         grace,
+        Arc::clone(workers),
     ));
     (stop, server)
 }

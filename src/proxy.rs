@@ -63,12 +63,18 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(config: &Config, store: Arc<dyn ClaimStore>, metrics: Arc<Metrics>) -> Proxy {
+    /// A proxy whose connections run on `workers` workers.
+    pub fn new(
+        config: &Config,
+        store: Arc<dyn ClaimStore>,
+        metrics: Arc<Metrics>,
+        workers: usize,
+    ) -> Proxy {
         Proxy {
             routing: ArcSwap::from_pointee(Routing::from_config(config)),
             body_read_timeout: config.limits.body_read_timeout.0,
             store,
-            upstream: Upstream::new(),
+            upstream: Upstream::new(workers),
             forwards: TaskTracker::new(),
             open_claims: OpenClaims::default(),
             metrics,

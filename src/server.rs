@@ -1,6 +1,7 @@
 //! Listeners: the accept loop shared by the proxy and admin ports (HTTP/1.1 and h2c on
 //! one port), the limits that bound what one sender can cost (open connections, time and
-//! bytes to send a request head), and the graceful close of connections within a deadline.
+//! bytes to send a request head), the hand-off of each connection to a worker, and the
+//! graceful close of connections within a deadline.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::ProxyBody;
 use crate::config::Limits;
 use crate::response::Refusal;
+use crate::workers::Workers;
 
 /// The answer to a connection over `max_connections`, written before closing it.
 const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
@@ -29,13 +31,15 @@ content-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent
 {\"error\":\"too_many_connections\",\"detail\":\"connection limit reached; retry\"}";
 
 /// Serves `handler` on `listener` until `stop` is cancelled, then stops accepting and
-/// waits up to `grace` for open connections to finish their requests.
+/// waits up to `grace` for open connections to finish their requests. Each connection
+/// runs on one of `workers`, in turn.
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
     limits: Limits,
     stop: CancellationToken,
     grace: Duration,
+    workers: Arc<Workers>,
 ) where
     H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
@@ -70,10 +74,25 @@ pub async fn serve<H, F>(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // Taken off this runtime's reactor, to be registered with the worker's own.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(%peer, %error, "cannot hand the connection to a worker");
+                continue;
+            }
+        };
         let (handler, requests) = (handler.clone(), Arc::clone(&requests));
         let (builder, watcher) = (builder.clone(), connections.watcher());
         let first_byte_timeout = limits.header_read_timeout.0;
-        tokio::spawn(async move {
+        workers.spawn(async move {
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%peer, %error, "cannot register the connection");
+                    return;
+                }
+            };
             // hyper's header timer starts with the first byte: a connection that never
             // sends one would hold its slot forever.
             let mut first = [0u8; 1];
