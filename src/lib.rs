@@ -166,7 +166,7 @@ async fn start_with(
     let opened = async {
         let store = match given_store {
             Some(store) => store,
-            None => store::open(&config.store).await?,
+            None => store::open(&config.store, &workers).await?,
         };
         let listener = bind("proxy", config.listen).await?;
         Ok::<_, StartError>((store, listener))

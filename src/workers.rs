@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::runtime::Handle;
+use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 
 thread_local! {
@@ -62,6 +63,16 @@ impl Workers {
 
     pub fn count(&self) -> usize {
         self.handles.len()
+    }
+
+    /// Runs `future` on worker `index` and hands back its output: how a store opens a
+    /// connection that its worker will drive.
+    pub async fn run_on<F>(&self, index: usize, future: F) -> Result<F::Output, JoinError>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handles[index % self.handles.len()].spawn(future).await
     }
 
     /// Runs `future` on the next worker in turn.

@@ -23,6 +23,7 @@ use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
     RecordedResponse, StoreError,
 };
+use dedupe_proxy::workers::{self, Workers};
 
 const LEASE: Duration = Duration::from_millis(400);
 const RETENTION: Duration = Duration::from_millis(800);
@@ -46,6 +47,23 @@ fn unavailable(what: &str, error: StoreError) -> Option<Harness> {
     None
 }
 
+fn redis_config() -> RedisConfig {
+    RedisConfig {
+        url: ServerUrl::Written(Secret::new(support::REDIS_URL.into())),
+        prefix: "dedupe-test:".into(),
+        timeout: HumanDuration(Duration::from_secs(2)),
+    }
+}
+
+fn postgres_config() -> PostgresConfig {
+    PostgresConfig {
+        url: ServerUrl::Written(Secret::new(support::POSTGRES_URL.into())),
+        table: TableName("dedupe_conformance".into()),
+        timeout: HumanDuration(Duration::from_secs(5)),
+        pool_size: 8,
+    }
+}
+
 impl Harness {
     async fn sled() -> Option<Harness> {
         let dir = tempfile::tempdir().unwrap();
@@ -64,25 +82,14 @@ impl Harness {
     }
 
     async fn redis() -> Option<Harness> {
-        let config = RedisConfig {
-            url: ServerUrl::Written(Secret::new(support::REDIS_URL.into())),
-            prefix: "dedupe-test:".into(),
-            timeout: HumanDuration(Duration::from_secs(2)),
-        };
-        match RedisStore::connect(&config).await {
+        match RedisStore::connect(&redis_config(), None).await {
             Ok(store) => Some(Harness::shared(Arc::new(store))),
             Err(error) => unavailable("Redis", error),
         }
     }
 
     async fn postgres() -> Option<Harness> {
-        let config = PostgresConfig {
-            url: ServerUrl::Written(Secret::new(support::POSTGRES_URL.into())),
-            table: TableName("dedupe_conformance".into()),
-            timeout: HumanDuration(Duration::from_secs(5)),
-            pool_size: 8,
-        };
-        match PostgresStore::connect(&config).await {
+        match PostgresStore::connect(&postgres_config(), None).await {
             Ok(store) => Some(Harness::shared(Arc::new(store))),
             Err(error) => unavailable("PostgreSQL", error),
         }
@@ -356,3 +363,60 @@ conformance!(
     the_recorded_answer_is_kept_for_replay,
     concurrent_claims_of_one_key_give_exactly_one_owner,
 );
+
+/// The shared stores give each worker a connection of its own: a claim made through one
+/// worker's connection is seen, finished and found done through another's and through the
+/// connection of callers outside the workers.
+async fn workers_connections_share_one_store(store: Arc<dyn ClaimStore>, workers: Workers) {
+    let key = format!("t:{:016x}:workers", rand::random::<u64>());
+    let on = |worker: usize, step: &'static str| {
+        let (store, key) = (Arc::clone(&store), key.clone());
+        let running = workers.run_on(worker, async move {
+            assert_eq!(
+                workers::current(),
+                Some(worker),
+                "{step} runs on its worker"
+            );
+            match step {
+                "claim" => Some(store.claim(&key, BODY, LEASE).await.unwrap()),
+                _ => None,
+            }
+        });
+        async move { running.await.unwrap() }
+    };
+    let Some(ClaimOutcome::Claimed(claim)) = on(0, "claim").await else {
+        panic!("the first claim owns the key");
+    };
+    assert!(matches!(
+        on(1, "claim").await,
+        Some(ClaimOutcome::InFlight { .. })
+    ));
+    let finishing = {
+        let store = Arc::clone(&store);
+        workers.run_on(0, async move { store.finish(&claim, done(200)).await })
+    };
+    finishing.await.unwrap().unwrap();
+    assert!(matches!(on(1, "claim").await, Some(ClaimOutcome::Done(_))));
+    assert!(matches!(
+        store.inspect(&key).await.unwrap(),
+        Some(KeyState::Done(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_workers_connections_share_one_store() {
+    let workers = Workers::start(2).unwrap();
+    match RedisStore::connect(&redis_config(), Some(&workers)).await {
+        Ok(store) => workers_connections_share_one_store(Arc::new(store), workers).await,
+        Err(error) => drop(unavailable("Redis", error)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_workers_connections_share_one_store() {
+    let workers = Workers::start(2).unwrap();
+    match PostgresStore::connect(&postgres_config(), Some(&workers)).await {
+        Ok(store) => workers_connections_share_one_store(Arc::new(store), workers).await,
+        Err(error) => drop(unavailable("PostgreSQL", error)),
+    }
+}

