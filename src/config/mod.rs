@@ -395,7 +395,7 @@ pub struct PostgresConfig {
     pub table: TableName,
     /// How long one statement may take before it counts as a store failure.
     pub timeout: HumanDuration,
-    /// Connections kept open to the database.
+    /// Connections for deliveries, shared out among the workers.
     pub pool_size: usize,
 }
 
