@@ -16,7 +16,7 @@
 //!   forward, finish.
 //! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked, on
 //!   sled (embedded) or shared by replicas on Redis or PostgreSQL.
-//! - [`upstream`] is the pooled client; [`response`] writes every answer the proxy makes.
+//! - [`upstream`] holds the pooled clients, one per worker; [`response`] writes every answer the proxy makes.
 //! - [`server`] accepts connections within [`config::Limits`] and hands each to one of
 //!   the [`workers`] (a single-threaded runtime per core); [`admin`] serves the admin
 //!   port; [`metrics`] names every metric; [`reload`] applies a changed configuration;
