@@ -113,6 +113,8 @@ fn init_logging(format: LogFormat, default_filter: &str) {
     }
 }
 
+/// The main runtime: it accepts connections and runs the background work (store start-up,
+/// sweeps, reloads); the connections themselves run on the workers (`workers.rs`).
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
