@@ -3,8 +3,11 @@
 //!
 //! A template is literal text plus parts in braces. `{{` and `}}` stand for literal braces.
 //! Extraction is pure: it reads the request head and the buffered body and never touches
-//! the network or the store. The body is parsed at most once per delivery, and only when a
-//! part needs it (`json` or `form`), so a header-keyed route never parses its body.
+//! the network or the store. The body is read only when a part needs it (`json` or
+//! `form`), so a header-keyed route never parses its body; a `json` part reads it in one
+//! pass that keeps only the value it points at ([`json`]).
+
+mod json;
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,8 +28,11 @@ pub struct KeyTemplate {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Part {
     Literal(String),
-    /// An RFC 6901 JSON pointer into the body.
-    Json(String),
+    /// An RFC 6901 JSON pointer into the body, and its reference tokens.
+    Json {
+        pointer: String,
+        tokens: Vec<String>,
+    },
     Header(HeaderName),
     Query(String),
     /// A field of an `application/x-www-form-urlencoded` body.
@@ -37,7 +43,7 @@ impl Part {
     fn describe(&self) -> String {
         match self {
             Part::Literal(text) => text.clone(),
-            Part::Json(pointer) => format!("{{json:{pointer}}}"),
+            Part::Json { pointer, .. } => format!("{{json:{pointer}}}"),
             Part::Header(name) => format!("{{header:{name}}}"),
             Part::Query(name) => format!("{{query:{name}}}"),
             Part::Form(name) => format!("{{form:{name}}}"),
@@ -122,7 +128,10 @@ fn parse_part(inner: &str) -> Result<Part, TemplateError> {
         return Err(TemplateError::EmptyName(kind.to_owned()));
     }
     match kind {
-        "json" if name.starts_with('/') => Ok(Part::Json(name.to_owned())),
+        "json" if name.starts_with('/') => Ok(Part::Json {
+            pointer: name.to_owned(),
+            tokens: json::tokens(name),
+        }),
         "json" => Err(TemplateError::BadPointer(name.to_owned())),
         "header" => HeaderName::from_str(name)
             .map(Part::Header)
@@ -161,7 +170,6 @@ pub struct Delivery<'a> {
 impl KeyTemplate {
     /// Fills in the template from a delivery.
     pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
-        let mut json: Option<Result<serde_json::Value, ()>> = None;
         let mut key = String::new();
         for part in &self.parts {
             let missing = |reason| KeyError::Missing {
@@ -190,21 +198,17 @@ impl KeyTemplate {
                         .ok_or_else(|| missing("form field absent"))?;
                     key.push_str(non_empty(&value).ok_or_else(|| missing("form field empty"))?);
                 }
-                Part::Json(pointer) => {
-                    let document = json
-                        .get_or_insert_with(|| {
-                            serde_json::from_slice(delivery.body).map_err(|_| ())
-                        })
-                        .as_ref()
-                        .map_err(|_| missing("body is not valid JSON"))?;
-                    match document.pointer(pointer) {
-                        Some(serde_json::Value::String(text)) => key.push_str(
-                            non_empty(text).ok_or_else(|| missing("JSON value is empty"))?,
+                Part::Json { tokens, .. } => {
+                    let found = json::find(delivery.body, tokens)
+                        .map_err(|()| missing("body is not valid JSON"))?;
+                    match found {
+                        Some(json::Found::Text(text)) => key.push_str(
+                            non_empty(&text).ok_or_else(|| missing("JSON value is empty"))?,
                         ),
-                        Some(serde_json::Value::Number(number)) => {
-                            key.push_str(&number.to_string())
+                        Some(json::Found::Number(number)) => key.push_str(&number.to_string()),
+                        Some(json::Found::Other) => {
+                            return Err(missing("JSON value is not a string or number"));
                         }
-                        Some(_) => return Err(missing("JSON value is not a string or number")),
                         None => return Err(missing("JSON value absent")),
                     }
                 }
@@ -264,7 +268,10 @@ mod tests {
             parsed.parts,
             vec![
                 Part::Literal("a{b}:".into()),
-                Part::Json("/id".into()),
+                Part::Json {
+                    pointer: "/id".into(),
+                    tokens: vec!["id".into()],
+                },
                 Part::Literal("-".into()),
                 Part::Header(HeaderName::from_static("x-id")),
                 Part::Query("q".into()),
