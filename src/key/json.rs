@@ -205,6 +205,7 @@ impl<'de> Visitor<'de> for Target {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
     use serde_json::Value;
 
     use super::*;
@@ -267,6 +268,45 @@ mod tests {
                     "{pointer} in {body}"
                 );
             }
+        }
+    }
+
+    /// Any JSON document, with member names drawn from a few so that pointers hit them
+    /// and names repeat.
+    fn documents() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            any::<bool>().prop_map(|b| b.to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            (-1e6f64..1e6).prop_map(|f| f.to_string()),
+            "[a-c/~é\\\\\"]{0,3}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|items| format!("[{}]", items.join(","))),
+                prop::collection::vec(("[a-c/~]{0,2}", inner), 0..4).prop_map(|members| {
+                    let members: Vec<String> = members
+                        .into_iter()
+                        .map(|(name, value)| {
+                            format!("{}:{value}", serde_json::to_string(&name).unwrap())
+                        })
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn finds_what_a_full_parse_finds_in_any_document(
+            body in documents(),
+            pointer in prop::collection::vec("[a-c0-3~/]|~0|~1|0|1|01|-", 1..4)
+                .prop_map(|tokens| format!("/{}", tokens.join("/"))),
+        ) {
+            prop_assert_eq!(find(body.as_bytes(), &tokens(&pointer)), by_value(&body, &pointer));
         }
     }
 
