@@ -74,7 +74,10 @@ impl Handle {
                 )),
                 text => StoreError::Backend(format!("cannot open data directory {path}: {text}")),
             })?;
-        let epochs = Epochs::open(&db, now).map_err(backend)?;
+        let (epochs, indexing) = Epochs::open(&db, now).map_err(backend)?;
+        indexing.start().map_err(|error| {
+            StoreError::Backend(format!("cannot start indexing the done records: {error}"))
+        })?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
         Ok(Handle {

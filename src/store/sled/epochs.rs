@@ -8,12 +8,15 @@
 //!
 //! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
 //! that may hold its key: about one read for a duplicate, almost none for a new event.
-//! Opening the store reads every key once to build the filters and count the records.
+//! After a restart the filters are rebuilt by reading every key once ([`Indexing`]), in
+//! the background and newest window first: until a window's filter is built it cannot
+//! rule a key out, so a claim reads that window's tree, as it would without filters. The
+//! store is ready at once whatever its size.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 use fastbloom::AtomicBloomFilter;
 use sha2::{Digest, Sha256};
@@ -82,6 +85,9 @@ impl Window {
 /// A Bloom filter that grows: when its last segment is full, a twice larger one is added.
 struct Filter {
     segments: RwLock<Vec<Segment>>,
+    /// False while the keys a tree held before a restart are not in the filter yet:
+    /// until then it cannot rule a key out.
+    complete: AtomicBool,
 }
 
 struct Segment {
@@ -106,10 +112,24 @@ fn filter_hash(key: &RecordKey) -> u64 {
 }
 
 impl Filter {
+    /// The filter of a new tree.
     fn new() -> Filter {
         Filter {
             segments: RwLock::new(Vec::new()),
+            complete: AtomicBool::new(true),
         }
+    }
+
+    /// The filter of a tree that already holds keys, until [`Filter::complete_with`].
+    fn pending() -> Filter {
+        Filter {
+            complete: AtomicBool::new(false),
+            ..Filter::new()
+        }
+    }
+
+    fn is_complete(&self) -> bool {
+        self.complete.load(Ordering::Acquire)
     }
 
     /// Adds `key`; `expected` sizes the first segment.
@@ -142,19 +162,28 @@ impl Filter {
         last.bits.insert_hash(hash);
     }
 
-    /// A filter holding `keys`, with room for as many again before it grows.
-    fn of(keys: &[RecordKey]) -> Filter {
+    /// Adds the keys the tree held before the restart, with room for as many again, and
+    /// lets the filter rule keys out. Keys added meanwhile stay in their own segments.
+    fn complete_with(&self, keys: &[RecordKey]) {
         let segment = Segment::new((keys.len() * 2).max(MIN_FILTER));
         for key in keys {
             segment.bits.insert_hash(filter_hash(key));
         }
         segment.items.store(keys.len(), Ordering::Relaxed);
-        Filter {
-            segments: RwLock::new(vec![segment]),
-        }
+        let mut segments = self
+            .segments
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // First, so that inserts keep filling the last segment.
+        segments.insert(0, segment);
+        drop(segments);
+        self.complete.store(true, Ordering::Release);
     }
 
     fn may_contain(&self, key: &RecordKey) -> bool {
+        if !self.is_complete() {
+            return true;
+        }
         let hash = filter_hash(key);
         read(&self.segments)
             .iter()
@@ -172,6 +201,8 @@ struct Epoch {
     tree: sled::Tree,
     filter: Filter,
     records: AtomicI64,
+    /// Set once the keys the tree held at start-up are in the filter and the count.
+    indexed: OnceLock<()>,
 }
 
 impl Epoch {
@@ -181,22 +212,75 @@ impl Epoch {
             tree,
             filter: Filter::new(),
             records: AtomicI64::new(0),
+            indexed: OnceLock::from(()),
         }
     }
 
-    /// An existing tree, its filter and count built by reading every key.
-    fn read(window: Window, tree: sled::Tree) -> sled::Result<Epoch> {
-        let keys: Vec<RecordKey> = tree
+    /// A tree that already holds records: its filter and count come from
+    /// [`Epoch::ensure_indexed`].
+    fn existing(window: Window, tree: sled::Tree) -> Epoch {
+        Epoch {
+            filter: Filter::pending(),
+            indexed: OnceLock::new(),
+            ..Epoch::new(window, tree)
+        }
+    }
+
+    /// Reads every key of the tree into the filter and the count, once: a second caller
+    /// (the sweep, reaching a window the indexing thread is reading) waits for the first.
+    fn ensure_indexed(&self) {
+        self.indexed.get_or_init(|| {
+            if let Err(error) = self.index() {
+                // Its filter stays pending: claims keep reading its tree, which is
+                // correct, and the sweep leaves it alone.
+                tracing::warn!(%error, tree = self.window.tree_name(), "cannot read a window's keys");
+            }
+        });
+    }
+
+    fn index(&self) -> sled::Result<()> {
+        let keys: Vec<RecordKey> = self
+            .tree
             .iter()
             .keys()
             .map(|key| key.map(|key| key.as_ref().try_into().unwrap_or_default()))
             .collect::<sled::Result<_>>()?;
-        Ok(Epoch {
-            window,
-            tree,
-            filter: Filter::of(&keys),
-            records: AtomicI64::new(i64::try_from(keys.len()).unwrap_or(i64::MAX)),
-        })
+        // Records written while this ran may be counted twice: the count feeds a metric
+        // and a new window's filter size, and it is exact again once the window is gone.
+        self.records.fetch_add(
+            i64::try_from(keys.len()).unwrap_or(i64::MAX),
+            Ordering::Relaxed,
+        );
+        self.filter.complete_with(&keys);
+        Ok(())
+    }
+}
+
+/// The epochs that held records before the store was opened, whose filters and counts
+/// still have to be read in.
+pub(super) struct Indexing {
+    pending: Vec<Arc<Epoch>>,
+}
+
+impl Indexing {
+    /// Reads them in, newest window first (those serve claims), on a thread of its own.
+    pub(super) fn start(self) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("sled-index".into())
+            .spawn(move || self.run())
+            .map(drop)
+    }
+
+    fn run(self) {
+        let started = std::time::Instant::now();
+        for epoch in &self.pending {
+            epoch.ensure_indexed();
+        }
+        tracing::debug!(
+            windows = self.pending.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "done records indexed"
+        );
     }
 }
 
@@ -207,22 +291,26 @@ pub(super) struct Epochs {
 }
 
 impl Epochs {
-    /// Finds and indexes the epoch trees of `db`, first moving records of the earlier
-    /// single-tree layout into them. Reads every key.
-    pub(super) fn open(db: &sled::Db, now: Millis) -> sled::Result<Epochs> {
+    /// Finds the epoch trees of `db`, first moving records of the earlier single-tree
+    /// layout into them. Their filters and counts are read in by the [`Indexing`]
+    /// returned, to be started.
+    pub(super) fn open(db: &sled::Db, now: Millis) -> sled::Result<(Epochs, Indexing)> {
         let mut by_window = BTreeMap::new();
         for name in db.tree_names() {
             if let Some(window) = Window::from_tree_name(&name) {
-                let epoch = Epoch::read(window, db.open_tree(&name)?)?;
+                let epoch = Epoch::existing(window, db.open_tree(&name)?);
                 by_window.insert(window, Arc::new(epoch));
             }
         }
+        let indexing = Indexing {
+            pending: by_window.values().rev().cloned().collect(),
+        };
         let epochs = Epochs {
             db: db.clone(),
             by_window: RwLock::new(by_window),
         };
         epochs.migrate_single_tree_layout(now)?;
-        Ok(epochs)
+        Ok((epochs, indexing))
     }
 
     /// Moves the live records of the layout before epochs (a `done` tree keyed by store
@@ -344,6 +432,15 @@ impl Epochs {
             .values()
             .take_while(|epoch| epoch.window.end <= now)
             .cloned()
+            .collect();
+        // A window whose keys were never read in (it failed) is left alone: its count is
+        // unknown.
+        let ended: Vec<Arc<Epoch>> = ended
+            .into_iter()
+            .filter(|epoch| {
+                epoch.ensure_indexed();
+                epoch.filter.is_complete()
+            })
             .collect();
         let mut swept = Swept::default();
         for epoch in ended {
@@ -542,7 +639,12 @@ mod tests {
         }
         assert!(read(&filter.segments).len() > 1, "it grew");
         assert!(keys[..5000].iter().all(|key| filter.may_contain(key)));
-        let read_back = Filter::of(&keys[5000..]);
+        let read_back = Filter::pending();
+        assert!(
+            read_back.may_contain(&keys[0]),
+            "a pending filter rules nothing out"
+        );
+        read_back.complete_with(&keys[5000..]);
         for key in &keys[..3000] {
             read_back.insert(key, || 0);
         }
@@ -553,5 +655,70 @@ mod tests {
             .filter(|i| filter.may_contain(&record_key(&format!("stranger{i}"))))
             .count();
         assert!(strangers < 500, "{strangers} false positives in 10000");
+    }
+
+    #[test]
+    fn after_a_restart_keys_are_found_before_and_after_their_filters_are_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let (now, minute) = (1_800_000_000_000, 60_000);
+        let record = DoneRecord {
+            claimed_at: now,
+            completed_at: now,
+            expires_at: now + minute,
+            upstream_status: 200,
+            fingerprint: [1; 32],
+            response: None,
+        };
+        let keys: Vec<RecordKey> = (0..2000u32).map(|i| record_key(&format!("k{i}"))).collect();
+        {
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let (epochs, indexing) = Epochs::open(&db, now).unwrap();
+            indexing.run();
+            for key in &keys {
+                epochs.put(key, &record, minute).unwrap();
+            }
+            db.flush().unwrap();
+        }
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let (epochs, indexing) = Epochs::open(&db, now).unwrap();
+        assert!(!indexing.pending.is_empty());
+
+        // Not indexed yet: every key is found by reading its tree.
+        assert!(
+            keys.iter()
+                .all(|key| epochs.get(key, now).unwrap().is_some())
+        );
+        assert_eq!(epochs.get(&record_key("stranger"), now).unwrap(), None);
+        let later = now + 2 * minute;
+        let fresh = record_key("written while indexing");
+        epochs.put(&fresh, &record, minute).unwrap();
+
+        indexing.run();
+        assert!(
+            keys.iter()
+                .all(|key| epochs.get(key, now).unwrap().is_some())
+        );
+        assert!(epochs.get(&fresh, now).unwrap().is_some());
+        // The fresh record may be counted twice (written, then read in).
+        assert!(
+            (2001..=2002).contains(&epochs.records()),
+            "{}",
+            epochs.records()
+        );
+        let by_window = read(&epochs.by_window);
+        assert!(by_window.values().all(|epoch| epoch.filter.is_complete()));
+        drop(by_window);
+        assert_eq!(epochs.sweep(later, 10_000).unwrap().removed, 2001);
+        assert_eq!(epochs.get(&keys[0], now).unwrap(), None);
+
+        // A window the sweep reaches before the indexing thread is read in first, so
+        // that its count is right when it goes.
+        for key in &keys {
+            epochs.put(key, &record, minute).unwrap();
+        }
+        drop(epochs);
+        let (epochs, _never_started) = Epochs::open(&db, now).unwrap();
+        assert_eq!(epochs.sweep(later, 10_000).unwrap().removed, 2000);
+        assert_eq!(epochs.records(), 0);
     }
 }
