@@ -30,6 +30,29 @@ pub fn default_count() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// One `T` for each worker and one for callers outside the workers: a connection (or a
+/// pool of them) whose task runs on the worker that opened it, so that using it never
+/// wakes another thread.
+pub struct PerWorker<T> {
+    outside: T,
+    each: Vec<T>,
+}
+
+impl<T> PerWorker<T> {
+    /// `each[i]` serves worker `i`; `outside` serves every other thread, and a worker
+    /// beyond `each`.
+    pub fn new(outside: T, each: Vec<T>) -> PerWorker<T> {
+        PerWorker { outside, each }
+    }
+
+    /// The `T` of the calling thread.
+    pub fn get(&self) -> &T {
+        current()
+            .and_then(|index| self.each.get(index))
+            .unwrap_or(&self.outside)
+    }
+}
+
 /// A set of worker threads; dropping it stops them, with whatever tasks they still run.
 pub struct Workers {
     handles: Vec<Handle>,
@@ -117,6 +140,28 @@ mod tests {
         let worker = |index: usize| (Some(index), Some(format!("dedupe-worker-{index}")));
         assert_eq!(seen, [worker(0), worker(0), worker(1), worker(1)]);
         assert_eq!(current(), None, "the caller is not a worker");
+    }
+
+    #[tokio::test]
+    async fn each_worker_gets_its_own_and_other_threads_the_outside_one() {
+        let workers = Workers::start(3).unwrap();
+        let values = std::sync::Arc::new(PerWorker::new("outside", vec!["w0", "w1"]));
+        assert_eq!(*values.get(), "outside");
+        let mut seen = Vec::new();
+        for index in 0..3 {
+            let values = std::sync::Arc::clone(&values);
+            seen.push(
+                workers
+                    .run_on(index, async move { *values.get() })
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            seen,
+            ["w0", "w1", "outside"],
+            "a worker beyond the list uses the outside one"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::{
     Millis, RecordedResponse, StoreError, Swept, millis, owned,
 };
 use crate::config::PostgresConfig;
-use crate::workers::{self, Workers};
+use crate::workers::{PerWorker, Workers};
 
 /// The database's time in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -83,7 +83,7 @@ pub struct PostgresStore {
     /// it, so a worker that only ever uses its own pool never wakes another thread for a
     /// reply (measured in one run: 219 µs of proxy CPU per delivery with one pool, 168 µs
     /// with one per worker).
-    pools: Vec<Pool>,
+    pools: PerWorker<Pool>,
     timeout: Duration,
     statements: Statements,
 }
@@ -128,14 +128,13 @@ impl PostgresStore {
     ) -> Result<PostgresStore, StoreError> {
         let url = config.url.masked();
         let pools = match workers.map(Workers::count) {
-            None => vec![pool(config, config.pool_size)?],
+            None => PerWorker::new(pool(config, config.pool_size)?, Vec::new()),
             Some(count) => {
                 let share = config.pool_size.div_ceil(count).max(1);
-                let mut pools = vec![pool(config, 1)?];
-                for _ in 0..count {
-                    pools.push(pool(config, share)?);
-                }
-                pools
+                let each = (0..count)
+                    .map(|_| pool(config, share))
+                    .collect::<Result<_, _>>()?;
+                PerWorker::new(pool(config, 1)?, each)
             }
         };
         let store = PostgresStore {
@@ -149,14 +148,8 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// The pool for the caller's thread.
-    fn pool(&self) -> &Pool {
-        let slot = workers::current().map_or(0, |index| index + 1);
-        self.pools.get(slot).unwrap_or(&self.pools[0])
-    }
-
     async fn create_table(&self, table: &str) -> Result<(), StoreError> {
-        let mut client = self.pool().get().await.map_err(backend)?;
+        let mut client = self.pools.get().get().await.map_err(backend)?;
         let transaction = client.transaction().await.map_err(backend)?;
         // Replicas starting together would race on CREATE TABLE: one at a time.
         transaction
@@ -219,7 +212,7 @@ impl PostgresStore {
         &self,
         statement: &str,
     ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
-        let client = self.pool().get().await.map_err(backend)?;
+        let client = self.pools.get().get().await.map_err(backend)?;
         let prepared = client.prepare_cached(statement).await.map_err(backend)?;
         Ok((client, prepared))
     }
