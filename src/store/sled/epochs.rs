@@ -1,10 +1,16 @@
 //! Done records, filed by when they expire.
 //!
 //! Each *epoch* is a sled tree holding the records whose expiry falls in one window of
-//! time, keyed by a 16-byte SHA-256 prefix of the store key. Once a window has passed,
-//! everything in its tree has expired: the sweep empties the tree and drops it. So no
-//! expiry index is needed (it doubled the disk per key), and the sweep's cost follows what
-//! expired, not the store's size.
+//! time. Once a window has passed, everything in its tree has expired: the sweep empties
+//! the tree and drops it. So no expiry index is needed (it doubled the disk per key), and
+//! the sweep's cost follows what expired, not the store's size.
+//!
+//! A record is known by a 16-byte SHA-256 prefix of its store key, and the records whose
+//! keys share their first two bytes share one sled value, a [`Bucket`]. sled keeps a few
+//! hundred bytes of bookkeeping in memory for every page of about a dozen sled keys,
+//! cached or not: a sled key per record cost 40 MiB per million records, a bucket per
+//! several records a fraction of it. Writing a record rewrites its bucket, which stays
+//! small: 65 536 buckets per window hold a million records at 15 each.
 //!
 //! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
 //! that may hold its key: about one read for a duplicate, almost none for a new event.
@@ -35,8 +41,19 @@ pub(super) fn record_key(store_key: &str) -> RecordKey {
     key
 }
 
-/// Epoch trees are named `done.<width>.<end>`, in milliseconds.
-const TREE_PREFIX: &str = "done.";
+/// Epoch trees are named `epoch.<width>.<end>.<bucket bytes>`, in milliseconds.
+const TREE_PREFIX: &str = "epoch.";
+
+/// The earlier layout's epoch trees, a sled key per record, moved into buckets at open.
+const KEYED_TREE_PREFIX: &str = "done.";
+
+/// How many leading bytes of a record key name its bucket, in a window expected to hold
+/// `records`: two (65 536 buckets) up to two million records, so that a bucket holds at
+/// most about 32 of them; three beyond. A window's first count comes from the one
+/// before it (traffic changes slowly), so the first window after a fresh start has two.
+fn bucket_bytes(records: usize) -> usize {
+    if records <= 1 << 21 { 2 } else { 3 }
+}
 
 /// The narrowest window.
 const MIN_WIDTH: Millis = 1024;
@@ -68,13 +85,33 @@ impl Window {
         }
     }
 
-    fn tree_name(self) -> String {
-        format!("{TREE_PREFIX}{}.{}", self.width, self.end)
+    fn tree_name(self, bucket_bytes: usize) -> String {
+        format!("{TREE_PREFIX}{}.{}.{bucket_bytes}", self.width, self.end)
     }
 
-    fn from_tree_name(name: &[u8]) -> Option<Window> {
+    /// The window and bucket width of an epoch tree's name.
+    fn from_tree_name(name: &[u8]) -> Option<(Window, usize)> {
         let name = std::str::from_utf8(name).ok()?.strip_prefix(TREE_PREFIX)?;
-        let (width, end) = name.split_once('.')?;
+        let (window, bucket_bytes) = name.rsplit_once('.')?;
+        let bucket_bytes = bucket_bytes
+            .parse()
+            .ok()
+            .filter(|bytes| (1..=16).contains(bytes))?;
+        Some((Window::parse(window)?, bucket_bytes))
+    }
+
+    /// The window of an earlier layout's epoch tree.
+    fn from_keyed_tree_name(name: &[u8]) -> Option<Window> {
+        Window::parse(
+            std::str::from_utf8(name)
+                .ok()?
+                .strip_prefix(KEYED_TREE_PREFIX)?,
+        )
+    }
+
+    /// `<width>.<end>`
+    fn parse(text: &str) -> Option<Window> {
+        let (width, end) = text.split_once('.')?;
         Some(Window {
             end: end.parse().ok()?,
             width: width.parse().ok()?,
@@ -198,6 +235,8 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// One window's tree, its filter and how many records it holds.
 struct Epoch {
     window: Window,
+    /// How many leading bytes of a record key name its bucket.
+    bucket_bytes: usize,
     tree: sled::Tree,
     filter: Filter,
     records: AtomicI64,
@@ -206,9 +245,10 @@ struct Epoch {
 }
 
 impl Epoch {
-    fn new(window: Window, tree: sled::Tree) -> Epoch {
+    fn new(window: Window, bucket_bytes: usize, tree: sled::Tree) -> Epoch {
         Epoch {
             window,
+            bucket_bytes,
             tree,
             filter: Filter::new(),
             records: AtomicI64::new(0),
@@ -218,12 +258,21 @@ impl Epoch {
 
     /// A tree that already holds records: its filter and count come from
     /// [`Epoch::ensure_indexed`].
-    fn existing(window: Window, tree: sled::Tree) -> Epoch {
+    fn existing(window: Window, bucket_bytes: usize, tree: sled::Tree) -> Epoch {
         Epoch {
             filter: Filter::pending(),
             indexed: OnceLock::new(),
-            ..Epoch::new(window, tree)
+            ..Epoch::new(window, bucket_bytes, tree)
         }
+    }
+
+    fn tree_name(&self) -> String {
+        self.window.tree_name(self.bucket_bytes)
+    }
+
+    /// The sled key of the bucket holding `key`'s record.
+    fn bucket<'k>(&self, key: &'k RecordKey) -> &'k [u8] {
+        &key[..self.bucket_bytes]
     }
 
     /// Reads every key of the tree into the filter and the count, once: a second caller
@@ -233,18 +282,16 @@ impl Epoch {
             if let Err(error) = self.index() {
                 // Its filter stays pending: claims keep reading its tree, which is
                 // correct, and the sweep leaves it alone.
-                tracing::warn!(%error, tree = self.window.tree_name(), "cannot read a window's keys");
+                tracing::warn!(%error, tree = self.tree_name(), "cannot read a window's keys");
             }
         });
     }
 
     fn index(&self) -> sled::Result<()> {
-        let keys: Vec<RecordKey> = self
-            .tree
-            .iter()
-            .keys()
-            .map(|key| key.map(|key| key.as_ref().try_into().unwrap_or_default()))
-            .collect::<sled::Result<_>>()?;
+        let mut keys: Vec<RecordKey> = Vec::new();
+        for bucket in self.tree.iter().values() {
+            keys.extend(entries(&bucket?).map(|entry| entry.key));
+        }
         // Records written while this ran may be counted twice: the count feeds a metric
         // and a new window's filter size, and it is exact again once the window is gone.
         self.records.fetch_add(
@@ -297,8 +344,8 @@ impl Epochs {
     pub(super) fn open(db: &sled::Db, now: Millis) -> sled::Result<(Epochs, Indexing)> {
         let mut by_window = BTreeMap::new();
         for name in db.tree_names() {
-            if let Some(window) = Window::from_tree_name(&name) {
-                let epoch = Epoch::existing(window, db.open_tree(&name)?);
+            if let Some((window, bucket_bytes)) = Window::from_tree_name(&name) {
+                let epoch = Epoch::existing(window, bucket_bytes, db.open_tree(&name)?);
                 by_window.insert(window, Arc::new(epoch));
             }
         }
@@ -310,7 +357,41 @@ impl Epochs {
             by_window: RwLock::new(by_window),
         };
         epochs.migrate_single_tree_layout(now)?;
+        epochs.migrate_keyed_epochs(now)?;
         Ok((epochs, indexing))
+    }
+
+    /// Moves the live records of the earlier epoch trees, a sled key per record, into
+    /// buckets, then drops those trees.
+    fn migrate_keyed_epochs(&self, now: Millis) -> sled::Result<()> {
+        for name in self.db.tree_names() {
+            let Some(window) = Window::from_keyed_tree_name(&name) else {
+                continue;
+            };
+            let old = self.db.open_tree(&name)?;
+            let mut moved = 0;
+            if window.end > now {
+                for entry in old.iter() {
+                    let (key, bytes) = entry?;
+                    let Ok(key) = RecordKey::try_from(key.as_ref()) else {
+                        continue;
+                    };
+                    if let Some(record) = decode(&key, &bytes, window) {
+                        let retention = record.expires_at.saturating_sub(record.completed_at);
+                        self.put(&key, &record, retention)?;
+                        moved += 1;
+                    }
+                }
+            }
+            self.db.flush()?;
+            self.db.drop_tree(&name)?;
+            tracing::info!(
+                records = moved,
+                tree = %String::from_utf8_lossy(&name),
+                "moved a window's done records into buckets"
+            );
+        }
+        Ok(())
     }
 
     /// Moves the live records of the layout before epochs (a `done` tree keyed by store
@@ -359,9 +440,10 @@ impl Epochs {
             if !epoch.filter.may_contain(key) {
                 continue;
             }
-            if let Some(bytes) = epoch.tree.get(key)? {
-                let live =
-                    decode(key, &bytes, epoch.window).filter(|record| record.expires_at > now);
+            if let Some(bucket) = epoch.tree.get(epoch.bucket(key))? {
+                let live = find(&bucket, key)
+                    .and_then(|bytes| decode(key, bytes, epoch.window))
+                    .filter(|record| record.expires_at > now);
                 if live.is_some() {
                     return Ok(live);
                 }
@@ -386,7 +468,10 @@ impl Epochs {
                     // Filter first: a key in the filter and not in the tree is harmless.
                     let expected = || expected_records(&by_window, window);
                     epoch.filter.insert(key, expected);
-                    if epoch.tree.insert(key, bytes)?.is_none() {
+                    let before = epoch.tree.fetch_and_update(epoch.bucket(key), |bucket| {
+                        Some(with_record(bucket, key, Some(&bytes)))
+                    })?;
+                    if before.is_none_or(|bucket| find(&bucket, key).is_none()) {
                         epoch.records.fetch_add(1, Ordering::Relaxed);
                     }
                     return Ok(());
@@ -401,8 +486,10 @@ impl Epochs {
             .by_window
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let bucket_bytes = bucket_bytes(expected_records(&by_window, window));
         if let Entry::Vacant(vacant) = by_window.entry(window) {
-            let epoch = Epoch::new(window, self.db.open_tree(window.tree_name())?);
+            let tree = self.db.open_tree(window.tree_name(bucket_bytes))?;
+            let epoch = Epoch::new(window, bucket_bytes, tree);
             vacant.insert(Arc::new(epoch));
         }
         Ok(())
@@ -416,17 +503,23 @@ impl Epochs {
             if !epoch.filter.may_contain(key) {
                 continue;
             }
-            if let Some(bytes) = epoch.tree.remove(key)? {
+            let before = epoch.tree.fetch_and_update(epoch.bucket(key), |bucket| {
+                let rest = with_record(bucket, key, None);
+                (!rest.is_empty()).then_some(rest)
+            })?;
+            let removed = before
+                .as_deref()
+                .and_then(|bucket| find(bucket, key).map(|bytes| decode(key, bytes, epoch.window)));
+            if let Some(record) = removed {
                 epoch.records.fetch_sub(1, Ordering::Relaxed);
-                removed_live |=
-                    decode(key, &bytes, epoch.window).is_some_and(|record| record.expires_at > now);
+                removed_live |= record.is_some_and(|record| record.expires_at > now);
             }
         }
         Ok(removed_live)
     }
 
-    /// Removes up to `limit` records of windows that ended by `now`, oldest first, and
-    /// drops each tree once it is empty. Reads nothing else.
+    /// Removes up to about `limit` records of windows that ended by `now`, oldest first, a
+    /// bucket at a time, and drops each tree once it is empty. Reads nothing else.
     pub(super) fn sweep(&self, now: Millis, limit: usize) -> sled::Result<Swept> {
         let ended: Vec<Arc<Epoch>> = read(&self.by_window)
             .values()
@@ -444,26 +537,23 @@ impl Epochs {
             .collect();
         let mut swept = Swept::default();
         for epoch in ended {
-            let budget = limit - swept.examined;
-            if budget == 0 {
-                break;
-            }
-            let keys: Vec<sled::IVec> = epoch
-                .tree
-                .iter()
-                .keys()
-                .take(budget)
-                .collect::<sled::Result<_>>()?;
-            for key in &keys {
-                swept.examined += 1;
-                if epoch.tree.remove(key)?.is_some() {
-                    epoch.records.fetch_sub(1, Ordering::Relaxed);
-                    swept.removed += 1;
+            let mut emptied = true;
+            for bucket in epoch.tree.iter().keys() {
+                if swept.examined >= limit {
+                    emptied = false;
+                    break;
+                }
+                if let Some(records) = epoch.tree.remove(bucket?)? {
+                    let count = entries(&records).count();
+                    epoch.records.fetch_sub(count as i64, Ordering::Relaxed);
+                    swept.examined += count;
+                    swept.removed += count;
                 }
             }
-            if keys.len() < budget {
-                self.drop_epoch(&epoch)?;
+            if !emptied {
+                break;
             }
+            self.drop_epoch(&epoch)?;
         }
         Ok(swept)
     }
@@ -476,7 +566,7 @@ impl Epochs {
         by_window.remove(&epoch.window);
         // Under the lock: no reader is in the tree, and no writer can recreate it before
         // it is gone.
-        self.db.drop_tree(epoch.window.tree_name())?;
+        self.db.drop_tree(epoch.tree_name())?;
         Ok(())
     }
 
@@ -500,6 +590,55 @@ fn expected_records(by_window: &BTreeMap<Window, Arc<Epoch>>, window: Window) ->
         .map_or(0, |(_, epoch)| {
             usize::try_from(epoch.records.load(Ordering::Relaxed)).unwrap_or(0)
         })
+}
+
+/// One record in a bucket: its key, then its encoded [`Stored`] form with its length
+/// first. A bucket is its records one after another.
+#[derive(Serialize, Deserialize)]
+struct BucketEntry<'a> {
+    key: RecordKey,
+    record: &'a [u8],
+}
+
+/// The records of a bucket, in order. An unreadable tail is treated as absent (and
+/// logged), as an unreadable record is.
+fn entries(bucket: &[u8]) -> impl Iterator<Item = BucketEntry<'_>> {
+    let mut rest = bucket;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        match postcard::take_from_bytes::<BucketEntry>(rest) {
+            Ok((entry, tail)) => {
+                rest = tail;
+                Some(entry)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "unreadable done records, treating them as absent");
+                rest = &[];
+                None
+            }
+        }
+    })
+}
+
+/// The encoded record of `key` in `bucket`.
+fn find<'a>(bucket: &'a [u8], key: &RecordKey) -> Option<&'a [u8]> {
+    entries(bucket)
+        .find(|entry| entry.key == *key)
+        .map(|entry| entry.record)
+}
+
+/// `bucket` with `key`'s record replaced by `record`, or removed if `None`.
+fn with_record(bucket: Option<&[u8]>, key: &RecordKey, record: Option<&[u8]>) -> Vec<u8> {
+    let bucket = bucket.unwrap_or_default();
+    let mut out = Vec::with_capacity(bucket.len() + record.map_or(0, |record| record.len() + 20));
+    let kept = entries(bucket).filter(|entry| entry.key != *key);
+    let added = record.map(|record| BucketEntry { key: *key, record });
+    for entry in kept.chain(added) {
+        out = postcard::to_extend(&entry, out).expect("an entry always serializes");
+    }
+    out
 }
 
 /// A done record as stored, its times as small differences, which take fewer bytes
@@ -584,11 +723,20 @@ mod tests {
         assert!(window.end - window.width <= 1_800_000_000_000);
         assert_eq!(Window::holding(5_000, 1_000).width, MIN_WIDTH);
         assert_eq!(
-            Window::from_tree_name(window.tree_name().as_bytes()),
-            Some(window)
+            Window::from_tree_name(window.tree_name(3).as_bytes()),
+            Some((window, 3))
         );
         assert_eq!(Window::from_tree_name(b"done"), None);
+        assert_eq!(Window::from_tree_name(b"epoch.1024.2048"), None);
+        assert_eq!(Window::from_tree_name(b"epoch.1024.2048.0"), None);
         assert_eq!(Window::from_tree_name(b"__sled__default"), None);
+        assert_eq!(
+            Window::from_keyed_tree_name(b"done.1024.2048"),
+            Some(Window {
+                end: 2048,
+                width: 1024
+            })
+        );
     }
 
     #[test]
@@ -626,6 +774,131 @@ mod tests {
         };
         let window = Window::holding(odd.expires_at, 1_500);
         assert_eq!(decode(b"k", &encode(&odd, window), window), Some(odd));
+    }
+
+    #[test]
+    fn a_bucket_keeps_each_record_apart() {
+        let keys: Vec<RecordKey> = (0..5u8).map(|i| [i; 16]).collect();
+        let mut bucket = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            bucket = with_record(Some(&bucket), key, Some(&vec![i as u8; i * 100]));
+        }
+        for (i, key) in keys.iter().enumerate() {
+            assert_eq!(find(&bucket, key), Some(&vec![i as u8; i * 100][..]));
+        }
+        // Replacing a record keeps one entry for its key.
+        bucket = with_record(Some(&bucket), &keys[2], Some(b"new"));
+        assert_eq!(find(&bucket, &keys[2]), Some(&b"new"[..]));
+        assert_eq!(entries(&bucket).count(), 5);
+        // Removing one leaves the others.
+        bucket = with_record(Some(&bucket), &keys[0], None);
+        assert_eq!(find(&bucket, &keys[0]), None);
+        assert_eq!(find(&bucket, &keys[4]), Some(&[4; 400][..]));
+        assert_eq!(find(&bucket, &[9; 16]), None);
+        // A torn tail (the rewritten record, now last) reads as absent; the records
+        // before it still read.
+        let torn = &bucket[..bucket.len() - 2];
+        assert_eq!(find(torn, &keys[4]), Some(&[4; 400][..]));
+        assert_eq!(find(torn, &keys[2]), None);
+        assert_eq!(bucket_bytes(1_000_000), 2);
+        assert_eq!(bucket_bytes(10_000_000), 3);
+    }
+
+    #[test]
+    fn records_sharing_a_bucket_are_found_counted_and_removed_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (now, minute) = (1_800_000_000_000, 60_000);
+        let record = |status| DoneRecord {
+            claimed_at: now,
+            completed_at: now,
+            expires_at: now + minute,
+            upstream_status: status,
+            fingerprint: [1; 32],
+            response: None,
+        };
+        // Three keys in one bucket, one in another.
+        let mut keys: Vec<RecordKey> = (0..3u8)
+            .map(|i| [7, 7, i, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+            .collect();
+        keys.push([8; 16]);
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let (epochs, indexing) = Epochs::open(&db, now).unwrap();
+        indexing.run();
+        for (i, key) in keys.iter().enumerate() {
+            epochs.put(key, &record(200 + i as u16), minute).unwrap();
+        }
+        epochs.put(&keys[1], &record(299), minute).unwrap();
+        assert_eq!(epochs.records(), 4, "a rewrite is not a new record");
+        let status = |key| {
+            epochs
+                .get(key, now)
+                .unwrap()
+                .map(|done| done.upstream_status)
+        };
+        assert_eq!(
+            keys.iter().map(status).collect::<Vec<_>>(),
+            [Some(200), Some(299), Some(202), Some(203)]
+        );
+        assert!(epochs.remove(&keys[0], now).unwrap());
+        assert!(!epochs.remove(&keys[0], now).unwrap(), "already gone");
+        assert_eq!(status(&keys[0]), None);
+        assert_eq!(status(&keys[2]), Some(202));
+        assert_eq!(epochs.records(), 3);
+        let swept = epochs.sweep(now + 2 * minute, 10_000).unwrap();
+        assert_eq!((swept.examined, swept.removed), (3, 3));
+        assert_eq!(epochs.records(), 0);
+        assert!(
+            db.tree_names()
+                .iter()
+                .all(|name| Window::from_tree_name(name).is_none())
+        );
+    }
+
+    #[test]
+    fn the_keyed_layout_moves_into_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let (now, minute) = (1_800_000_000_000, 60_000);
+        let record = DoneRecord {
+            claimed_at: now,
+            completed_at: now,
+            expires_at: now + minute,
+            upstream_status: 201,
+            fingerprint: [3; 32],
+            response: None,
+        };
+        let window = Window::holding(record.expires_at, minute);
+        let ended = Window::holding(now - minute, minute);
+        let keys: Vec<RecordKey> = (0..100u32).map(|i| record_key(&format!("k{i}"))).collect();
+        {
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let keyed = db
+                .open_tree(format!(
+                    "{KEYED_TREE_PREFIX}{}.{}",
+                    window.width, window.end
+                ))
+                .unwrap();
+            let stale = db
+                .open_tree(format!("{KEYED_TREE_PREFIX}{}.{}", ended.width, ended.end))
+                .unwrap();
+            for key in &keys {
+                keyed.insert(key, encode(&record, window)).unwrap();
+                stale.insert(key, encode(&record, ended)).unwrap();
+            }
+            db.flush().unwrap();
+        }
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let (epochs, indexing) = Epochs::open(&db, now).unwrap();
+        indexing.run();
+        assert!(
+            keys.iter()
+                .all(|key| epochs.get(key, now).unwrap() == Some(record.clone()))
+        );
+        assert_eq!(epochs.records(), 100, "the ended window was not moved");
+        assert!(
+            db.tree_names()
+                .iter()
+                .all(|name| Window::from_keyed_tree_name(name).is_none())
+        );
     }
 
     #[test]
