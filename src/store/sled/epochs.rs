@@ -714,6 +714,40 @@ fn decode(key: &[u8], bytes: &[u8], window: Window) -> Option<DoneRecord> {
 mod tests {
     use super::*;
 
+    const NOW: Millis = 1_800_000_000_000;
+    const MINUTE: Millis = 60_000;
+
+    /// Opens the database at `dir`, waiting while the background threads of one just
+    /// dropped still hold its lock.
+    fn open_db(dir: &tempfile::TempDir) -> sled::Db {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match sled::Config::new().path(dir.path()).open() {
+                Ok(db) => return db,
+                Err(error) if std::time::Instant::now() < deadline => {
+                    assert!(
+                        error.to_string().contains("could not acquire lock"),
+                        "{error}"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+    }
+
+    /// A record done at [`NOW`], kept a minute.
+    fn done(upstream_status: u16) -> DoneRecord {
+        DoneRecord {
+            claimed_at: NOW,
+            completed_at: NOW,
+            expires_at: NOW + MINUTE,
+            upstream_status,
+            fingerprint: [1; 32],
+            response: None,
+        }
+    }
+
     #[test]
     fn windows_are_about_an_eighth_of_the_retention_and_hold_their_records() {
         let day = 86_400_000;
@@ -807,21 +841,13 @@ mod tests {
     #[test]
     fn records_sharing_a_bucket_are_found_counted_and_removed_apart() {
         let dir = tempfile::tempdir().unwrap();
-        let (now, minute) = (1_800_000_000_000, 60_000);
-        let record = |status| DoneRecord {
-            claimed_at: now,
-            completed_at: now,
-            expires_at: now + minute,
-            upstream_status: status,
-            fingerprint: [1; 32],
-            response: None,
-        };
+        let (now, minute, record) = (NOW, MINUTE, done);
         // Three keys in one bucket, one in another.
         let mut keys: Vec<RecordKey> = (0..3u8)
             .map(|i| [7, 7, i, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
             .collect();
         keys.push([8; 16]);
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = open_db(&dir);
         let (epochs, indexing) = Epochs::open(&db, now).unwrap();
         indexing.run();
         for (i, key) in keys.iter().enumerate() {
@@ -857,20 +883,12 @@ mod tests {
     #[test]
     fn the_keyed_layout_moves_into_buckets() {
         let dir = tempfile::tempdir().unwrap();
-        let (now, minute) = (1_800_000_000_000, 60_000);
-        let record = DoneRecord {
-            claimed_at: now,
-            completed_at: now,
-            expires_at: now + minute,
-            upstream_status: 201,
-            fingerprint: [3; 32],
-            response: None,
-        };
+        let (now, minute, record) = (NOW, MINUTE, done(201));
         let window = Window::holding(record.expires_at, minute);
         let ended = Window::holding(now - minute, minute);
         let keys: Vec<RecordKey> = (0..100u32).map(|i| record_key(&format!("k{i}"))).collect();
         {
-            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let db = open_db(&dir);
             let keyed = db
                 .open_tree(format!(
                     "{KEYED_TREE_PREFIX}{}.{}",
@@ -886,7 +904,7 @@ mod tests {
             }
             db.flush().unwrap();
         }
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = open_db(&dir);
         let (epochs, indexing) = Epochs::open(&db, now).unwrap();
         indexing.run();
         assert!(
@@ -933,18 +951,10 @@ mod tests {
     #[test]
     fn after_a_restart_keys_are_found_before_and_after_their_filters_are_built() {
         let dir = tempfile::tempdir().unwrap();
-        let (now, minute) = (1_800_000_000_000, 60_000);
-        let record = DoneRecord {
-            claimed_at: now,
-            completed_at: now,
-            expires_at: now + minute,
-            upstream_status: 200,
-            fingerprint: [1; 32],
-            response: None,
-        };
+        let (now, minute, record) = (NOW, MINUTE, done(200));
         let keys: Vec<RecordKey> = (0..2000u32).map(|i| record_key(&format!("k{i}"))).collect();
         {
-            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let db = open_db(&dir);
             let (epochs, indexing) = Epochs::open(&db, now).unwrap();
             indexing.run();
             for key in &keys {
@@ -952,7 +962,7 @@ mod tests {
             }
             db.flush().unwrap();
         }
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = open_db(&dir);
         let (epochs, indexing) = Epochs::open(&db, now).unwrap();
         assert!(!indexing.pending.is_empty());
 
