@@ -53,10 +53,15 @@ async fn an_upstream_that_answers_before_reading_the_body_is_handled_consistentl
     let first = post_json(proxy.addr, "/hooks", &body).await;
     let second = post_json(proxy.addr, "/hooks", &body).await;
     // Either the early answer counts (done, then a duplicate) or the cut-off write is a
-    // failure (released, then forwarded again); never a success followed by a second run.
+    // failure (released, then forwarded again, where the same race may cut it off again);
+    // never a success followed by a second run, never a failure followed by a duplicate.
     match (first.status, first.dedupe()) {
         (200, "forwarded") => assert_eq!(second.dedupe(), "duplicate"),
-        (502, "released") => assert_eq!(second.dedupe(), "forwarded"),
+        (502, "released") => assert!(
+            ["forwarded", "released"].contains(&second.dedupe()),
+            "the retry of a failed delivery must reach the app again: {}",
+            second.dedupe()
+        ),
         other => panic!("unexpected first answer {other:?}"),
     }
 }
