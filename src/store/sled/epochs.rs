@@ -10,7 +10,9 @@
 //! hundred bytes of bookkeeping in memory for every page of about a dozen sled keys,
 //! cached or not: a sled key per record cost 40 MiB per million records, a bucket per
 //! several records a fraction of it. Writing a record rewrites its bucket, which stays
-//! small: 65 536 buckets per window hold a million records at 15 each.
+//! small: 65 536 buckets per window hold a million records at 15 each, and a record
+//! larger than [`INLINE_LIMIT`] (one keeping a replayed answer) is stored apart under its
+//! full key, its bucket holding only its key, so that it is not rewritten with the others.
 //!
 //! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
 //! that may hold its key: about one read for a duplicate, almost none for a new event.
@@ -46,6 +48,10 @@ const TREE_PREFIX: &str = "epoch.";
 
 /// The earlier layout's epoch trees, a sled key per record, moved into buckets at open.
 const KEYED_TREE_PREFIX: &str = "done.";
+
+/// The largest encoded record kept inside its bucket (a record without a replayed answer
+/// takes about 44 bytes).
+const INLINE_LIMIT: usize = 256;
 
 /// How many leading bytes of a record key name its bucket, in a window expected to hold
 /// `records`: two (65 536 buckets) up to two million records, so that a bucket holds at
@@ -275,6 +281,54 @@ impl Epoch {
         &key[..self.bucket_bytes]
     }
 
+    /// Whether a sled key of the tree names a bucket (rather than a record stored apart).
+    fn is_bucket(&self, sled_key: &[u8]) -> bool {
+        sled_key.len() == self.bucket_bytes
+    }
+
+    /// The record of `key`, expired or not.
+    fn read(&self, key: &RecordKey) -> sled::Result<Option<DoneRecord>> {
+        let Some(bucket) = self.tree.get(self.bucket(key))? else {
+            return Ok(None);
+        };
+        Ok(match find(&bucket, key) {
+            None => None,
+            Some(APART) => (self.tree.get(key)?).and_then(|bytes| decode(key, &bytes, self.window)),
+            Some(bytes) => decode(key, bytes, self.window),
+        })
+    }
+
+    /// Writes the encoded record of `key`. Returns whether the key had none.
+    fn write(&self, key: &RecordKey, record: &[u8]) -> sled::Result<bool> {
+        let apart = record.len() > INLINE_LIMIT;
+        if apart {
+            // First, so that whoever finds the entry finds the record.
+            self.tree.insert(key, record)?;
+        }
+        let inline = if apart { APART } else { record };
+        let before = self.tree.fetch_and_update(self.bucket(key), |bucket| {
+            Some(with_record(bucket, key, Some(inline)))
+        })?;
+        let previous = before.as_deref().and_then(|bucket| find(bucket, key));
+        if previous == Some(APART) && !apart {
+            self.tree.remove(key)?;
+        }
+        Ok(previous.is_none())
+    }
+
+    /// Deletes the record of `key`, returning what it held.
+    fn delete(&self, key: &RecordKey) -> sled::Result<Option<sled::IVec>> {
+        let before = self.tree.fetch_and_update(self.bucket(key), |bucket| {
+            let rest = with_record(bucket, key, None);
+            (!rest.is_empty()).then_some(rest)
+        })?;
+        match before.as_deref().and_then(|bucket| find(bucket, key)) {
+            None => Ok(None),
+            Some(APART) => self.tree.remove(key),
+            Some(record) => Ok(Some(record.into())),
+        }
+    }
+
     /// Reads every key of the tree into the filter and the count, once: a second caller
     /// (the sweep, reaching a window the indexing thread is reading) waits for the first.
     fn ensure_indexed(&self) {
@@ -289,8 +343,11 @@ impl Epoch {
 
     fn index(&self) -> sled::Result<()> {
         let mut keys: Vec<RecordKey> = Vec::new();
-        for bucket in self.tree.iter().values() {
-            keys.extend(entries(&bucket?).map(|entry| entry.key));
+        for item in self.tree.iter() {
+            let (key, bucket) = item?;
+            if self.is_bucket(&key) {
+                keys.extend(entries(&bucket).map(|entry| entry.key));
+            }
         }
         // Records written while this ran may be counted twice: the count feeds a metric
         // and a new window's filter size, and it is exact again once the window is gone.
@@ -440,13 +497,9 @@ impl Epochs {
             if !epoch.filter.may_contain(key) {
                 continue;
             }
-            if let Some(bucket) = epoch.tree.get(epoch.bucket(key))? {
-                let live = find(&bucket, key)
-                    .and_then(|bytes| decode(key, bytes, epoch.window))
-                    .filter(|record| record.expires_at > now);
-                if live.is_some() {
-                    return Ok(live);
-                }
+            let live = epoch.read(key)?.filter(|record| record.expires_at > now);
+            if live.is_some() {
+                return Ok(live);
             }
         }
         Ok(None)
@@ -468,10 +521,7 @@ impl Epochs {
                     // Filter first: a key in the filter and not in the tree is harmless.
                     let expected = || expected_records(&by_window, window);
                     epoch.filter.insert(key, expected);
-                    let before = epoch.tree.fetch_and_update(epoch.bucket(key), |bucket| {
-                        Some(with_record(bucket, key, Some(&bytes)))
-                    })?;
-                    if before.is_none_or(|bucket| find(&bucket, key).is_none()) {
+                    if epoch.write(key, &bytes)? {
                         epoch.records.fetch_add(1, Ordering::Relaxed);
                     }
                     return Ok(());
@@ -503,16 +553,10 @@ impl Epochs {
             if !epoch.filter.may_contain(key) {
                 continue;
             }
-            let before = epoch.tree.fetch_and_update(epoch.bucket(key), |bucket| {
-                let rest = with_record(bucket, key, None);
-                (!rest.is_empty()).then_some(rest)
-            })?;
-            let removed = before
-                .as_deref()
-                .and_then(|bucket| find(bucket, key).map(|bytes| decode(key, bytes, epoch.window)));
-            if let Some(record) = removed {
+            if let Some(bytes) = epoch.delete(key)? {
                 epoch.records.fetch_sub(1, Ordering::Relaxed);
-                removed_live |= record.is_some_and(|record| record.expires_at > now);
+                removed_live |=
+                    decode(key, &bytes, epoch.window).is_some_and(|record| record.expires_at > now);
             }
         }
         Ok(removed_live)
@@ -538,13 +582,16 @@ impl Epochs {
         let mut swept = Swept::default();
         for epoch in ended {
             let mut emptied = true;
-            for bucket in epoch.tree.iter().keys() {
+            for sled_key in epoch.tree.iter().keys() {
                 if swept.examined >= limit {
                     emptied = false;
                     break;
                 }
-                if let Some(records) = epoch.tree.remove(bucket?)? {
-                    let count = entries(&records).count();
+                let sled_key = sled_key?;
+                let removed = epoch.tree.remove(&sled_key)?;
+                // A record stored apart is counted with its bucket's entry.
+                if let Some(bucket) = removed.filter(|_| epoch.is_bucket(&sled_key)) {
+                    let count = entries(&bucket).count();
                     epoch.records.fetch_sub(count as i64, Ordering::Relaxed);
                     swept.examined += count;
                     swept.removed += count;
@@ -592,8 +639,12 @@ fn expected_records(by_window: &BTreeMap<Window, Arc<Epoch>>, window: Window) ->
         })
 }
 
+/// The entry of a record stored apart under its full key: an encoded record is never
+/// empty.
+const APART: &[u8] = &[];
+
 /// One record in a bucket: its key, then its encoded [`Stored`] form with its length
-/// first. A bucket is its records one after another.
+/// first ([`APART`] for a large one). A bucket is its records one after another.
 #[derive(Serialize, Deserialize)]
 struct BucketEntry<'a> {
     key: RecordKey,
@@ -878,6 +929,72 @@ mod tests {
                 .iter()
                 .all(|name| Window::from_tree_name(name).is_none())
         );
+    }
+
+    #[test]
+    fn a_large_record_is_stored_apart_and_leaves_its_bucket_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db(&dir);
+        let (epochs, indexing) = Epochs::open(&db, NOW).unwrap();
+        indexing.run();
+        let replayed = |body: &'static [u8]| DoneRecord {
+            response: Some(RecordedResponse {
+                status: 200,
+                content_type: Some("application/json".into()),
+                body: bytes::Bytes::from_static(body),
+            }),
+            ..done(200)
+        };
+        let large = replayed(&[b'x'; 4096]);
+        // Two keys sharing a bucket: one large, one small.
+        let (big, small) = ([5; 16], [5, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        epochs.put(&big, &large, MINUTE).unwrap();
+        epochs.put(&small, &done(201), MINUTE).unwrap();
+        assert_eq!(epochs.get(&big, NOW).unwrap(), Some(large.clone()));
+        assert_eq!(epochs.records(), 2, "a record stored apart counts once");
+        let by_window = read(&epochs.by_window);
+        let epoch = by_window.values().next().unwrap();
+        let bucket = epoch.tree.get([5, 5]).unwrap().unwrap();
+        assert!(
+            bucket.len() < 100,
+            "the bucket holds {} bytes",
+            bucket.len()
+        );
+        assert!(epoch.tree.get(big).unwrap().is_some());
+        // Rewritten small, the record apart goes.
+        epoch
+            .write(&big, &encode(&replayed(b"{}"), epoch.window))
+            .unwrap();
+        assert_eq!(epoch.tree.get(big).unwrap(), None);
+        epoch.write(&big, &encode(&large, epoch.window)).unwrap();
+        drop(by_window);
+        // Read back after a restart, then removed with its record.
+        drop(epochs);
+        let (epochs, indexing) = Epochs::open(&db, NOW).unwrap();
+        indexing.run();
+        assert_eq!(epochs.records(), 2);
+        assert_eq!(epochs.get(&big, NOW).unwrap(), Some(large));
+        assert!(epochs.remove(&big, NOW).unwrap());
+        assert_eq!(epochs.get(&big, NOW).unwrap(), None);
+        assert_eq!(
+            epochs.get(&small, NOW).unwrap().unwrap().upstream_status,
+            201
+        );
+        let by_window = read(&epochs.by_window);
+        assert_eq!(
+            by_window.values().next().unwrap().tree.len(),
+            1,
+            "only the bucket"
+        );
+        drop(by_window);
+        // The sweep counts a record stored apart once.
+        epochs.put(&big, &done(202), MINUTE).unwrap();
+        epochs
+            .put(&[6; 16], &replayed(&[b'y'; 1000]), MINUTE)
+            .unwrap();
+        let swept = epochs.sweep(NOW + 2 * MINUTE, 10_000).unwrap();
+        assert_eq!((swept.examined, swept.removed), (3, 3));
+        assert_eq!(epochs.records(), 0);
     }
 
     #[test]
