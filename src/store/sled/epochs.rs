@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use super::super::{DoneRecord, Fingerprint, Millis, RecordedResponse, Swept};
 
 /// A done record's key in its tree: the first 16 bytes of the store key's SHA-256.
-pub(super) type RecordKey = [u8; 16];
+pub(super) type RecordKey = [u8; RECORD_KEY_LEN];
+
+const RECORD_KEY_LEN: usize = 16;
 
 pub(super) fn record_key(store_key: &str) -> RecordKey {
     let digest = Sha256::digest(store_key.as_bytes());
@@ -281,6 +283,10 @@ impl Epoch {
         &key[..self.bucket_bytes]
     }
 
+    fn view<'a>(&self, bucket: &'a [u8]) -> Bucket<'a> {
+        Bucket::new(bucket, self.bucket_bytes)
+    }
+
     /// Whether a sled key of the tree names a bucket (rather than a record stored apart).
     fn is_bucket(&self, sled_key: &[u8]) -> bool {
         sled_key.len() == self.bucket_bytes
@@ -291,7 +297,7 @@ impl Epoch {
         let Some(bucket) = self.tree.get(self.bucket(key))? else {
             return Ok(None);
         };
-        Ok(match find(&bucket, key) {
+        Ok(match self.view(&bucket).find(key) {
             None => None,
             Some(APART) => (self.tree.get(key)?).and_then(|bytes| decode(key, &bytes, self.window)),
             Some(bytes) => decode(key, bytes, self.window),
@@ -307,9 +313,14 @@ impl Epoch {
         }
         let inline = if apart { APART } else { record };
         let before = self.tree.fetch_and_update(self.bucket(key), |bucket| {
-            Some(with_record(bucket, key, Some(inline)))
+            Some(
+                self.view(bucket.unwrap_or_default())
+                    .with(key, Some(inline)),
+            )
         })?;
-        let previous = before.as_deref().and_then(|bucket| find(bucket, key));
+        let previous = before
+            .as_deref()
+            .and_then(|bucket| self.view(bucket).find(key));
         if previous == Some(APART) && !apart {
             self.tree.remove(key)?;
         }
@@ -319,10 +330,13 @@ impl Epoch {
     /// Deletes the record of `key`, returning what it held.
     fn delete(&self, key: &RecordKey) -> sled::Result<Option<sled::IVec>> {
         let before = self.tree.fetch_and_update(self.bucket(key), |bucket| {
-            let rest = with_record(bucket, key, None);
+            let rest = self.view(bucket.unwrap_or_default()).with(key, None);
             (!rest.is_empty()).then_some(rest)
         })?;
-        match before.as_deref().and_then(|bucket| find(bucket, key)) {
+        match before
+            .as_deref()
+            .and_then(|bucket| self.view(bucket).find(key))
+        {
             None => Ok(None),
             Some(APART) => self.tree.remove(key),
             Some(record) => Ok(Some(record.into())),
@@ -344,9 +358,14 @@ impl Epoch {
     fn index(&self) -> sled::Result<()> {
         let mut keys: Vec<RecordKey> = Vec::new();
         for item in self.tree.iter() {
-            let (key, bucket) = item?;
-            if self.is_bucket(&key) {
-                keys.extend(entries(&bucket).map(|entry| entry.key));
+            let (sled_key, bucket) = item?;
+            if self.is_bucket(&sled_key) {
+                keys.extend(self.view(&bucket).entries().map(|(rest, _)| {
+                    let mut key = RecordKey::default();
+                    key[..self.bucket_bytes].copy_from_slice(&sled_key);
+                    key[self.bucket_bytes..].copy_from_slice(rest);
+                    key
+                }));
             }
         }
         // Records written while this ran may be counted twice: the count feeds a metric
@@ -591,7 +610,7 @@ impl Epochs {
                 let removed = epoch.tree.remove(&sled_key)?;
                 // A record stored apart is counted with its bucket's entry.
                 if let Some(bucket) = removed.filter(|_| epoch.is_bucket(&sled_key)) {
-                    let count = entries(&bucket).count();
+                    let count = epoch.view(&bucket).entries().count();
                     epoch.records.fetch_sub(count as i64, Ordering::Relaxed);
                     swept.examined += count;
                     swept.removed += count;
@@ -643,53 +662,61 @@ fn expected_records(by_window: &BTreeMap<Window, Arc<Epoch>>, window: Window) ->
 /// empty.
 const APART: &[u8] = &[];
 
-/// One record in a bucket: its key, then its encoded [`Stored`] form with its length
-/// first ([`APART`] for a large one). A bucket is its records one after another.
-#[derive(Serialize, Deserialize)]
-struct BucketEntry<'a> {
-    key: RecordKey,
-    record: &'a [u8],
+/// The records of the keys that share a prefix, as one sled value: for each record, the
+/// rest of its key after the prefix, then its encoded [`Stored`] form with its length
+/// first ([`APART`] for a large one).
+struct Bucket<'a> {
+    bytes: &'a [u8],
+    /// The length of the prefix, which is the bucket's sled key.
+    prefix: usize,
 }
 
-/// The records of a bucket, in order. An unreadable tail is treated as absent (and
-/// logged), as an unreadable record is.
-fn entries(bucket: &[u8]) -> impl Iterator<Item = BucketEntry<'_>> {
-    let mut rest = bucket;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        match postcard::take_from_bytes::<BucketEntry>(rest) {
-            Ok((entry, tail)) => {
-                rest = tail;
-                Some(entry)
-            }
-            Err(error) => {
-                tracing::warn!(%error, "unreadable done records, treating them as absent");
-                rest = &[];
-                None
-            }
-        }
-    })
-}
-
-/// The encoded record of `key` in `bucket`.
-fn find<'a>(bucket: &'a [u8], key: &RecordKey) -> Option<&'a [u8]> {
-    entries(bucket)
-        .find(|entry| entry.key == *key)
-        .map(|entry| entry.record)
-}
-
-/// `bucket` with `key`'s record replaced by `record`, or removed if `None`.
-fn with_record(bucket: Option<&[u8]>, key: &RecordKey, record: Option<&[u8]>) -> Vec<u8> {
-    let bucket = bucket.unwrap_or_default();
-    let mut out = Vec::with_capacity(bucket.len() + record.map_or(0, |record| record.len() + 20));
-    let kept = entries(bucket).filter(|entry| entry.key != *key);
-    let added = record.map(|record| BucketEntry { key: *key, record });
-    for entry in kept.chain(added) {
-        out = postcard::to_extend(&entry, out).expect("an entry always serializes");
+impl<'a> Bucket<'a> {
+    fn new(bytes: &'a [u8], prefix: usize) -> Bucket<'a> {
+        Bucket { bytes, prefix }
     }
-    out
+
+    /// The records, in order, each as the rest of its key and its encoded form. An
+    /// unreadable tail is treated as absent (and logged), as an unreadable record is.
+    fn entries(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + use<'a> {
+        let (mut rest, suffix) = (self.bytes, RECORD_KEY_LEN - self.prefix);
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            let parsed = rest.split_at_checked(suffix).and_then(|(key, tail)| {
+                let (record, tail) = postcard::take_from_bytes::<&[u8]>(tail).ok()?;
+                Some((key, record, tail))
+            });
+            let Some((key, record, tail)) = parsed else {
+                tracing::warn!("unreadable done records, treating them as absent");
+                rest = &[];
+                return None;
+            };
+            rest = tail;
+            Some((key, record))
+        })
+    }
+
+    /// The encoded record of `key`.
+    fn find(&self, key: &RecordKey) -> Option<&'a [u8]> {
+        let suffix = &key[self.prefix..];
+        self.entries()
+            .find(|(rest, _)| *rest == suffix)
+            .map(|(_, record)| record)
+    }
+
+    /// The bucket with `key`'s record replaced by `record`, or removed if `None`.
+    fn with(&self, key: &RecordKey, record: Option<&[u8]>) -> Vec<u8> {
+        let suffix = &key[self.prefix..];
+        let mut out = Vec::with_capacity(self.bytes.len() + record.map_or(0, |r| r.len() + 20));
+        let kept = self.entries().filter(|(rest, _)| *rest != suffix);
+        for (rest, record) in kept.chain(record.map(|record| (suffix, record))) {
+            out.extend_from_slice(rest);
+            out = postcard::to_extend(&record, out).expect("a byte string always serializes");
+        }
+        out
+    }
 }
 
 /// A done record as stored, its times as small differences, which take fewer bytes
@@ -864,26 +891,33 @@ mod tests {
     #[test]
     fn a_bucket_keeps_each_record_apart() {
         let keys: Vec<RecordKey> = (0..5u8).map(|i| [i; 16]).collect();
-        let mut bucket = Vec::new();
+        let mut bytes = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            bucket = with_record(Some(&bucket), key, Some(&vec![i as u8; i * 100]));
+            bytes = Bucket::new(&bytes, 2).with(key, Some(&vec![i as u8; i * 100 + 1]));
         }
+        let find = |bytes: &[u8], key| Bucket::new(bytes, 2).find(key).map(<[u8]>::to_vec);
         for (i, key) in keys.iter().enumerate() {
-            assert_eq!(find(&bucket, key), Some(&vec![i as u8; i * 100][..]));
+            assert_eq!(find(&bytes, key), Some(vec![i as u8; i * 100 + 1]));
         }
+        // Only the rest of each key after the prefix is kept: 14 bytes, then the record's
+        // length (one byte below 128, two up to 16 KiB) and the record.
+        assert_eq!(
+            bytes.len(),
+            5 * 14 + (1 + 1 + 2 + 2 + 2) + (1 + 101 + 201 + 301 + 401)
+        );
         // Replacing a record keeps one entry for its key.
-        bucket = with_record(Some(&bucket), &keys[2], Some(b"new"));
-        assert_eq!(find(&bucket, &keys[2]), Some(&b"new"[..]));
-        assert_eq!(entries(&bucket).count(), 5);
+        bytes = Bucket::new(&bytes, 2).with(&keys[2], Some(b"new"));
+        assert_eq!(find(&bytes, &keys[2]), Some(b"new".to_vec()));
+        assert_eq!(Bucket::new(&bytes, 2).entries().count(), 5);
         // Removing one leaves the others.
-        bucket = with_record(Some(&bucket), &keys[0], None);
-        assert_eq!(find(&bucket, &keys[0]), None);
-        assert_eq!(find(&bucket, &keys[4]), Some(&[4; 400][..]));
-        assert_eq!(find(&bucket, &[9; 16]), None);
+        bytes = Bucket::new(&bytes, 2).with(&keys[0], None);
+        assert_eq!(find(&bytes, &keys[0]), None);
+        assert_eq!(find(&bytes, &keys[4]), Some(vec![4; 401]));
+        assert_eq!(find(&bytes, &[9; 16]), None);
         // A torn tail (the rewritten record, now last) reads as absent; the records
         // before it still read.
-        let torn = &bucket[..bucket.len() - 2];
-        assert_eq!(find(torn, &keys[4]), Some(&[4; 400][..]));
+        let torn = &bytes[..bytes.len() - 2];
+        assert_eq!(find(torn, &keys[4]), Some(vec![4; 401]));
         assert_eq!(find(torn, &keys[2]), None);
         assert_eq!(bucket_bytes(1_000_000), 2);
         assert_eq!(bucket_bytes(10_000_000), 3);
