@@ -6,13 +6,15 @@
 //! the sweep's cost follows what expired, not the store's size.
 //!
 //! A record is known by a 16-byte SHA-256 prefix of its store key, and the records whose
-//! keys share their first two bytes share one sled value, a [`Bucket`]. sled keeps a few
+//! keys share their first two bytes (three in a window expected to hold more than two
+//! million) share one sled value, a [`Bucket`]. sled keeps a few
 //! hundred bytes of bookkeeping in memory for every page of about a dozen sled keys,
 //! cached or not: a sled key per record cost 40 MiB per million records, a bucket per
 //! several records a fraction of it. Writing a record rewrites its bucket, which stays
 //! small: 65 536 buckets per window hold a million records at 15 each, and a record
 //! larger than [`INLINE_LIMIT`] (one keeping a replayed answer) is stored apart under its
-//! full key, its bucket holding only its key, so that it is not rewritten with the others.
+//! full key, with an empty entry in its bucket, so that it is not rewritten with the
+//! others.
 //!
 //! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
 //! that may hold its key: about one read for a duplicate, almost none for a new event.
@@ -40,8 +42,8 @@ const RECORD_KEY_LEN: usize = 16;
 
 pub(super) fn record_key(store_key: &str) -> RecordKey {
     let digest = Sha256::digest(store_key.as_bytes());
-    let mut key = [0; 16];
-    key.copy_from_slice(&digest[..16]);
+    let mut key = [0; RECORD_KEY_LEN];
+    key.copy_from_slice(&digest[..RECORD_KEY_LEN]);
     key
 }
 
