@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
 
 use crate::body::{self, BodyError, ProxyBody};
+use crate::config::values::UpstreamUrl;
 use crate::config::{Config, OnMissingKey, OnPayloadMismatch, OnStoreError, Unmatched};
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{Metrics, ReleaseReason};
@@ -295,7 +296,7 @@ impl Proxy {
         let started = Instant::now();
         let sent = self
             .upstream
-            .send(request, route.policy.upstream_timeout.0)
+            .send(&route.upstream, request, route.policy.upstream_timeout.0)
             .await;
         let elapsed = started.elapsed().as_secs_f64();
         self.metrics.upstream_answered(&route.name, elapsed);
@@ -373,7 +374,8 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         let request = upstream::outbound(head, body::full(body), &route.upstream, peer, None);
-        self.relay(request, route.policy.upstream_timeout.0).await
+        self.relay(&route.upstream, request, route.policy.upstream_timeout.0)
+            .await
     }
 
     /// A request no route matches: streamed through untouched, or refused.
@@ -394,12 +396,22 @@ impl Proxy {
             peer,
             None,
         );
-        self.relay(request, routing.unmatched_timeout).await
+        self.relay(
+            &routing.fallback_upstream,
+            request,
+            routing.unmatched_timeout,
+        )
+        .await
     }
 
     /// Sends without a claim and relays whatever comes back.
-    async fn relay(&self, request: Request<ProxyBody>, timeout: Duration) -> Response<ProxyBody> {
-        match self.upstream.send(request, timeout).await {
+    async fn relay(
+        &self,
+        upstream: &UpstreamUrl,
+        request: Request<ProxyBody>,
+        timeout: Duration,
+    ) -> Response<ProxyBody> {
+        match self.upstream.send(upstream, request, timeout).await {
             Ok(response) => upstream::inbound(response),
             Err(UpstreamError::Unreachable(detail)) => {
                 Refusal::UpstreamUnreachable(detail).into_response()

@@ -937,7 +937,7 @@ mod tests {
         };
         let config = Config::parse(MINIMAL, Path::new("t.yaml"), &overrides).unwrap();
         assert_eq!(config.listen, "127.0.0.1:0".parse().unwrap());
-        assert_eq!(config.upstream.origin, "http://10.0.0.1:9");
+        assert_eq!(config.upstream.to_string(), "http://10.0.0.1:9");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode, Uri};
@@ -282,8 +283,11 @@ string_value!(Name, "a name of lowercase letters, digits, `_` and `-`");
 /// is put in front of every forwarded path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamUrl {
-    /// `http://host:port`, without a trailing slash.
-    pub origin: String,
+    /// `host:port` as written (the port may be left out), the `Host` of a request that
+    /// arrived without one.
+    pub authority: String,
+    /// `host:port` to connect to, with port 80 when none is written.
+    pub address: Arc<str>,
     /// The base path without a trailing slash; empty for none.
     pub base_path: String,
 }
@@ -311,7 +315,13 @@ impl FromStr for UpstreamUrl {
             return Err(format!("upstream `{text}` must not have a query"));
         }
         Ok(UpstreamUrl {
-            origin: format!("http://{authority}"),
+            authority: authority.to_string(),
+            address: format!(
+                "{}:{}",
+                authority.host(),
+                authority.port_u16().unwrap_or(80)
+            )
+            .into(),
             base_path: uri.path().trim_end_matches('/').to_owned(),
         })
     }
@@ -319,7 +329,7 @@ impl FromStr for UpstreamUrl {
 
 impl fmt::Display for UpstreamUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", self.origin, self.base_path)
+        write!(f, "http://{}{}", self.authority, self.base_path)
     }
 }
 
@@ -544,11 +554,21 @@ mod tests {
     fn upstream_urls() {
         let url: UpstreamUrl = "http://127.0.0.1:8080/".parse().unwrap();
         assert_eq!(
-            (url.origin.as_str(), url.base_path.as_str()),
-            ("http://127.0.0.1:8080", "")
+            (
+                url.authority.as_str(),
+                &*url.address,
+                url.base_path.as_str()
+            ),
+            ("127.0.0.1:8080", "127.0.0.1:8080", "")
         );
+        assert_eq!(url.to_string(), "http://127.0.0.1:8080");
         let url: UpstreamUrl = "http://app:3000/base/".parse().unwrap();
         assert_eq!(url.base_path, "/base");
+        assert_eq!(url.to_string(), "http://app:3000/base");
+        let url: UpstreamUrl = "http://app/".parse().unwrap();
+        assert_eq!((url.authority.as_str(), &*url.address), ("app", "app:80"));
+        let url: UpstreamUrl = "http://[::1]:9000".parse().unwrap();
+        assert_eq!(&*url.address, "[::1]:9000");
         assert!(
             "https://app"
                 .parse::<UpstreamUrl>()
