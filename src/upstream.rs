@@ -197,17 +197,16 @@ mod tests {
         }
     }
 
+    /// `head` rewritten for `upstream` without a key.
+    fn unkeyed(head: http::request::Parts, upstream: &str) -> Request<ProxyBody> {
+        let upstream: UpstreamUrl = upstream.parse().unwrap();
+        let peer = "127.0.0.1:1".parse().unwrap();
+        outbound(head, empty(), &upstream, peer, None)
+    }
+
     #[test]
     fn a_request_without_host_gets_the_upstreams() {
-        let head = request(&[], "/x?y=1");
-        let upstream: UpstreamUrl = "http://app:3000".parse().unwrap();
-        let out = outbound(
-            head,
-            empty(),
-            &upstream,
-            "127.0.0.1:1".parse().unwrap(),
-            None,
-        );
+        let out = unkeyed(request(&[], "/x?y=1"), "http://app:3000");
         assert_eq!(out.headers()["host"], "app:3000");
         assert!(!out.headers().contains_key("x-forwarded-host"));
         assert_eq!(out.uri(), "/x?y=1");
@@ -215,14 +214,9 @@ mod tests {
 
     #[test]
     fn forged_key_header_is_dropped_without_a_key() {
-        let head = request(&[("dedupe-key", "forged")], "/x");
-        let upstream: UpstreamUrl = "http://127.0.0.1:1".parse().unwrap();
-        let out = outbound(
-            head,
-            empty(),
-            &upstream,
-            "127.0.0.1:1".parse().unwrap(),
-            None,
+        let out = unkeyed(
+            request(&[("dedupe-key", "forged")], "/x"),
+            "http://127.0.0.1:1",
         );
         assert!(!out.headers().contains_key("dedupe-key"));
     }
