@@ -50,11 +50,26 @@ struct Connection {
 }
 
 impl Connection {
-    /// Open, and idle for longer than [`IDLE_TIMEOUT`] (counted from the start of its
-    /// last exchange, so never less than it has really idled).
+    /// Idle for longer than [`IDLE_TIMEOUT`], counted from the start of its last exchange
+    /// (so never less than it has really idled).
     fn expired(&self, now: Instant) -> bool {
         self.sender.is_ready() && now.duration_since(self.last_sent) >= IDLE_TIMEOUT
     }
+}
+
+impl Connections {
+    /// Drops the connections that are closed or have idled too long.
+    fn prune(&mut self, now: Instant) {
+        self.open
+            .retain(|connection| !connection.sender.is_closed() && !connection.expired(now));
+    }
+}
+
+fn lock(shared: &Mutex<Connections>) -> MutexGuard<'_, Connections> {
+    // The list stays consistent even if a holder panicked.
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Pool {
@@ -100,21 +115,21 @@ impl Pool {
         }
     }
 
-    /// A free connection to `address`, dropping the closed and expired ones on the way.
+    /// A free connection to `address` that has not idled too long. One pass: the closed
+    /// and expired ones are left to the reaper (a closed one is never free).
     fn take_free(&self, address: &str) -> Option<SendRequest<ProxyBody>> {
         let now = Instant::now();
-        let mut connections = self.lock();
-        connections
-            .open
-            .retain(|connection| !connection.sender.is_closed() && !connection.expired(now));
+        let mut connections = lock(&self.shared);
         let free = connections.open.iter().position(|connection| {
-            &*connection.address == address && connection.sender.is_ready()
+            &*connection.address == address
+                && connection.sender.is_ready()
+                && !connection.expired(now)
         })?;
         Some(connections.open.swap_remove(free).sender)
     }
 
     fn put(&self, address: &Arc<str>, sender: SendRequest<ProxyBody>) {
-        let mut connections = self.lock();
+        let mut connections = lock(&self.shared);
         connections.open.push(Connection {
             address: Arc::clone(address),
             sender,
@@ -126,34 +141,22 @@ impl Pool {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connections> {
-        // The list stays consistent even if a holder panicked.
-        self.shared
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// How many connections are open (free or busy).
     #[cfg(test)]
     fn open(&self) -> usize {
-        self.lock().open.len()
+        lock(&self.shared).open.len()
     }
 }
 
-/// Closes the idle connections of a pool that gets no new requests, until it has none.
+/// Every [`IDLE_TIMEOUT`], drops a pool's closed and idle connections, until it has none.
 async fn reap(shared: Weak<Mutex<Connections>>) {
     loop {
         tokio::time::sleep(IDLE_TIMEOUT).await;
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        let mut connections = shared
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = Instant::now();
-        connections
-            .open
-            .retain(|connection| !connection.sender.is_closed() && !connection.expired(now));
+        let mut connections = lock(&shared);
+        connections.prune(Instant::now());
         if connections.open.is_empty() {
             connections.reaping = false;
             return;
