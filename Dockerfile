@@ -5,6 +5,10 @@
 # edits reach the container and are reloaded).
 
 FROM rust:1.95-slim-bookworm AS build
+# jemalloc (the allocator) is built from source with make.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends make \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, in a layer of their own that code changes do not invalidate.
 COPY Cargo.toml Cargo.lock ./

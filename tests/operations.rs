@@ -525,27 +525,3 @@ async fn sighup_reloads_the_binary_and_logs_say_what_happened_without_secrets() 
     assert_eq!(proxy.wait(Duration::from_secs(10)).code(), Some(0));
     assert!(proxy.log_text().contains("dedupe-proxy stopped"));
 }
-
-/// The allocator commits memory on demand (see main.rs: eager commit kept about 50 MiB
-/// resident with a million done keys). The option is set before mimalloc starts, and
-/// `MIMALLOC_ARENA_EAGER_COMMIT` still overrides it.
-#[test]
-fn the_allocator_commits_arenas_on_demand_unless_told_otherwise() {
-    let option = |env: &[(&str, &str)]| {
-        let output = std::process::Command::new(binary_path())
-            .arg("--help")
-            .env("MIMALLOC_VERBOSE", "1")
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        let text = String::from_utf8_lossy(&output.stderr).into_owned();
-        let line = text
-            .lines()
-            .find(|line| line.contains("option 'arena_eager_commit':"))
-            .unwrap_or_else(|| panic!("mimalloc printed no such option:\n{text}"));
-        line.rsplit(':').next().unwrap().trim().to_string()
-    };
-    assert_eq!(option(&[]), "0");
-    assert_eq!(option(&[("MIMALLOC_ARENA_EAGER_COMMIT", "1")]), "1");
-}
