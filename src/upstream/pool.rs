@@ -312,6 +312,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_idle_too_long_is_not_reused_before_the_reaper_drops_it() {
+        let (address, accepted) = upstream(Upstream::KeepsAlive).await;
+        let pool = Pool::default();
+        connection_number(pool.send(&address, request()).await.unwrap()).await;
+        tokio::task::yield_now().await;
+        // As if it had idled past the timeout; the reaper's first round is a second away.
+        lock(&pool.shared).open[0].last_sent =
+            Instant::now().checked_sub(IDLE_TIMEOUT * 2).unwrap();
+        let next = pool.send(&address, request()).await.unwrap();
+        assert_eq!(
+            connection_number(next).await,
+            "1",
+            "sent on a new connection"
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
     async fn a_request_on_a_connection_closed_before_it_was_written_goes_on_a_new_one() {
         let (address, accepted) = upstream(Upstream::KeepsAlive).await;
         let pool = Pool::default();
