@@ -213,6 +213,20 @@ mod tests {
     }
 
     #[test]
+    fn every_request_target_form_goes_out_in_origin_form() {
+        for (target, expected) in [
+            ("http://other.example/x?y=1", "/app/x?y=1"),
+            ("*", "/app*"),
+            ("example.com:443", "/app/"),
+        ] {
+            let out = unkeyed(request(&[], target), "http://127.0.0.1:1/app");
+            assert_eq!(out.uri(), expected, "{target}");
+        }
+        let out = unkeyed(request(&[], "*"), "http://127.0.0.1:1");
+        assert_eq!(out.uri(), "*");
+    }
+
+    #[test]
     fn forged_key_header_is_dropped_without_a_key() {
         let out = unkeyed(
             request(&[("dedupe-key", "forged")], "/x"),
