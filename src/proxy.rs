@@ -373,8 +373,8 @@ impl Proxy {
         body: Bytes,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
-        let request = upstream::outbound(head, body::full(body), &route.upstream, peer, None);
-        self.relay(&route.upstream, request, route.policy.upstream_timeout.0)
+        let timeout = route.policy.upstream_timeout.0;
+        self.relay(&route.upstream, head, body::full(body), peer, timeout)
             .await
     }
 
@@ -389,28 +389,22 @@ impl Proxy {
             return Refusal::NoRoute.into_response();
         }
         let (head, body) = request.into_parts();
-        let request = upstream::outbound(
-            head,
-            body::streaming(body),
-            &routing.fallback_upstream,
-            peer,
-            None,
-        );
-        self.relay(
-            &routing.fallback_upstream,
-            request,
-            routing.unmatched_timeout,
-        )
-        .await
+        let upstream = &routing.fallback_upstream;
+        let timeout = routing.unmatched_timeout;
+        self.relay(upstream, head, body::streaming(body), peer, timeout)
+            .await
     }
 
-    /// Sends without a claim and relays whatever comes back.
+    /// Sends to `upstream` without a claim and relays whatever comes back.
     async fn relay(
         &self,
         upstream: &UpstreamUrl,
-        request: Request<ProxyBody>,
+        head: http::request::Parts,
+        body: ProxyBody,
+        peer: SocketAddr,
         timeout: Duration,
     ) -> Response<ProxyBody> {
+        let request = upstream::outbound(head, body, upstream, peer, None);
         match self.upstream.send(upstream, request, timeout).await {
             Ok(response) => upstream::inbound(response),
             Err(UpstreamError::Unreachable(detail)) => {
