@@ -1,6 +1,7 @@
 //! Command-line arguments: `run` (the default), `check` and `demo`.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -44,6 +45,10 @@ pub struct ConfigArgs {
     /// Forward to this application instead of the file's `upstream`.
     #[arg(long)]
     pub upstream: Option<UpstreamUrl>,
+    /// How many threads serve connections (default: one per CPU this process may use,
+    /// which counts a cgroup CPU limit but not a node's other tenants).
+    #[arg(long, env = "DEDUPE_PROXY_WORKERS")]
+    pub workers: Option<NonZeroUsize>,
     /// Log lines as human-readable text or as JSON objects.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -54,6 +59,7 @@ impl ConfigArgs {
         Overrides {
             listen: self.listen,
             upstream: self.upstream.clone(),
+            workers: self.workers,
         }
     }
 }

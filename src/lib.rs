@@ -155,7 +155,11 @@ async fn start_with(
         .as_ref()
         .map(|env| env.secret.clone());
     let admin = Arc::new(Admin::new(token, Arc::clone(&metrics)));
-    let workers = Workers::start(workers::default_count()).map_err(StartError::Workers)?;
+    let worker_count = config
+        .overrides
+        .workers
+        .map_or_else(workers::default_count, usize::from);
+    let workers = Workers::start(worker_count).map_err(StartError::Workers)?;
     let workers = Arc::new(workers);
     let (stop_admin, admin_server) =
         spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, &workers, {
@@ -223,6 +227,7 @@ async fn start_with(
         proxy = %proxy_addr,
         admin = %admin_addr,
         routes,
+        workers = workers.count(),
         config = %source.display(),
         "dedupe-proxy ready"
     );

@@ -24,8 +24,9 @@ pub fn current() -> Option<usize> {
     INDEX.with(Cell::get)
 }
 
-/// The number of workers a server starts with: one per core this process may use
-/// (`available_parallelism` reads cgroup CPU quotas, so a Kubernetes CPU limit counts).
+/// The number of workers a server starts with unless `--workers` says otherwise: one per
+/// core this process may use (`available_parallelism` reads cgroup CPU quotas, so a
+/// Kubernetes CPU limit counts; a pod without one gets a worker per core of the node).
 pub fn default_count() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }

@@ -1,5 +1,5 @@
 //! Operating the proxy: metrics, the resolved routes, live reload (POST, SIGHUP, a file
-//! change, a ConfigMap-style symlink swap), what a reload cannot change, and the logs.
+//! change, a ConfigMap-style symlink swap), what a reload cannot change, the logs and the worker count.
 
 mod support;
 
@@ -524,4 +524,79 @@ async fn sighup_reloads_the_binary_and_logs_say_what_happened_without_secrets() 
     proxy.signal("TERM");
     assert_eq!(proxy.wait(Duration::from_secs(10)).code(), Some(0));
     assert!(proxy.log_text().contains("dedupe-proxy stopped"));
+}
+
+/// The names of the binary's worker threads, from /proc.
+fn worker_threads(proxy: &Binary) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", proxy.child.id()))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("comm")).ok())
+        .filter(|name| name.starts_with("dedupe-worker-"))
+        .count()
+}
+
+/// The `workers` field of the binary's ready line.
+fn logged_workers(proxy: &Binary) -> u64 {
+    proxy
+        .log_text()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["fields"]["message"] == "dedupe-proxy ready")
+        .and_then(|entry| entry["fields"]["workers"].as_u64())
+        .expect("the ready line names its workers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_count_follows_the_flag_the_environment_or_the_cpus() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    write_file(
+        &path,
+        upstream.addr,
+        &dir.path().join("data"),
+        &format!("routes:\n{}", route("a", "/a")),
+    );
+    let config = path.display().to_string();
+    let args = |extra: &[&str]| -> Vec<String> {
+        ["run", "-c", &config, "--log-format", "json"]
+            .iter()
+            .chain(extra)
+            .map(|arg| arg.to_string())
+            .collect()
+    };
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    // The flag wins over the environment, which wins over the CPU count.
+    let env_two = [("DEDUPE_PROXY_WORKERS", "2")];
+    let env_one = [("DEDUPE_PROXY_WORKERS", "1")];
+    for (case, (args, env, expected)) in [
+        (args(&[]), &[][..], cpus),
+        (args(&["--workers", "3"]), &env_two[..], 3),
+        (args(&[]), &env_one[..], 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let env = env.to_vec();
+        let proxy = tokio::task::spawn_blocking(move || Binary::spawn(&args, &env))
+            .await
+            .unwrap();
+        assert_eq!(logged_workers(&proxy), expected as u64);
+        assert_eq!(worker_threads(&proxy), expected);
+        for event in 0..4 {
+            let id = format!(r#"{{"id":"evt_{case}_{event}"}}"#);
+            assert_eq!(post_json(proxy.addr, "/a", &id).await.dedupe(), "forwarded");
+        }
+    }
+
+    let refused = std::process::Command::new(binary_path())
+        .args(args(&["--workers", "0"]))
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--workers"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }

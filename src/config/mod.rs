@@ -13,6 +13,7 @@ pub mod values;
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -78,6 +79,9 @@ pub enum ConfigError {
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub upstream: Option<UpstreamUrl>,
+    /// The number of worker threads; the file has no such setting, since a reload
+    /// could not change it.
+    pub workers: Option<NonZeroUsize>,
 }
 
 impl Config {
@@ -934,6 +938,7 @@ mod tests {
         let overrides = Overrides {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             upstream: Some("http://10.0.0.1:9".parse().unwrap()),
+            workers: None,
         };
         let config = Config::parse(MINIMAL, Path::new("t.yaml"), &overrides).unwrap();
         assert_eq!(config.listen, "127.0.0.1:0".parse().unwrap());
