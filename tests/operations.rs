@@ -1,5 +1,6 @@
 //! Operating the proxy: metrics, the resolved routes, live reload (POST, SIGHUP, a file
-//! change, a ConfigMap-style symlink swap), what a reload cannot change, the logs and the worker count.
+//! change, a ConfigMap-style symlink swap), what a reload cannot change, the logs, and
+//! the worker threads (how many, and each with upstream connections of its own).
 
 mod support;
 
@@ -599,4 +600,66 @@ async fn the_worker_count_follows_the_flag_the_environment_or_the_cpus() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+}
+
+/// Each worker forwards on upstream connections of its own, so that a delivery never
+/// wakes another thread: deliveries taking turns on two sender connections (one per
+/// worker) reach the app on two connections, where a pool shared by the workers would
+/// use one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_forwards_on_upstream_connections_of_its_own() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connections);
+    let upstream = raw_upstream(move |mut stream| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            while let Some(head) = read_head(&mut stream).await {
+                assert!(head.to_ascii_lowercase().contains("content-length: 12\r\n"));
+                let mut body = [0u8; 12];
+                tokio::io::AsyncReadExt::read_exact(&mut stream, &mut body)
+                    .await
+                    .unwrap();
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if stream.write_all(answer).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(upstream, &dir.path().join("db"), &json_route(""));
+    let overrides = Overrides {
+        workers: std::num::NonZeroUsize::new(2),
+        ..Overrides::default()
+    };
+    let config = Config::parse(&text, Path::new("test.yaml"), &overrides).unwrap();
+    let app = dedupe_proxy::start(config).await.unwrap();
+
+    // Accepted one after the other, the two connections go to the two workers in turn.
+    let mut senders = [
+        tokio::net::TcpStream::connect(app.proxy_addr)
+            .await
+            .unwrap(),
+        tokio::net::TcpStream::connect(app.proxy_addr)
+            .await
+            .unwrap(),
+    ];
+    for event in 0..12 {
+        let body = format!(r#"{{"id":"e{event:02}"}}"#);
+        assert_eq!(body.len(), 12);
+        let request = format!(
+            "POST /hooks HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{body}"
+        );
+        let answer = exchange(&mut senders[event % 2], &request).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // Time for the upstream connection to be free again before the next delivery.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    app.shutdown().await.unwrap();
 }
