@@ -432,16 +432,19 @@ impl Binary {
         let lines = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line)
-                    && entry["fields"]["message"] == "dedupe-proxy ready"
-                {
+                let ready = serde_json::from_str::<serde_json::Value>(&line)
+                    .ok()
+                    .filter(|entry| entry["fields"]["message"] == "dedupe-proxy ready");
+                // Logged before it is announced, so that a caller reading the log once
+                // the binary is ready finds the ready line in it.
+                lines.lock().unwrap().push(line);
+                if let Some(entry) = ready {
                     let proxy: SocketAddr =
                         entry["fields"]["proxy"].as_str().unwrap().parse().unwrap();
                     let admin: SocketAddr =
                         entry["fields"]["admin"].as_str().unwrap().parse().unwrap();
                     let _ = ready_tx.send((proxy, admin));
                 }
-                lines.lock().unwrap().push(line);
             }
         });
         let (addr, admin) = match ready_rx.recv_timeout(Duration::from_secs(30)) {
