@@ -20,7 +20,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's options, read when it starts (`_RJEM_MALLOC_CONF` in the environment still
 /// overrides them). One arena instead of four per CPU: each thread (the workers, sled's,
 /// the main runtime's) otherwise gets an arena of its own, each keeping its own freed
-/// pages. With a million done keys: RSS 53–55 MiB against 60–67, CPU per delivery the
+/// pages. With a million done keys: RSS 53–58 MiB against 60–67, CPU per delivery the
 /// same in alternated runs (unique events 36.0 against 36.3 µs, pass-through 15.4 against
 /// 15.0).
 #[unsafe(export_name = "_rjem_malloc_conf")]
