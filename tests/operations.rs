@@ -527,7 +527,7 @@ async fn sighup_reloads_the_binary_and_logs_say_what_happened_without_secrets() 
     assert!(proxy.log_text().contains("dedupe-proxy stopped"));
 }
 
-/// The names of the binary's worker threads, from /proc.
+/// How many worker threads the binary runs, counted by their names in /proc.
 fn worker_threads(proxy: &Binary) -> usize {
     std::fs::read_dir(format!("/proc/{}/task", proxy.child.id()))
         .unwrap()
