@@ -510,10 +510,8 @@ async fn sighup_reloads_the_binary_and_logs_say_what_happened_without_secrets() 
     .await;
 
     let log = proxy.log_text();
-    let delivery = log
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|entry| entry["fields"]["message"] == "delivery answered")
+    let delivery = proxy
+        .log_entry("delivery answered")
         .expect("a delivery line");
     assert_eq!(delivery["span"]["route"], "a");
     assert_eq!(delivery["span"]["key"], "evt_log");
@@ -539,10 +537,7 @@ fn worker_threads(proxy: &Binary) -> usize {
 /// The `workers` field of the binary's ready line.
 fn logged_workers(proxy: &Binary) -> u64 {
     proxy
-        .log_text()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|entry| entry["fields"]["message"] == "dedupe-proxy ready")
+        .log_entry("dedupe-proxy ready")
         .and_then(|entry| entry["fields"]["workers"].as_u64())
         .expect("the ready line names its workers")
 }

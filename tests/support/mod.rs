@@ -497,6 +497,16 @@ impl Binary {
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
+
+    /// The first JSON log line whose message is `message`.
+    pub fn log_entry(&self, message: &str) -> Option<serde_json::Value> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|entry| entry["fields"]["message"] == message)
+    }
 }
 
 impl Drop for Binary {
