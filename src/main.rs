@@ -12,8 +12,9 @@ use tracing_subscriber::EnvFilter;
 /// jemalloc, for what it hands back to the system. With a million done keys at the
 /// default 7-day retention (one window, buckets of ~15 records that sled rewrites whole),
 /// mimalloc's RSS grew by ~40 MiB per million keys where jemalloc's grew by ~18: 82–88 MiB
-/// against 61–65 (glibc's allocator 55, at 22% more CPU per delivery). jemalloc's CPU per
-/// delivery is mimalloc's (33.7 against 33.8 µs, interleaved runs).
+/// against 61–65 with jemalloc's default arenas (glibc's allocator 55, at 22% more CPU per
+/// delivery). jemalloc's CPU per delivery is mimalloc's (33.7 against 33.8 µs, interleaved
+/// runs). With one arena (below), 53–58 MiB.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
