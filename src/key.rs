@@ -151,12 +151,13 @@ impl fmt::Display for KeyTemplate {
 /// Why a delivery has no usable key.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    /// A part is absent, empty, null, an object, an array or a boolean, or the body
-    /// is not the JSON or form it should be. `on_missing_key` decides what happens.
+    /// A part is absent, empty, null, an object, an array or a boolean, holds a control
+    /// character or invalid UTF-8, or the body is not the JSON or form it should be.
+    /// `on_missing_key` decides what happens.
     #[error("{part}: {reason}")]
     Missing { part: String, reason: &'static str },
     /// The key exceeds [`MAX_KEY_BYTES`]; always rejected.
-    #[error("key is {0} bytes, over the limit of 512")]
+    #[error("key is {0} bytes, over the limit of {MAX_KEY_BYTES}")]
     TooLong(usize),
 }
 
@@ -168,6 +169,16 @@ pub struct Delivery<'a> {
 }
 
 impl KeyTemplate {
+    /// Whether the key reads a header other than `signed` ones, or the query: parts of the
+    /// request that no body signature covers.
+    pub fn reads_beyond(&self, signed: &[&str]) -> bool {
+        self.parts.iter().any(|part| match part {
+            Part::Header(name) => !signed.contains(&name.as_str()),
+            Part::Query(_) => true,
+            Part::Literal(_) | Part::Json { .. } | Part::Form(_) => false,
+        })
+    }
+
     /// Fills in the template from a delivery.
     pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
         let mut key = String::new();
@@ -186,26 +197,31 @@ impl KeyTemplate {
                     let value = value
                         .to_str()
                         .map_err(|_| missing("header is not visible ASCII"))?;
-                    key.push_str(non_empty(value).ok_or_else(|| missing("header empty"))?);
+                    key.push_str(usable(value).map_err(missing)?);
                 }
                 Part::Query(name) => {
                     let query = delivery.query.unwrap_or("").as_bytes();
                     let value = first_pair(query, name).ok_or_else(|| missing("query absent"))?;
-                    key.push_str(non_empty(&value).ok_or_else(|| missing("query empty"))?);
+                    key.push_str(usable(&value.map_err(missing)?).map_err(missing)?);
                 }
                 Part::Form(name) => {
                     let value = first_pair(delivery.body, name)
                         .ok_or_else(|| missing("form field absent"))?;
-                    key.push_str(non_empty(&value).ok_or_else(|| missing("form field empty"))?);
+                    key.push_str(usable(&value.map_err(missing)?).map_err(missing)?);
                 }
                 Part::Json { tokens, .. } => {
                     let found = json::find(delivery.body, tokens)
                         .map_err(|()| missing("body is not valid JSON"))?;
                     match found {
-                        Some(json::Found::Text(text)) => key.push_str(
-                            non_empty(&text).ok_or_else(|| missing("JSON value is empty"))?,
-                        ),
-                        Some(json::Found::Number(number)) => key.push_str(&number.to_string()),
+                        Some(json::Found::Text(text)) => {
+                            key.push_str(usable(&text).map_err(missing)?);
+                        }
+                        Some(json::Found::Number(text)) => {
+                            let room = MAX_KEY_BYTES.saturating_sub(key.len());
+                            let number = json::canonical_number(&text, room)
+                                .map_err(|length| KeyError::TooLong(key.len() + length))?;
+                            key.push_str(&number);
+                        }
                         Some(json::Found::Other) => {
                             return Err(missing("JSON value is not a string or number"));
                         }
@@ -221,15 +237,39 @@ impl KeyTemplate {
     }
 }
 
-fn non_empty(value: &str) -> Option<&str> {
-    (!value.is_empty()).then_some(value)
+/// A part's value, if a key can hold it: not empty, and without control characters, which
+/// PostgreSQL's `text` cannot store (NUL) and which have no place in an event ID, a log line
+/// or an admin URL.
+fn usable(value: &str) -> Result<&str, &'static str> {
+    if value.is_empty() {
+        Err("value is empty")
+    } else if value.chars().any(char::is_control) {
+        Err("value contains a control character")
+    } else {
+        Ok(value)
+    }
 }
 
-/// The first value of `name` in URL-encoded `pairs` (a query string or a form body).
-fn first_pair(pairs: &[u8], name: &str) -> Option<String> {
-    form_urlencoded::parse(pairs)
-        .find(|(field, _)| field == name)
-        .map(|(_, value)| value.into_owned())
+/// The first value of `name` in URL-encoded `pairs` (a query string or a form body), or an
+/// error when it is not UTF-8 once decoded. Split here rather than with `form_urlencoded`,
+/// which replaces invalid UTF-8 with U+FFFD: two different event IDs would then share a key.
+fn first_pair(pairs: &[u8], name: &str) -> Option<Result<String, &'static str>> {
+    let decode = |encoded: &[u8]| -> Vec<u8> {
+        let spaced: Vec<u8> = encoded
+            .iter()
+            .map(|&byte| if byte == b'+' { b' ' } else { byte })
+            .collect();
+        percent_encoding::percent_decode(&spaced).collect()
+    };
+    pairs
+        .split(|&byte| byte == b'&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.iter().position(|&byte| byte == b'=') {
+            Some(at) => (&pair[..at], &pair[at + 1..]),
+            None => (pair, &[][..]),
+        })
+        .find(|(field, _)| decode(field) == name.as_bytes())
+        .map(|(_, value)| String::from_utf8(decode(value)).map_err(|_| "value is not UTF-8"))
 }
 
 #[cfg(test)]
@@ -382,6 +422,55 @@ mod tests {
         assert!(extract("{query:id}", &[], None, "").is_err());
         assert!(extract("{query:id}", &[], Some("id="), "").is_err());
         assert!(extract("{form:id}", &[], None, "other=1").is_err());
+    }
+
+    #[test]
+    fn large_numbers_keep_every_digit() {
+        let first = extract("{json:/id}", &[], None, r#"{"id":12345678901234567890123}"#);
+        let second = extract("{json:/id}", &[], None, r#"{"id":12345678901234567890124}"#);
+        assert_eq!(first.unwrap(), "12345678901234567890123");
+        assert_eq!(second.unwrap(), "12345678901234567890124");
+        assert_eq!(
+            extract("{json:/n}", &[], None, r#"{"n":1e3}"#).unwrap(),
+            "1000"
+        );
+        assert_eq!(
+            extract("x{json:/n}", &[], None, r#"{"n":1e600}"#),
+            Err(KeyError::TooLong(602))
+        );
+    }
+
+    #[test]
+    fn control_characters_make_a_key_unusable_wherever_they_come_from() {
+        for body in [
+            r#"{"id":"nul\u0000key"}"#,
+            r#"{"id":"line\nbreak"}"#,
+            r#"{"id":"\u007f"}"#,
+        ] {
+            let result = extract("{json:/id}", &[], None, body);
+            assert!(
+                matches!(result, Err(KeyError::Missing { .. })),
+                "{body}: {result:?}"
+            );
+        }
+        assert!(extract("{query:id}", &[], Some("id=a%00b"), "").is_err());
+        assert!(extract("{form:id}", &[], None, "id=a%0Ab").is_err());
+        assert_eq!(
+            extract("{json:/id}", &[], None, r#"{"id":"caf\u00e9 \u2603"}"#).unwrap(),
+            "café ☃"
+        );
+    }
+
+    #[test]
+    fn query_and_form_values_that_are_not_utf8_are_not_keys() {
+        // Replacing invalid bytes would give these two one key.
+        assert!(extract("{query:id}", &[], Some("id=a%FF"), "").is_err());
+        assert!(extract("{form:id}", &[], None, "id=a%FE").is_err());
+        assert_eq!(
+            extract("{query:id}", &[], Some("x&id=a+b%20c&id=2"), "").unwrap(),
+            "a b c"
+        );
+        assert_eq!(extract("{query:a b}", &[], Some("a+b=1"), "").unwrap(), "1");
     }
 
     #[test]

@@ -6,18 +6,37 @@
 //! many small values (a 1 MiB array of zeros is half a million `Value`s), and a sender
 //! chooses the body. The answer is the one `Value::pointer` gives: with a key repeated in
 //! an object the last one counts, and an array index is `0` or has no leading zero.
+//!
+//! The value found is read from its own text ([`RawValue`]): a number keeps its exact
+//! value, which going through `u64`, `i64` or `f64` would not (`12345678901234567890123`
+//! and `12345678901234567890124` are one `f64`, so two events would share a key).
 
 use std::fmt;
 
+use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 /// What a pointer found.
 #[derive(Debug, PartialEq)]
 pub enum Found {
     Text(String),
-    Number(serde_json::Number),
+    /// A number, as its text in the document.
+    Number(String),
     /// `null`, a boolean, an object or an array.
     Other,
+}
+
+impl Found {
+    /// Reads a value from its text, which serde_json has checked.
+    fn from_raw(raw: &RawValue) -> Result<Found, serde_json::Error> {
+        let text = raw.get();
+        Ok(match text.as_bytes().first() {
+            Some(b'"') => Found::Text(serde_json::from_str(text)?),
+            Some(b'-' | b'0'..=b'9') => Found::Number(text.to_owned()),
+            _ => Found::Other,
+        })
+    }
 }
 
 /// Splits an RFC 6901 pointer (it starts with `/`) into its reference tokens.
@@ -51,7 +70,12 @@ impl<'de> DeserializeSeed<'de> for At<'_> {
 
     fn deserialize<D: Deserializer<'de>>(self, value: D) -> Result<Self::Value, D::Error> {
         match self.tokens.split_first() {
-            None => value.deserialize_any(Target).map(Some),
+            None => {
+                let raw = <&RawValue>::deserialize(value)?;
+                Found::from_raw(raw)
+                    .map(Some)
+                    .map_err(serde::de::Error::custom)
+            }
             Some((token, rest)) => value.deserialize_any(Step { token, rest }),
         }
     }
@@ -157,50 +181,74 @@ impl<'de> Visitor<'de> for Named<'_> {
     }
 }
 
-/// The value the pointer ends at.
-struct Target;
-
-impl<'de> Visitor<'de> for Target {
-    type Value = Found;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
+/// The one way the key writes a JSON number's exact value: digits with no leading zeros,
+/// the exponent applied, a fraction without trailing zeros, no sign on zero (`1.50`,
+/// `15e-1` and `0.15E1` are all `1.5`; `1e3` is `1000`). `text` is a number as JSON
+/// writes them. Fails with the form's length when it would be longer than `limit` bytes,
+/// without writing it.
+pub fn canonical_number(text: &str, limit: usize) -> Result<String, usize> {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (&unsigned[..at], &unsigned[at + 1..]),
+        None => (unsigned, "0"),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: Vec<u8> = whole.bytes().chain(fraction.bytes()).collect();
+    let Some(first) = digits.iter().position(|&digit| digit != b'0') else {
+        return Ok("0".to_owned());
+    };
+    let last = digits
+        .iter()
+        .rposition(|&digit| digit != b'0')
+        .unwrap_or(first);
+    let significant = &digits[first..=last];
+    // value = significant × 10^scale; an exponent too large for i64 saturates, and its
+    // form is then over any limit.
+    let exponent: i64 = exponent.parse().unwrap_or(if exponent.starts_with('-') {
+        i64::MIN / 2
+    } else {
+        i64::MAX / 2
+    });
+    let trailing_zeros = (digits.len() - 1 - last) as i64;
+    let scale = exponent
+        .saturating_sub(fraction.len() as i64)
+        .saturating_add(trailing_zeros);
+    let count = significant.len() as i64;
+    let length = i64::from(negative)
+        + if scale >= 0 {
+            count.saturating_add(scale)
+        } else if count + scale > 0 {
+            count + 1
+        } else {
+            // "0." then zeros, then the digits.
+            2i64.saturating_add(scale.saturating_neg())
+        };
+    let length = usize::try_from(length).unwrap_or(usize::MAX);
+    if length > limit {
+        return Err(length);
     }
-
-    fn visit_str<E>(self, text: &str) -> Result<Found, E> {
-        Ok(Found::Text(text.to_owned()))
+    let mut number = String::with_capacity(length);
+    if negative {
+        number.push('-');
     }
-
-    fn visit_i64<E>(self, number: i64) -> Result<Found, E> {
-        Ok(Found::Number(number.into()))
+    let significant = std::str::from_utf8(significant).unwrap_or_default();
+    if scale >= 0 {
+        number.push_str(significant);
+        number.extend(std::iter::repeat_n('0', scale as usize));
+    } else if count + scale > 0 {
+        let point = (count + scale) as usize;
+        number.push_str(&significant[..point]);
+        number.push('.');
+        number.push_str(&significant[point..]);
+    } else {
+        number.push_str("0.");
+        number.extend(std::iter::repeat_n('0', (-(count + scale)) as usize));
+        number.push_str(significant);
     }
-
-    fn visit_u64<E>(self, number: u64) -> Result<Found, E> {
-        Ok(Found::Number(number.into()))
-    }
-
-    fn visit_f64<E>(self, number: f64) -> Result<Found, E> {
-        // JSON has no NaN or infinity, so this is always a number.
-        Ok(serde_json::Number::from_f64(number).map_or(Found::Other, Found::Number))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Found, E> {
-        Ok(Found::Other)
-    }
-
-    fn visit_unit<E>(self) -> Result<Found, E> {
-        Ok(Found::Other)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Found, A::Error> {
-        while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Found::Other)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut elements: A) -> Result<Found, A::Error> {
-        while elements.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Found::Other)
-    }
+    Ok(number)
 }
 
 #[cfg(test)]
@@ -210,12 +258,24 @@ mod tests {
 
     use super::*;
 
+    fn canonical(number: &str) -> String {
+        canonical_number(number, usize::MAX).unwrap()
+    }
+
+    /// `find`, with a number in its canonical form (what a key holds).
+    fn find_canonical(body: &[u8], tokens: &[String]) -> Result<Option<Found>, ()> {
+        find(body, tokens).map(|found| match found {
+            Some(Found::Number(text)) => Some(Found::Number(canonical(&text))),
+            other => other,
+        })
+    }
+
     /// The answer `Value::pointer` gives on a fully parsed document.
     fn by_value(body: &str, pointer: &str) -> Result<Option<Found>, ()> {
         let document: Value = serde_json::from_str(body).map_err(drop)?;
         Ok(document.pointer(pointer).map(|value| match value {
             Value::String(text) => Found::Text(text.clone()),
-            Value::Number(number) => Found::Number(number.clone()),
+            Value::Number(number) => Found::Number(canonical(&number.to_string())),
             _ => Found::Other,
         }))
     }
@@ -263,7 +323,7 @@ mod tests {
         for body in bodies {
             for pointer in pointers {
                 assert_eq!(
-                    find(body.as_bytes(), &tokens(pointer)),
+                    find_canonical(body.as_bytes(), &tokens(pointer)),
                     by_value(body, pointer),
                     "{pointer} in {body}"
                 );
@@ -306,8 +366,73 @@ mod tests {
             pointer in prop::collection::vec("[a-c0-3~/]|~0|~1|0|1|01|-", 1..4)
                 .prop_map(|tokens| format!("/{}", tokens.join("/"))),
         ) {
-            prop_assert_eq!(find(body.as_bytes(), &tokens(&pointer)), by_value(&body, &pointer));
+            prop_assert_eq!(find_canonical(body.as_bytes(), &tokens(&pointer)), by_value(&body, &pointer));
         }
+    }
+
+    #[test]
+    fn numbers_keep_their_exact_value_in_one_form() {
+        for (text, expected) in [
+            ("0", "0"),
+            ("-0", "0"),
+            ("-0.0e5", "0"),
+            ("42", "42"),
+            ("-42", "-42"),
+            ("12345678901234567890123", "12345678901234567890123"),
+            ("12345678901234567890124", "12345678901234567890124"),
+            ("1.5", "1.5"),
+            ("1.50", "1.5"),
+            ("15e-1", "1.5"),
+            ("0.15E1", "1.5"),
+            ("1e3", "1000"),
+            ("1E+3", "1000"),
+            ("100", "100"),
+            ("1.0", "1"),
+            ("0.001", "0.001"),
+            ("1e-3", "0.001"),
+            ("-12.3400e-4", "-0.001234"),
+            ("123.456e1", "1234.56"),
+        ] {
+            assert_eq!(
+                canonical_number(text, 512).as_deref(),
+                Ok(expected),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_number_too_long_to_write_is_measured_not_written() {
+        assert_eq!(canonical_number("1e600", 512), Err(601));
+        assert_eq!(canonical_number("-1e-600", 512), Err(603));
+        assert!(canonical_number("1e99999999999999999999999", 512).is_err());
+        assert!(canonical_number("1e-99999999999999999999999", 512).is_err());
+        assert_eq!(
+            canonical_number("0e99999999999999999999999", 512).as_deref(),
+            Ok("0")
+        );
+        assert_eq!(
+            canonical_number(&"9".repeat(512), 512).map(|n| n.len()),
+            Ok(512)
+        );
+        assert_eq!(canonical_number(&"9".repeat(513), 512), Err(513));
+    }
+
+    #[test]
+    fn numbers_are_found_as_written() {
+        let body = br#"{"id":12345678901234567890123,"f":1.50,"s":"a\u0041"}"#;
+        assert_eq!(
+            find(body, &tokens("/id")),
+            Ok(Some(Found::Number("12345678901234567890123".into())))
+        );
+        assert_eq!(
+            find(body, &tokens("/f")),
+            Ok(Some(Found::Number("1.50".into())))
+        );
+        assert_eq!(
+            find(body, &tokens("/s")),
+            Ok(Some(Found::Text("aA".into())))
+        );
     }
 
     #[test]
