@@ -29,7 +29,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
-use self::epochs::{Epochs, RecordKey, record_key};
+use self::epochs::{Epochs, RecordKey};
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
     KeyState, Millis, StoreError, Swept, SystemClock, millis,
@@ -176,7 +176,7 @@ impl SledStore {
         let now = self.clock.now();
         let fresh = Lease {
             token: self.new_token(),
-            record_key: record_key(key),
+            record_key: handle.epochs.record_key(key),
             claimed_at: now,
             lease_until: now.saturating_add(millis(lease)),
             fingerprint,
@@ -323,7 +323,7 @@ impl ClaimStore for SledStore {
             }));
         }
         let handle = self.handle()?;
-        let done = handle.live_done(&record_key(key), now);
+        let done = handle.live_done(&handle.epochs.record_key(key), now);
         self.checked(&handle, done.map(|done| done.map(KeyState::Done)))
     }
 
@@ -337,7 +337,10 @@ impl ClaimStore for SledStore {
             return Ok(Forgotten::InFlight);
         }
         let handle = self.handle()?;
-        let removed = handle.epochs.remove(&record_key(key), now).map_err(backend);
+        let removed = handle
+            .epochs
+            .remove(&handle.epochs.record_key(key), now)
+            .map_err(backend);
         let forgotten = removed.map(|live| {
             if live {
                 Forgotten::Removed

@@ -35,16 +35,52 @@ use serde::{Deserialize, Serialize};
 
 use super::super::{DoneRecord, Fingerprint, Millis, RecordedResponse, Swept};
 
-/// A done record's key in its tree: the first 16 bytes of the store key's SHA-256.
+/// A done record's key in its tree: the first 16 bytes of the SHA-256 of the store's
+/// salt followed by the store key.
 pub(super) type RecordKey = [u8; RECORD_KEY_LEN];
 
 const RECORD_KEY_LEN: usize = 16;
 
-pub(super) fn record_key(store_key: &str) -> RecordKey {
-    let digest = Sha256::digest(store_key.as_bytes());
+/// Where a data directory keeps its salt, in sled's default tree.
+const SALT_KEY: &[u8] = b"record-key-salt";
+
+/// A record key under `salt`. The salt is random per data directory and never leaves it,
+/// so a sender cannot choose keys that land in one bucket (each write to a bucket rewrites
+/// it, so a bucket grown on purpose would make every write to it slower) or that share a
+/// record key; the hash's output is never shown, so a salt prefix keys it as well as an
+/// HMAC would.
+pub(super) fn record_key(salt: &[u8], store_key: &str) -> RecordKey {
+    let digest = Sha256::new()
+        .chain_update(salt)
+        .chain_update(store_key.as_bytes())
+        .finalize();
     let mut key = [0; RECORD_KEY_LEN];
     key.copy_from_slice(&digest[..RECORD_KEY_LEN]);
     key
+}
+
+/// The data directory's salt: the one it holds, a new one for a directory without
+/// records, or none for a directory whose records were filed before salts existed (their
+/// keys were hashed without one; a new data directory gets a salt).
+fn salt(db: &sled::Db) -> sled::Result<Vec<u8>> {
+    if let Some(salt) = db.get(SALT_KEY)? {
+        return Ok(salt.to_vec());
+    }
+    let holds_records = db.tree_names().iter().any(|name| {
+        name.starts_with(TREE_PREFIX.as_bytes())
+            || name.starts_with(KEYED_TREE_PREFIX.as_bytes())
+            || name == b"done"
+    });
+    if holds_records {
+        tracing::warn!(
+            "this data directory files its done records under unsalted key hashes, as before salts; a sender able to choose many event keys could slow its writes. A new data directory gets a salt."
+        );
+        return Ok(Vec::new());
+    }
+    let salt: [u8; 16] = rand::random();
+    db.insert(SALT_KEY, &salt)?;
+    db.flush()?;
+    Ok(salt.to_vec())
 }
 
 /// Epoch trees are named `epoch.<width>.<end>.<bucket bytes>`, in milliseconds.
@@ -412,6 +448,8 @@ impl Indexing {
 /// Every epoch of the database, by window.
 pub(super) struct Epochs {
     db: sled::Db,
+    /// Keys the record-key hash ([`record_key`]).
+    salt: Vec<u8>,
     by_window: RwLock<BTreeMap<Window, Arc<Epoch>>>,
 }
 
@@ -420,6 +458,7 @@ impl Epochs {
     /// layout into them. Their filters and counts are read in by the [`Indexing`]
     /// returned, to be started.
     pub(super) fn open(db: &sled::Db, now: Millis) -> sled::Result<(Epochs, Indexing)> {
+        let salt = salt(db)?;
         let mut by_window = BTreeMap::new();
         for name in db.tree_names() {
             if let Some((window, bucket_bytes)) = Window::from_tree_name(&name) {
@@ -432,6 +471,7 @@ impl Epochs {
         };
         let epochs = Epochs {
             db: db.clone(),
+            salt,
             by_window: RwLock::new(by_window),
         };
         epochs.migrate_single_tree_layout(now)?;
@@ -488,7 +528,7 @@ impl Epochs {
                 .ok()
                 .filter(|record| record.expires_at > now);
             if let Some(record) = live {
-                let key = record_key(&String::from_utf8_lossy(&store_key));
+                let key = self.record_key(&String::from_utf8_lossy(&store_key));
                 let retention = record.expires_at.saturating_sub(record.completed_at);
                 self.put(&key, &record, retention)?;
                 moved += 1;
@@ -504,6 +544,11 @@ impl Epochs {
             "moved the live done records into epoch trees"
         );
         Ok(())
+    }
+
+    /// Where the done record of `store_key` is filed.
+    pub(super) fn record_key(&self, store_key: &str) -> RecordKey {
+        record_key(&self.salt, store_key)
     }
 
     /// The live done record of `key`, if there is one.
@@ -800,6 +845,11 @@ mod tests {
 
     /// Opens the database at `dir`, waiting while the background threads of one just
     /// dropped still hold its lock.
+    /// A record key without a salt, as a directory from before salts files it.
+    fn key_of(store_key: &str) -> RecordKey {
+        record_key(b"", store_key)
+    }
+
     fn open_db(dir: &tempfile::TempDir) -> sled::Db {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
@@ -1040,7 +1090,7 @@ mod tests {
         let (now, minute, record) = (NOW, MINUTE, done(201));
         let window = Window::holding(record.expires_at, minute);
         let ended = Window::holding(now - minute, minute);
-        let keys: Vec<RecordKey> = (0..100u32).map(|i| record_key(&format!("k{i}"))).collect();
+        let keys: Vec<RecordKey> = (0..100u32).map(|i| key_of(&format!("k{i}"))).collect();
         {
             let db = open_db(&dir);
             let keyed = db
@@ -1076,9 +1126,7 @@ mod tests {
     #[test]
     fn a_filter_grows_and_never_forgets_a_key() {
         let filter = Filter::new();
-        let keys: Vec<RecordKey> = (0..10_000u32)
-            .map(|i| record_key(&format!("k{i}")))
-            .collect();
+        let keys: Vec<RecordKey> = (0..10_000u32).map(|i| key_of(&format!("k{i}"))).collect();
         for key in &keys[..5000] {
             filter.insert(key, || 0);
         }
@@ -1097,7 +1145,7 @@ mod tests {
         assert!(held.all(|key| read_back.may_contain(key)));
         let filter = read_back;
         let strangers = (0..10_000u32)
-            .filter(|i| filter.may_contain(&record_key(&format!("stranger{i}"))))
+            .filter(|i| filter.may_contain(&key_of(&format!("stranger{i}"))))
             .count();
         assert!(strangers < 500, "{strangers} false positives in 10000");
     }
@@ -1106,7 +1154,7 @@ mod tests {
     fn after_a_restart_keys_are_found_before_and_after_their_filters_are_built() {
         let dir = tempfile::tempdir().unwrap();
         let (now, minute, record) = (NOW, MINUTE, done(200));
-        let keys: Vec<RecordKey> = (0..2000u32).map(|i| record_key(&format!("k{i}"))).collect();
+        let keys: Vec<RecordKey> = (0..2000u32).map(|i| key_of(&format!("k{i}"))).collect();
         {
             let db = open_db(&dir);
             let (epochs, indexing) = Epochs::open(&db, now).unwrap();
@@ -1125,9 +1173,9 @@ mod tests {
             keys.iter()
                 .all(|key| epochs.get(key, now).unwrap().is_some())
         );
-        assert_eq!(epochs.get(&record_key("stranger"), now).unwrap(), None);
+        assert_eq!(epochs.get(&key_of("stranger"), now).unwrap(), None);
         let later = now + 2 * minute;
-        let fresh = record_key("written while indexing");
+        let fresh = key_of("written while indexing");
         epochs.put(&fresh, &record, minute).unwrap();
 
         indexing.run();
