@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 
 use crate::response::DedupeStatus;
 use crate::store::KeyCounts;
+use crate::verify::VerifyError;
 
 /// The `route` label of requests no route matched.
 const UNMATCHED: &str = "(unmatched)";
@@ -54,6 +55,14 @@ pub enum ReleaseReason {
 }
 
 impl ReleaseReason {
+    pub const ALL: [ReleaseReason; 5] = [
+        ReleaseReason::UpstreamStatus,
+        ReleaseReason::UpstreamUnreachable,
+        ReleaseReason::UpstreamTimeout,
+        ReleaseReason::Shutdown,
+        ReleaseReason::TaskFailed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ReleaseReason::UpstreamStatus => "upstream_status",
@@ -145,6 +154,9 @@ impl Metrics {
             "Configuration reloads by result (an invalid file keeps the running routes)",
             config_reloads.clone(),
         );
+        for result in ["success", "failure"] {
+            let _ = config_reloads.get_or_create(&ResultLabel { result });
+        }
         Metrics {
             registry,
             requests,
@@ -159,12 +171,50 @@ impl Metrics {
         }
     }
 
+    /// Creates every series of the routes about to serve, at zero, so that `rate()` and
+    /// alerts see a series before its first event: each outcome, release reason and
+    /// (for a route that checks signatures) refusal reason.
+    pub fn expect_routes<'a>(&self, routes: impl IntoIterator<Item = (&'a str, bool)>) {
+        for (route, verifies) in routes {
+            for outcome in DedupeStatus::ALL {
+                let _ = self.requests.get_or_create(&RouteOutcome {
+                    route: route.to_owned(),
+                    outcome: outcome.as_str(),
+                });
+            }
+            for reason in ReleaseReason::ALL {
+                let _ = self.claims_released.get_or_create(&RouteReason {
+                    route: route.to_owned(),
+                    reason: reason.as_str(),
+                });
+            }
+            let label = RouteLabel {
+                route: route.to_owned(),
+            };
+            let _ = self.payload_mismatch.get_or_create(&label);
+            let _ = self.upstream_duration.get_or_create(&label);
+            if verifies {
+                for reason in VerifyError::CODES {
+                    let _ = self.signatures_refused.get_or_create(&RouteReason {
+                        route: route.to_owned(),
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+
     pub fn delivery(&self, route: &str, outcome: DedupeStatus) {
         self.count_request(route, outcome.as_str());
     }
 
     pub fn unmatched(&self) {
         self.count_request(UNMATCHED, "unmatched");
+    }
+
+    /// A request refused before routing (a malformed `Host` or target).
+    pub fn bad_request(&self) {
+        self.count_request(UNMATCHED, DedupeStatus::Rejected.as_str());
     }
 
     fn count_request(&self, route: &str, outcome: &'static str) {
@@ -238,6 +288,31 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_series_of_a_configured_route_exists_at_zero() {
+        let metrics = Metrics::new();
+        metrics.expect_routes([("stripe", true), ("plain", false)]);
+        let text = metrics.encode(KeyCounts::default());
+        for line in [
+            r#"dedupe_requests_total{route="stripe",outcome="forwarded"} 0"#,
+            r#"dedupe_requests_total{route="plain",outcome="released"} 0"#,
+            r#"dedupe_claims_released_total{route="stripe",reason="upstream_timeout"} 0"#,
+            r#"dedupe_claims_released_total{route="plain",reason="shutdown"} 0"#,
+            r#"dedupe_payload_mismatch_total{route="plain"} 0"#,
+            r#"dedupe_signatures_refused_total{route="stripe",reason="signature_mismatch"} 0"#,
+            r#"dedupe_signatures_refused_total{route="stripe",reason="stale_signature"} 0"#,
+            r#"dedupe_upstream_duration_seconds_count{route="plain"} 0"#,
+            r#"dedupe_config_reloads_total{result="failure"} 0"#,
+            "dedupe_store_errors_total 0",
+        ] {
+            assert!(text.contains(line), "missing `{line}` in:\n{text}");
+        }
+        assert!(
+            !text.contains(r#"dedupe_signatures_refused_total{route="plain""#),
+            "a route without a check cannot refuse a signature"
+        );
+    }
 
     #[test]
     fn names_labels_and_values_are_exposed() {
