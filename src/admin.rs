@@ -4,9 +4,10 @@
 //!
 //! With `admin.token_env` set, every `/v1/*` request needs `Authorization: Bearer
 //! <token>`, compared in constant time; health, readiness and metrics stay open for
-//! probes and scrapers.
+//! probes and scrapers. Without a token, `/v1/*` answers only on a loopback address: on
+//! any other (a container's `0.0.0.0`) anyone on the network could forget keys or reload,
+//! so it is refused there.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
@@ -18,11 +19,13 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, empty, full};
+use crate::config::AdminConfig;
 use crate::config::values::Secret;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::response::json_response;
+use crate::server::RequestPermit;
 use crate::store::{Forgotten, KeyCounts, KeyState, Millis, store_key};
 
 /// What the admin API serves once the store is open and the routes loaded.
@@ -31,20 +34,41 @@ pub struct Serving {
     pub reloader: Arc<Reloader>,
 }
 
+/// Who may use `/v1/*`.
+enum Access {
+    /// Whoever presents this bearer token.
+    Token(Secret),
+    /// Anyone: the listener is on a loopback address.
+    Local,
+    /// No one: the listener is reachable from the network and has no token.
+    Closed,
+}
+
 /// The admin service's state, shared by its connections.
 pub struct Admin {
     serving: OnceLock<Serving>,
     shutting_down: AtomicBool,
-    token: Option<Secret>,
+    access: Access,
     metrics: Arc<Metrics>,
 }
 
 impl Admin {
-    pub fn new(token: Option<Secret>, metrics: Arc<Metrics>) -> Admin {
+    pub fn new(config: &AdminConfig, metrics: Arc<Metrics>) -> Admin {
+        let access = match &config.token_env {
+            Some(env) => Access::Token(env.secret.clone()),
+            None if config.listen.ip().is_loopback() => Access::Local,
+            None => {
+                tracing::warn!(
+                    listen = %config.listen,
+                    "the admin API (/v1/*) is off: it listens beyond loopback without admin.token_env; health, readiness and metrics are served"
+                );
+                Access::Closed
+            }
+        };
         Admin {
             serving: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
-            token,
+            access,
             metrics,
         }
     }
@@ -59,10 +83,12 @@ impl Admin {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
+    /// Serves one admin request, holding `_permit` (a place among the listener's requests)
+    /// while it runs.
     pub async fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
-        _peer: SocketAddr,
+        _permit: RequestPermit,
     ) -> Response<ProxyBody> {
         let path = request.uri().path();
         match (request.method(), path) {
@@ -72,6 +98,13 @@ impl Admin {
             (&Method::GET, "/readyz") => self.readiness(),
             (&Method::GET, "/metrics") => self.metrics(),
             (_, path) if path.starts_with("/v1/") => {
+                if matches!(self.access, Access::Closed) {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        "admin_api_closed",
+                        "the admin API listens beyond loopback without admin.token_env, so /v1/* is off; set a token to use it",
+                    );
+                }
                 if !self.authorized(&request) {
                     let mut response = error(
                         StatusCode::UNAUTHORIZED,
@@ -134,7 +167,7 @@ impl Admin {
     }
 
     fn authorized(&self, request: &Request<Incoming>) -> bool {
-        let Some(token) = &self.token else {
+        let Access::Token(token) = &self.access else {
             return true;
         };
         let presented = request

@@ -50,6 +50,7 @@ pub mod route;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod target;
 pub mod upstream;
 pub mod verify;
 pub mod workers;
@@ -149,12 +150,7 @@ async fn start_with(
         .local_addr()
         .expect("a bound listener has an address");
     let metrics = Arc::new(Metrics::new());
-    let token = config
-        .admin
-        .token_env
-        .as_ref()
-        .map(|env| env.secret.clone());
-    let admin = Arc::new(Admin::new(token, Arc::clone(&metrics)));
+    let admin = Arc::new(Admin::new(&config.admin, Arc::clone(&metrics)));
     let worker_count = config
         .overrides
         .workers
@@ -164,7 +160,7 @@ async fn start_with(
     let (stop_admin, admin_server) =
         spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, &workers, {
             let admin = Arc::clone(&admin);
-            move |request, peer| Arc::clone(&admin).handle(request, peer)
+            move |request, _peer, permit| Arc::clone(&admin).handle(request, permit)
         });
 
     let opened = async {
@@ -199,7 +195,7 @@ async fn start_with(
         &workers,
         {
             let proxy = Arc::clone(&proxy);
-            move |request, peer| Arc::clone(&proxy).handle(request, peer)
+            move |request, peer, permit| Arc::clone(&proxy).handle(request, peer, permit)
         },
     );
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store), Arc::clone(&metrics)));
@@ -258,7 +254,11 @@ fn spawn_server<H, F>(
     handler: H,
 ) -> (CancellationToken, JoinHandle<()>)
 where
-    H: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    H: Fn(http::Request<hyper::body::Incoming>, SocketAddr, server::RequestPermit) -> F
+        + Clone
+        + Send
+        + Sync
+        + 'static,
     F: Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
 {
     let stop = CancellationToken::new();

@@ -22,8 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -34,16 +33,20 @@ use tracing::{Instrument, Span, field};
 
 use crate::body::{self, BodyError, ProxyBody};
 use crate::config::values::UpstreamUrl;
-use crate::config::{Config, OnMissingKey, OnPayloadMismatch, OnStoreError, Unmatched};
+use crate::config::{
+    Config, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
+};
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{Route, Routing};
+use crate::server::RequestPermit;
 use crate::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, RecordedResponse,
-    store_key,
+    StoreError, body_key, store_key,
 };
-use crate::upstream::{self, Upstream, UpstreamError};
+use crate::target::{self, TargetError};
+use crate::upstream::{self, UnforwardableTarget, Upstream, UpstreamError};
 
 /// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
 /// answers without a `Content-Length`) stream through and are not replayed.
@@ -71,11 +74,13 @@ impl Proxy {
         metrics: Arc<Metrics>,
         workers: usize,
     ) -> Proxy {
+        let routing = Routing::from_config(config);
+        metrics.expect_routes(routing.table.names_and_checks());
         Proxy {
-            routing: ArcSwap::from_pointee(Routing::from_config(config)),
+            routing: ArcSwap::from_pointee(routing),
             body_read_timeout: config.limits.body_read_timeout.0,
             store,
-            upstream: Upstream::new(workers),
+            upstream: Upstream::new(workers, config.limits.max_requests),
             forwards: TaskTracker::new(),
             open_claims: OpenClaims::default(),
             metrics,
@@ -89,6 +94,7 @@ impl Proxy {
 
     /// Puts new routing in force for the next requests.
     pub fn apply(&self, routing: Routing) {
+        self.metrics.expect_routes(routing.table.names_and_checks());
         self.routing.store(Arc::new(routing));
     }
 
@@ -104,18 +110,21 @@ impl Proxy {
         }
     }
 
-    /// Serves one request from a sender.
+    /// Serves one request from a sender, holding `permit` for as long as it costs anything.
     pub async fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
         peer: SocketAddr,
+        permit: RequestPermit,
     ) -> Response<ProxyBody> {
         let routing = self.routing.load_full();
-        let host = request_host(&request);
-        let route = routing
-            .table
-            .find(request.method(), host.as_deref(), request.uri().path())
-            .cloned();
+        let route = match find_route(&routing, &request) {
+            Ok(route) => route.cloned(),
+            Err(error) => {
+                self.metrics.bad_request();
+                return Refusal::BadTarget(error.to_string()).into_response();
+            }
+        };
         let Some(route) = route else {
             self.metrics.unmatched();
             return self.pass_unmatched(&routing, request, peer).await;
@@ -128,7 +137,7 @@ impl Proxy {
         );
         let started = Instant::now();
         let (outcome, response) = self
-            .deliver(&route, request, peer)
+            .deliver(&route, request, peer, permit)
             .instrument(span.clone())
             .await;
         span.in_scope(|| {
@@ -149,7 +158,9 @@ impl Proxy {
         route: &Arc<Route>,
         request: Request<Incoming>,
         peer: SocketAddr,
+        permit: RequestPermit,
     ) -> (DedupeStatus, Response<ProxyBody>) {
+        let rejected = |refusal: Refusal| (DedupeStatus::Rejected, refusal.into_response());
         let policy = &route.policy;
         let (head, body) = request.into_parts();
 
@@ -161,14 +172,9 @@ impl Proxy {
         );
         let body = match read.await {
             Ok(body) => body,
-            Err(error) => {
-                let refusal = match error {
-                    BodyError::TooLarge { limit } => Refusal::BodyTooLarge { limit },
-                    BodyError::Broken(reason) => Refusal::BodyUnreadable(reason),
-                    BodyError::TimedOut(after) => Refusal::BodyTimeout(after),
-                };
-                return (DedupeStatus::Rejected, refusal.into_response());
-            }
+            Err(BodyError::TooLarge { limit }) => return rejected(Refusal::BodyTooLarge { limit }),
+            Err(BodyError::Broken(reason)) => return rejected(Refusal::BodyUnreadable(reason)),
+            Err(BodyError::TimedOut(after)) => return rejected(Refusal::BodyTimeout(after)),
         };
 
         // A forgery must not claim (and so pre-empt) a real event's key.
@@ -177,10 +183,7 @@ impl Proxy {
         {
             tracing::warn!(reason = failure.code(), %failure, "signature refused");
             self.metrics.signature_refused(&route.name, failure.code());
-            return (
-                DedupeStatus::Rejected,
-                Refusal::Signature(failure).into_response(),
-            );
+            return rejected(Refusal::Signature(failure));
         }
 
         let delivery = Delivery {
@@ -190,46 +193,41 @@ impl Proxy {
         };
         let key = match route.key.extract(&delivery) {
             Ok(key) => key,
-            Err(KeyError::TooLong(length)) => {
-                return (
-                    DedupeStatus::Rejected,
-                    Refusal::KeyTooLong(length).into_response(),
-                );
-            }
+            Err(KeyError::TooLong(length)) => return rejected(Refusal::KeyTooLong(length)),
             Err(missing) => match policy.on_missing_key {
                 OnMissingKey::Forward => {
                     tracing::debug!(%missing, "forwarding without a key");
+                    let timeout = policy.upstream_timeout.0;
+                    let request =
+                        upstream::outbound(head, body::full(body), &route.upstream, peer, None);
                     return (
                         DedupeStatus::Unkeyed,
-                        self.forward_unkeyed(route, head, body, peer).await,
+                        self.relay(&route.upstream, request, timeout).await,
                     );
                 }
                 OnMissingKey::Reject => {
-                    return (
-                        DedupeStatus::Rejected,
-                        Refusal::MissingKey(missing.to_string()).into_response(),
-                    );
+                    return rejected(Refusal::MissingKey(missing.to_string()));
                 }
             },
         };
         Span::current().record("key", key.as_str());
 
         let fingerprint: Fingerprint = Sha256::digest(&body).into();
-        let claimed = self
-            .store
-            .claim(
-                &store_key(&route.namespace, &key),
-                fingerprint,
-                policy.lease.0,
-            )
-            .await;
-        match claimed {
-            Ok(ClaimOutcome::Claimed(claim)) => {
-                self.forward_claimed(route, claim, head, body, &key, peer)
-                    .await
+        // Built before the claim, so that a request that cannot be forwarded claims nothing.
+        let key_header = policy.forward_key_header.then_some(key.as_str());
+        let request =
+            match upstream::outbound(head, body::full(body), &route.upstream, peer, key_header) {
+                Ok(request) => request,
+                Err(unforwardable) => {
+                    return rejected(Refusal::BadTarget(unforwardable.to_string()));
+                }
+            };
+        match self.claim(route, &key, fingerprint).await {
+            Ok(Claiming::Claimed(claims)) => {
+                self.forward_claimed(route, claims, request, permit).await
             }
-            Ok(ClaimOutcome::Done(record)) => self.answer_duplicate(route, record, fingerprint),
-            Ok(ClaimOutcome::InFlight { .. }) => {
+            Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
+            Ok(Claiming::InFlight) => {
                 let refusal = Refusal::InFlight {
                     status: policy.in_flight_status.0,
                     retry_after: policy.retry_after.0,
@@ -240,10 +238,15 @@ impl Proxy {
                 tracing::warn!(%error, "claim store failed");
                 self.metrics.store_error();
                 match policy.on_store_error {
-                    OnStoreError::Forward => (
-                        DedupeStatus::Unkeyed,
-                        self.forward_unkeyed(route, head, body, peer).await,
-                    ),
+                    OnStoreError::Forward => {
+                        let mut request = request;
+                        request.headers_mut().remove(&upstream::DEDUPE_KEY);
+                        let timeout = policy.upstream_timeout.0;
+                        (
+                            DedupeStatus::Unkeyed,
+                            self.relay(&route.upstream, Ok(request), timeout).await,
+                        )
+                    }
                     OnStoreError::Reject => {
                         let refusal = Refusal::StoreUnavailable {
                             retry_after: policy.retry_after.0,
@@ -255,22 +258,65 @@ impl Proxy {
         }
     }
 
+    /// Claims the delivery's key and, when the route guards against replays, its body:
+    /// a body done under another key answers as that key's duplicate.
+    async fn claim(
+        &self,
+        route: &Route,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Claiming, StoreError> {
+        let lease = route.policy.lease.0;
+        let event_key = store_key(&route.namespace, key);
+        let event = match self.store.claim(&event_key, fingerprint, lease).await? {
+            ClaimOutcome::Claimed(claim) => claim,
+            ClaimOutcome::Done(record) => return Ok(Claiming::Done(record)),
+            ClaimOutcome::InFlight { .. } => return Ok(Claiming::InFlight),
+        };
+        if route.replay_guard == ReplayGuard::Off {
+            return Ok(Claiming::Claimed(Claims { event, body: None }));
+        }
+        let guarded = self
+            .store
+            .claim(
+                &body_key(&route.namespace, &fingerprint),
+                fingerprint,
+                lease,
+            )
+            .await;
+        let claiming = match guarded {
+            Ok(ClaimOutcome::Claimed(body)) => {
+                return Ok(Claiming::Claimed(Claims {
+                    event,
+                    body: Some(body),
+                }));
+            }
+            Ok(ClaimOutcome::Done(record)) => {
+                tracing::warn!("a body already done under another key: a replay with a new ID");
+                Ok(Claiming::Done(record))
+            }
+            Ok(ClaimOutcome::InFlight { .. }) => Ok(Claiming::InFlight),
+            Err(error) => Err(error),
+        };
+        // The event key was claimed only to learn the body's fate: give it back unrecorded.
+        if let Err(error) = self.store.release(&event).await {
+            tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
+        }
+        claiming
+    }
+
     /// Forwards a claimed delivery in a task of its own: when the sender hangs up, hyper
     /// drops this handler's future, but the forward and the recording of its outcome
-    /// must still run to their end.
+    /// must still run to their end, and keep their place among `max_requests` meanwhile.
     async fn forward_claimed(
         self: &Arc<Self>,
         route: &Arc<Route>,
-        claim: Claim,
-        head: http::request::Parts,
-        body: Bytes,
-        key: &str,
-        peer: SocketAddr,
+        claims: Claims,
+        request: Request<ProxyBody>,
+        permit: RequestPermit,
     ) -> (DedupeStatus, Response<ProxyBody>) {
-        let key_header = route.policy.forward_key_header.then_some(key);
-        let request = upstream::outbound(head, body::full(body), &route.upstream, peer, key_header);
         let (answer, answered) = oneshot::channel();
-        let open = self.open_claims.hold(claim, route, self);
+        let open = self.open_claims.hold(claims, route, self);
         let proxy = Arc::clone(self);
         let route = Arc::clone(route);
         self.forwards.spawn(
@@ -278,6 +324,7 @@ impl Proxy {
                 let outcome = proxy.forward_and_record(&route, open, request).await;
                 // The sender may be gone; the outcome is recorded either way.
                 let _ = answer.send(outcome);
+                drop(permit);
             }
             .instrument(Span::current()),
         );
@@ -307,26 +354,29 @@ impl Proxy {
         let outcome = match sent {
             Ok(response) if route.is_success(response.status()) => (
                 DedupeStatus::Forwarded,
-                self.record_success(route, open.claim(), response).await,
+                self.record_success(route, open.claims(), response).await,
             ),
             Ok(response) => {
-                self.release(route, open.claim(), ReleaseReason::UpstreamStatus)
+                self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
                     .await;
                 (DedupeStatus::Released, upstream::inbound(response))
             }
             Err(error) => {
                 tracing::warn!(%error, "forward failed");
                 let (reason, refusal) = match error {
-                    UpstreamError::Unreachable(detail) => (
+                    UpstreamError::Unreachable(_) => (
                         ReleaseReason::UpstreamUnreachable,
-                        Refusal::UpstreamUnreachable(detail),
+                        Refusal::UpstreamUnreachable,
                     ),
                     UpstreamError::Timeout(after) => (
                         ReleaseReason::UpstreamTimeout,
                         Refusal::UpstreamTimeout(after),
                     ),
+                    UpstreamError::Saturated => {
+                        (ReleaseReason::UpstreamUnreachable, Refusal::Overloaded)
+                    }
                 };
-                self.release(route, open.claim(), reason).await;
+                self.release(route, open.claims(), reason).await;
                 (DedupeStatus::Released, refusal.into_response())
             }
         };
@@ -334,13 +384,13 @@ impl Proxy {
         outcome
     }
 
-    /// Marks the key done, then hands back the upstream's answer. If the mark cannot be
-    /// written the answer is still the upstream's success: the work happened, and an
-    /// error would make the provider run it again at once.
+    /// Marks the key (and a guarded body) done, then hands back the upstream's answer. If
+    /// the mark cannot be written the answer is still the upstream's success: the work
+    /// happened, and an error would make the provider run it again at once.
     async fn record_success(
         &self,
         route: &Route,
-        claim: &Claim,
+        claims: &Claims,
         response: Response<Incoming>,
     ) -> Response<ProxyBody> {
         let upstream_status = response.status().as_u16();
@@ -354,28 +404,17 @@ impl Proxy {
             retention: route.policy.retention.0,
             response: recorded,
         };
-        if let Err(error) = self.store.finish(claim, completion).await {
-            self.metrics.store_error();
-            tracing::error!(%error, "upstream succeeded but the done mark was not recorded; a redelivery of this event would run again");
+        for claim in claims.iter() {
+            if let Err(error) = self.store.finish(claim, completion.clone()).await {
+                self.metrics.store_error();
+                tracing::error!(%error, "upstream succeeded but the done mark was not recorded; a redelivery of this event would run again");
+            }
         }
         response
     }
 
-    async fn release(&self, route: &Route, claim: &Claim, reason: ReleaseReason) {
-        release(&*self.store, &self.metrics, &route.name, claim, reason).await;
-    }
-
-    /// Forwards without deduplication (`on_missing_key` or `on_store_error: forward`).
-    async fn forward_unkeyed(
-        &self,
-        route: &Route,
-        head: http::request::Parts,
-        body: Bytes,
-        peer: SocketAddr,
-    ) -> Response<ProxyBody> {
-        let timeout = route.policy.upstream_timeout.0;
-        self.relay(&route.upstream, head, body::full(body), peer, timeout)
-            .await
+    async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
+        release(&*self.store, &self.metrics, &route.name, claims, reason).await;
     }
 
     /// A request no route matches: streamed through untouched, or refused.
@@ -390,27 +429,37 @@ impl Proxy {
         }
         let (head, body) = request.into_parts();
         let upstream = &routing.fallback_upstream;
-        let timeout = routing.unmatched_timeout;
-        self.relay(upstream, head, body::streaming(body), peer, timeout)
+        let request = upstream::outbound(head, body::streaming(body), upstream, peer, None);
+        self.relay(upstream, request, routing.unmatched_timeout)
             .await
     }
 
-    /// Sends to `upstream` without a claim and relays whatever comes back.
+    /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim and
+    /// relays whatever comes back.
     async fn relay(
         &self,
         upstream: &UpstreamUrl,
-        head: http::request::Parts,
-        body: ProxyBody,
-        peer: SocketAddr,
+        request: Result<Request<ProxyBody>, UnforwardableTarget>,
         timeout: Duration,
     ) -> Response<ProxyBody> {
-        let request = upstream::outbound(head, body, upstream, peer, None);
+        let request = match request {
+            Ok(request) => request,
+            Err(unforwardable) => {
+                return Refusal::BadTarget(unforwardable.to_string()).into_response();
+            }
+        };
         match self.upstream.send(upstream, request, timeout).await {
             Ok(response) => upstream::inbound(response),
-            Err(UpstreamError::Unreachable(detail)) => {
-                Refusal::UpstreamUnreachable(detail).into_response()
+            Err(error) => {
+                tracing::warn!(%error, "forward failed");
+                match error {
+                    UpstreamError::Unreachable(_) => Refusal::UpstreamUnreachable.into_response(),
+                    UpstreamError::Timeout(after) => {
+                        Refusal::UpstreamTimeout(after).into_response()
+                    }
+                    UpstreamError::Saturated => Refusal::Overloaded.into_response(),
+                }
             }
-            Err(UpstreamError::Timeout(after)) => Refusal::UpstreamTimeout(after).into_response(),
         }
     }
 
@@ -427,12 +476,12 @@ impl Proxy {
                 "forwards still running when the shutdown grace ended"
             );
         }
-        for (route, claim) in self.open_claims.take_all() {
+        for (route, claims) in self.open_claims.take_all() {
             release(
                 &*self.store,
                 &self.metrics,
                 &route,
-                &claim,
+                &claims,
                 ReleaseReason::Shutdown,
             )
             .await;
@@ -465,25 +514,61 @@ impl Proxy {
     }
 }
 
-/// Releases a claim so that a retry runs the work, counting why.
+/// Releases a delivery's claims so that a retry runs the work, counting why (once per
+/// delivery).
 async fn release(
     store: &dyn ClaimStore,
     metrics: &Metrics,
     route: &str,
-    claim: &Claim,
+    claims: &Claims,
     reason: ReleaseReason,
 ) {
-    match store.release(claim).await {
-        Ok(()) => {
-            metrics.released(route, reason);
-            tracing::debug!(reason = reason.as_str(), "claim released");
-        }
-        Err(error) => {
-            if matches!(error, crate::store::StoreError::Backend(_)) {
-                metrics.store_error();
+    let mut released = false;
+    for claim in claims.iter() {
+        match store.release(claim).await {
+            Ok(()) => released = true,
+            Err(error) => {
+                if matches!(error, StoreError::Backend(_)) {
+                    metrics.store_error();
+                }
+                tracing::warn!(%error, reason = reason.as_str(), key = %claim.key, "claim not released; the key frees itself when its lease ends");
             }
-            tracing::warn!(%error, reason = reason.as_str(), key = %claim.key, "claim not released; the key frees itself when its lease ends");
         }
+    }
+    if released {
+        metrics.released(route, reason);
+        tracing::debug!(reason = reason.as_str(), "claim released");
+    }
+}
+
+/// The route a request goes to, if any, once its host and target are found sound.
+fn find_route<'r>(
+    routing: &'r Routing,
+    request: &Request<Incoming>,
+) -> Result<Option<&'r Arc<Route>>, TargetError> {
+    let host = target::host(request.version(), request.uri(), request.headers())?;
+    let path = target::normal_path(request.uri().path());
+    Ok(routing.table.find(request.method(), host, &path))
+}
+
+/// What claiming a delivery found.
+enum Claiming {
+    Claimed(Claims),
+    Done(DoneRecord),
+    InFlight,
+}
+
+/// The claims one delivery holds: its event key's, and its body's when the route guards
+/// against replays. They are finished or released together.
+#[derive(Debug, Clone)]
+struct Claims {
+    event: Claim,
+    body: Option<Claim>,
+}
+
+impl Claims {
+    fn iter(&self) -> impl Iterator<Item = &Claim> {
+        std::iter::once(&self.event).chain(self.body.as_ref())
     }
 }
 
@@ -529,34 +614,19 @@ fn unix_now() -> i64 {
     i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }
 
-/// The host a request was sent to: its `Host` header, or an HTTP/2 request's authority.
-fn request_host(request: &Request<Incoming>) -> Option<String> {
-    request
-        .headers()
-        .get(HOST)
-        .and_then(|value| value.to_str().ok())
-        .or_else(|| {
-            request
-                .uri()
-                .authority()
-                .map(|authority| authority.as_str())
-        })
-        .map(str::to_owned)
-}
-
 /// Claims whose forward is under way, with their route's name. Shutdown releases the
 /// ones still open when its grace ends; a forward task that dies without settling
 /// releases its own.
 #[derive(Clone, Default)]
-struct OpenClaims(Arc<Mutex<HashMap<u128, (String, Claim)>>>);
+struct OpenClaims(Arc<Mutex<HashMap<u128, (String, Claims)>>>);
 
 impl OpenClaims {
-    fn hold(&self, claim: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
+    fn hold(&self, claims: Claims, route: &Route, proxy: &Proxy) -> OpenClaim {
         self.lock()
-            .insert(claim.token, (route.name.clone(), claim.clone()));
+            .insert(claims.event.token, (route.name.clone(), claims.clone()));
         OpenClaim {
             registry: self.clone(),
-            claim,
+            claims,
             route: route.name.clone(),
             store: Arc::clone(&proxy.store),
             metrics: Arc::clone(&proxy.metrics),
@@ -564,11 +634,11 @@ impl OpenClaims {
         }
     }
 
-    fn take_all(&self) -> Vec<(String, Claim)> {
+    fn take_all(&self) -> Vec<(String, Claims)> {
         self.lock().drain().map(|(_, open)| open).collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, (String, Claim)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, (String, Claims)>> {
         // The map stays consistent even if a holder panicked.
         self.0
             .lock()
@@ -576,10 +646,10 @@ impl OpenClaims {
     }
 }
 
-/// A claim being forwarded: settled once finished or released.
+/// A delivery's claims being forwarded: settled once finished or released.
 struct OpenClaim {
     registry: OpenClaims,
-    claim: Claim,
+    claims: Claims,
     route: String,
     store: Arc<dyn ClaimStore>,
     metrics: Arc<Metrics>,
@@ -587,8 +657,8 @@ struct OpenClaim {
 }
 
 impl OpenClaim {
-    fn claim(&self) -> &Claim {
-        &self.claim
+    fn claims(&self) -> &Claims {
+        &self.claims
     }
 
     fn settle(mut self) {
@@ -598,13 +668,24 @@ impl OpenClaim {
 
 impl Drop for OpenClaim {
     fn drop(&mut self) {
-        let still_open = self.registry.lock().remove(&self.claim.token).is_some();
+        let still_open = self
+            .registry
+            .lock()
+            .remove(&self.claims.event.token)
+            .is_some();
         if still_open && !self.settled {
             let (store, metrics) = (Arc::clone(&self.store), Arc::clone(&self.metrics));
-            let (route, claim) = (self.route.clone(), self.claim.clone());
+            let (route, claims) = (self.route.clone(), self.claims.clone());
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release(&*store, &metrics, &route, &claim, ReleaseReason::TaskFailed).await;
+                    release(
+                        &*store,
+                        &metrics,
+                        &route,
+                        &claims,
+                        ReleaseReason::TaskFailed,
+                    )
+                    .await;
                 });
             }
         }

@@ -34,6 +34,16 @@ pub enum DedupeStatus {
 }
 
 impl DedupeStatus {
+    pub const ALL: [DedupeStatus; 7] = [
+        DedupeStatus::Rejected,
+        DedupeStatus::Unkeyed,
+        DedupeStatus::Unavailable,
+        DedupeStatus::Duplicate,
+        DedupeStatus::InFlight,
+        DedupeStatus::Forwarded,
+        DedupeStatus::Released,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DedupeStatus::Rejected => "rejected",
@@ -77,10 +87,16 @@ pub enum Refusal {
         retry_after: Duration,
     },
     PayloadMismatch,
-    UpstreamUnreachable(String),
+    /// The detail (the upstream's address, say) goes to the log, never to the sender.
+    UpstreamUnreachable,
     UpstreamTimeout(Duration),
-    /// More requests are being handled than `limits.max_requests` allows.
+    /// More requests are being handled than `limits.max_requests` allows, or the
+    /// upstream has as many connections as it may.
     Overloaded,
+    /// More connections are open than `limits.max_connections` allows.
+    TooManyConnections,
+    /// The request's target or `Host` is malformed (RFC 9112 section 3.2).
+    BadTarget(String),
     /// A forward task ended without an answer (it panicked); the claim's lease frees the key.
     Internal,
 }
@@ -139,7 +155,7 @@ impl Refusal {
                 "payload_mismatch",
                 "this event key was already processed with a different body".into(),
             ),
-            Refusal::UpstreamUnreachable(_) => (
+            Refusal::UpstreamUnreachable => (
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
                 "the application could not be reached; retry later".into(),
@@ -157,6 +173,12 @@ impl Refusal {
                 "overloaded",
                 "too many requests are being handled; retry shortly".into(),
             ),
+            Refusal::TooManyConnections => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_connections",
+                "connection limit reached; retry".into(),
+            ),
+            Refusal::BadTarget(reason) => (StatusCode::BAD_REQUEST, "bad_request", reason.clone()),
             Refusal::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -170,15 +192,14 @@ impl Refusal {
             Refusal::StoreUnavailable { retry_after } | Refusal::InFlight { retry_after, .. } => {
                 Some(*retry_after)
             }
-            Refusal::Overloaded => Some(Duration::from_secs(1)),
+            Refusal::Overloaded | Refusal::TooManyConnections => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
 
     /// The answer: its status, `{"error","detail"}` JSON body and `Retry-After`.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let (status, code, detail) = self.parts();
-        let body = serde_json::json!({ "error": code, "detail": detail }).to_string();
+        let (status, body) = self.status_and_body();
         let mut response = json_response(status, body);
         if let Some(after) = self.retry_after() {
             response
@@ -186,6 +207,37 @@ impl Refusal {
                 .insert(RETRY_AFTER, retry_after_value(after));
         }
         response
+    }
+
+    /// The same answer as HTTP/1.1 bytes that close the connection, for a connection that
+    /// is refused before hyper serves it.
+    pub fn into_http1_bytes(self) -> Vec<u8> {
+        let (status, body) = self.status_and_body();
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        );
+        if let Some(after) = self.retry_after() {
+            let seconds = retry_after_value(after);
+            head.push_str(&format!(
+                "retry-after: {}\r\n",
+                seconds.to_str().unwrap_or("1")
+            ));
+        }
+        head.push_str(&format!(
+            "connection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        ));
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(body.as_bytes());
+        bytes
+    }
+
+    fn status_and_body(&self) -> (StatusCode, String) {
+        let (status, code, detail) = self.parts();
+        let body = serde_json::json!({ "error": code, "detail": detail }).to_string();
+        (status, body)
     }
 }
 
@@ -258,6 +310,24 @@ mod tests {
         let response = Refusal::KeyTooLong(600).into_response();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         assert!(!response.headers().contains_key(RETRY_AFTER));
+    }
+
+    #[test]
+    fn a_refusal_written_as_bytes_declares_its_own_length() {
+        let bytes = Refusal::TooManyConnections.into_http1_bytes();
+        let text = String::from_utf8(bytes).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        assert!(head.contains("retry-after: 1"), "{head}");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["error"], "too_many_connections");
     }
 
     #[test]

@@ -15,10 +15,11 @@ use crate::config::values::{
 };
 use crate::config::{
     Config, DuplicateResponseFile, MatchFile, OnMissingKey, OnPayloadMismatch, OnStoreError,
-    RouteFile, Unmatched,
+    ReplayGuard, RouteFile, Unmatched,
 };
 use crate::key::KeyTemplate;
 use crate::preset::Preset;
+use crate::target;
 use crate::verify::{Verify, VerifySetting};
 
 /// The default duplicate answer's body.
@@ -38,6 +39,8 @@ pub struct Route {
     /// The signature check, before anything is claimed or forwarded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<Verify>,
+    /// Whether a signed body already done under another key is a duplicate.
+    pub replay_guard: ReplayGuard,
     pub upstream: UpstreamUrl,
     #[serde(flatten)]
     pub policy: Policy,
@@ -85,28 +88,39 @@ pub struct Matcher {
     pub path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
-    /// Lowercase; compared with the request's host without its port unless this has one.
+    /// Lowercase, without a trailing dot; compared with the request's host without its
+    /// port unless this has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// `path` or `path_prefix` in the normal form requests are matched in
+    /// ([`target::normal_path`]).
+    #[serde(skip)]
+    normal: Option<Vec<u8>>,
 }
 
 impl Matcher {
     fn from_file(file: MatchFile) -> Matcher {
+        let written = file.path.as_deref().or(file.path_prefix.as_deref());
         Matcher {
             methods: file.method.0,
+            normal: written.map(|path| target::normal_path(path).into_owned()),
             path: file.path,
             path_prefix: file.path_prefix,
-            host: file.host.map(|host| host.to_ascii_lowercase()),
+            host: file
+                .host
+                .map(|host| host.trim_end_matches('.').to_ascii_lowercase()),
         }
     }
 
-    /// Whether a request with this method, host (from `Host` or the URI) and path matches.
-    pub fn matches(&self, method: &Method, host: Option<&str>, path: &str) -> bool {
+    /// Whether a request with this method, host (from `Host` or the URI) and normal path
+    /// ([`target::normal_path`]) matches. `path` matches the path in its normal form;
+    /// `path_prefix` also every path below it, segment by segment.
+    pub fn matches(&self, method: &Method, host: Option<&str>, normal_path: &[u8]) -> bool {
         let method_ok = self.methods.is_empty() || self.methods.iter().any(|m| m.0 == method);
-        let path_ok = match (&self.path, &self.path_prefix) {
-            (Some(exact), _) => path == exact,
-            (None, Some(prefix)) => path.starts_with(prefix.as_str()),
-            (None, None) => true,
+        let path_ok = match &self.normal {
+            None => true,
+            Some(exact) if self.path.is_some() => normal_path == exact.as_slice(),
+            Some(prefix) => target::under(normal_path, prefix),
         };
         method_ok && path_ok && self.host_matches(host)
     }
@@ -123,7 +137,8 @@ impl Matcher {
         } else {
             strip_port(host)
         };
-        host.eq_ignore_ascii_case(wanted)
+        // `example.com.` is `example.com` to a resolver, and to the frameworks that check hosts.
+        host.trim_end_matches('.').eq_ignore_ascii_case(wanted)
     }
 }
 
@@ -208,16 +223,23 @@ impl Route {
     pub fn resolve(file: RouteFile, defaults: &RouteFile, upstream: &UpstreamUrl) -> Route {
         let policy = Policy::resolve(&file, defaults);
         let name = file.name.expect("checked: a route has a name").0;
+        let key = file.key.expect("checked: a route has a key");
+        let verify = match file.verify {
+            Some(VerifySetting::On(verify)) => Some(verify),
+            Some(VerifySetting::Off) | None => None,
+        };
+        let replay_guard = file
+            .replay_guard
+            .or(defaults.replay_guard)
+            .unwrap_or_else(|| default_replay_guard(&key, verify.as_ref()));
         Route {
             namespace: file.scope.map_or_else(|| name.clone(), |Name(scope)| scope),
             name,
             matcher: Matcher::from_file(file.matcher.expect("checked: a route has a match")),
-            key: file.key.expect("checked: a route has a key"),
+            key,
             preset: file.preset,
-            verify: match file.verify {
-                Some(VerifySetting::On(verify)) => Some(verify),
-                Some(VerifySetting::Off) | None => None,
-            },
+            verify,
+            replay_guard,
             upstream: inherit(&file.upstream, &defaults.upstream, upstream.clone()),
             policy,
         }
@@ -240,6 +262,16 @@ impl Route {
             .success_status
             .iter()
             .any(|pattern| pattern.matches(status))
+    }
+}
+
+/// On where a signed delivery's key comes from a header or query parameter its signature
+/// does not cover: anyone holding a captured delivery could resend it with a fresh ID.
+/// Off without a check (a forger needs no captured delivery) and where the key is signed.
+fn default_replay_guard(key: &KeyTemplate, verify: Option<&Verify>) -> ReplayGuard {
+    match verify {
+        Some(verify) if key.reads_beyond(verify.signed_headers()) => ReplayGuard::Body,
+        _ => ReplayGuard::Off,
     }
 }
 
@@ -277,14 +309,28 @@ impl RouteTable {
         }
     }
 
-    pub fn find(&self, method: &Method, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+    /// The first route taking a request with this method, host and normal path
+    /// ([`target::normal_path`]).
+    pub fn find(
+        &self,
+        method: &Method,
+        host: Option<&str>,
+        normal_path: &[u8],
+    ) -> Option<&Arc<Route>> {
         self.routes
             .iter()
-            .find(|route| route.matcher.matches(method, host, path))
+            .find(|route| route.matcher.matches(method, host, normal_path))
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
         self.routes.iter().find(|route| route.name == name)
+    }
+
+    /// Each route's name, and whether it checks signatures.
+    pub fn names_and_checks(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.routes
+            .iter()
+            .map(|route| (route.name.as_str(), route.verify.is_some()))
     }
 
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
@@ -326,8 +372,10 @@ routes:
     #[test]
     fn first_match_wins() {
         let routes = table(ROUTES);
-        let find =
-            |method: Method, host, path| routes.find(&method, host, path).map(|r| r.name.as_str());
+        let find = |method: Method, host, path: &str| {
+            let path = target::normal_path(path);
+            routes.find(&method, host, &path).map(|r| r.name.as_str())
+        };
         assert_eq!(find(Method::POST, None, "/hooks/a"), Some("exact"));
         assert_eq!(find(Method::GET, None, "/hooks/a"), Some("any"));
         assert_eq!(

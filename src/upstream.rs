@@ -6,11 +6,14 @@
 mod pool;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{CONNECTION, HOST, HeaderName};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use tokio::sync::Semaphore;
 
 use self::pool::Pool;
 use crate::body::{ProxyBody, streaming};
@@ -42,6 +45,9 @@ pub enum UpstreamError {
     Unreachable(String),
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
+    /// As many connections are open to the upstream as `limits.max_requests`.
+    #[error("as many connections are open to the upstream as limits.max_requests allows")]
+    Saturated,
 }
 
 /// The connections that carry every forward, a pool per worker: a connection is driven
@@ -53,10 +59,13 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(workers: usize) -> Upstream {
-        let each = (0..workers).map(|_| Pool::default()).collect();
+    /// Pools for `workers` workers, with at most `max_connections` connections open in all.
+    pub fn new(workers: usize, max_connections: usize) -> Upstream {
+        let budget = Arc::new(Semaphore::new(max_connections));
+        let pool = || Pool::new(Arc::clone(&budget));
+        let each = (0..workers).map(|_| pool()).collect();
         Upstream {
-            pools: PerWorker::new(Pool::default(), each),
+            pools: PerWorker::new(pool(), each),
         }
     }
 
@@ -75,23 +84,32 @@ impl Upstream {
     }
 }
 
-/// Rewrites a sender's request for the upstream at `upstream`.
+/// Why a request cannot be forwarded as it is (the sender gets 400).
+#[derive(Debug, thiserror::Error)]
+#[error("the request target `{0}` cannot be forwarded")]
+pub struct UnforwardableTarget(String);
+
+/// Rewrites a sender's request for the upstream at `upstream`: in origin form, below the
+/// upstream's base path. Fails only for a target that has no path of its own (the
+/// authority form of `CONNECT`, say).
 pub fn outbound(
     mut head: http::request::Parts,
     body: ProxyBody,
     upstream: &UpstreamUrl,
     peer: SocketAddr,
     dedupe_key: Option<&str>,
-) -> Request<ProxyBody> {
+) -> Result<Request<ProxyBody>, UnforwardableTarget> {
     let original_host = head.headers.get(HOST).cloned().or_else(|| {
         head.uri
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
+    head.uri = origin_form(&head.uri, &upstream.base_path)?;
     let headers = &mut head.headers;
     strip_hop_by_hop(headers);
-    // Only the proxy may tell the upstream an event's key.
-    headers.remove(&DEDUPE_KEY);
+    // Only the proxy may tell the upstream an event's key, under any spelling a server
+    // might read as `Dedupe-Key`.
+    remove_key_headers(headers);
     if let Some(key) = dedupe_key.and_then(|key| HeaderValue::from_str(key).ok()) {
         headers.insert(DEDUPE_KEY.clone(), key);
     }
@@ -108,13 +126,52 @@ pub fn outbound(
     } else if let Ok(upstream_host) = HeaderValue::from_str(&upstream.authority) {
         headers.insert(HOST, upstream_host);
     }
-    // In origin form: the connection is already the upstream's.
-    let path_and_query = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    head.uri = format!("{}{}", upstream.base_path, path_and_query)
-        .parse::<Uri>()
-        .expect("a base path joined with a request path is a valid URI");
     head.version = Version::HTTP_11;
-    Request::from_parts(head, body)
+    Ok(Request::from_parts(head, body))
+}
+
+/// `target` as the upstream receives it: `base_path`, then the path (`/` for an absolute
+/// target that has none), then the query.
+fn origin_form(target: &Uri, base_path: &str) -> Result<Uri, UnforwardableTarget> {
+    let unforwardable = || UnforwardableTarget(target.to_string());
+    // `path()` is `/` for an absolute target with an empty path, `*` for the asterisk form.
+    let path = target.path();
+    if !path.starts_with('/') && path != "*" {
+        return Err(unforwardable());
+    }
+    let mut origin = String::with_capacity(
+        base_path.len() + path.len() + 1 + target.query().map_or(0, str::len),
+    );
+    origin.push_str(base_path);
+    origin.push_str(path);
+    if let Some(query) = target.query() {
+        origin.push('?');
+        origin.push_str(query);
+    }
+    let path_and_query = PathAndQuery::try_from(origin).map_err(|_| unforwardable())?;
+    Ok(Uri::from(path_and_query))
+}
+
+/// Removes `Dedupe-Key` and every name a server would read as it: CGI-style servers
+/// (Rack, older gunicorn) turn `Dedupe_Key` into the same `HTTP_DEDUPE_KEY` variable.
+fn remove_key_headers(headers: &mut HeaderMap) {
+    headers.remove(&DEDUPE_KEY);
+    let spelled_otherwise: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let name = name.as_str().as_bytes();
+            name.len() == DEDUPE_KEY.as_str().len()
+                && name.contains(&b'_')
+                && name
+                    .iter()
+                    .zip(DEDUPE_KEY.as_str().as_bytes())
+                    .all(|(&sent, &ours)| sent == ours || (sent == b'_' && ours == b'-'))
+        })
+        .cloned()
+        .collect();
+    for name in spelled_otherwise {
+        headers.remove(name);
+    }
 }
 
 /// Rewrites the upstream's answer for the sender: its body streams through, and it
@@ -143,13 +200,22 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Appends the sender's address to `X-Forwarded-For`, as one line: the values of every line
+/// the sender sent, in order (several lines of a header are one list, RFC 9110 section
+/// 5.3), then the peer. A front proxy that added a line of its own keeps it.
 fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
     let ip = peer.ip().to_string();
-    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(earlier) => format!("{earlier}, {ip}"),
-        None => ip,
-    };
-    if let Ok(value) = HeaderValue::from_str(&value) {
+    let mut list: Vec<u8> = Vec::new();
+    for line in headers.get_all(&X_FORWARDED_FOR) {
+        let line = line.as_bytes().trim_ascii();
+        if !line.is_empty() {
+            list.extend_from_slice(line);
+            list.extend_from_slice(b", ");
+        }
+    }
+    list.extend_from_slice(ip.as_bytes());
+    // From header values and an address, so it is a valid value; a failure keeps the lines.
+    if let Ok(value) = HeaderValue::from_bytes(&list) {
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
 }
@@ -183,7 +249,7 @@ mod tests {
         );
         let upstream: UpstreamUrl = "http://127.0.0.1:8080/app".parse().unwrap();
         let peer: SocketAddr = "10.0.0.5:4321".parse().unwrap();
-        let out = outbound(head, empty(), &upstream, peer, Some("evt_1"));
+        let out = outbound(head, empty(), &upstream, peer, Some("evt_1")).unwrap();
         assert_eq!(out.uri(), "/app/webhooks/stripe?x=1");
         let h = out.headers();
         assert_eq!(h["host"], "hooks.example.com");
@@ -201,7 +267,7 @@ mod tests {
     fn unkeyed(head: http::request::Parts, upstream: &str) -> Request<ProxyBody> {
         let upstream: UpstreamUrl = upstream.parse().unwrap();
         let peer = "127.0.0.1:1".parse().unwrap();
-        outbound(head, empty(), &upstream, peer, None)
+        outbound(head, empty(), &upstream, peer, None).unwrap()
     }
 
     #[test]
@@ -216,14 +282,72 @@ mod tests {
     fn every_request_target_form_goes_out_in_origin_form() {
         for (target, expected) in [
             ("http://other.example/x?y=1", "/app/x?y=1"),
+            // An absolute target with an empty path and a query: the path is `/`.
+            ("http://x?a=1", "/app/?a=1"),
+            ("http://x", "/app/"),
             ("*", "/app*"),
-            ("example.com:443", "/app/"),
         ] {
             let out = unkeyed(request(&[], target), "http://127.0.0.1:1/app");
             assert_eq!(out.uri(), expected, "{target}");
         }
         let out = unkeyed(request(&[], "*"), "http://127.0.0.1:1");
         assert_eq!(out.uri(), "*");
+        let out = unkeyed(request(&[], "http://x?a=1"), "http://127.0.0.1:1");
+        assert_eq!(out.uri(), "/?a=1");
+    }
+
+    #[test]
+    fn a_target_without_a_path_is_refused_not_a_panic() {
+        let upstream: UpstreamUrl = "http://127.0.0.1:1/app".parse().unwrap();
+        let peer = "127.0.0.1:1".parse().unwrap();
+        let refused = outbound(
+            request(&[], "example.com:443"),
+            empty(),
+            &upstream,
+            peer,
+            None,
+        );
+        assert!(refused.is_err());
+    }
+
+    #[test]
+    fn every_forwarded_for_line_is_kept_in_order_then_the_peer() {
+        let head = request(
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
+                ("x-forwarded-for", " "),
+            ],
+            "/x",
+        );
+        let out = unkeyed(head, "http://127.0.0.1:1");
+        let lines: Vec<_> = out.headers().get_all("x-forwarded-for").iter().collect();
+        assert_eq!(lines, ["1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1"]);
+    }
+
+    #[test]
+    fn every_spelling_a_server_reads_as_dedupe_key_is_dropped() {
+        let head = request(
+            &[
+                ("dedupe_key", "forged"),
+                ("Dedupe_Key", "forged"),
+                ("dedupe-key", "forged"),
+                ("dedupe_status", "kept"),
+                ("x-dedupe_key", "kept"),
+            ],
+            "/x",
+        );
+        let upstream: UpstreamUrl = "http://127.0.0.1:1".parse().unwrap();
+        let peer = "127.0.0.1:1".parse().unwrap();
+        let out = outbound(head, empty(), &upstream, peer, Some("evt_1")).unwrap();
+        let h = out.headers();
+        assert!(!h.contains_key("dedupe_key"));
+        assert_eq!(
+            h.get_all("dedupe-key").iter().collect::<Vec<_>>(),
+            ["evt_1"]
+        );
+        assert_eq!(h["dedupe_status"], "kept");
+        assert_eq!(h["x-dedupe_key"], "kept");
     }
 
     #[test]

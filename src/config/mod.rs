@@ -573,6 +573,19 @@ pub enum OnPayloadMismatch {
     Reject,
 }
 
+/// `replay_guard:`: whether a signed body already done in the route's scope, under any
+/// key, is a duplicate. It stops a captured delivery from running again when it is resent
+/// with a fresh ID in a header the signature does not cover (GitHub's
+/// `X-GitHub-Delivery`, Shopify's `X-Shopify-Event-Id`); its cost is that two genuine
+/// events with byte-identical bodies are one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayGuard {
+    Body,
+    #[serde(rename = "none")]
+    Off,
+}
+
 /// One entry of `routes:`, and also the shape of `defaults:` (which may not set `name`,
 /// `match`, `key` or `scope`). Every policy field is optional: a route inherits what it
 /// leaves out from `defaults`, and `defaults` from the built-in values in `route.rs`.
@@ -601,6 +614,7 @@ pub struct RouteFile {
     pub in_flight_status: Option<RefusalStatus>,
     pub retry_after: Option<HumanDuration>,
     pub forward_key_header: Option<bool>,
+    pub replay_guard: Option<ReplayGuard>,
 }
 
 /// `duplicate_response:`; each field inherits separately.

@@ -43,6 +43,12 @@ pub fn store_key(namespace: &str, key: &str) -> String {
     format!("{namespace}:{key}")
 }
 
+/// The store key under which a route's replay guard records a body: `#` cannot appear in
+/// a namespace, so no event key can ever be this one.
+pub fn body_key(namespace: &str, fingerprint: &Fingerprint) -> String {
+    format!("{namespace}#body:{}", hex::encode(fingerprint))
+}
+
 /// Where the store reads the time; tests substitute a manual clock.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Millis;

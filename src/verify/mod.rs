@@ -42,6 +42,9 @@ pub enum VerifyError {
     MissingHeader(&'static str),
     #[error("the {0} header is malformed")]
     Malformed(&'static str),
+    /// Another spelling of the signed message ID names a different message.
+    #[error("the {0} header differs from the signed message ID")]
+    IdMismatch(&'static str),
     #[error("the signature's timestamp is more than {0} away from now")]
     Stale(String),
     #[error("no signature matches the body with any configured secret")]
@@ -49,11 +52,19 @@ pub enum VerifyError {
 }
 
 impl VerifyError {
+    /// Every code [`VerifyError::code`] gives.
+    pub const CODES: [&'static str; 4] = [
+        "missing_signature",
+        "malformed_signature",
+        "stale_signature",
+        "signature_mismatch",
+    ];
+
     /// The `error` code of the 401 answer.
     pub fn code(&self) -> &'static str {
         match self {
             VerifyError::MissingHeader(_) => "missing_signature",
-            VerifyError::Malformed(_) => "malformed_signature",
+            VerifyError::Malformed(_) | VerifyError::IdMismatch(_) => "malformed_signature",
             VerifyError::Stale(_) => "stale_signature",
             VerifyError::NoMatch => "signature_mismatch",
         }
@@ -91,6 +102,19 @@ impl Verify {
             Verify::Hmac(scheme) => scheme,
         };
         scheme.verify(headers, body, now)
+    }
+
+    /// The headers, besides the body, that a valid signature vouches for (lowercase).
+    pub fn signed_headers(&self) -> &'static [&'static str] {
+        match self {
+            Verify::StandardWebhooks(_) => standard_webhooks::SIGNED_ID_HEADERS,
+            Verify::Stripe(_)
+            | Verify::Github(_)
+            | Verify::Shopify(_)
+            | Verify::Slack(_)
+            | Verify::Paddle(_)
+            | Verify::Hmac(_) => &[],
+        }
     }
 }
 

@@ -21,6 +21,10 @@ const HEADER_SETS: [[&str; 3]; 2] = [
     ["svix-id", "svix-timestamp", "svix-signature"],
 ];
 
+/// The message ID headers: the signature covers the ID, and a delivery carrying both must
+/// give one ID in both, so a key read from either is the ID that was verified.
+pub(super) const SIGNED_ID_HEADERS: &[&str] = &["webhook-id", "svix-id"];
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StandardWebhooksFile {
@@ -90,6 +94,13 @@ impl Scheme for StandardWebhooks {
             .find(|[id, _, _]| headers.contains_key(*id))
             .unwrap_or(HEADER_SETS[0]);
         let id = header(headers, id_name)?;
+        // Checking one spelling's signature must not let the other spelling's ID through
+        // unchecked: a signed delivery resent with a fresh `svix-id` would be a new key.
+        for other in SIGNED_ID_HEADERS {
+            if headers.get_all(*other).iter().any(|value| value != id) {
+                return Err(VerifyError::IdMismatch(other));
+            }
+        }
         let text = header(headers, timestamp_name)?;
         let timestamp = parse_timestamp(text, timestamp_name)?;
         let list = header(headers, signature_name)?;
