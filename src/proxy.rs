@@ -127,7 +127,7 @@ impl Proxy {
         };
         let Some(route) = route else {
             self.metrics.unmatched();
-            return self.pass_unmatched(&routing, request, peer).await;
+            return self.pass_unmatched(&routing, request, peer, permit).await;
         };
         let span = tracing::info_span!(
             "delivery",
@@ -202,7 +202,7 @@ impl Proxy {
                         upstream::outbound(head, body::full(body), &route.upstream, peer, None);
                     return (
                         DedupeStatus::Unkeyed,
-                        self.relay(&route.upstream, request, timeout).await,
+                        self.relay(&route.upstream, request, timeout, permit).await,
                     );
                 }
                 OnMissingKey::Reject => {
@@ -244,7 +244,8 @@ impl Proxy {
                         let timeout = policy.upstream_timeout.0;
                         (
                             DedupeStatus::Unkeyed,
-                            self.relay(&route.upstream, Ok(request), timeout).await,
+                            self.relay(&route.upstream, Ok(request), timeout, permit)
+                                .await,
                         )
                     }
                     OnStoreError::Reject => {
@@ -343,7 +344,11 @@ impl Proxy {
         let started = Instant::now();
         let sent = self
             .upstream
-            .send(&route.upstream, request, route.policy.upstream_timeout.0)
+            .send(
+                &route.upstream.address,
+                request,
+                route.policy.upstream_timeout.0,
+            )
             .await;
         let elapsed = started.elapsed().as_secs_f64();
         self.metrics.upstream_answered(&route.name, elapsed);
@@ -419,10 +424,11 @@ impl Proxy {
 
     /// A request no route matches: streamed through untouched, or refused.
     async fn pass_unmatched(
-        &self,
+        self: &Arc<Self>,
         routing: &Routing,
         request: Request<Incoming>,
         peer: SocketAddr,
+        permit: RequestPermit,
     ) -> Response<ProxyBody> {
         if routing.unmatched == Unmatched::Reject {
             return Refusal::NoRoute.into_response();
@@ -430,17 +436,20 @@ impl Proxy {
         let (head, body) = request.into_parts();
         let upstream = &routing.fallback_upstream;
         let request = upstream::outbound(head, body::streaming(body), upstream, peer, None);
-        self.relay(upstream, request, routing.unmatched_timeout)
+        self.relay(upstream, request, routing.unmatched_timeout, permit)
             .await
     }
 
     /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim and
-    /// relays whatever comes back.
+    /// relays whatever comes back. The exchange runs in a task that keeps `permit`: a
+    /// sender who hangs up must not free its place while the application still works on
+    /// its request, or hanging up in a loop would drive the application without bound.
     async fn relay(
-        &self,
+        self: &Arc<Self>,
         upstream: &UpstreamUrl,
         request: Result<Request<ProxyBody>, UnforwardableTarget>,
         timeout: Duration,
+        permit: RequestPermit,
     ) -> Response<ProxyBody> {
         let request = match request {
             Ok(request) => request,
@@ -448,18 +457,23 @@ impl Proxy {
                 return Refusal::BadTarget(unforwardable.to_string()).into_response();
             }
         };
-        match self.upstream.send(upstream, request, timeout).await {
-            Ok(response) => upstream::inbound(response),
-            Err(error) => {
-                tracing::warn!(%error, "forward failed");
-                match error {
-                    UpstreamError::Unreachable(_) => Refusal::UpstreamUnreachable.into_response(),
-                    UpstreamError::Timeout(after) => {
-                        Refusal::UpstreamTimeout(after).into_response()
-                    }
-                    UpstreamError::Saturated => Refusal::Overloaded.into_response(),
-                }
+        let (answer, answered) = oneshot::channel();
+        let (proxy, address) = (Arc::clone(self), Arc::clone(&upstream.address));
+        self.forwards.spawn(
+            async move {
+                let sent = proxy.upstream.send(&address, request, timeout).await;
+                let _ = answer.send(sent);
+                drop(permit);
             }
+            .instrument(Span::current()),
+        );
+        match answered.await {
+            Ok(Ok(response)) => upstream::inbound(response),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "forward failed");
+                failure(error).1.into_response()
+            }
+            Err(_) => Refusal::Internal.into_response(),
         }
     }
 
@@ -538,6 +552,21 @@ async fn release(
     if released {
         metrics.released(route, reason);
         tracing::debug!(reason = reason.as_str(), "claim released");
+    }
+}
+
+/// Why a forward got no answer, as a release reason and the sender's answer.
+fn failure(error: UpstreamError) -> (ReleaseReason, Refusal) {
+    match error {
+        UpstreamError::Unreachable(_) => (
+            ReleaseReason::UpstreamUnreachable,
+            Refusal::UpstreamUnreachable,
+        ),
+        UpstreamError::Timeout(after) => (
+            ReleaseReason::UpstreamTimeout,
+            Refusal::UpstreamTimeout(after),
+        ),
+        UpstreamError::Saturated => (ReleaseReason::Overloaded, Refusal::Overloaded),
     }
 }
 

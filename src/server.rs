@@ -48,8 +48,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// are closed without a word, so that a flood of them costs nothing more.
 const MAX_REFUSING: usize = 64;
 
-/// How long a connection over the limit gets to receive its 503, and how much of its
-/// request is read meanwhile (so that closing does not reset the 503 away).
+/// How long a connection over the limit gets to send its request head, and then to receive
+/// its 503; how much of its request is read at most.
 const REFUSE_TIME: Duration = Duration::from_secs(1);
 const REFUSE_DRAIN: usize = 64 << 10;
 
@@ -361,14 +361,26 @@ impl Drop for Watched {
     }
 }
 
-/// Tells a connection over the limit why it is closed, then reads a little of what it
-/// sent before closing, so that the close does not reset the answer away.
+/// Tells a connection over the limit why it is closed: reads its request head first (for
+/// at most [`REFUSE_TIME`]: a client that reads eagerly would take an answer written before
+/// its request for a protocol error), answers, then reads a little more before closing so
+/// that the close does not reset the answer away.
 async fn refuse(mut stream: TcpStream) {
+    let mut sink = [0u8; 4096];
+    let mut seen: Vec<u8> = Vec::new();
+    let _ = tokio::time::timeout(REFUSE_TIME, async {
+        while seen.len() < REFUSE_DRAIN && !seen.windows(4).any(|end| end == b"\r\n\r\n") {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => seen.extend_from_slice(&sink[..read]),
+            }
+        }
+    })
+    .await;
     let answer = Refusal::TooManyConnections.into_http1_bytes();
     let _ = tokio::time::timeout(REFUSE_TIME, async {
         stream.write_all(&answer).await?;
         stream.shutdown().await?;
-        let mut sink = [0u8; 4096];
         let mut drained = 0;
         while drained < REFUSE_DRAIN {
             match stream.read(&mut sink).await? {

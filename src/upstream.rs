@@ -69,16 +69,16 @@ impl Upstream {
         }
     }
 
-    /// Sends `request` (made by [`outbound`] for `upstream`) and waits at most `timeout`
-    /// for the answer's head.
+    /// Sends `request` (made by [`outbound`]) to the upstream at `address` (its
+    /// [`UpstreamUrl::address`]) and waits at most `timeout` for the answer's head.
     pub async fn send(
         &self,
-        upstream: &UpstreamUrl,
+        address: &Arc<str>,
         request: Request<ProxyBody>,
         timeout: Duration,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let pool = self.pools.get();
-        tokio::time::timeout(timeout, pool.send(&upstream.address, request))
+        tokio::time::timeout(timeout, pool.send(address, request))
             .await
             .unwrap_or(Err(UpstreamError::Timeout(timeout)))
     }
