@@ -271,3 +271,434 @@ async fn requests_over_the_limit_are_shed_with_503() {
         "a slot is free again"
     );
 }
+
+/// The HTTP/2 connection preface, and a client SETTINGS frame (empty) after it.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const EMPTY_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Connections that start a protocol and stop (one byte of a request line; the HTTP/2
+/// preface, with or without SETTINGS) hold their slot only until `header_read_timeout`
+/// (and a second's grace to close): then a provider gets in again.
+#[tokio::test]
+async fn half_opened_connections_cannot_hold_every_slot() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!(
+            "limits: {{ max_connections: 4, header_read_timeout: 1s }}\n{}",
+            json_route("")
+        ),
+    )
+    .await;
+    let preface_and_settings = [PREFACE, EMPTY_SETTINGS].concat();
+    let mut hostile = Vec::new();
+    for opening in [&b"P"[..], b"POST /hooks HT", PREFACE, &preface_and_settings] {
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        stream.write_all(opening).await.unwrap();
+        hostile.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = post_event(proxy.addr, "evt_while_held").await;
+    assert_eq!(refused.status, 503, "the four slots are held for now");
+    let started = Instant::now();
+    for stream in &mut hostile {
+        read_until_closed(stream, Duration::from_secs(4)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    assert_eq!(
+        post_event(proxy.addr, "evt_after").await.dedupe(),
+        "forwarded"
+    );
+}
+
+/// An HTTP/2 connection that served a request and then idles is closed (GOAWAY, then the
+/// socket) once it has idled for `header_read_timeout`.
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!("limits: {{ header_read_timeout: 1s }}\n{}", json_route("")),
+    )
+    .await;
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://{}/hooks", proxy.addr))
+        .body(())
+        .unwrap();
+    let (response, mut stream) = client.send_request(request, false).unwrap();
+    stream
+        .send_data(bytes::Bytes::from_static(br#"{"id":"evt_h2_idle"}"#), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.headers()["dedupe-status"], "forwarded");
+    let idled = Instant::now();
+    tokio::time::timeout(Duration::from_secs(4), connection)
+        .await
+        .expect("the proxy closes an idle HTTP/2 connection")
+        .unwrap()
+        .ok();
+    assert!(
+        idled.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        idled.elapsed()
+    );
+}
+
+/// The admin listener keeps the same deadlines (its own defaults: 10 s to send a head),
+/// even for a first byte that could start an HTTP/2 preface.
+#[tokio::test]
+async fn the_admin_listener_does_not_wait_for_ever_either() {
+    let upstream = Upstream::start().await;
+    let proxy = proxy(&upstream).await;
+    let mut stream = TcpStream::connect(proxy.admin).await.unwrap();
+    stream.write_all(b"P").await.unwrap();
+    read_until_closed(&mut stream, Duration::from_secs(14)).await;
+}
+
+/// An absolute target with an empty path and a query (`http://x?a=1`) has the path `/`:
+/// on a catch-all route it is claimed, forwarded as `/?a=1` and recorded, never a panic
+/// that would leave its key in flight.
+#[tokio::test]
+async fn an_absolute_target_without_a_path_is_forwarded_not_a_panic() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: all\n    match: {}\n    key: \"{json:/id}\"\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let body = r#"{"id":"evt_abs"}"#;
+    let request = format!(
+        "POST http://x?a=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = raw(proxy.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("dedupe-status: forwarded"),
+        "{answer}"
+    );
+    assert_eq!(upstream.received()[0].uri, "/?a=1");
+    assert_eq!(post_json(proxy.addr, "/", body).await.dedupe(), "duplicate");
+
+    // HTTP/2 with `:path` `?a=1`.
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://{}?a=1", proxy.addr))
+        .body(())
+        .unwrap();
+    let (response, mut stream) = client.send_request(request, false).unwrap();
+    stream
+        .send_data(bytes::Bytes::from_static(br#"{"id":"evt_h2_abs"}"#), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["dedupe-status"], "forwarded");
+    assert_eq!(upstream.received()[1].uri, "/?a=1");
+}
+
+/// RFC 9112 section 3.2: two Host lines, no Host in HTTP/1.1, or a Host that is no host
+/// is 400, whether or not a route would take the request; nothing is claimed or forwarded.
+#[tokio::test]
+async fn a_request_with_two_hosts_or_none_is_400() {
+    let upstream = Upstream::start().await;
+    let proxy = proxy(&upstream).await;
+    let body = r#"{"id":"evt_hosts"}"#;
+    for (path, hosts) in [
+        ("/hooks", "host: a.example\r\nhost: b.example\r\n"),
+        ("/hooks", "host: a.example\r\nHost: a.example\r\n"),
+        ("/elsewhere", "host: a.example\r\nhost: b.example\r\n"),
+        ("/hooks", ""),
+        ("/hooks", "host: user@a.example\r\n"),
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\n{hosts}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{hosts:?}: {answer}");
+        assert!(answer.contains(r#""error":"bad_request""#), "{answer}");
+    }
+    assert_eq!(upstream.requests(), 0);
+    assert_eq!(
+        post_event(proxy.addr, "evt_hosts").await.dedupe(),
+        "forwarded"
+    );
+}
+
+/// The answer to a connection over the limit is a well-formed HTTP response that a real
+/// client reads whole (its length was once two bytes longer than its body).
+#[tokio::test]
+async fn a_client_reads_the_too_many_connections_answer_whole() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    let upstream = Upstream::start().await;
+    let proxy = proxy(&upstream).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let client: Client<_, Full<bytes::Bytes>> =
+        Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = http::Request::post(format!("http://{}/hooks", proxy.addr))
+        .body(Full::new(bytes::Bytes::from_static(
+            br#"{"id":"evt_full"}"#,
+        )))
+        .unwrap();
+    let response = client.request(request).await.expect("a whole answer");
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("the body is as long as declared")
+        .to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "too_many_connections");
+    assert_eq!(upstream.requests(), 0);
+}
+
+/// An HTTP/2 sender that sends whole requests and resets each stream cannot drive more
+/// forwards than `max_requests`: a forward keeps its place until it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_streams_do_not_free_the_places_of_their_forwards() {
+    let upstream = Upstream::start().await;
+    upstream.script((0..40).map(|_| Answer::ok().after(Duration::from_secs(3))));
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!("limits: {{ max_requests: 4 }}\n{}", json_route("")),
+    )
+    .await;
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    for round in 0..5 {
+        let mut streams = Vec::new();
+        for n in 0..4 {
+            let request = http::Request::post(format!("http://{}/hooks", proxy.addr))
+                .body(())
+                .unwrap();
+            client = client.ready().await.unwrap();
+            let (_, mut stream) = client.send_request(request, false).unwrap();
+            let body = format!(r#"{{"id":"evt_rst_{round}_{n}"}}"#);
+            stream.send_data(body.into(), true).unwrap();
+            streams.push(stream);
+        }
+        // Long enough for the proxy to read the requests and claim what it may.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        for mut stream in streams {
+            stream.send_reset(h2::Reason::CANCEL);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        upstream.requests(),
+        4,
+        "forwards beyond max_requests were refused"
+    );
+    // The forwards that got in run to their end, and their places come back.
+    eventually(
+        Duration::from_secs(6),
+        "the four forwards finish",
+        || async { upstream.total_executions() == 4 },
+    )
+    .await;
+    assert_eq!(
+        post_event(proxy.addr, "evt_after_resets").await.dedupe(),
+        "forwarded"
+    );
+}
+
+/// Senders that hang up after their unmatched request reached the application do not make
+/// the proxy open more upstream connections than `max_requests`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_requests_do_not_open_connections_without_bound() {
+    let upstream = Upstream::start().await;
+    upstream.script((0..20).map(|_| Answer::ok().after(Duration::from_secs(3))));
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!("limits: {{ max_requests: 4 }}\n{}", json_route("")),
+    )
+    .await;
+    for _ in 0..12 {
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        stream
+            .write_all(b"POST /elsewhere HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(stream);
+    }
+    assert!(
+        upstream.requests() <= 4,
+        "{} requests reached the application",
+        upstream.requests()
+    );
+}
+
+/// A 502 names no upstream address: the detail goes to the log.
+#[tokio::test]
+async fn a_502_does_not_tell_the_sender_where_the_application_is() {
+    let dead = dead_address().await;
+    let proxy = Proxy::start(dead, &json_route("")).await;
+    for reply in [
+        post_event(proxy.addr, "evt_502").await,
+        post_json(proxy.addr, "/elsewhere", "{}").await,
+    ] {
+        assert_eq!(reply.status, 502);
+        assert_eq!(reply.json()["error"], "upstream_unreachable");
+        let everything = format!("{:?} {}", reply.headers, reply.body);
+        assert!(
+            !everything.contains(&dead.port().to_string()),
+            "{everything}"
+        );
+        assert!(!everything.contains("127.0.0.1"), "{everything}");
+    }
+}
+
+/// One hostile connection of the soak, kept up (reconnecting when the proxy closes it)
+/// until `stop`.
+async fn hostile(
+    kind: usize,
+    addr: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut sink = [0u8; 1024];
+    while !stop.is_cancelled() {
+        let Ok(mut stream) = TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let attack = async {
+            match kind {
+                // Connects and sends nothing.
+                0 => {}
+                // One byte of a request line.
+                1 => stream.write_all(b"P").await?,
+                // A head, a byte at a time.
+                2 => {
+                    stream
+                        .write_all(b"POST /hooks HTTP/1.1\r\nhost: x\r\n")
+                        .await?;
+                    loop {
+                        stream.write_all(b"x").await?;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                }
+                // A body, a byte at a time.
+                3 => {
+                    stream
+                        .write_all(
+                            b"POST /hooks HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{",
+                        )
+                        .await?;
+                    loop {
+                        stream.write_all(b" ").await?;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                }
+                // HTTP/2 requests, each reset as soon as it is sent.
+                _ => {
+                    let (client, connection) = h2::client::handshake(stream)
+                        .await
+                        .map_err(std::io::Error::other)?;
+                    tokio::spawn(connection);
+                    let mut n = 0u64;
+                    loop {
+                        let mut client = client
+                            .clone()
+                            .ready()
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        let request = http::Request::post(format!("http://{addr}/hooks"))
+                            .body(())
+                            .unwrap();
+                        let (_, mut send) = client
+                            .send_request(request, false)
+                            .map_err(std::io::Error::other)?;
+                        let body =
+                            format!(r#"{{"id":"reset_{kind}_{n}_{}"}}"#, rand::random::<u64>());
+                        send.send_data(body.into(), true)
+                            .map_err(std::io::Error::other)?;
+                        send.send_reset(h2::Reason::CANCEL);
+                        n += 1;
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+            // Then waits for the proxy to close it.
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        };
+        tokio::select! {
+            _ = attack => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// A provider sending `count` deliveries one after the other, each retried (after 100 ms)
+/// until it is acknowledged, as providers retry a 503; how long each took to be acknowledged.
+async fn provider(addr: std::net::SocketAddr, tag: &str, count: usize) -> Vec<Duration> {
+    let mut took = Vec::new();
+    for n in 0..count {
+        let started = Instant::now();
+        loop {
+            let reply = post_event(addr, &format!("evt_{tag}_{n}")).await;
+            if reply.status == 200 {
+                assert_eq!(reply.dedupe(), "forwarded", "evt_{tag}_{n}");
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "evt_{tag}_{n}: {}",
+                reply.status
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        took.push(started.elapsed());
+    }
+    took
+}
+
+fn p99(mut took: Vec<Duration>) -> Duration {
+    took.sort();
+    took[(took.len() * 99).div_ceil(100) - 1]
+}
+
+/// The attack soak: while a thousand hostile connections run against the proxy (idle, one
+/// byte, slow heads, slow bodies, HTTP/2 streams reset in a loop), a provider's deliveries
+/// all get through, each forwarded once. Prints the provider's p99 with and without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_get_through_a_thousand_hostile_connections() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!(
+            "limits: {{ header_read_timeout: 2s, body_read_timeout: 2s }}\n{}",
+            json_route("")
+        ),
+    )
+    .await;
+    let quiet = p99(provider(proxy.addr, "quiet", 100).await);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let attackers: Vec<_> = (0..1000)
+        .map(|n| tokio::spawn(hostile(n % 5, proxy.addr, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let attacked = p99(provider(proxy.addr, "attacked", 100).await);
+    stop.cancel();
+    for attacker in attackers {
+        attacker.await.unwrap();
+    }
+    for n in 0..100 {
+        assert_eq!(upstream.executions(&format!("evt_attacked_{n}")), 1);
+    }
+    eprintln!("provider p99: {quiet:?} without the attack, {attacked:?} under it");
+}
