@@ -1,0 +1,243 @@
+//! Requests that try to get past a route's signature check and claim, or to mislead the
+//! application behind the proxy: path spellings the application's framework folds into the
+//! route's path, headers the application reads under another spelling, header lines that
+//! should be one list, and keys that a store could not hold. Each was an attack that worked.
+
+mod support;
+
+use support::*;
+
+/// The routes' secret variable: one every process has, so that no test sets one (setting
+/// a variable races with the threads that run the other tests).
+const SECRET_VARIABLE: &str = "PATH";
+
+/// A route that checks an HMAC of the body before it claims, and a prefix route.
+fn signed_routes() -> String {
+    "routes:\n  - name: sig\n    match: { method: POST, path: /hooks/sig }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n  - name: tree\n    match: { path_prefix: /tree/ }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n".to_owned()
+}
+
+fn signature(body: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let secret = std::env::var(SECRET_VARIABLE).unwrap();
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+async fn signed_proxy(upstream: &Upstream) -> Proxy {
+    Proxy::start(upstream.addr, &signed_routes()).await
+}
+
+/// Sends `body` to `path` as written on the wire (no client normalizes it first).
+async fn post_raw(proxy: &Proxy, path: &str, body: &str, signature: Option<&str>) -> String {
+    let signature = signature.map_or(String::new(), |s| format!("x-signature: {s}\r\n"));
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: hooks.example\r\nconnection: close\r\ncontent-type: application/json\r\n{signature}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw(proxy.addr, request.as_bytes()).await
+}
+
+/// Every spelling of the route's path that a framework routes to the same handler is the
+/// route: unsigned, it is refused; signed, it is claimed and deduplicated, and the
+/// application receives the path as it was sent.
+#[tokio::test]
+async fn path_spellings_are_the_route_they_spell() {
+    let upstream = Upstream::start().await;
+    let proxy = signed_proxy(&upstream).await;
+    let variants = [
+        "/hooks/sig/",
+        "//hooks/sig",
+        "/hooks/./sig",
+        "/hooks//sig",
+        "/hooks/%73ig",
+        "/hooks%2Fsig",
+        "/Hooks/SIG",
+        "/hooks/x/../sig",
+        "/hooks/sig;jsessionid=1",
+        "/hooks/sig?x=1",
+    ];
+    for path in variants {
+        let answer = post_raw(&proxy, path, r#"{"id":"evt_forged"}"#, None).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("dedupe-status: rejected"),
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.requests(), 0, "no variant skipped the check");
+    for (n, path) in variants.iter().enumerate() {
+        let body = format!(r#"{{"id":"evt_{n}"}}"#);
+        let answer = post_raw(&proxy, path, &body, Some(&signature(&body))).await;
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("dedupe-status: forwarded"),
+            "{path}: {answer}"
+        );
+        let again = post_raw(&proxy, "/hooks/sig", &body, Some(&signature(&body))).await;
+        assert!(
+            again
+                .to_ascii_lowercase()
+                .contains("dedupe-status: duplicate"),
+            "{path}: {again}"
+        );
+    }
+    let received: Vec<String> = upstream.received().into_iter().map(|r| r.uri).collect();
+    assert_eq!(received, variants, "forwarded with the path as sent");
+}
+
+/// A prefix takes its own path and everything below it, segment by segment, however it
+/// is spelled; a path that merely starts with the same letters is another path.
+#[tokio::test]
+async fn prefixes_take_their_subtree_in_any_spelling() {
+    let upstream = Upstream::start().await;
+    let proxy = signed_proxy(&upstream).await;
+    for path in [
+        "/tree",
+        "/tree/",
+        "/tree/a/b",
+        "/TREE/a",
+        "//tree//a",
+        "/x/../tree/a",
+        "/%74ree/a",
+    ] {
+        let answer = post_raw(&proxy, path, r#"{"id":"evt"}"#, None).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
+    }
+    let answer = post_raw(&proxy, "/treehouse", r#"{"id":"evt"}"#, None).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "another path: {answer}");
+    assert!(
+        !answer.to_ascii_lowercase().contains("dedupe-status"),
+        "{answer}"
+    );
+    assert_eq!(upstream.requests(), 1);
+}
+
+/// A route's host matches the same host with a trailing dot, as resolvers and frameworks
+/// read it.
+#[tokio::test]
+async fn a_trailing_dot_on_the_host_is_the_same_host() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: hosted\n    match: { host: hooks.example.com, path: /h }\n    key: \"{json:/id}\"\nunmatched: reject\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    for host in [
+        "hooks.example.com",
+        "hooks.example.com.",
+        "HOOKS.example.com.:8081",
+    ] {
+        let body = r#"{"id":"evt_host"}"#;
+        let request = format!(
+            "POST /h HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw(proxy.addr, request.as_bytes()).await;
+        assert!(
+            answer.to_ascii_lowercase().contains("dedupe-status"),
+            "{host}: {answer}"
+        );
+    }
+}
+
+/// Several `X-Forwarded-For` lines are one list: the application gets every value in order,
+/// then the sender's address, so a front proxy's own line is never dropped.
+#[tokio::test]
+async fn every_forwarded_for_line_reaches_the_application() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    for path in ["/hooks", "/elsewhere"] {
+        let body = r#"{"id":"evt_xff"}"#;
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nx-forwarded-for: 1.1.1.1\r\nx-forwarded-for: 2.2.2.2, 3.3.3.3\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        raw(proxy.addr, request.as_bytes()).await;
+    }
+    for received in upstream.received() {
+        let lines: Vec<_> = received.headers.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(
+            lines,
+            ["1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1"],
+            "{}",
+            received.uri
+        );
+    }
+}
+
+/// `Dedupe_Key` is `HTTP_DEDUPE_KEY` to a CGI-style server, the same as `Dedupe-Key`: the
+/// application never receives it from a sender, on a keyed, unkeyed or unmatched request.
+#[tokio::test]
+async fn a_key_header_spelled_with_underscores_never_reaches_the_application() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: hooks\n    match: { path: /hooks }\n    key: \"{json:/id}\"\n  - name: loose\n    match: { path: /loose }\n    key: \"{json:/id}\"\n    on_missing_key: forward\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    for (path, body) in [
+        ("/hooks", r#"{"id":"evt_real"}"#),
+        ("/loose", "{}"),
+        ("/elsewhere", "{}"),
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nDedupe_Key: forged\r\ndedupe_key: forged\r\nDedupe-Key: forged\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
+    let received = upstream.received();
+    assert_eq!(received.len(), 3);
+    assert_eq!(received[0].headers["dedupe-key"], "evt_real");
+    for request in &received {
+        let forged: Vec<_> = request
+            .headers
+            .iter()
+            .filter(|(name, _)| name.as_str().replace('_', "-") == "dedupe-key")
+            .map(|(_, value)| value.clone())
+            .filter(|value| value == "forged")
+            .collect();
+        assert!(forged.is_empty(), "{}: {:?}", request.uri, request.headers);
+    }
+}
+
+/// A key the PostgreSQL store could not hold (a NUL in it) is no key: 400, or forwarded
+/// unkeyed where the route says so, never a 503 on every retry until the provider gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_no_store_can_hold_is_refused_at_once_not_failed_for_ever() {
+    if !service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let upstream = Upstream::start().await;
+    let table = format!("dedupe_nul_{:08x}", rand::random::<u32>());
+    let data = tempfile::tempdir().unwrap();
+    let text = config_text(
+        upstream.addr,
+        &data.path().join("unused"),
+        "routes:\n  - name: strict\n    match: { path: /strict }\n    key: \"{json:/id}\"\n  - name: loose\n    match: { path: /loose }\n    key: \"{json:/id}\"\n    on_missing_key: forward\n",
+    )
+    .replace(
+        &format!("store: {{ sled: {{ path: \"{}\" }} }}", data.path().join("unused").display()),
+        &format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {table} }} }}"),
+    );
+    let app = dedupe_proxy::start(parse_config(&text)).await.unwrap();
+    let body = r#"{"id":"nul\u0000key"}"#;
+    for _ in 0..2 {
+        let reply = post_json(app.proxy_addr, "/strict", body).await;
+        assert_eq!(
+            (reply.status, reply.json()["error"].as_str()),
+            (400, Some("missing_key"))
+        );
+    }
+    let reply = post_json(app.proxy_addr, "/loose", body).await;
+    assert_eq!((reply.status, reply.dedupe()), (200, "unkeyed"));
+    assert_eq!(upstream.requests(), 1);
+    app.shutdown().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
