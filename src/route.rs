@@ -341,7 +341,9 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::values::{EnvSecret, Secret};
     use crate::config::{Config, Overrides};
+    use crate::verify::{Secrets, StandardWebhooks};
     use std::path::Path;
 
     fn table(yaml: &str) -> RouteTable {
@@ -419,6 +421,79 @@ routes:
         let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
         assert_eq!(config.warnings.len(), 1);
         assert!(config.warnings[0].contains("lease (10s)"));
+    }
+
+    #[test]
+    fn the_replay_guard_is_on_where_a_signed_delivery_keys_on_something_unsigned() {
+        let text = r#"
+defaults: {}
+routes:
+  - name: header
+    match: { path: /a }
+    key: "{header:X-Delivery}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+  - name: query
+    match: { path: /b }
+    key: "{json:/id}-{query:attempt}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+  - name: body
+    match: { path: /c }
+    key: "{json:/id}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+  - name: unsigned
+    match: { path: /d }
+    key: "{header:X-Delivery}"
+  - name: turned-off
+    match: { path: /f }
+    key: "{header:X-Delivery}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+    replay_guard: none
+"#;
+        let routes = table(text);
+        let guard = |name| routes.by_name(name).unwrap().replay_guard;
+        assert_eq!(guard("header"), ReplayGuard::Body);
+        assert_eq!(guard("query"), ReplayGuard::Body);
+        assert_eq!(guard("body"), ReplayGuard::Off);
+        assert_eq!(guard("unsigned"), ReplayGuard::Off);
+        assert_eq!(guard("turned-off"), ReplayGuard::Off);
+        // Standard Webhooks signs its message ID, under either spelling.
+        let secret = EnvSecret {
+            variable: "TEST".into(),
+            secret: Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+        };
+        let standard = StandardWebhooks::preset(Secrets(vec![secret])).unwrap();
+        let standard = Verify::StandardWebhooks(standard);
+        for key in ["{header:svix-id}", "{header:webhook-id}"] {
+            let key: KeyTemplate = key.parse().unwrap();
+            assert_eq!(
+                default_replay_guard(&key, Some(&standard)),
+                ReplayGuard::Off
+            );
+        }
+        let other: KeyTemplate = "{header:x-other}".parse().unwrap();
+        assert_eq!(
+            default_replay_guard(&other, Some(&standard)),
+            ReplayGuard::Body
+        );
+    }
+
+    #[test]
+    fn every_spelling_of_a_path_finds_its_route() {
+        let routes = table(ROUTES);
+        for path in [
+            "/hooks/a/",
+            "//hooks/a",
+            "/HOOKS/a",
+            "/hooks/./a",
+            "/hooks/%61",
+            "/x/../hooks/a",
+        ] {
+            let normal = target::normal_path(path);
+            let found = routes
+                .find(&Method::POST, None, &normal)
+                .map(|r| r.name.as_str());
+            assert_eq!(found, Some("exact"), "{path}");
+        }
     }
 
     #[test]

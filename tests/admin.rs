@@ -230,3 +230,35 @@ async fn a_token_guards_the_v1_api_but_not_the_probes() {
         200
     );
 }
+
+/// An admin listener reachable from the network (a container's `0.0.0.0`) without a token
+/// serves probes and metrics, but no one may forget keys or reload through it.
+#[tokio::test]
+async fn beyond_loopback_without_a_token_the_v1_api_is_closed() {
+    let upstream = Upstream::start().await;
+    let rest = format!("admin: {{ listen: 0.0.0.0:0 }}\n{}", json_route(""));
+    let proxy = Proxy::start(upstream.addr, &rest).await;
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], proxy.admin.port()));
+    post_event(proxy.addr, "evt_open").await;
+    for (method, path) in [
+        ("GET", "/v1/keys/hooks/evt_open"),
+        ("DELETE", "/v1/keys/hooks/evt_open"),
+        ("POST", "/v1/reload"),
+        ("GET", "/v1/routes"),
+    ] {
+        let reply = send(admin, method, path, &[], "").await;
+        assert_eq!(reply.status, 403, "{method} {path}");
+        assert_eq!(reply.json()["error"], "admin_api_closed");
+    }
+    assert_eq!(
+        post_event(proxy.addr, "evt_open").await.dedupe(),
+        "duplicate"
+    );
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(
+            send(admin, "GET", path, &[], "").await.status,
+            200,
+            "{path}"
+        );
+    }
+}

@@ -335,6 +335,54 @@ async fn concurrent_claims_of_one_key_give_exactly_one_owner(h: Harness) {
     }
 }
 
+/// Every key the proxy accepts (it refuses empty values, control characters and invalid
+/// UTF-8, and keys over 512 bytes) is stored, found and kept apart from its neighbours.
+async fn every_key_the_proxy_accepts_is_stored_apart(h: Harness) {
+    use dedupe_proxy::key::{Delivery, KeyTemplate, MAX_KEY_BYTES};
+    let template: KeyTemplate = "{json:/id}".parse().unwrap();
+    // Each ID as JSON text.
+    let long = format!("\"{}\"", "a".repeat(MAX_KEY_BYTES - 40));
+    let ids = [
+        long.as_str(),
+        r#""café ☃ 𝄞 مرحبا""#,
+        r#""quote\" back\\slash 'single' %00 %zz""#,
+        r#""\ufffd\ufeff\u200b""#,
+        r#""a:b:c/d?e#f""#,
+        "12345678901234567890123",
+        "-1.5e-300",
+    ];
+    let mut keys = Vec::new();
+    for id in ids {
+        let body = format!(r#"{{"id":{id}}}"#);
+        let headers = http::HeaderMap::new();
+        let delivery = Delivery {
+            headers: &headers,
+            query: None,
+            body: body.as_bytes(),
+        };
+        let key = template
+            .extract(&delivery)
+            .unwrap_or_else(|error| panic!("{id}: {error}"));
+        keys.push(key.clone());
+        // A neighbour that differs in its last character.
+        let mut neighbour = key;
+        let last = neighbour.pop().unwrap();
+        neighbour.push(if last == 'x' { 'y' } else { 'x' });
+        keys.push(neighbour);
+    }
+    for key in keys.iter().step_by(2) {
+        let claim = h.claimed(key).await;
+        h.store.finish(&claim, done(200)).await.unwrap();
+    }
+    for (n, key) in keys.iter().enumerate() {
+        let outcome = h.store.claim(&h.key(key), BODY, LEASE).await.unwrap();
+        match (n % 2, outcome) {
+            (0, ClaimOutcome::Done(_)) | (1, ClaimOutcome::Claimed(_)) => {}
+            (_, other) => panic!("{key:?}: {other:?}"),
+        }
+    }
+}
+
 /// Runs each contract test against each backend.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
@@ -379,6 +427,7 @@ conformance!(
     forget_removes_done_keys_but_not_in_flight_ones,
     the_recorded_answer_is_kept_for_replay,
     concurrent_claims_of_one_key_give_exactly_one_owner,
+    every_key_the_proxy_accepts_is_stored_apart,
 );
 
 /// The shared stores give each worker a connection of its own: a claim made through one

@@ -658,3 +658,42 @@ async fn each_worker_forwards_on_upstream_connections_of_its_own() {
     assert_eq!(connections.load(Ordering::SeqCst), 2);
     app.shutdown().await.unwrap();
 }
+
+/// Every series of a route is exported at zero before its first event, so that `rate()`
+/// and alerts have a series to read: at start, and for a route a reload adds.
+#[tokio::test]
+async fn every_route_has_its_series_before_its_first_event() {
+    let proxy = Reloadable::start(
+        Upstream::start().await,
+        &format!("routes:\n{}", route("a", "/a")),
+    )
+    .await;
+    let admin = proxy.app.admin_addr;
+    let text = send(admin, "GET", "/metrics", &[], "").await.body;
+    for series in [
+        r#"dedupe_claims_released_total{route="a",reason="upstream_status"}"#,
+        r#"dedupe_claims_released_total{route="a",reason="upstream_timeout"}"#,
+        r#"dedupe_payload_mismatch_total{route="a"}"#,
+        r#"dedupe_requests_total{route="a",outcome="duplicate"}"#,
+        r#"dedupe_config_reloads_total{result="failure"}"#,
+        "dedupe_store_errors_total",
+    ] {
+        assert_eq!(metric(&text, series), 0.0, "{series}");
+    }
+    proxy.rewrite(&format!(
+        "routes:\n{}{}    verify: {{ hmac: {{ secret_env: PATH, header: X-Signature }} }}\n",
+        route("a", "/a"),
+        route("b", "/b")
+    ));
+    assert_eq!(send(admin, "POST", "/v1/reload", &[], "").await.status, 200);
+    let text = send(admin, "GET", "/metrics", &[], "").await.body;
+    for series in [
+        r#"dedupe_claims_released_total{route="b",reason="upstream_unreachable"}"#,
+        r#"dedupe_signatures_refused_total{route="b",reason="signature_mismatch"}"#,
+        r#"dedupe_signatures_refused_total{route="b",reason="missing_signature"}"#,
+        r#"dedupe_payload_mismatch_total{route="b"}"#,
+    ] {
+        assert_eq!(metric(&text, series), 0.0, "{series}");
+    }
+    proxy.app.shutdown().await.unwrap();
+}

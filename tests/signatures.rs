@@ -105,6 +105,11 @@ const ROUTES: &str = r#"routes:
     match: { path: /github }
     key: "{header:X-GitHub-Delivery}"
     verify: { github: { secret_env: GITHUB_SECRET } }
+  - name: github-unguarded
+    match: { path: /github-unguarded }
+    key: "{header:X-GitHub-Delivery}"
+    verify: { github: { secret_env: GITHUB_SECRET } }
+    replay_guard: none
   - name: standard
     match: { path: /standard }
     key: "{header:webhook-id}"
@@ -578,4 +583,104 @@ async fn presets_fill_in_the_key_and_the_check() {
         !routes.to_string().contains(STRIPE),
         "secrets are never shown"
     );
+}
+
+fn scheme(name: &str) -> &'static Scheme {
+    SCHEMES.iter().find(|scheme| scheme.name == name).unwrap()
+}
+
+/// A captured genuine delivery resent with a fresh ID in a header runs nothing again. The
+/// Svix route keys on `svix-id`: a delivery signed under its `webhook-*` spelling whose
+/// `svix-id` is not the signed ID is refused. GitHub and Shopify sign no ID and no time:
+/// their routes guard by the signed body (a body done under another ID is a duplicate),
+/// which the `github-unguarded` route turns off, at the cost the README names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_delivery_resent_with_a_fresh_id_runs_nothing_again() {
+    if !signers_ready() {
+        return;
+    }
+    let (proxy, upstream, _dir) = proxy().await;
+    let svix = scheme("svix");
+    let body = event_body("evt_svix_capture");
+    let mut signed = sign("standard_webhooks", SVIX, &body, now(), "msg_captured");
+    signed.push(("svix-id".into(), "msg_captured".into()));
+    let reply = deliver(&proxy, svix, "", &body, &signed).await;
+    assert_eq!(reply.dedupe(), "forwarded", "{}", reply.body);
+    let fresh: Vec<(String, String)> = signed
+        .iter()
+        .map(|(name, value)| match name.as_str() {
+            "svix-id" => (name.clone(), "msg_fresh".to_owned()),
+            _ => (name.clone(), value.clone()),
+        })
+        .collect();
+    assert_refused(
+        &deliver(&proxy, svix, "", &body, &fresh).await,
+        "malformed_signature",
+        "svix: a fresh svix-id beside the signed webhook-id",
+    );
+    assert_eq!(upstream.requests(), 1);
+
+    for (name, path) in [("github", "/github"), ("shopify", "/shopify")] {
+        let scheme = scheme(name);
+        let body = event_body(&format!("evt_{name}_capture"));
+        let signed = sign(scheme.name, scheme.secret, &body, now(), "");
+        let before = upstream.requests();
+        assert_eq!(
+            deliver(&proxy, scheme, "id-1", &body, &signed)
+                .await
+                .dedupe(),
+            "forwarded"
+        );
+        for fresh in ["id-2", "id-3"] {
+            let reply = deliver(&proxy, scheme, fresh, &body, &signed).await;
+            assert_eq!(
+                (reply.status, reply.dedupe()),
+                (200, "duplicate"),
+                "{path} {fresh}"
+            );
+        }
+        // The fresh IDs were given back: a genuine event under one of them still runs.
+        let other = event_body(&format!("evt_{name}_other"));
+        let other_signed = sign(scheme.name, scheme.secret, &other, now(), "");
+        assert_eq!(
+            deliver(&proxy, scheme, "id-2", &other, &other_signed)
+                .await
+                .dedupe(),
+            "forwarded"
+        );
+        assert_eq!(upstream.requests(), before + 2, "{path}");
+    }
+
+    let unguarded = Scheme {
+        path: "/github-unguarded",
+        ..*scheme("github")
+    };
+    let body = event_body("evt_unguarded");
+    let signed = sign("github", GITHUB, &body, now(), "");
+    for id in ["id-1", "id-2"] {
+        assert_eq!(
+            deliver(&proxy, &unguarded, id, &body, &signed)
+                .await
+                .dedupe(),
+            "forwarded"
+        );
+    }
+
+    let routes = send(proxy.admin, "GET", "/v1/routes", &[], "").await.json();
+    let guard = |name: &str| {
+        routes["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|route| route["name"] == name)
+            .unwrap()["replay_guard"]
+            .clone()
+    };
+    assert_eq!(guard("github"), "body");
+    assert_eq!(guard("shopify"), "body");
+    assert_eq!(guard("preset-github"), "body");
+    assert_eq!(guard("github-unguarded"), "none");
+    assert_eq!(guard("stripe"), "none", "the key is in the signed body");
+    assert_eq!(guard("svix"), "none", "the key is the signed ID");
+    assert_eq!(guard("preset-twilio"), "none", "nothing is signed");
 }

@@ -843,13 +843,13 @@ mod tests {
     const NOW: Millis = 1_800_000_000_000;
     const MINUTE: Millis = 60_000;
 
-    /// Opens the database at `dir`, waiting while the background threads of one just
-    /// dropped still hold its lock.
     /// A record key without a salt, as a directory from before salts files it.
     fn key_of(store_key: &str) -> RecordKey {
         record_key(b"", store_key)
     }
 
+    /// Opens the database at `dir`, waiting while the background threads of one just
+    /// dropped still hold its lock.
     fn open_db(dir: &tempfile::TempDir) -> sled::Db {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
@@ -877,6 +877,46 @@ mod tests {
             fingerprint: [1; 32],
             response: None,
         }
+    }
+
+    #[test]
+    fn a_new_directory_gets_a_salt_of_its_own_and_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = salt(&open_db(&dir)).unwrap();
+        assert_eq!(first.len(), 16);
+        assert_eq!(salt(&open_db(&dir)).unwrap(), first, "kept across opens");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(salt(&open_db(&other)).unwrap(), first);
+        assert_ne!(record_key(&first, "k"), key_of("k"));
+        let (epochs, _) = Epochs::open(&open_db(&dir), NOW).unwrap();
+        assert_eq!(epochs.record_key("k"), record_key(&first, "k"));
+    }
+
+    #[test]
+    fn a_directory_with_records_from_before_salts_still_finds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = done(200);
+        {
+            let db = open_db(&dir);
+            let window = Window::holding(record.expires_at, MINUTE);
+            let epoch = Epoch::new(window, 2, db.open_tree(window.tree_name(2)).unwrap());
+            epoch
+                .write(&key_of("old"), &encode(&record, window))
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let db = open_db(&dir);
+        let (epochs, indexing) = Epochs::open(&db, NOW).unwrap();
+        indexing.run();
+        assert_eq!(
+            epochs.get(&epochs.record_key("old"), NOW).unwrap(),
+            Some(record)
+        );
+        assert_eq!(
+            db.get(SALT_KEY).unwrap(),
+            None,
+            "no salt is adopted under old records"
+        );
     }
 
     #[test]
