@@ -1,0 +1,115 @@
+//! Fuzzes what the proxy does with a request head before anything is claimed: any bytes
+//! are parsed as hyper parses them (httparse), then the host check, the path's normal
+//! form, the route lookup, key extraction and the rewrite for the upstream run on what
+//! parsed. Never a panic; a rewritten target is in origin form under the upstream's base
+//! path; the key header is the proxy's alone.
+#![no_main]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use dedupe_proxy::body;
+use dedupe_proxy::config::{Config, Overrides};
+use dedupe_proxy::key::Delivery;
+use dedupe_proxy::route::Routing;
+use dedupe_proxy::{target, upstream};
+use libfuzzer_sys::fuzz_target;
+
+const CONFIG: &str = r#"
+upstream: http://127.0.0.1:9/base
+routes:
+  - name: exact
+    match: { method: POST, path: /hooks/Sig/ }
+    key: "{header:x-id}"
+  - name: tree
+    match: { path_prefix: /tree, host: hooks.example.com }
+    key: "{query:id}"
+    upstream: http://127.0.0.1:9
+  - name: all
+    match: {}
+    key: "{header:x-id}:{query:id}"
+"#;
+
+fn routing() -> &'static Routing {
+    static ROUTING: OnceLock<Routing> = OnceLock::new();
+    ROUTING.get_or_init(|| {
+        let config = Config::parse(CONFIG, Path::new("fuzz.yaml"), &Overrides::default())
+            .expect("the fuzz configuration is valid");
+        Routing::from_config(&config)
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut parsed = httparse::Request::new(&mut headers);
+    let Ok(httparse::Status::Complete(_)) = parsed.parse(data) else {
+        return;
+    };
+    let version = match parsed.version {
+        Some(0) => http::Version::HTTP_10,
+        _ => http::Version::HTTP_11,
+    };
+    let mut builder = http::Request::builder()
+        .method(parsed.method.unwrap_or("GET"))
+        .uri(parsed.path.unwrap_or("/"))
+        .version(version);
+    for header in parsed.headers.iter() {
+        builder = builder.header(header.name, header.value);
+    }
+    // What hyper itself refuses never reaches the proxy.
+    let Ok(request) = builder.body(()) else {
+        return;
+    };
+    let (head, ()) = request.into_parts();
+
+    let normal = target::normal_path(head.uri.path());
+    assert!(normal.starts_with(b"/"), "{normal:?}");
+    assert!(normal.len() == 1 || !normal.ends_with(b"/"), "{normal:?}");
+    assert!(!normal.windows(2).any(|pair| pair == b"//"), "{normal:?}");
+    assert!(
+        !normal
+            .split(|&byte| byte == b'/')
+            .any(|segment| segment == b"." || segment == b".."),
+        "{normal:?}"
+    );
+    // Escapes are decoded once, as servers do; without any, the form is its own.
+    if let Ok(text) = std::str::from_utf8(&normal)
+        && !text.contains('%')
+    {
+        assert_eq!(target::normal_path(text).as_ref(), normal.as_ref(), "idempotent");
+    }
+    let Ok(host) = target::host(head.version, &head.uri, &head.headers) else {
+        return;
+    };
+    let routing = routing();
+    let route = routing.table.find(&head.method, host, &normal);
+    let (upstream_url, key) = match route {
+        Some(route) => {
+            let delivery = Delivery {
+                headers: &head.headers,
+                query: head.uri.query(),
+                body: b"",
+            };
+            (&route.upstream, route.key.extract(&delivery).ok())
+        }
+        None => (&routing.fallback_upstream, None),
+    };
+    let peer: SocketAddr = "203.0.113.7:4000".parse().unwrap();
+    let Ok(outbound) = upstream::outbound(head, body::empty(), upstream_url, peer, key.as_deref()) else {
+        return;
+    };
+    let sent = outbound.uri().to_string();
+    assert!(outbound.uri().authority().is_none(), "{sent}");
+    assert!(sent.starts_with(&upstream_url.base_path), "{sent}");
+    let keys: Vec<_> = outbound
+        .headers()
+        .iter()
+        .filter(|(name, _)| name.as_str().replace('_', "-") == "dedupe-key")
+        .map(|(_, value)| value.as_bytes())
+        .collect();
+    match key.as_deref().filter(|key| http::HeaderValue::from_str(key).is_ok()) {
+        Some(key) => assert_eq!(keys, [key.as_bytes()]),
+        None => assert!(keys.is_empty(), "{keys:?}"),
+    }
+});
