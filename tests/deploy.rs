@@ -401,7 +401,9 @@ async fn the_image_runs_its_command_as_a_non_root_user_and_stops_on_sigterm() {
     let mapped = config_text
         .replace("/data/", &format!("{}/", root.path().display()))
         .replace("0.0.0.0:8081", "127.0.0.1:0")
-        .replace("0.0.0.0:9091", "127.0.0.1:0")
+        // All interfaces, as in the image (on a free port): the admin API's exposure is the
+        // image's.
+        .replace("0.0.0.0:9091", "0.0.0.0:0")
         .replace(
             "http://127.0.0.1:8080",
             &format!("http://{}", upstream.addr),
@@ -423,6 +425,17 @@ async fn the_image_runs_its_command_as_a_non_root_user_and_stops_on_sigterm() {
             .await
             .dedupe(),
         "forwarded"
+    );
+    // No token in the image's default: key removal and reload are not open to the network.
+    assert_eq!(
+        send(proxy.admin, "DELETE", "/v1/keys/stripe/evt_img", &[], "")
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        send(proxy.admin, "GET", "/metrics", &[], "").await.status,
+        200
     );
     proxy.signal("TERM");
     assert_eq!(proxy.wait(Duration::from_secs(30)).code(), Some(0));
