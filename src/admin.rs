@@ -20,13 +20,17 @@ use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, empty, full};
 use crate::config::AdminConfig;
+use crate::config::ReplayGuard;
 use crate::config::values::Secret;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::response::json_response;
+use crate::route::Route;
 use crate::server::RequestPermit;
-use crate::store::{Forgotten, KeyCounts, KeyState, Millis, store_key};
+use crate::store::{
+    ClaimStore, Forgotten, KeyCounts, KeyState, Millis, StoreError, body_key, store_key,
+};
 
 /// What the admin API serves once the store is open and the routes loaded.
 pub struct Serving {
@@ -240,7 +244,7 @@ async fn key_request(
                 &failure.to_string(),
             ),
         },
-        Method::DELETE => match store.forget(&full_key).await {
+        Method::DELETE => match forget(store.as_ref(), route, &full_key).await {
             Ok(Forgotten::Removed) => {
                 tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
                 let mut response = Response::new(empty());
@@ -269,6 +273,23 @@ async fn key_request(
             "use GET or DELETE",
         ),
     }
+}
+
+/// Forgets a done key and, on a route that guards against replays, the body it recorded:
+/// else a redelivery would still be that body's duplicate.
+async fn forget(
+    store: &dyn ClaimStore,
+    route: &Route,
+    full_key: &str,
+) -> Result<Forgotten, StoreError> {
+    if route.replay_guard == ReplayGuard::Body
+        && let Some(KeyState::Done(record)) = store.inspect(full_key).await?
+    {
+        store
+            .forget(&body_key(&route.namespace, &record.fingerprint))
+            .await?;
+    }
+    store.forget(full_key).await
 }
 
 fn error(status: StatusCode, code: &str, detail: &str) -> Response<ProxyBody> {

@@ -218,8 +218,9 @@ impl KeyTemplate {
                         }
                         Some(json::Found::Number(text)) => {
                             let room = MAX_KEY_BYTES.saturating_sub(key.len());
-                            let number = json::canonical_number(&text, room)
-                                .map_err(|length| KeyError::TooLong(key.len() + length))?;
+                            let number = json::canonical_number(&text, room).map_err(|length| {
+                                KeyError::TooLong(key.len().saturating_add(length))
+                            })?;
                             key.push_str(&number);
                         }
                         Some(json::Found::Other) => {
@@ -237,13 +238,18 @@ impl KeyTemplate {
     }
 }
 
-/// A part's value, if a key can hold it: not empty, and without control characters, which
-/// PostgreSQL's `text` cannot store (NUL) and which have no place in an event ID, a log line
-/// or an admin URL.
+/// A part's value, if a key can hold it: not empty, and without control characters (which
+/// PostgreSQL's `text` cannot store: NUL) or characters that would break or reorder a log
+/// line or an admin listing (line and paragraph separators, bidirectional overrides); none
+/// has a place in an event ID.
 fn usable(value: &str) -> Result<&str, &'static str> {
+    let unprintable = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    };
     if value.is_empty() {
         Err("value is empty")
-    } else if value.chars().any(char::is_control) {
+    } else if value.chars().any(unprintable) {
         Err("value contains a control character")
     } else {
         Ok(value)
@@ -446,6 +452,8 @@ mod tests {
             r#"{"id":"nul\u0000key"}"#,
             r#"{"id":"line\nbreak"}"#,
             r#"{"id":"\u007f"}"#,
+            r#"{"id":"evt\u2028"}"#,
+            r#"{"id":"evt\u202emoc"}"#,
         ] {
             let result = extract("{json:/id}", &[], None, body);
             assert!(

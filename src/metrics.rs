@@ -52,18 +52,15 @@ pub enum ReleaseReason {
     UpstreamTimeout,
     Shutdown,
     TaskFailed,
-    /// The proxy had as many upstream connections open as it may.
-    Overloaded,
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 6] = [
+    pub const ALL: [ReleaseReason; 5] = [
         ReleaseReason::UpstreamStatus,
         ReleaseReason::UpstreamUnreachable,
         ReleaseReason::UpstreamTimeout,
         ReleaseReason::Shutdown,
         ReleaseReason::TaskFailed,
-        ReleaseReason::Overloaded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,7 +70,6 @@ impl ReleaseReason {
             ReleaseReason::UpstreamTimeout => "upstream_timeout",
             ReleaseReason::Shutdown => "shutdown",
             ReleaseReason::TaskFailed => "task_failed",
-            ReleaseReason::Overloaded => "overloaded",
         }
     }
 }

@@ -27,7 +27,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
 
@@ -62,6 +62,10 @@ pub struct Proxy {
     upstream: Upstream,
     /// Forward tasks, which outlive their senders; shutdown waits for them.
     forwards: TaskTracker,
+    /// Requests no route takes may use at most half of `limits.max_requests` (and so of
+    /// the connections to the upstream): the other half stays for deliveries, however
+    /// slow the application's other pages are or whoever asks for them.
+    unmatched_places: Arc<Semaphore>,
     open_claims: OpenClaims,
     metrics: Arc<Metrics>,
 }
@@ -80,8 +84,9 @@ impl Proxy {
             routing: ArcSwap::from_pointee(routing),
             body_read_timeout: config.limits.body_read_timeout.0,
             store,
-            upstream: Upstream::new(workers, config.limits.max_requests),
+            upstream: Upstream::new(workers),
             forwards: TaskTracker::new(),
+            unmatched_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
             open_claims: OpenClaims::default(),
             metrics,
         }
@@ -368,19 +373,7 @@ impl Proxy {
             }
             Err(error) => {
                 tracing::warn!(%error, "forward failed");
-                let (reason, refusal) = match error {
-                    UpstreamError::Unreachable(_) => (
-                        ReleaseReason::UpstreamUnreachable,
-                        Refusal::UpstreamUnreachable,
-                    ),
-                    UpstreamError::Timeout(after) => (
-                        ReleaseReason::UpstreamTimeout,
-                        Refusal::UpstreamTimeout(after),
-                    ),
-                    UpstreamError::Saturated => {
-                        (ReleaseReason::UpstreamUnreachable, Refusal::Overloaded)
-                    }
-                };
+                let (reason, refusal) = failure(error);
                 self.release(route, open.claims(), reason).await;
                 (DedupeStatus::Released, refusal.into_response())
             }
@@ -433,6 +426,10 @@ impl Proxy {
         if routing.unmatched == Unmatched::Reject {
             return Refusal::NoRoute.into_response();
         }
+        let Ok(place) = Arc::clone(&self.unmatched_places).try_acquire_owned() else {
+            return Refusal::Overloaded.into_response();
+        };
+        permit.also_hold(place);
         let (head, body) = request.into_parts();
         let upstream = &routing.fallback_upstream;
         let request = upstream::outbound(head, body::streaming(body), upstream, peer, None);
@@ -566,7 +563,6 @@ fn failure(error: UpstreamError) -> (ReleaseReason, Refusal) {
             ReleaseReason::UpstreamTimeout,
             Refusal::UpstreamTimeout(after),
         ),
-        UpstreamError::Saturated => (ReleaseReason::Overloaded, Refusal::Overloaded),
     }
 }
 
@@ -576,7 +572,7 @@ fn find_route<'r>(
     request: &Request<Incoming>,
 ) -> Result<Option<&'r Arc<Route>>, TargetError> {
     let host = target::host(request.version(), request.uri(), request.headers())?;
-    let path = target::normal_path(request.uri().path());
+    let path = target::normal_path(request.uri().path())?;
     Ok(routing.table.find(request.method(), host, &path))
 }
 

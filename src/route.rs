@@ -2,6 +2,7 @@
 //! a [`Route`] whose every setting is known, and the [`RouteTable`] that finds the first
 //! route matching a request.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,7 +104,11 @@ impl Matcher {
         let written = file.path.as_deref().or(file.path_prefix.as_deref());
         Matcher {
             methods: file.method.0,
-            normal: written.map(|path| target::normal_path(path).into_owned()),
+            // The file's check refused a `..`; were one here, the path as written would
+            // match no request rather than every one.
+            normal: written.map(|path| {
+                target::normal_path(path).map_or_else(|_| path.as_bytes().to_vec(), Cow::into_owned)
+            }),
             path: file.path,
             path_prefix: file.path_prefix,
             host: file
@@ -132,23 +137,23 @@ impl Matcher {
         let Some(host) = host else {
             return false;
         };
-        let host = if wanted.contains(':') {
-            host
-        } else {
-            strip_port(host)
-        };
-        // `example.com.` is `example.com` to a resolver, and to the frameworks that check hosts.
-        host.trim_end_matches('.').eq_ignore_ascii_case(wanted)
+        // `example.com.` is `example.com` to a resolver, and to the frameworks that check
+        // hosts, with or without a port after it.
+        let (wanted_name, wanted_port) = split_port(wanted);
+        let (name, port) = split_port(host);
+        name.trim_end_matches('.').eq_ignore_ascii_case(wanted_name)
+            && (wanted_port.is_none() || port == wanted_port)
     }
 }
 
-fn strip_port(host: &str) -> &str {
+/// A host's name and its port, if it has one.
+fn split_port(host: &str) -> (&str, Option<&str>) {
     match host.rsplit_once(':') {
-        // An IPv6 literal keeps its brackets; only strip a port after them.
+        // An IPv6 literal keeps its brackets; only a port after them is split off.
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
-            name
+            (name, Some(port))
         }
-        _ => host,
+        _ => (host, None),
     }
 }
 
@@ -375,7 +380,7 @@ routes:
     fn first_match_wins() {
         let routes = table(ROUTES);
         let find = |method: Method, host, path: &str| {
-            let path = target::normal_path(path);
+            let path = target::normal_path(path).unwrap();
             routes.find(&method, host, &path).map(|r| r.name.as_str())
         };
         assert_eq!(find(Method::POST, None, "/hooks/a"), Some("exact"));
@@ -486,9 +491,9 @@ routes:
             "/HOOKS/a",
             "/hooks/./a",
             "/hooks/%61",
-            "/x/../hooks/a",
+            "/./hooks/a",
         ] {
-            let normal = target::normal_path(path);
+            let normal = target::normal_path(path).unwrap();
             let found = routes
                 .find(&Method::POST, None, &normal)
                 .map(|r| r.name.as_str());
@@ -497,10 +502,30 @@ routes:
     }
 
     #[test]
-    fn ports_are_stripped_from_hosts() {
-        assert_eq!(strip_port("a.example:80"), "a.example");
-        assert_eq!(strip_port("a.example"), "a.example");
-        assert_eq!(strip_port("[::1]:80"), "[::1]");
-        assert_eq!(strip_port("[::1]"), "[::1]");
+    fn ports_are_split_from_hosts() {
+        assert_eq!(split_port("a.example:80"), ("a.example", Some("80")));
+        assert_eq!(split_port("a.example"), ("a.example", None));
+        assert_eq!(split_port("[::1]:80"), ("[::1]", Some("80")));
+        assert_eq!(split_port("[::1]"), ("[::1]", None));
+    }
+
+    #[test]
+    fn a_host_matches_in_any_case_with_or_without_a_trailing_dot() {
+        let text = "routes:\n  - name: a\n    match: { host: A.example:8443 }\n    key: \"{json:/id}\"\n  - name: b\n    match: { host: b.example }\n    key: \"{json:/id}\"\n";
+        let routes = table(text);
+        let find = |host| {
+            routes
+                .find(&Method::POST, Some(host), b"/")
+                .map(|route| route.name.as_str())
+        };
+        for host in ["a.example:8443", "A.EXAMPLE.:8443", "a.example.:8443"] {
+            assert_eq!(find(host), Some("a"), "{host}");
+        }
+        assert_eq!(find("a.example"), None);
+        assert_eq!(find("a.example:443"), None);
+        for host in ["b.example", "b.example.", "B.example.:81", "b.example:1"] {
+            assert_eq!(find(host), Some("b"), "{host}");
+        }
+        assert_eq!(find("b.example.evil"), None);
     }
 }

@@ -8,18 +8,26 @@
 //! ([`Activity`]) rather than by each protocol: hyper gives no deadline to protocol
 //! detection, to the HTTP/2 preface and SETTINGS exchange, or to an idle HTTP/2
 //! connection, and a connection that never finishes any of them would hold its slot for
-//! ever. A connection is *waiting on the application* while a request is being handled or
-//! a response body waits for the upstream's next bytes: the application's own timeouts
-//! bound that. Otherwise it is quiet, and is closed once it has been quiet for
-//! `header_read_timeout` with nothing to send (idle, or stuck before its first request),
-//! or for `body_read_timeout` with a response the sender does not read.
+//! ever. A request being handled, and a response body waiting for the upstream's next
+//! bytes, wait on the application, whose own timeouts bound them. Otherwise:
+//!
+//! - a connection with no request and no response in progress closes once it has been
+//!   quiet for `header_read_timeout` (idle, or stuck before its first request);
+//! - a response body that has not moved for `body_read_timeout` while the proxy had bytes
+//!   for it (its sender does not read, or holds an HTTP/2 stream's window at zero) closes
+//!   its connection, whatever the other streams on it do.
+//!
+//! When every connection slot is taken, the connection that has idled longest (no request
+//! in progress) is closed to make room, so that keeping many connections open costs a
+//! sender real requests rather than one every `header_read_timeout`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -40,24 +48,48 @@ use crate::config::Limits;
 use crate::response::Refusal;
 use crate::workers::Workers;
 
-/// How long a connection told to close (idle too long, or the server stopping) may take to
-/// close by itself, with no request in progress, before it is dropped.
+/// How long a connection told to close (idle too long, stalled, evicted, or the server
+/// stopping) may take to close by itself before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// How many connections over `max_connections` are told why at once; beyond that they
-/// are closed without a word, so that a flood of them costs nothing more.
-const MAX_REFUSING: usize = 64;
+/// How many connections over `max_connections` wait for a slot or are told why they are
+/// refused at once; beyond that they are closed without a word, so that a flood of them
+/// costs nothing more.
+const MAX_WAITING: usize = 64;
 
-/// How long a connection over the limit gets to send its request head, and then to receive
-/// its 503; how much of its request is read at most.
+/// How long a connection over the limit waits for the slot of an evicted one.
+const SLOT_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a refused connection gets to send its request head, and then to receive its
+/// 503; how much of its request is read at most.
 const REFUSE_TIME: Duration = Duration::from_secs(1);
 const REFUSE_DRAIN: usize = 64 << 10;
 
-/// A place among the `max_requests` requests in progress. The handler keeps it for as
-/// long as the request costs anything: a forward that outlives its sender's connection
-/// takes it along, so that the bound holds whatever the sender does.
-pub struct RequestPermit {
-    _held: OwnedSemaphorePermit,
+/// A request's places: one among the `max_requests` requests in progress, and any other
+/// the handler takes (see [`RequestPermit::also_hold`]). Clones share them, and they are
+/// given back when the last clone goes: the response being sent keeps one, and a forward
+/// that outlives its sender's connection takes another along, so that the bound holds
+/// whatever the sender does.
+#[derive(Clone)]
+pub struct RequestPermit(Arc<Places>);
+
+struct Places {
+    _request: OwnedSemaphorePermit,
+    more: OnceLock<OwnedSemaphorePermit>,
+}
+
+impl RequestPermit {
+    fn new(request: OwnedSemaphorePermit) -> RequestPermit {
+        RequestPermit(Arc::new(Places {
+            _request: request,
+            more: OnceLock::new(),
+        }))
+    }
+
+    /// Keeps `permit` for as long as the request's own place (once per request).
+    pub fn also_hold(&self, permit: OwnedSemaphorePermit) {
+        let _ = self.0.more.set(permit);
+    }
 }
 
 /// Serves `handler` on `listener` until `stop` is cancelled, then stops accepting and
@@ -77,7 +109,8 @@ pub async fn serve<H, F>(
     let builder = connection_builder(&limits);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
-    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let waiting = Arc::new(Semaphore::new(MAX_WAITING));
+    let open = Arc::new(OpenConnections::default());
     let connections = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -92,25 +125,7 @@ pub async fn serve<H, F>(
             },
             () = stop.cancelled() => break,
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::warn!(%peer, limit = limits.max_connections, "connection refused: too many open connections");
-            if let Ok(telling) = Arc::clone(&refusing).try_acquire_owned() {
-                tokio::spawn(async move {
-                    refuse(stream).await;
-                    drop(telling);
-                });
-            }
-            continue;
-        };
         let _ = stream.set_nodelay(true);
-        // Taken off this runtime's reactor, to be registered with the worker's own.
-        let stream = match stream.into_std() {
-            Ok(stream) => stream,
-            Err(error) => {
-                tracing::debug!(%peer, %error, "cannot hand the connection to a worker");
-                continue;
-            }
-        };
         let connection = Connection {
             peer,
             builder: builder.clone(),
@@ -118,15 +133,41 @@ pub async fn serve<H, F>(
             requests: Arc::clone(&requests),
             idle_limit: limits.header_read_timeout.0,
             stall_limit: limits.body_read_timeout.0,
-            stop: stop.clone(),
+            stop: stop.child_token(),
+            open: Arc::clone(&open),
         };
-        workers.spawn(connections.track_future(async move {
-            match TcpStream::from_std(stream) {
-                Ok(stream) => connection.serve(stream).await,
-                Err(error) => tracing::debug!(%peer, %error, "cannot register the connection"),
+        let start = {
+            let (workers, tracker) = (Arc::clone(&workers), connections.clone());
+            move |stream, slot| connection.start(stream, slot, &workers, &tracker)
+        };
+        if let Ok(slot) = Arc::clone(&slots).try_acquire_owned() {
+            start(stream, slot);
+            continue;
+        }
+        let Ok(waiting) = Arc::clone(&waiting).try_acquire_owned() else {
+            continue;
+        };
+        // Full: the connection idle longest makes room, if there is one.
+        let evicted = open.evict_idlest();
+        let slots = Arc::clone(&slots);
+        let limit = limits.max_connections;
+        tokio::spawn(async move {
+            let slot = match evicted {
+                true => tokio::time::timeout(SLOT_WAIT, slots.acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+                false => None,
+            };
+            match slot {
+                Some(slot) => start(stream, slot),
+                None => {
+                    tracing::warn!(%peer, limit, "connection refused: too many open connections, none of them idle");
+                    refuse(stream).await;
+                }
             }
-            drop(slot);
-        }));
+            drop(waiting);
+        });
     }
     drop(listener);
     connections.close();
@@ -158,17 +199,68 @@ fn connection_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// The open connections of a listener, so that the idlest can make room for a new one.
+#[derive(Default)]
+struct OpenConnections {
+    by_id: Mutex<HashMap<u64, (Arc<Activity>, CancellationToken)>>,
+    next_id: AtomicU64,
+}
+
+impl OpenConnections {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (Arc<Activity>, CancellationToken)>> {
+        self.by_id
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn add(&self, activity: &Arc<Activity>, close: &CancellationToken) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock()
+            .insert(id, (Arc::clone(activity), close.clone()));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Tells the connection that has been idle longest, with no request or response in
+    /// progress, to close. Whether there was one.
+    fn evict_idlest(&self) -> bool {
+        let now = Instant::now();
+        let connections = self.lock();
+        let idlest = connections
+            .values()
+            .filter(|(_, close)| !close.is_cancelled())
+            .filter_map(|(activity, close)| Some((activity.idle_for(now)?, close)))
+            .max_by_key(|(idle, _)| *idle);
+        match idlest {
+            Some((idle, close)) => {
+                tracing::debug!(
+                    idle_ms = idle.as_millis() as u64,
+                    "closing the idlest connection to make room"
+                );
+                close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// One accepted connection and what serving it needs.
 struct Connection<H> {
     peer: SocketAddr,
     builder: auto::Builder<TokioExecutor>,
     handler: H,
     requests: Arc<Semaphore>,
-    /// How long it may be quiet with nothing to send: idle, or before its first request.
+    /// How long it may be quiet with nothing in progress: idle, or before its first request.
     idle_limit: Duration,
-    /// How long it may be quiet with a response the sender does not read.
+    /// How long a response body may stall on its sender.
     stall_limit: Duration,
+    /// Cancelled when the server stops or this connection is evicted.
     stop: CancellationToken,
+    open: Arc<OpenConnections>,
 }
 
 impl<H, F> Connection<H>
@@ -176,19 +268,47 @@ where
     H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    /// Serves the connection's requests until it ends, is quiet for too long, or the
-    /// server stops (then its requests in progress finish first).
+    /// Hands the connection to the next worker, which serves it holding `slot`.
+    fn start(
+        self,
+        stream: TcpStream,
+        slot: OwnedSemaphorePermit,
+        workers: &Workers,
+        tracker: &TaskTracker,
+    ) {
+        let peer = self.peer;
+        // Taken off this runtime's reactor, to be registered with the worker's own.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(%peer, %error, "cannot hand the connection to a worker");
+                return;
+            }
+        };
+        workers.spawn(tracker.track_future(async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => self.serve(stream).await,
+                Err(error) => tracing::debug!(%peer, %error, "cannot register the connection"),
+            }
+            drop(slot);
+        }));
+    }
+
+    /// Serves the connection's requests until it ends, is quiet or stalled too long, is
+    /// evicted, or the server stops (then its requests in progress finish first).
     async fn serve(self, stream: TcpStream) {
         let activity = Arc::new(Activity::new());
+        let id = self.open.add(&activity, &self.stop);
         let (handler, requests, peer) = (self.handler, self.requests, self.peer);
         let watched = Arc::clone(&activity);
         let service = service_fn(move |request| {
             let handling = Waiting::start(&watched);
             // Shed load at once rather than queue it: the sender retries later.
-            let answer = Arc::clone(&requests)
+            let permit = Arc::clone(&requests)
                 .try_acquire_owned()
                 .ok()
-                .map(|permit| handler(request, peer, RequestPermit { _held: permit }));
+                .map(RequestPermit::new);
+            let answer = permit.clone().map(|permit| handler(request, peer, permit));
             let watched = Arc::clone(&watched);
             async move {
                 let response = match answer {
@@ -196,64 +316,92 @@ where
                     None => Refusal::Overloaded.into_response(),
                 };
                 drop(handling);
-                Ok::<_, Infallible>(response.map(|body| Watched::new(body, watched)))
+                Ok::<_, Infallible>(response.map(|body| Watched::new(body, watched, permit)))
             }
         });
         let connection = self.builder.serve_connection(TokioIo::new(stream), service);
         tokio::pin!(connection);
-        let mut closing_since: Option<Instant> = None;
-        let mut next_check = Instant::now() + self.idle_limit;
+        // Once told to close: when, and whether to drop it after the grace even with
+        // requests in progress (a stalled stream, which would keep it open for ever).
+        let mut closing: Option<(Instant, bool)> = None;
+        let mut next_check = Instant::now() + self.idle_limit.min(CLOSE_GRACE);
         loop {
             tokio::select! {
                 ended = connection.as_mut() => {
                     if let Err(error) = ended {
                         tracing::debug!(%peer, %error, "connection ended with an error");
                     }
-                    return;
+                    break;
                 }
-                () = self.stop.cancelled(), if closing_since.is_none() => {
+                () = self.stop.cancelled(), if closing.is_none() => {
                     connection.as_mut().graceful_shutdown();
-                    closing_since = Some(Instant::now());
+                    closing = Some((Instant::now(), false));
                     next_check = Instant::now() + CLOSE_GRACE;
                 }
                 () = tokio::time::sleep_until(next_check.into()) => {
                     let now = Instant::now();
-                    let Some(quiet) = activity.quiet_for(now) else {
-                        // The application sets the pace: look again soon.
-                        next_check = now + self.idle_limit.min(CLOSE_GRACE);
+                    let state = activity.state(now, self.stall_limit);
+                    if let Some((since, hard)) = closing {
+                        let quiet = match state {
+                            State::Quiet(quiet) => Some(quiet.min(now - since)),
+                            State::Stalled => Some(now - since),
+                            State::Busy(_) if hard => Some(now - since),
+                            State::Busy(_) => None,
+                        };
+                        if quiet.is_some_and(|quiet| quiet >= CLOSE_GRACE) {
+                            tracing::debug!(%peer, "connection dropped: it did not close when told to");
+                            break;
+                        }
+                        next_check = now + CLOSE_GRACE.min(self.idle_limit);
                         continue;
-                    };
-                    let (quiet, limit) = match closing_since {
-                        Some(since) => (quiet.min(now - since), CLOSE_GRACE),
-                        None if activity.sending() => (quiet, self.stall_limit),
-                        None => (quiet, self.idle_limit),
-                    };
-                    if quiet < limit {
-                        next_check = now + (limit - quiet);
-                    } else if closing_since.is_some() {
-                        tracing::debug!(%peer, "connection dropped: it did not close when told to");
-                        return;
-                    } else {
-                        tracing::debug!(%peer, quiet_ms = quiet.as_millis() as u64, "closing a quiet connection");
-                        connection.as_mut().graceful_shutdown();
-                        closing_since = Some(now);
-                        next_check = now + CLOSE_GRACE;
+                    }
+                    match state {
+                        State::Busy(check_in) => next_check = now + check_in,
+                        State::Quiet(quiet) if quiet < self.idle_limit => {
+                            next_check = now + (self.idle_limit - quiet);
+                        }
+                        State::Quiet(_) | State::Stalled => {
+                            let hard = state == State::Stalled;
+                            tracing::debug!(%peer, stalled = hard, "closing a quiet or stalled connection");
+                            connection.as_mut().graceful_shutdown();
+                            closing = Some((now, hard));
+                            next_check = now + CLOSE_GRACE;
+                        }
                     }
                 }
             }
         }
+        self.open.remove(id);
     }
 }
 
-/// What a connection is doing, for its watchdog: how many of its requests and response
-/// bodies wait on the application, how many response bodies are being sent, and when it
-/// last made progress.
+/// What a connection's watchdog sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Work is in progress; look again after this long.
+    Busy(Duration),
+    /// Nothing in progress, for this long.
+    Quiet(Duration),
+    /// A response body waits on its sender, past the stall limit.
+    Stalled,
+}
+
+/// What a connection is doing: how many of its requests and response bodies wait on the
+/// application, its response bodies being sent, and when it last made progress.
 struct Activity {
     started: Instant,
     waiting: AtomicUsize,
-    sending: AtomicUsize,
     /// Milliseconds after `started`.
     last_progress: AtomicU64,
+    sending: Mutex<Vec<Arc<Sending>>>,
+}
+
+/// One response body being sent.
+struct Sending {
+    /// Milliseconds after the connection started.
+    last_progress: AtomicU64,
+    /// Whether it waits for the upstream's next bytes (rather than for its sender).
+    waiting: AtomicBool,
 }
 
 impl Activity {
@@ -261,28 +409,52 @@ impl Activity {
         Activity {
             started: Instant::now(),
             waiting: AtomicUsize::new(0),
-            sending: AtomicUsize::new(0),
             last_progress: AtomicU64::new(0),
+            sending: Mutex::new(Vec::new()),
         }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn progressed(&self) {
-        let at = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_progress.store(at, Ordering::Relaxed);
+        self.last_progress.store(self.now(), Ordering::Relaxed);
     }
 
-    /// How long the connection has been quiet, or `None` while it waits on the application.
-    fn quiet_for(&self, now: Instant) -> Option<Duration> {
-        if self.waiting.load(Ordering::Relaxed) > 0 {
+    fn sending(&self) -> MutexGuard<'_, Vec<Arc<Sending>>> {
+        self.sending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn since(&self, now: Instant, at_millis: u64) -> Duration {
+        now.saturating_duration_since(self.started + Duration::from_millis(at_millis))
+    }
+
+    fn state(&self, now: Instant, stall_limit: Duration) -> State {
+        let sending = self.sending();
+        let longest_stall = sending
+            .iter()
+            .filter(|body| !body.waiting.load(Ordering::Relaxed))
+            .map(|body| self.since(now, body.last_progress.load(Ordering::Relaxed)))
+            .max();
+        if longest_stall.is_some_and(|stall| stall >= stall_limit) {
+            return State::Stalled;
+        }
+        if self.waiting.load(Ordering::Relaxed) > 0 || !sending.is_empty() {
+            let check_in = longest_stall.map_or(CLOSE_GRACE, |stall| stall_limit - stall);
+            return State::Busy(check_in.min(CLOSE_GRACE));
+        }
+        State::Quiet(self.since(now, self.last_progress.load(Ordering::Relaxed)))
+    }
+
+    /// How long it has had no request or response in progress, or `None` if it has one.
+    fn idle_for(&self, now: Instant) -> Option<Duration> {
+        if self.waiting.load(Ordering::Relaxed) > 0 || !self.sending().is_empty() {
             return None;
         }
-        let last = self.started + Duration::from_millis(self.last_progress.load(Ordering::Relaxed));
-        Some(now.saturating_duration_since(last))
-    }
-
-    /// Whether a response body is being sent.
-    fn sending(&self) -> bool {
-        self.sending.load(Ordering::Relaxed) > 0
+        Some(self.since(now, self.last_progress.load(Ordering::Relaxed)))
     }
 }
 
@@ -304,22 +476,30 @@ impl Drop for Waiting {
     }
 }
 
-/// A response body that tells its connection's watchdog how it goes: each frame handed to
-/// hyper is progress, and while the body itself waits for its next frame (the upstream's
-/// pace) the connection is not quiet.
+/// A response body that tells its connection's watchdog how it goes (each frame handed to
+/// hyper is progress; while the body itself waits for its next frame, the upstream sets the
+/// pace), and keeps its request's places until it is sent.
 pub struct Watched {
     body: ProxyBody,
     activity: Arc<Activity>,
+    sending: Arc<Sending>,
     waiting: Option<Waiting>,
+    _permit: Option<RequestPermit>,
 }
 
 impl Watched {
-    fn new(body: ProxyBody, activity: Arc<Activity>) -> Watched {
-        activity.sending.fetch_add(1, Ordering::Relaxed);
+    fn new(body: ProxyBody, activity: Arc<Activity>, permit: Option<RequestPermit>) -> Watched {
+        let sending = Arc::new(Sending {
+            last_progress: AtomicU64::new(activity.now()),
+            waiting: AtomicBool::new(false),
+        });
+        activity.sending().push(Arc::clone(&sending));
         Watched {
             body,
             activity,
+            sending,
             waiting: None,
+            _permit: permit,
         }
     }
 }
@@ -337,9 +517,14 @@ impl Body for Watched {
         if polled.is_pending() {
             if this.waiting.is_none() {
                 this.waiting = Some(Waiting::start(&this.activity));
+                this.sending.waiting.store(true, Ordering::Relaxed);
             }
         } else {
             this.waiting = None;
+            this.sending.waiting.store(false, Ordering::Relaxed);
+            this.sending
+                .last_progress
+                .store(this.activity.now(), Ordering::Relaxed);
             this.activity.progressed();
         }
         polled
@@ -357,7 +542,9 @@ impl Body for Watched {
 impl Drop for Watched {
     fn drop(&mut self) {
         self.activity.progressed();
-        self.activity.sending.fetch_sub(1, Ordering::Relaxed);
+        self.activity
+            .sending()
+            .retain(|body| !Arc::ptr_eq(body, &self.sending));
     }
 }
 

@@ -13,7 +13,6 @@ use http::header::{CONNECTION, HOST, HeaderName};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
-use tokio::sync::Semaphore;
 
 use self::pool::Pool;
 use crate::body::{ProxyBody, streaming};
@@ -45,9 +44,6 @@ pub enum UpstreamError {
     Unreachable(String),
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
-    /// As many connections are open to the upstream as `limits.max_requests`.
-    #[error("as many connections are open to the upstream as limits.max_requests allows")]
-    Saturated,
 }
 
 /// The connections that carry every forward, a pool per worker: a connection is driven
@@ -59,13 +55,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Pools for `workers` workers, with at most `max_connections` connections open in all.
-    pub fn new(workers: usize, max_connections: usize) -> Upstream {
-        let budget = Arc::new(Semaphore::new(max_connections));
-        let pool = || Pool::new(Arc::clone(&budget));
-        let each = (0..workers).map(|_| pool()).collect();
+    pub fn new(workers: usize) -> Upstream {
+        let each = (0..workers).map(|_| Pool::default()).collect();
         Upstream {
-            pools: PerWorker::new(pool(), each),
+            pools: PerWorker::new(Pool::default(), each),
         }
     }
 

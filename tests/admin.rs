@@ -262,3 +262,44 @@ async fn beyond_loopback_without_a_token_the_v1_api_is_closed() {
         );
     }
 }
+
+/// On a route that guards against replays by body, forgetting a key forgets the body it
+/// recorded too: the redelivery runs the work again, as `DELETE` promises.
+#[tokio::test]
+async fn forgetting_a_key_of_a_guarded_route_lets_its_redelivery_run() {
+    use hmac::{KeyInit, Mac};
+    let upstream = Upstream::start().await;
+    // PATH: a variable every process has, so that the test sets none.
+    let routes = "routes:\n  - name: guarded\n    match: { path: /guarded }\n    key: \"{header:X-Delivery}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let body = r#"{"action":"opened","number":7}"#;
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(std::env::var("PATH").unwrap().as_bytes())
+            .unwrap();
+    mac.update(body.as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let deliver = |id: &'static str| {
+        let signature = signature.clone();
+        async move {
+            let headers = [("x-delivery", id), ("x-signature", signature.as_str())];
+            send(proxy.addr, "POST", "/guarded", &headers, body)
+                .await
+                .dedupe()
+                .to_owned()
+        }
+    };
+    assert_eq!(deliver("d1").await, "forwarded");
+    assert_eq!(
+        deliver("d2").await,
+        "duplicate",
+        "the guard: same body, fresh ID"
+    );
+    let forgotten = send(proxy.admin, "DELETE", "/v1/keys/guarded/d1", &[], "").await;
+    assert_eq!(forgotten.status, 204);
+    assert_eq!(
+        deliver("d1").await,
+        "forwarded",
+        "runs again once forgotten"
+    );
+    assert_eq!(upstream.requests(), 2);
+}

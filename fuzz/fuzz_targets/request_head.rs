@@ -63,7 +63,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let (head, ()) = request.into_parts();
 
-    let normal = target::normal_path(head.uri.path());
+    let Ok(normal) = target::normal_path(head.uri.path()) else {
+        return;
+    };
     assert!(normal.starts_with(b"/"), "{normal:?}");
     assert!(normal.len() == 1 || !normal.ends_with(b"/"), "{normal:?}");
     assert!(!normal.windows(2).any(|pair| pair == b"//"), "{normal:?}");
@@ -77,7 +79,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(&normal)
         && !text.contains('%')
     {
-        assert_eq!(target::normal_path(text).as_ref(), normal.as_ref(), "idempotent");
+        let again = target::normal_path(text).expect("a normal path has no `..`");
+        assert_eq!(again.as_ref(), normal.as_ref(), "idempotent");
     }
     let Ok(host) = target::host(head.version, &head.uri, &head.headers) else {
         return;

@@ -160,7 +160,16 @@ impl ConfigFile {
             .into_iter()
             .map(|route| Route::resolve(route, &self.defaults, &upstream))
             .collect();
-        let warnings = routes.iter().filter_map(Route::warning).collect();
+        let mut warnings: Vec<String> = routes.iter().filter_map(Route::warning).collect();
+        if self.unmatched == Unmatched::Forward {
+            warnings.extend(routes.iter().filter_map(|route| {
+                let host = route.matcher.host.as_ref()?;
+                Some(format!(
+                    "route `{}` takes only the host `{host}`: with `unmatched: forward`, the same path under another Host reaches the upstream without its check and claim",
+                    route.name
+                ))
+            }));
+        }
         Config {
             source: path.to_owned(),
             listen: overrides.listen.unwrap_or(self.listen),
@@ -720,6 +729,11 @@ impl MatchFile {
             if !path.starts_with('/') {
                 return Err(format!("path `{path}` must start with `/`"));
             }
+            if crate::target::normal_path(path).is_err() {
+                return Err(format!(
+                    "path `{path}` has a `..` segment; requests with one are refused, so no route can match it"
+                ));
+            }
         }
         Ok(())
     }
@@ -945,6 +959,29 @@ mod tests {
         );
         assert_eq!(line, 3);
         assert!(message.contains("is not set"), "{message}");
+    }
+
+    #[test]
+    fn a_host_route_that_other_hosts_pass_by_is_warned_about() {
+        let route =
+            "routes:\n  - name: a\n    match: { host: a.example }\n    key: \"{json:/id}\"\n";
+        let config = parse(&format!("{MINIMAL}{route}")).unwrap();
+        assert!(
+            config.warnings.iter().any(|w| w.contains("another Host")),
+            "{:?}",
+            config.warnings
+        );
+        let config = parse(&format!("{MINIMAL}unmatched: reject\n{route}")).unwrap();
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
+
+    #[test]
+    fn a_route_path_cannot_climb() {
+        let (line, _, message) = error_at(
+            "upstream: http://127.0.0.1:8080\nroutes:\n  - name: a\n    match: { path: /a/../b }\n    key: \"{json:/id}\"\n",
+        );
+        assert_eq!(line, 4);
+        assert!(message.contains("`..` segment"), "{message}");
     }
 
     #[test]

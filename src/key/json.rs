@@ -217,15 +217,15 @@ pub fn canonical_number(text: &str, limit: usize) -> Result<String, usize> {
         .saturating_sub(fraction.len() as i64)
         .saturating_add(trailing_zeros);
     let count = significant.len() as i64;
-    let length = i64::from(negative)
-        + if scale >= 0 {
-            count.saturating_add(scale)
-        } else if count + scale > 0 {
-            count + 1
-        } else {
-            // "0." then zeros, then the digits.
-            2i64.saturating_add(scale.saturating_neg())
-        };
+    let digits_length = if scale >= 0 {
+        count.saturating_add(scale)
+    } else if count + scale > 0 {
+        count + 1
+    } else {
+        // "0." then zeros, then the digits.
+        2i64.saturating_add(scale.saturating_neg())
+    };
+    let length = i64::from(negative).saturating_add(digits_length);
     let length = usize::try_from(length).unwrap_or(usize::MAX);
     if length > limit {
         return Err(length);
@@ -407,6 +407,15 @@ mod tests {
         assert_eq!(canonical_number("-1e-600", 512), Err(603));
         assert!(canonical_number("1e99999999999999999999999", 512).is_err());
         assert!(canonical_number("1e-99999999999999999999999", 512).is_err());
+        // Exponents at the ends of i64, with a sign: measured without overflow.
+        for text in [
+            "-1e9223372036854775807",
+            "-1e-9223372036854775808",
+            "-9.9e9223372036854775807",
+            "1e9223372036854775807",
+        ] {
+            assert!(canonical_number(text, 512).is_err(), "{text}");
+        }
         assert_eq!(
             canonical_number("0e99999999999999999999999", 512).as_deref(),
             Ok("0")

@@ -15,7 +15,6 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
 
 use super::UpstreamError;
 use crate::body::ProxyBody;
@@ -29,12 +28,12 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long to wait for a TCP connection to the upstream.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The connections of one worker, to every upstream.
+/// The connections of one worker, to every upstream. How many are busy is bounded by the
+/// requests in progress (`limits.max_requests`): a connection is busy only while a request
+/// that holds its place uses it, and the idle ones close within [`IDLE_TIMEOUT`].
+#[derive(Default)]
 pub struct Pool {
     shared: Arc<Mutex<Connections>>,
-    /// One permit per open connection, shared with the other workers' pools: a sender
-    /// cannot make the proxy open connections without bound, whatever it abandons.
-    budget: Arc<Semaphore>,
 }
 
 #[derive(Default)]
@@ -76,13 +75,6 @@ fn lock(shared: &Mutex<Connections>) -> MutexGuard<'_, Connections> {
 }
 
 impl Pool {
-    pub fn new(budget: Arc<Semaphore>) -> Pool {
-        Pool {
-            shared: Arc::default(),
-            budget,
-        }
-    }
-
     /// Sends `request` (in origin form, with its `Host`) to the upstream at `address`.
     pub async fn send(
         &self,
@@ -92,7 +84,7 @@ impl Pool {
         match self.take_free(address) {
             Some(sender) => self.exchange(address, sender, true, request).await,
             None => {
-                let sender = connect(address, &self.budget).await?;
+                let sender = connect(address).await?;
                 self.exchange(address, sender, false, request).await
             }
         }
@@ -117,7 +109,7 @@ impl Pool {
                     Some(unsent) if reused => {
                         request = unsent;
                         reused = false;
-                        sender = connect(address, &self.budget).await?;
+                        sender = connect(address).await?;
                     }
                     _ => return Err(UpstreamError::Unreachable(describe(&error.into_error()))),
                 },
@@ -174,14 +166,8 @@ async fn reap(shared: Weak<Mutex<Connections>>) {
     }
 }
 
-/// Opens a connection within `budget` and starts the task that drives it.
-async fn connect(
-    address: &str,
-    budget: &Arc<Semaphore>,
-) -> Result<SendRequest<ProxyBody>, UpstreamError> {
-    let permit = Arc::clone(budget)
-        .try_acquire_owned()
-        .map_err(|_| UpstreamError::Saturated)?;
+/// Opens a connection and starts the task that drives it.
+async fn connect(address: &str) -> Result<SendRequest<ProxyBody>, UpstreamError> {
     let unreachable = |error: &dyn std::error::Error| {
         UpstreamError::Unreachable(format!("connecting to {address}: {}", describe(error)))
     };
@@ -200,7 +186,6 @@ async fn connect(
         if let Err(error) = connection.await {
             tracing::debug!(%error, "upstream connection ended");
         }
-        drop(permit);
     });
     Ok(sender)
 }
@@ -226,12 +211,6 @@ mod tests {
 
     use super::*;
     use crate::body::empty;
-
-    impl Default for Pool {
-        fn default() -> Pool {
-            Pool::new(Arc::new(Semaphore::new(64)))
-        }
-    }
 
     #[derive(Clone, Copy, PartialEq)]
     enum Upstream {
@@ -376,28 +355,6 @@ mod tests {
         drop(connection);
         let failed = pool.exchange(&address, closed, false, request()).await;
         assert!(matches!(failed, Err(UpstreamError::Unreachable(_))));
-    }
-
-    #[tokio::test]
-    async fn connections_beyond_the_budget_are_not_opened() {
-        let (address, accepted) = upstream(Upstream::HoldsFirst).await;
-        let pool = Pool::new(Arc::new(Semaphore::new(1)));
-        let first = pool.send(&address, request()).await.unwrap();
-        let refused = pool.send(&address, request()).await;
-        assert!(matches!(refused, Err(UpstreamError::Saturated)));
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        // Closing the busy connection gives its place back.
-        drop(first);
-        lock(&pool.shared).open.clear();
-        for _ in 0..250 {
-            if pool.budget.available_permits() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(pool.budget.available_permits(), 1);
-        let next = pool.send(&address, request()).await.unwrap();
-        assert_eq!(connection_number(next).await, "1");
     }
 
     #[tokio::test]
