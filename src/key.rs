@@ -171,7 +171,7 @@ pub struct Delivery<'a> {
 impl KeyTemplate {
     /// Whether the key reads a header other than `signed` ones, or the query: parts of the
     /// request that no body signature covers.
-    pub fn reads_beyond(&self, signed: &[&str]) -> bool {
+    pub fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
         self.parts.iter().any(|part| match part {
             Part::Header(name) => !signed.contains(&name.as_str()),
             Part::Query(_) => true,
@@ -250,7 +250,7 @@ fn usable(value: &str) -> Result<&str, &'static str> {
     if value.is_empty() {
         Err("value is empty")
     } else if value.chars().any(unprintable) {
-        Err("value contains a control character")
+        Err("value contains a control or formatting character")
     } else {
         Ok(value)
     }

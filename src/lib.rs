@@ -10,8 +10,9 @@
 //! admin port ──▶ admin (health, readiness, metrics, routes, reload, keys)
 //! ```
 //!
-//! - [`config`] reads the YAML file; [`route`] resolves routes; [`key`] extracts keys;
-//!   [`verify`] checks signatures; [`preset`] knows the major providers.
+//! - [`config`] reads the YAML file; [`route`] resolves routes; [`target`] checks a
+//!   request's Host and gives the path's normal form routes match on; [`key`] extracts
+//!   keys; [`verify`] checks signatures; [`preset`] knows the major providers.
 //! - [`proxy`] is the lifecycle of one delivery: match, read, verify, key, claim,
 //!   forward, finish.
 //! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked, on

@@ -289,6 +289,24 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// Its place in [`ReleaseReason::ALL`]: a new reason does not compile until it has one.
+    fn position(reason: ReleaseReason) -> usize {
+        match reason {
+            ReleaseReason::UpstreamStatus => 0,
+            ReleaseReason::UpstreamUnreachable => 1,
+            ReleaseReason::UpstreamTimeout => 2,
+            ReleaseReason::Shutdown => 3,
+            ReleaseReason::TaskFailed => 4,
+        }
+    }
+
+    #[test]
+    fn every_release_reason_is_listed() {
+        for (index, reason) in ReleaseReason::ALL.into_iter().enumerate() {
+            assert_eq!(position(reason), index, "{reason:?}");
+        }
+    }
+
     #[test]
     fn every_series_of_a_configured_route_exists_at_zero() {
         let metrics = Metrics::new();

@@ -1,15 +1,16 @@
 //! The delivery lifecycle, as small named steps read top to bottom:
 //!
 //! ```text
-//! handle ─▶ match route ──none──▶ pass_unmatched (forward untouched, or 404)
-//!              │
+//! handle ─▶ check Host and target (400) ─▶ match route on the path's normal form
+//!              │ none ──▶ pass_unmatched (relay untouched within half the places, or 404)
 //!              ▼
-//!           deliver: read body (413) ─▶ extract key (400 / forward unkeyed)
-//!              ─▶ claim ──done──▶ answer_duplicate (200, or 422 on a changed body)
-//!                   │    ──in flight──▶ 409 + Retry-After
-//!                   │    ──store error──▶ 503 + Retry-After (or forward unkeyed)
-//!                   ▼
-//!           forward_claimed: in a task of its own
+//!           deliver: read body (413, 408) ─▶ verify (401) ─▶ extract key (400 / relay unkeyed)
+//!              ─▶ claim the key, and with replay_guard: body the body's hash
+//!                   ──done──▶ answer_duplicate (200, or 422 on a changed body)
+//!                   ──in flight──▶ 409 + Retry-After
+//!                   ──store error──▶ 503 + Retry-After (or relay unkeyed)
+//!              ▼
+//!           forward_claimed: in a task of its own, holding the request's place
 //!              ─▶ upstream success ─▶ record_success (done, then answer)
 //!              ─▶ upstream failure, 502, 504 ─▶ release, then answer
 //! ```

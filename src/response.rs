@@ -90,8 +90,8 @@ pub enum Refusal {
     /// The detail (the upstream's address, say) goes to the log, never to the sender.
     UpstreamUnreachable,
     UpstreamTimeout(Duration),
-    /// More requests are being handled than `limits.max_requests` allows, or the
-    /// upstream has as many connections as it may.
+    /// More requests are in progress than `limits.max_requests` allows (or, for requests
+    /// no route takes, half of it).
     Overloaded,
     /// More connections are open than `limits.max_connections` allows.
     TooManyConnections,
@@ -328,6 +328,26 @@ mod tests {
         assert!(head.contains("retry-after: 1"), "{head}");
         let body: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(body["error"], "too_many_connections");
+    }
+
+    /// Its place in [`DedupeStatus::ALL`]: a new status does not compile until it has one.
+    fn position(status: DedupeStatus) -> usize {
+        match status {
+            DedupeStatus::Rejected => 0,
+            DedupeStatus::Unkeyed => 1,
+            DedupeStatus::Unavailable => 2,
+            DedupeStatus::Duplicate => 3,
+            DedupeStatus::InFlight => 4,
+            DedupeStatus::Forwarded => 5,
+            DedupeStatus::Released => 6,
+        }
+    }
+
+    #[test]
+    fn every_status_is_listed() {
+        for (index, status) in DedupeStatus::ALL.into_iter().enumerate() {
+            assert_eq!(position(status), index, "{status:?}");
+        }
     }
 
     #[test]

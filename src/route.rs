@@ -111,9 +111,11 @@ impl Matcher {
             }),
             path: file.path,
             path_prefix: file.path_prefix,
-            host: file
-                .host
-                .map(|host| host.trim_end_matches('.').to_ascii_lowercase()),
+            host: file.host.as_deref().map(|host| {
+                let (name, port) = split_port(host);
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                port.map_or_else(|| name.clone(), |port| format!("{name}:{port}"))
+            }),
         }
     }
 
@@ -275,7 +277,7 @@ impl Route {
 /// Off without a check (a forger needs no captured delivery) and where the key is signed.
 fn default_replay_guard(key: &KeyTemplate, verify: Option<&Verify>) -> ReplayGuard {
     match verify {
-        Some(verify) if key.reads_beyond(verify.signed_headers()) => ReplayGuard::Body,
+        Some(verify) if key.reads_unsigned_parts(verify.signed_headers()) => ReplayGuard::Body,
         _ => ReplayGuard::Off,
     }
 }
@@ -511,7 +513,7 @@ routes:
 
     #[test]
     fn a_host_matches_in_any_case_with_or_without_a_trailing_dot() {
-        let text = "routes:\n  - name: a\n    match: { host: A.example:8443 }\n    key: \"{json:/id}\"\n  - name: b\n    match: { host: b.example }\n    key: \"{json:/id}\"\n";
+        let text = "routes:\n  - name: a\n    match: { host: A.example.:8443 }\n    key: \"{json:/id}\"\n  - name: b\n    match: { host: b.example }\n    key: \"{json:/id}\"\n";
         let routes = table(text);
         let find = |host| {
             routes

@@ -4,9 +4,9 @@
 //! hand-off of each connection to a worker, and the graceful close of connections within
 //! a deadline.
 //!
-//! Every phase of a connection has a deadline, kept by one watchdog per connection
-//! ([`Activity`]) rather than by each protocol: hyper gives no deadline to protocol
-//! detection, to the HTTP/2 preface and SETTINGS exchange, or to an idle HTTP/2
+//! Every phase of a connection that its sender paces has a deadline, kept by one watchdog
+//! per connection ([`Activity`]) rather than by each protocol: hyper gives no deadline to
+//! protocol detection, to the HTTP/2 preface and SETTINGS exchange, or to an idle HTTP/2
 //! connection, and a connection that never finishes any of them would hold its slot for
 //! ever. A request being handled, and a response body waiting for the upstream's next
 //! bytes, wait on the application, whose own timeouts bound them. Otherwise:
@@ -55,7 +55,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// How many connections over `max_connections` wait for a slot or are told why they are
 /// refused at once; beyond that they are closed without a word, so that a flood of them
 /// costs nothing more.
-const MAX_WAITING: usize = 64;
+const MAX_OVER_LIMIT: usize = 64;
 
 /// How long a connection over the limit waits for the slot of an evicted one.
 const SLOT_WAIT: Duration = Duration::from_secs(2);
@@ -75,20 +75,23 @@ pub struct RequestPermit(Arc<Places>);
 
 struct Places {
     _request: OwnedSemaphorePermit,
-    more: OnceLock<OwnedSemaphorePermit>,
+    /// A place the handler took besides (one among the requests no route takes, say).
+    other: OnceLock<OwnedSemaphorePermit>,
 }
 
 impl RequestPermit {
     fn new(request: OwnedSemaphorePermit) -> RequestPermit {
         RequestPermit(Arc::new(Places {
             _request: request,
-            more: OnceLock::new(),
+            other: OnceLock::new(),
         }))
     }
 
-    /// Keeps `permit` for as long as the request's own place (once per request).
-    pub fn also_hold(&self, permit: OwnedSemaphorePermit) {
-        let _ = self.0.more.set(permit);
+    /// Keeps `place` as long as the request's own place. A request takes one other place
+    /// at most; a second would be given back at once.
+    pub fn also_hold(&self, place: OwnedSemaphorePermit) {
+        let taken = self.0.other.set(place);
+        debug_assert!(taken.is_ok(), "a request holds one other place at most");
     }
 }
 
@@ -109,7 +112,7 @@ pub async fn serve<H, F>(
     let builder = connection_builder(&limits);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
-    let waiting = Arc::new(Semaphore::new(MAX_WAITING));
+    let over_limit = Arc::new(Semaphore::new(MAX_OVER_LIMIT));
     let open = Arc::new(OpenConnections::default());
     let connections = TaskTracker::new();
     loop {
@@ -133,7 +136,7 @@ pub async fn serve<H, F>(
             requests: Arc::clone(&requests),
             idle_limit: limits.header_read_timeout.0,
             stall_limit: limits.body_read_timeout.0,
-            stop: stop.child_token(),
+            close: stop.child_token(),
             open: Arc::clone(&open),
         };
         let start = {
@@ -144,7 +147,7 @@ pub async fn serve<H, F>(
             start(stream, slot);
             continue;
         }
-        let Ok(waiting) = Arc::clone(&waiting).try_acquire_owned() else {
+        let Ok(over_limit) = Arc::clone(&over_limit).try_acquire_owned() else {
             continue;
         };
         // Full: the connection idle longest makes room, if there is one.
@@ -166,7 +169,7 @@ pub async fn serve<H, F>(
                     refuse(stream).await;
                 }
             }
-            drop(waiting);
+            drop(over_limit);
         });
     }
     drop(listener);
@@ -232,7 +235,12 @@ impl OpenConnections {
         let idlest = connections
             .values()
             .filter(|(_, close)| !close.is_cancelled())
-            .filter_map(|(activity, close)| Some((activity.idle_for(now)?, close)))
+            .filter_map(
+                |(activity, close)| match activity.state(now, Duration::MAX) {
+                    State::Idle(idle) => Some((idle, close)),
+                    State::Busy(_) | State::Stalled => None,
+                },
+            )
             .max_by_key(|(idle, _)| *idle);
         match idlest {
             Some((idle, close)) => {
@@ -258,8 +266,8 @@ struct Connection<H> {
     idle_limit: Duration,
     /// How long a response body may stall on its sender.
     stall_limit: Duration,
-    /// Cancelled when the server stops or this connection is evicted.
-    stop: CancellationToken,
+    /// Cancelled when the server stops or this connection is evicted to make room.
+    close: CancellationToken,
     open: Arc<OpenConnections>,
 }
 
@@ -298,11 +306,11 @@ where
     /// evicted, or the server stops (then its requests in progress finish first).
     async fn serve(self, stream: TcpStream) {
         let activity = Arc::new(Activity::new());
-        let id = self.open.add(&activity, &self.stop);
+        let id = self.open.add(&activity, &self.close);
         let (handler, requests, peer) = (self.handler, self.requests, self.peer);
         let watched = Arc::clone(&activity);
         let service = service_fn(move |request| {
-            let handling = Waiting::start(&watched);
+            let handling = Handling::start(&watched);
             // Shed load at once rather than queue it: the sender retries later.
             let permit = Arc::clone(&requests)
                 .try_acquire_owned()
@@ -321,9 +329,7 @@ where
         });
         let connection = self.builder.serve_connection(TokioIo::new(stream), service);
         tokio::pin!(connection);
-        // Once told to close: when, and whether to drop it after the grace even with
-        // requests in progress (a stalled stream, which would keep it open for ever).
-        let mut closing: Option<(Instant, bool)> = None;
+        let mut closing: Option<Closing> = None;
         let mut next_check = Instant::now() + self.idle_limit.min(CLOSE_GRACE);
         loop {
             tokio::select! {
@@ -333,22 +339,22 @@ where
                     }
                     break;
                 }
-                () = self.stop.cancelled(), if closing.is_none() => {
+                () = self.close.cancelled(), if closing.is_none() => {
                     connection.as_mut().graceful_shutdown();
-                    closing = Some((Instant::now(), false));
+                    closing = Some(Closing::Graceful(Instant::now()));
                     next_check = Instant::now() + CLOSE_GRACE;
                 }
                 () = tokio::time::sleep_until(next_check.into()) => {
                     let now = Instant::now();
                     let state = activity.state(now, self.stall_limit);
-                    if let Some((since, hard)) = closing {
-                        let quiet = match state {
-                            State::Quiet(quiet) => Some(quiet.min(now - since)),
-                            State::Stalled => Some(now - since),
-                            State::Busy(_) if hard => Some(now - since),
-                            State::Busy(_) => None,
+                    if let Some(closing) = closing {
+                        let (Closing::Graceful(since) | Closing::Forced(since)) = closing;
+                        let over = match (closing, state) {
+                            (_, State::Idle(idle)) => Some(idle.min(now - since)),
+                            (Closing::Forced(_), _) | (_, State::Stalled) => Some(now - since),
+                            (Closing::Graceful(_), State::Busy(_)) => None,
                         };
-                        if quiet.is_some_and(|quiet| quiet >= CLOSE_GRACE) {
+                        if over.is_some_and(|over| over >= CLOSE_GRACE) {
                             tracing::debug!(%peer, "connection dropped: it did not close when told to");
                             break;
                         }
@@ -357,14 +363,19 @@ where
                     }
                     match state {
                         State::Busy(check_in) => next_check = now + check_in,
-                        State::Quiet(quiet) if quiet < self.idle_limit => {
-                            next_check = now + (self.idle_limit - quiet);
+                        State::Idle(idle) if idle < self.idle_limit => {
+                            next_check = now + (self.idle_limit - idle);
                         }
-                        State::Quiet(_) | State::Stalled => {
-                            let hard = state == State::Stalled;
-                            tracing::debug!(%peer, stalled = hard, "closing a quiet or stalled connection");
+                        State::Idle(_) => {
+                            tracing::debug!(%peer, "closing an idle connection");
                             connection.as_mut().graceful_shutdown();
-                            closing = Some((now, hard));
+                            closing = Some(Closing::Graceful(now));
+                            next_check = now + CLOSE_GRACE;
+                        }
+                        State::Stalled => {
+                            tracing::debug!(%peer, "closing a connection whose sender does not take its response");
+                            connection.as_mut().graceful_shutdown();
+                            closing = Some(Closing::Forced(now));
                             next_check = now + CLOSE_GRACE;
                         }
                     }
@@ -378,19 +389,27 @@ where
 /// What a connection's watchdog sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Work is in progress; look again after this long.
+    /// A request or response is in progress; look again after this long.
     Busy(Duration),
     /// Nothing in progress, for this long.
-    Quiet(Duration),
-    /// A response body waits on its sender, past the stall limit.
+    Idle(Duration),
+    /// A response has waited on its sender past the stall limit.
     Stalled,
 }
 
-/// What a connection is doing: how many of its requests and response bodies wait on the
-/// application, its response bodies being sent, and when it last made progress.
+/// A connection told to close, since when: it gets [`CLOSE_GRACE`] once idle, or, when a
+/// stalled stream would keep it open for ever, once told.
+#[derive(Debug, Clone, Copy)]
+enum Closing {
+    Graceful(Instant),
+    Forced(Instant),
+}
+
+/// What a connection is doing: how many of its requests are being handled, its response
+/// bodies being sent, and when it last made progress.
 struct Activity {
     started: Instant,
-    waiting: AtomicUsize,
+    handling: AtomicUsize,
     /// Milliseconds after `started`.
     last_progress: AtomicU64,
     sending: Mutex<Vec<Arc<Sending>>>,
@@ -400,26 +419,27 @@ struct Activity {
 struct Sending {
     /// Milliseconds after the connection started.
     last_progress: AtomicU64,
-    /// Whether it waits for the upstream's next bytes (rather than for its sender).
-    waiting: AtomicBool,
+    /// Whether it waits for the upstream's next bytes, rather than for its sender.
+    awaiting_upstream: AtomicBool,
 }
 
 impl Activity {
     fn new() -> Activity {
         Activity {
             started: Instant::now(),
-            waiting: AtomicUsize::new(0),
+            handling: AtomicUsize::new(0),
             last_progress: AtomicU64::new(0),
             sending: Mutex::new(Vec::new()),
         }
     }
 
-    fn now(&self) -> u64 {
+    fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn progressed(&self) {
-        self.last_progress.store(self.now(), Ordering::Relaxed);
+        self.last_progress
+            .store(self.elapsed_ms(), Ordering::Relaxed);
     }
 
     fn sending(&self) -> MutexGuard<'_, Vec<Arc<Sending>>> {
@@ -428,6 +448,7 @@ impl Activity {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// How long before `now` the moment `at_millis` after the start was.
     fn since(&self, now: Instant, at_millis: u64) -> Duration {
         now.saturating_duration_since(self.started + Duration::from_millis(at_millis))
     }
@@ -436,43 +457,35 @@ impl Activity {
         let sending = self.sending();
         let longest_stall = sending
             .iter()
-            .filter(|body| !body.waiting.load(Ordering::Relaxed))
+            .filter(|body| !body.awaiting_upstream.load(Ordering::Relaxed))
             .map(|body| self.since(now, body.last_progress.load(Ordering::Relaxed)))
             .max();
         if longest_stall.is_some_and(|stall| stall >= stall_limit) {
             return State::Stalled;
         }
-        if self.waiting.load(Ordering::Relaxed) > 0 || !sending.is_empty() {
+        if self.handling.load(Ordering::Relaxed) > 0 || !sending.is_empty() {
             let check_in = longest_stall.map_or(CLOSE_GRACE, |stall| stall_limit - stall);
             return State::Busy(check_in.min(CLOSE_GRACE));
         }
-        State::Quiet(self.since(now, self.last_progress.load(Ordering::Relaxed)))
-    }
-
-    /// How long it has had no request or response in progress, or `None` if it has one.
-    fn idle_for(&self, now: Instant) -> Option<Duration> {
-        if self.waiting.load(Ordering::Relaxed) > 0 || !self.sending().is_empty() {
-            return None;
-        }
-        Some(self.since(now, self.last_progress.load(Ordering::Relaxed)))
+        State::Idle(self.since(now, self.last_progress.load(Ordering::Relaxed)))
     }
 }
 
-/// Counts as waiting on the application while it lives.
-struct Waiting(Arc<Activity>);
+/// A request being handled, from its head to its response's head.
+struct Handling(Arc<Activity>);
 
-impl Waiting {
-    fn start(activity: &Arc<Activity>) -> Waiting {
-        activity.waiting.fetch_add(1, Ordering::Relaxed);
+impl Handling {
+    fn start(activity: &Arc<Activity>) -> Handling {
+        activity.handling.fetch_add(1, Ordering::Relaxed);
         activity.progressed();
-        Waiting(Arc::clone(activity))
+        Handling(Arc::clone(activity))
     }
 }
 
-impl Drop for Waiting {
+impl Drop for Handling {
     fn drop(&mut self) {
         self.0.progressed();
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.0.handling.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -483,22 +496,20 @@ pub struct Watched {
     body: ProxyBody,
     activity: Arc<Activity>,
     sending: Arc<Sending>,
-    waiting: Option<Waiting>,
     _permit: Option<RequestPermit>,
 }
 
 impl Watched {
     fn new(body: ProxyBody, activity: Arc<Activity>, permit: Option<RequestPermit>) -> Watched {
         let sending = Arc::new(Sending {
-            last_progress: AtomicU64::new(activity.now()),
-            waiting: AtomicBool::new(false),
+            last_progress: AtomicU64::new(activity.elapsed_ms()),
+            awaiting_upstream: AtomicBool::new(false),
         });
         activity.sending().push(Arc::clone(&sending));
         Watched {
             body,
             activity,
             sending,
-            waiting: None,
             _permit: permit,
         }
     }
@@ -514,18 +525,14 @@ impl Body for Watched {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if polled.is_pending() {
-            if this.waiting.is_none() {
-                this.waiting = Some(Waiting::start(&this.activity));
-                this.sending.waiting.store(true, Ordering::Relaxed);
-            }
-        } else {
-            this.waiting = None;
-            this.sending.waiting.store(false, Ordering::Relaxed);
-            this.sending
-                .last_progress
-                .store(this.activity.now(), Ordering::Relaxed);
-            this.activity.progressed();
+        let sending = &this.sending;
+        sending
+            .awaiting_upstream
+            .store(polled.is_pending(), Ordering::Relaxed);
+        if polled.is_ready() {
+            let now = this.activity.elapsed_ms();
+            sending.last_progress.store(now, Ordering::Relaxed);
+            this.activity.last_progress.store(now, Ordering::Relaxed);
         }
         polled
     }

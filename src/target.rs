@@ -30,6 +30,9 @@ pub enum TargetError {
     /// `/hooks/stripe`), so no reading of it is safe to route on.
     #[error("the path has a `..` segment")]
     ParentSegment,
+    /// The authority form (`CONNECT host:port`): there is no path to route or forward.
+    #[error("the request target has no path")]
+    NoPath,
 }
 
 /// The host a request is for: its `Host` header, or an HTTP/2 request's `:authority`.
@@ -75,8 +78,12 @@ fn is_valid_host(value: &str) -> bool {
 /// The normal form of a path that routes are matched on: percent escapes decoded, `;`
 /// parameters dropped from each segment, `\` read as `/`, empty and `.` segments removed,
 /// ASCII letters lowercased, no trailing slash; always starts with `/`. A `..` segment is
-/// refused. Borrows the path when it is already in that form, as almost every real path is.
+/// refused, as is a target without a path (`*` is the path `/*`). Borrows the path when it
+/// is already in that form, as almost every real path is.
 pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
+    if !path.starts_with('/') && path != "*" {
+        return Err(TargetError::NoPath);
+    }
     if is_normal(path.as_bytes()) {
         return Ok(Cow::Borrowed(path.as_bytes()));
     }
@@ -180,11 +187,12 @@ mod tests {
         assert!(borrowed("/hooks/stripe"));
         assert!(borrowed("/"));
         assert!(borrowed("/a-b_c.d~e/f:g@h"));
-        for odd in ["", "*", "/a/", "/A", "/a//b", "/a/./b", "/%61", "/a;b"] {
+        for odd in ["*", "/a/", "/A", "/a//b", "/a/./b", "/%61", "/a;b"] {
             assert!(matches!(normal_path(odd), Ok(Cow::Owned(_))), "{odd}");
         }
-        assert_eq!(normal(""), "/");
         assert_eq!(normal("*"), "/*");
+        assert_eq!(normal_path(""), Err(TargetError::NoPath));
+        assert_eq!(normal_path("a/b"), Err(TargetError::NoPath));
     }
 
     #[test]

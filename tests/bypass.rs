@@ -267,3 +267,77 @@ async fn a_key_no_store_can_hold_is_refused_at_once_not_failed_for_ever() {
         .await
         .unwrap();
 }
+
+/// A signed route keyed on a header its signature does not cover guards by body by
+/// default: a captured delivery resent with a fresh ID is the first one's duplicate, and
+/// the fresh ID is given back for a genuine event.
+#[tokio::test]
+async fn a_signed_body_resent_with_a_fresh_id_is_a_duplicate() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: guarded\n    match: { path: /guarded }\n    key: \"{header:X-Delivery}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let deliver = |id: &'static str, body: &'static str| {
+        let signature = signature(body);
+        async move {
+            let headers = [("x-delivery", id), ("x-signature", signature.as_str())];
+            send(proxy.addr, "POST", "/guarded", &headers, body).await
+        }
+    };
+    let captured = r#"{"action":"opened","number":1}"#;
+    assert_eq!(deliver("d1", captured).await.dedupe(), "forwarded");
+    for fresh in ["d2", "d3"] {
+        let reply = deliver(fresh, captured).await;
+        assert_eq!(
+            (reply.status, reply.dedupe()),
+            (200, "duplicate"),
+            "{fresh}"
+        );
+    }
+    let genuine = r#"{"action":"opened","number":2}"#;
+    assert_eq!(deliver("d2", genuine).await.dedupe(), "forwarded");
+    assert_eq!(upstream.requests(), 2);
+}
+
+/// Whatever the store, a key with a NUL is no key: 400 with the reason, nothing claimed.
+#[tokio::test]
+async fn a_key_with_a_nul_is_refused_on_the_embedded_store_too() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let reply = post_json(proxy.addr, "/hooks", r#"{"id":"nul\u0000key"}"#).await;
+    assert_eq!((reply.status, reply.dedupe()), (400, "rejected"));
+    assert!(
+        reply.json()["detail"].as_str().unwrap().contains("control"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(upstream.requests(), 0);
+}
+
+/// A `CONNECT` (a target without a path) and an HTTP/2 request whose `host` header names
+/// another host than its `:authority` are refused before routing.
+#[tokio::test]
+async fn targets_without_a_path_and_two_hosts_in_http2_are_400() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let answer = raw(
+        proxy.addr,
+        b"CONNECT hooks.example:443 HTTP/1.1\r\nhost: hooks.example:443\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post("http://hooks.example/hooks")
+        .header("host", "other.example")
+        .body(())
+        .unwrap();
+    let (response, mut stream) = client.send_request(request, false).unwrap();
+    stream
+        .send_data(bytes::Bytes::from_static(br#"{"id":"evt_h2_hosts"}"#), true)
+        .unwrap();
+    assert_eq!(response.await.unwrap().status(), 400);
+    assert_eq!(upstream.requests(), 0);
+}

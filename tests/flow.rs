@@ -122,7 +122,7 @@ async fn unusable_key_values_are_400_and_reach_nobody() {
 
 /// A number's key is its exact value in one form: `42`, `42.0` and `4.2e1` are one event;
 /// numbers beyond what `u64` or `f64` hold keep every digit, so two such IDs that differ
-/// in the last digit are two events (through `f64` they were one, and the second was lost).
+/// in the last digit are two events.
 #[tokio::test]
 async fn numbers_are_keys_by_their_exact_value() {
     let upstream = Upstream::start().await;

@@ -75,9 +75,10 @@ fuzz_target!(|data: &[u8]| {
             .any(|segment| segment == b"." || segment == b".."),
         "{normal:?}"
     );
-    // Escapes are decoded once, as servers do; without any, the form is its own.
+    // Escapes are decoded once, as servers do, and may decode to `%`, `;` or `\`, which a
+    // second pass would read again; without those, the form is its own.
     if let Ok(text) = std::str::from_utf8(&normal)
-        && !text.contains('%')
+        && !text.contains(['%', ';', '\\'])
     {
         let again = target::normal_path(text).expect("a normal path has no `..`");
         assert_eq!(again.as_ref(), normal.as_ref(), "idempotent");

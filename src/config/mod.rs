@@ -211,18 +211,21 @@ impl Default for AdminConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Open connections at most; one more is answered 503 and closed.
+    /// Open connections at most; one more closes the connection idle longest, or, with
+    /// none idle, is answered 503 and closed.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
-    /// Requests handled at once, over all connections (HTTP/2 streams included); one
-    /// more is answered 503 at once. Buffered bodies stay under this × `max_body`.
+    /// Requests in progress, over all connections (HTTP/2 streams included), each until
+    /// its forward has ended and its response is sent; one more is answered 503 at once.
+    /// Requests no route takes may use half. Buffered bodies stay under this × `max_body`.
     #[serde(default = "default_max_requests")]
     pub max_requests: usize,
-    /// Time to send a request's head, and the most a keep-alive connection may idle
-    /// before its next request.
+    /// Time for a new connection to choose its protocol (HTTP/2: preface and SETTINGS)
+    /// and send a request's head, and the most a connection may idle between requests.
     #[serde(default = "default_header_read_timeout")]
     pub header_read_timeout: HumanDuration,
-    /// Time to send a request's body; then 408.
+    /// Time to send a request's body (then 408), and the most a response may wait for its
+    /// sender to take it (then its connection is closed).
     #[serde(default = "default_body_read_timeout")]
     pub body_read_timeout: HumanDuration,
     /// Size of a request's head (request line and headers); more gets 431.

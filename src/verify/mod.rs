@@ -406,6 +406,26 @@ mod tests {
     }
 
     #[test]
+    fn every_refusal_code_is_listed() {
+        let every = |error: &VerifyError| match error {
+            VerifyError::MissingHeader(_)
+            | VerifyError::Malformed(_)
+            | VerifyError::IdMismatch(_)
+            | VerifyError::Stale(_)
+            | VerifyError::NoMatch => error.code(),
+        };
+        for error in [
+            VerifyError::MissingHeader("h"),
+            VerifyError::Malformed("h"),
+            VerifyError::IdMismatch("h"),
+            VerifyError::Stale("5m".into()),
+            VerifyError::NoMatch,
+        ] {
+            assert!(VerifyError::CODES.contains(&every(&error)), "{error:?}");
+        }
+    }
+
+    #[test]
     fn tolerance_works_both_ways() {
         let five_minutes = default_tolerance();
         assert!(within_tolerance(1000, 1300, &five_minutes).is_ok());
