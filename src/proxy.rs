@@ -418,7 +418,7 @@ impl Proxy {
 
     /// A request no route matches: streamed through untouched, or refused.
     async fn pass_unmatched(
-        self: &Arc<Self>,
+        &self,
         routing: &Routing,
         request: Request<Incoming>,
         peer: SocketAddr,
@@ -439,11 +439,11 @@ impl Proxy {
     }
 
     /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim and
-    /// relays whatever comes back. The exchange runs in a task that keeps `permit`: a
-    /// sender who hangs up must not free its place while the application still works on
-    /// its request, or hanging up in a loop would drive the application without bound.
+    /// relays whatever comes back. A sender who hangs up must not free its place while the
+    /// application may still work on its request, or hanging up in a loop would drive the
+    /// application without bound: an abandoned relay keeps its place until its timeout.
     async fn relay(
-        self: &Arc<Self>,
+        &self,
         upstream: &UpstreamUrl,
         request: Result<Request<ProxyBody>, UnforwardableTarget>,
         timeout: Duration,
@@ -455,23 +455,18 @@ impl Proxy {
                 return Refusal::BadTarget(unforwardable.to_string()).into_response();
             }
         };
-        let (answer, answered) = oneshot::channel();
-        let (proxy, address) = (Arc::clone(self), Arc::clone(&upstream.address));
-        self.forwards.spawn(
-            async move {
-                let sent = proxy.upstream.send(&address, request, timeout).await;
-                let _ = answer.send(sent);
-                drop(permit);
-            }
-            .instrument(Span::current()),
-        );
-        match answered.await {
-            Ok(Ok(response)) => upstream::inbound(response),
-            Ok(Err(error)) => {
+        let abandoned = Abandoned::keep(permit, timeout);
+        let sent = self
+            .upstream
+            .send(&upstream.address, request, timeout)
+            .await;
+        abandoned.answered();
+        match sent {
+            Ok(response) => upstream::inbound(response),
+            Err(error) => {
                 tracing::warn!(%error, "forward failed");
                 failure(error).1.into_response()
             }
-            Err(_) => Refusal::Internal.into_response(),
         }
     }
 
@@ -550,6 +545,42 @@ async fn release(
     if released {
         metrics.released(route, reason);
         tracing::debug!(reason = reason.as_str(), "claim released");
+    }
+}
+
+/// A relay's place, kept until its timeout if the relay is dropped (its sender hung up)
+/// before the upstream answered: the application may still be working on it, and the
+/// proxy cannot know when it stops. Costs a task only when abandoned.
+struct Abandoned {
+    permit: Option<RequestPermit>,
+    deadline: tokio::time::Instant,
+}
+
+impl Abandoned {
+    fn keep(permit: RequestPermit, timeout: Duration) -> Abandoned {
+        Abandoned {
+            permit: Some(permit),
+            deadline: tokio::time::Instant::now() + timeout,
+        }
+    }
+
+    /// The upstream answered (or failed): the place goes with the response.
+    fn answered(mut self) {
+        self.permit = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let deadline = self.deadline;
+            runtime.spawn(async move {
+                tokio::time::sleep_until(deadline).await;
+                drop(permit);
+            });
+        }
     }
 }
 
