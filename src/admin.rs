@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::response::json_response;
-use crate::route::Route;
+use crate::route::{Route, Routing};
 use crate::server::RequestPermit;
 use crate::store::{
     ClaimStore, Forgotten, KeyCounts, KeyState, Millis, StoreError, body_key, store_key,
@@ -244,7 +244,7 @@ async fn key_request(
                 &failure.to_string(),
             ),
         },
-        Method::DELETE => match forget(store.as_ref(), route, &full_key).await {
+        Method::DELETE => match forget(store.as_ref(), &routing, route, &full_key).await {
             Ok(Forgotten::Removed) => {
                 tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
                 let mut response = Response::new(empty());
@@ -275,16 +275,19 @@ async fn key_request(
     }
 }
 
-/// Forgets a done key and, on a route that guards against replays, the body it recorded:
-/// else a redelivery would still be that body's duplicate.
+/// Forgets a done key and, where a route of its scope guards against replays, the body it
+/// recorded: else a redelivery would still be that body's duplicate.
 async fn forget(
     store: &dyn ClaimStore,
+    routing: &Routing,
     route: &Route,
     full_key: &str,
 ) -> Result<Forgotten, StoreError> {
-    if route.replay_guard == ReplayGuard::Body
-        && let Some(KeyState::Done(record)) = store.inspect(full_key).await?
-    {
+    let guarded = routing
+        .table
+        .routes()
+        .any(|other| other.namespace == route.namespace && other.replay_guard == ReplayGuard::Body);
+    if guarded && let Some(KeyState::Done(record)) = store.inspect(full_key).await? {
         store
             .forget(&body_key(&route.namespace, &record.fingerprint))
             .await?;

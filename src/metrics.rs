@@ -52,15 +52,19 @@ pub enum ReleaseReason {
     UpstreamTimeout,
     Shutdown,
     TaskFailed,
+    /// The delivery was dropped after its claim, before its forward began (its sender
+    /// hung up while the store answered).
+    Abandoned,
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 5] = [
+    pub const ALL: [ReleaseReason; 6] = [
         ReleaseReason::UpstreamStatus,
         ReleaseReason::UpstreamUnreachable,
         ReleaseReason::UpstreamTimeout,
         ReleaseReason::Shutdown,
         ReleaseReason::TaskFailed,
+        ReleaseReason::Abandoned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +74,7 @@ impl ReleaseReason {
             ReleaseReason::UpstreamTimeout => "upstream_timeout",
             ReleaseReason::Shutdown => "shutdown",
             ReleaseReason::TaskFailed => "task_failed",
+            ReleaseReason::Abandoned => "abandoned",
         }
     }
 }
@@ -297,6 +302,7 @@ mod tests {
             ReleaseReason::UpstreamTimeout => 2,
             ReleaseReason::Shutdown => 3,
             ReleaseReason::TaskFailed => 4,
+            ReleaseReason::Abandoned => 5,
         }
     }
 

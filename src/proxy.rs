@@ -63,10 +63,10 @@ pub struct Proxy {
     upstream: Upstream,
     /// Forward tasks, which outlive their senders; shutdown waits for them.
     forwards: TaskTracker,
-    /// Requests no route takes may use at most half of `limits.max_requests` (and so of
-    /// the connections to the upstream): the other half stays for deliveries, however
-    /// slow the application's other pages are or whoever asks for them.
-    unmatched_places: Arc<Semaphore>,
+    /// Requests forwarded without a claim (no route, no key, or the store failing) may use
+    /// at most half of `limits.max_requests`: the other half stays for deliveries, however
+    /// slow the application's other pages are, or whoever asks for them.
+    relay_places: Arc<Semaphore>,
     open_claims: OpenClaims,
     metrics: Arc<Metrics>,
 }
@@ -87,7 +87,7 @@ impl Proxy {
             store,
             upstream: Upstream::new(workers),
             forwards: TaskTracker::new(),
-            unmatched_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
+            relay_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
             open_claims: OpenClaims::default(),
             metrics,
         }
@@ -229,9 +229,7 @@ impl Proxy {
                 }
             };
         match self.claim(route, &key, fingerprint).await {
-            Ok(Claiming::Claimed(claims)) => {
-                self.forward_claimed(route, claims, request, permit).await
-            }
+            Ok(Claiming::Claimed(open)) => self.forward_claimed(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) => {
                 let refusal = Refusal::InFlight {
@@ -266,7 +264,9 @@ impl Proxy {
     }
 
     /// Claims the delivery's key and, when the route guards against replays, its body:
-    /// a body done under another key answers as that key's duplicate.
+    /// a body done under another key answers as that key's duplicate. From the first
+    /// claim on, the claims are released if the delivery goes no further (its sender hangs
+    /// up while the store answers, say).
     async fn claim(
         &self,
         route: &Route,
@@ -280,23 +280,15 @@ impl Proxy {
             ClaimOutcome::Done(record) => return Ok(Claiming::Done(record)),
             ClaimOutcome::InFlight { .. } => return Ok(Claiming::InFlight),
         };
+        let mut open = self.open_claims.hold(event, route, self);
         if route.replay_guard == ReplayGuard::Off {
-            return Ok(Claiming::Claimed(Claims { event, body: None }));
+            return Ok(Claiming::Claimed(open));
         }
-        let guarded = self
-            .store
-            .claim(
-                &body_key(&route.namespace, &fingerprint),
-                fingerprint,
-                lease,
-            )
-            .await;
-        let claiming = match guarded {
-            Ok(ClaimOutcome::Claimed(body)) => {
-                return Ok(Claiming::Claimed(Claims {
-                    event,
-                    body: Some(body),
-                }));
+        let body = body_key(&route.namespace, &fingerprint);
+        let outcome = match self.store.claim(&body, fingerprint, lease).await {
+            Ok(ClaimOutcome::Claimed(claim)) => {
+                open.add_body(claim);
+                return Ok(Claiming::Claimed(open));
             }
             Ok(ClaimOutcome::Done(record)) => {
                 tracing::warn!("a body already done under another key: a replay with a new ID");
@@ -306,10 +298,8 @@ impl Proxy {
             Err(error) => Err(error),
         };
         // The event key was claimed only to learn the body's fate: give it back unrecorded.
-        if let Err(error) = self.store.release(&event).await {
-            tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
-        }
-        claiming
+        open.give_back().await;
+        outcome
     }
 
     /// Forwards a claimed delivery in a task of its own: when the sender hangs up, hyper
@@ -318,12 +308,12 @@ impl Proxy {
     async fn forward_claimed(
         self: &Arc<Self>,
         route: &Arc<Route>,
-        claims: Claims,
+        mut open: OpenClaim,
         request: Request<ProxyBody>,
         permit: RequestPermit,
     ) -> (DedupeStatus, Response<ProxyBody>) {
         let (answer, answered) = oneshot::channel();
-        let open = self.open_claims.hold(claims, route, self);
+        open.if_dropped = ReleaseReason::TaskFailed;
         let proxy = Arc::clone(self);
         let route = Arc::clone(route);
         self.forwards.spawn(
@@ -427,10 +417,6 @@ impl Proxy {
         if routing.unmatched == Unmatched::Reject {
             return Refusal::NoRoute.into_response();
         }
-        let Ok(place) = Arc::clone(&self.unmatched_places).try_acquire_owned() else {
-            return Refusal::Overloaded.into_response();
-        };
-        permit.also_hold(place);
         let (head, body) = request.into_parts();
         let upstream = &routing.fallback_upstream;
         let request = upstream::outbound(head, body::streaming(body), upstream, peer, None);
@@ -438,8 +424,8 @@ impl Proxy {
             .await
     }
 
-    /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim and
-    /// relays whatever comes back. A sender who hangs up must not free its place while the
+    /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim,
+    /// within the relays' half of the places, and relays whatever comes back. A sender who hangs up must not free its place while the
     /// application may still work on its request, or hanging up in a loop would drive the
     /// application without bound: an abandoned relay keeps its place until its timeout.
     async fn relay(
@@ -455,6 +441,10 @@ impl Proxy {
                 return Refusal::BadTarget(unforwardable.to_string()).into_response();
             }
         };
+        let Ok(place) = Arc::clone(&self.relay_places).try_acquire_owned() else {
+            return Refusal::Overloaded.into_response();
+        };
+        permit.also_hold(place);
         let abandoned = Abandoned::keep(permit, timeout);
         let sent = self
             .upstream
@@ -610,7 +600,7 @@ fn find_route<'r>(
 
 /// What claiming a delivery found.
 enum Claiming {
-    Claimed(Claims),
+    Claimed(OpenClaim),
     Done(DoneRecord),
     InFlight,
 }
@@ -672,13 +662,14 @@ fn unix_now() -> i64 {
 }
 
 /// Claims whose forward is under way, with their route's name. Shutdown releases the
-/// ones still open when its grace ends; a forward task that dies without settling
-/// releases its own.
+/// ones still open when its grace ends; a delivery dropped before it settles its claims
+/// (its sender left before the forward began, or the forward task died) releases its own.
 #[derive(Clone, Default)]
 struct OpenClaims(Arc<Mutex<HashMap<u128, (String, Claims)>>>);
 
 impl OpenClaims {
-    fn hold(&self, claims: Claims, route: &Route, proxy: &Proxy) -> OpenClaim {
+    fn hold(&self, event: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
+        let claims = Claims { event, body: None };
         self.lock()
             .insert(claims.event.token, (route.name.clone(), claims.clone()));
         OpenClaim {
@@ -688,6 +679,7 @@ impl OpenClaims {
             store: Arc::clone(&proxy.store),
             metrics: Arc::clone(&proxy.metrics),
             settled: false,
+            if_dropped: ReleaseReason::Abandoned,
         }
     }
 
@@ -703,7 +695,7 @@ impl OpenClaims {
     }
 }
 
-/// A delivery's claims being forwarded: settled once finished or released.
+/// A delivery's claims until they are settled: finished or released.
 struct OpenClaim {
     registry: OpenClaims,
     claims: Claims,
@@ -711,11 +703,32 @@ struct OpenClaim {
     store: Arc<dyn ClaimStore>,
     metrics: Arc<Metrics>,
     settled: bool,
+    /// Why the claims are released if this is dropped unsettled.
+    if_dropped: ReleaseReason,
 }
 
 impl OpenClaim {
     fn claims(&self) -> &Claims {
         &self.claims
+    }
+
+    /// Adds the body's claim (a route that guards against replays).
+    fn add_body(&mut self, body: Claim) {
+        self.claims.body = Some(body);
+        if let Some((_, held)) = self.registry.lock().get_mut(&self.claims.event.token) {
+            held.body.clone_from(&self.claims.body);
+        }
+    }
+
+    /// Releases the claims without counting a release: nothing was forwarded.
+    async fn give_back(mut self) {
+        self.settled = true;
+        self.registry.lock().remove(&self.claims.event.token);
+        for claim in self.claims.iter() {
+            if let Err(error) = self.store.release(claim).await {
+                tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
+            }
+        }
     }
 
     fn settle(mut self) {
@@ -732,17 +745,11 @@ impl Drop for OpenClaim {
             .is_some();
         if still_open && !self.settled {
             let (store, metrics) = (Arc::clone(&self.store), Arc::clone(&self.metrics));
-            let (route, claims) = (self.route.clone(), self.claims.clone());
+            let (route, claims, reason) =
+                (self.route.clone(), self.claims.clone(), self.if_dropped);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release(
-                        &*store,
-                        &metrics,
-                        &route,
-                        &claims,
-                        ReleaseReason::TaskFailed,
-                    )
-                    .await;
+                    release(&*store, &metrics, &route, &claims, reason).await;
                 });
             }
         }

@@ -95,6 +95,8 @@ pub enum Refusal {
     Overloaded,
     /// More connections are open than `limits.max_connections` allows.
     TooManyConnections,
+    /// The request came on a connection told to close (idle eviction, shutdown).
+    Closing,
     /// The request's target or `Host` is malformed (RFC 9112 section 3.2).
     BadTarget(String),
     /// A forward task ended without an answer (it panicked); the claim's lease frees the key.
@@ -179,6 +181,11 @@ impl Refusal {
                 "connection limit reached; retry".into(),
             ),
             Refusal::BadTarget(reason) => (StatusCode::BAD_REQUEST, "bad_request", reason.clone()),
+            Refusal::Closing => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "closing",
+                "this connection is closing; retry on a new one".into(),
+            ),
             Refusal::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -192,7 +199,9 @@ impl Refusal {
             Refusal::StoreUnavailable { retry_after } | Refusal::InFlight { retry_after, .. } => {
                 Some(*retry_after)
             }
-            Refusal::Overloaded | Refusal::TooManyConnections => Some(Duration::from_secs(1)),
+            Refusal::Overloaded | Refusal::TooManyConnections | Refusal::Closing => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

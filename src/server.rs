@@ -154,7 +154,7 @@ pub async fn serve<H, F>(
         let evicted = open.evict_idlest();
         let slots = Arc::clone(&slots);
         let limit = limits.max_connections;
-        tokio::spawn(async move {
+        tokio::spawn(connections.track_future(async move {
             let slot = match evicted {
                 true => tokio::time::timeout(SLOT_WAIT, slots.acquire_owned())
                     .await
@@ -170,7 +170,7 @@ pub async fn serve<H, F>(
                 }
             }
             drop(over_limit);
-        });
+        }));
     }
     drop(listener);
     connections.close();
@@ -216,19 +216,21 @@ impl OpenConnections {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn add(&self, activity: &Arc<Activity>, close: &CancellationToken) -> u64 {
+    /// Lists a connection until the returned guard is dropped (when the connection ends,
+    /// panicking or not).
+    fn add(self: &Arc<Self>, activity: &Arc<Activity>, close: &CancellationToken) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.lock()
             .insert(id, (Arc::clone(activity), close.clone()));
-        id
+        Registered {
+            open: Arc::clone(self),
+            id,
+        }
     }
 
-    fn remove(&self, id: u64) {
-        self.lock().remove(&id);
-    }
-
-    /// Tells the connection that has been idle longest, with no request or response in
-    /// progress, to close. Whether there was one.
+    /// Closes the connection with no request or response in progress that has been idle
+    /// longest, one that never sent a request first (a provider's kept-alive connection
+    /// has). Whether there was one.
     fn evict_idlest(&self) -> bool {
         let now = Instant::now();
         let connections = self.lock();
@@ -237,13 +239,13 @@ impl OpenConnections {
             .filter(|(_, close)| !close.is_cancelled())
             .filter_map(
                 |(activity, close)| match activity.state(now, Duration::MAX) {
-                    State::Idle(idle) => Some((idle, close)),
+                    State::Idle(idle) => Some(((!activity.served_any(), idle), close)),
                     State::Busy(_) | State::Stalled => None,
                 },
             )
-            .max_by_key(|(idle, _)| *idle);
+            .max_by_key(|(rank, _)| *rank);
         match idlest {
-            Some((idle, close)) => {
+            Some(((_, idle), close)) => {
                 tracing::debug!(
                     idle_ms = idle.as_millis() as u64,
                     "closing the idlest connection to make room"
@@ -253,6 +255,18 @@ impl OpenConnections {
             }
             None => false,
         }
+    }
+}
+
+/// A connection's place in [`OpenConnections`], given up when dropped.
+struct Registered {
+    open: Arc<OpenConnections>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.id);
     }
 }
 
@@ -285,6 +299,10 @@ where
         tracker: &TaskTracker,
     ) {
         let peer = self.peer;
+        if self.close.is_cancelled() {
+            // The server stopped while this connection waited for a slot.
+            return;
+        }
         // Taken off this runtime's reactor, to be registered with the worker's own.
         let stream = match stream.into_std() {
             Ok(stream) => stream,
@@ -306,22 +324,28 @@ where
     /// evicted, or the server stops (then its requests in progress finish first).
     async fn serve(self, stream: TcpStream) {
         let activity = Arc::new(Activity::new());
-        let id = self.open.add(&activity, &self.close);
+        let _registered = self.open.add(&activity, &self.close);
         let (handler, requests, peer) = (self.handler, self.requests, self.peer);
-        let watched = Arc::clone(&activity);
+        let (watched, closing_token) = (Arc::clone(&activity), self.close.clone());
         let service = service_fn(move |request| {
             let handling = Handling::start(&watched);
-            // Shed load at once rather than queue it: the sender retries later.
-            let permit = Arc::clone(&requests)
-                .try_acquire_owned()
-                .ok()
+            // A connection told to close takes no new request (an HTTP/2 peer may keep
+            // opening streams until it acknowledges the GOAWAY); shed load at once rather
+            // than queue it: the sender retries later.
+            let permit = (!closing_token.is_cancelled())
+                .then(|| Arc::clone(&requests).try_acquire_owned().ok())
+                .flatten()
                 .map(RequestPermit::new);
             let answer = permit.clone().map(|permit| handler(request, peer, permit));
+            let refusal = match closing_token.is_cancelled() {
+                true => Refusal::Closing,
+                false => Refusal::Overloaded,
+            };
             let watched = Arc::clone(&watched);
             async move {
                 let response = match answer {
                     Some(answer) => answer.await,
-                    None => Refusal::Overloaded.into_response(),
+                    None => refusal.into_response(),
                 };
                 drop(handling);
                 Ok::<_, Infallible>(response.map(|body| Watched::new(body, watched, permit)))
@@ -333,16 +357,22 @@ where
         let mut next_check = Instant::now() + self.idle_limit.min(CLOSE_GRACE);
         loop {
             tokio::select! {
+                biased;
+                () = self.close.cancelled(), if closing.is_none() => {
+                    // Nothing in progress: nothing to finish, so no reason to wait for a
+                    // peer that may never acknowledge a GOAWAY.
+                    if matches!(activity.state(Instant::now(), Duration::MAX), State::Idle(_)) {
+                        break;
+                    }
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(Closing::Graceful(Instant::now()));
+                    next_check = Instant::now() + CLOSE_GRACE;
+                }
                 ended = connection.as_mut() => {
                     if let Err(error) = ended {
                         tracing::debug!(%peer, %error, "connection ended with an error");
                     }
                     break;
-                }
-                () = self.close.cancelled(), if closing.is_none() => {
-                    connection.as_mut().graceful_shutdown();
-                    closing = Some(Closing::Graceful(Instant::now()));
-                    next_check = Instant::now() + CLOSE_GRACE;
                 }
                 () = tokio::time::sleep_until(next_check.into()) => {
                     let now = Instant::now();
@@ -382,7 +412,6 @@ where
                 }
             }
         }
-        self.open.remove(id);
     }
 }
 
@@ -410,6 +439,8 @@ enum Closing {
 struct Activity {
     started: Instant,
     handling: AtomicUsize,
+    /// Requests it has sent, ever.
+    served: AtomicU64,
     /// Milliseconds after `started`.
     last_progress: AtomicU64,
     sending: Mutex<Vec<Arc<Sending>>>,
@@ -428,6 +459,7 @@ impl Activity {
         Activity {
             started: Instant::now(),
             handling: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
             last_progress: AtomicU64::new(0),
             sending: Mutex::new(Vec::new()),
         }
@@ -435,6 +467,10 @@ impl Activity {
 
     fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn served_any(&self) -> bool {
+        self.served.load(Ordering::Relaxed) > 0
     }
 
     fn progressed(&self) {
@@ -477,6 +513,7 @@ struct Handling(Arc<Activity>);
 impl Handling {
     fn start(activity: &Arc<Activity>) -> Handling {
         activity.handling.fetch_add(1, Ordering::Relaxed);
+        activity.served.fetch_add(1, Ordering::Relaxed);
         activity.progressed();
         Handling(Arc::clone(activity))
     }

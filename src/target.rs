@@ -95,7 +95,7 @@ pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
             match segment {
                 b"" | b"." => {}
                 b".." => return Err(TargetError::ParentSegment),
-                _ => segments.push(segment.to_ascii_lowercase()),
+                _ => segments.push(fold_case(segment)),
             }
         }
     }
@@ -108,6 +108,26 @@ pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
         normal.push(b'/');
     }
     Ok(Cow::Owned(normal))
+}
+
+/// A segment with ASCII letters lowercased, and the few other letters whose case folds to
+/// an ASCII one in Java and .NET (the Kelvin sign is `k`, the long s `s`, the dotless and
+/// dotted I `i`), so that a case-insensitive framework cannot read a spelling the route
+/// does not take.
+fn fold_case(segment: &[u8]) -> Vec<u8> {
+    match std::str::from_utf8(segment) {
+        Ok(text) if !text.is_ascii() => text
+            .chars()
+            .map(|c| match c {
+                '\u{212A}' => 'k',
+                '\u{017F}' => 's',
+                '\u{0130}' | '\u{0131}' => 'i',
+                c => c.to_ascii_lowercase(),
+            })
+            .collect::<String>()
+            .into_bytes(),
+        _ => segment.to_ascii_lowercase(),
+    }
 }
 
 /// Whether `path` is its own normal form.
@@ -155,6 +175,8 @@ mod tests {
             "/hooks;a=b/sig",
             "/hooks%5Csig",
             "/hooks/sig/.",
+            "/hoo%E2%84%AAs/%C5%BFig",
+            "/hooks/s%C4%B1g",
         ] {
             assert_eq!(normal(variant), "/hooks/sig", "{variant}");
         }

@@ -511,6 +511,8 @@ struct FailingStore {
     inner: SledStore,
     fail_claims: bool,
     fail_finish: bool,
+    /// Answers the replay guard's body claims half a second late.
+    slow_body_claims: bool,
 }
 
 #[async_trait]
@@ -523,6 +525,9 @@ impl ClaimStore for FailingStore {
     ) -> Result<ClaimOutcome, StoreError> {
         if self.fail_claims {
             return Err(StoreError::Backend("injected claim failure".into()));
+        }
+        if self.slow_body_claims && key.contains("#body:") {
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         self.inner.claim(key, fingerprint, lease).await
     }
@@ -558,6 +563,20 @@ async fn proxy_on_failing_store(
     fail_claims: bool,
     fail_finish: bool,
 ) -> (dedupe_proxy::App, tempfile::TempDir) {
+    proxy_on_store(upstream, extra, |inner| FailingStore {
+        inner,
+        fail_claims,
+        fail_finish,
+        slow_body_claims: false,
+    })
+    .await
+}
+
+async fn proxy_on_store(
+    upstream: &Upstream,
+    extra: &str,
+    store: impl FnOnce(SledStore) -> FailingStore,
+) -> (dedupe_proxy::App, tempfile::TempDir) {
     let data = tempfile::tempdir().unwrap();
     let config = parse_config(&config_text(
         upstream.addr,
@@ -567,11 +586,7 @@ async fn proxy_on_failing_store(
     let StoreConfig::Sled(sled) = &config.store else {
         panic!("sled expected")
     };
-    let store = FailingStore {
-        inner: SledStore::open(sled).unwrap(),
-        fail_claims,
-        fail_finish,
-    };
+    let store = store(SledStore::open(sled).unwrap());
     (
         dedupe_proxy::start_with_store(config, Arc::new(store))
             .await
@@ -693,4 +708,38 @@ async fn an_h2c_sender_is_served_and_forwarded_over_http_1_1() {
     // HTTP/2 has no Host header: the request's authority becomes one.
     assert_eq!(received.headers["host"], proxy.addr.to_string().as_str());
     assert_eq!(upstream.requests(), 1);
+}
+
+/// A sender that hangs up after its key was claimed but before the forward began (here,
+/// while the replay guard's body claim is answered) leaves nothing claimed: its retry is
+/// forwarded at once, not told 409 until the lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_gone_between_claim_and_forward_leaves_no_claim_behind() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start().await;
+    let (app, _data) = proxy_on_store(&upstream, "    replay_guard: body\n", |inner| {
+        FailingStore {
+            inner,
+            fail_claims: false,
+            fail_finish: false,
+            slow_body_claims: true,
+        }
+    })
+    .await;
+    let body = r#"{"id":"evt_gone"}"#;
+    let mut stream = tokio::net::TcpStream::connect(app.proxy_addr)
+        .await
+        .unwrap();
+    let request = format!(
+        "POST /hooks HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(upstream.requests(), 0, "nothing was forwarded");
+    let retry = post_json(app.proxy_addr, "/hooks", body).await;
+    assert_eq!(retry.dedupe(), "forwarded", "{}", retry.body);
+    app.shutdown().await.unwrap();
 }

@@ -155,6 +155,69 @@ async fn when_every_slot_is_taken_the_idlest_connection_makes_room() {
     assert!(still_open.is_err(), "the newest stays open");
 }
 
+/// A connection that never sent a request makes room before one that did, however long
+/// each has idled: a provider's kept-alive connection outlasts an attacker's silent ones.
+#[tokio::test]
+async fn connections_that_never_sent_a_request_make_room_first() {
+    let upstream = Upstream::start().await;
+    let proxy = proxy(&upstream).await;
+    let mut served = TcpStream::connect(proxy.addr).await.unwrap();
+    let body = r#"{"id":"evt_kept"}"#;
+    let request = format!(
+        "POST /hooks HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    served.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 512];
+    let read = served.read(&mut answer).await.unwrap();
+    assert!(answer[..read].starts_with(b"HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        post_event(proxy.addr, "evt_new").await.dedupe(),
+        "forwarded"
+    );
+    assert_closed_within(&mut silent[0], Duration::from_millis(300)).await;
+    let still_open =
+        tokio::time::timeout(Duration::from_millis(100), served.read(&mut answer)).await;
+    assert!(
+        still_open.is_err(),
+        "the connection that sent a request stays open"
+    );
+}
+
+/// An evicted HTTP/2 connection with nothing in progress is dropped at once: a peer that
+/// never acknowledges a GOAWAY cannot make the newcomer wait.
+#[tokio::test]
+async fn an_evicted_idle_http2_connection_does_not_wait_for_its_peer() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(
+        upstream.addr,
+        &format!("limits: {{ max_connections: 1 }}\n{}", json_route("")),
+    )
+    .await;
+    let mut deaf = TcpStream::connect(proxy.addr).await.unwrap();
+    deaf.write_all(&[PREFACE, EMPTY_SETTINGS].concat())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    assert_eq!(
+        post_event(proxy.addr, "evt_past_h2").await.dedupe(),
+        "forwarded"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_closed_within(&mut deaf, Duration::from_millis(300)).await;
+}
+
 #[tokio::test]
 async fn malformed_http_gets_400() {
     let upstream = Upstream::start().await;
@@ -819,4 +882,67 @@ async fn deliveries_get_through_a_thousand_hostile_connections() {
         assert_eq!(upstream.executions(&format!("evt_attacked_{n}")), 1);
     }
     eprintln!("provider p99: {quiet:?} without the attack, {attacked:?} under it");
+}
+
+/// An HTTP/2 frame: its 9-byte head, then `payload`.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = vec![length[1], length[2], length[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// A POST of `{"id":"<id>"}` to `/hooks` on `stream`, written as frames by hand (HPACK:
+/// `:method POST`, `:scheme http` from the static table, `:path` and `:authority` as
+/// literals).
+fn raw_h2_post(stream: u32, id: &str) -> Vec<u8> {
+    let mut headers = vec![0x83, 0x86, 0x04, 6];
+    headers.extend_from_slice(b"/hooks");
+    headers.extend_from_slice(&[0x01, 1, b'x']);
+    let body = format!(r#"{{"id":"{id}"}}"#);
+    [
+        frame(1, 0x4, stream, &headers),
+        frame(0, 0x1, stream, body.as_bytes()),
+    ]
+    .concat()
+}
+
+/// A connection told to close (the server stopping, here) takes no new request, even from
+/// an HTTP/2 peer that ignores the GOAWAY and never acknowledges its PING: the stream it
+/// opens meanwhile is answered, and nothing of it is claimed or forwarded once the drain
+/// began, while the request already in progress finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_connection_takes_no_new_request() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1000))]);
+    let mut proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let mut peer = TcpStream::connect(proxy.addr).await.unwrap();
+    let opening = [PREFACE, EMPTY_SETTINGS, &raw_h2_post(1, "evt_before")].concat();
+    peer.write_all(&opening).await.unwrap();
+    upstream.wait_for_requests(1).await;
+    let app = proxy.app.take().unwrap();
+    let stopping = tokio::spawn(app.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    peer.write_all(&raw_h2_post(3, "evt_during")).await.unwrap();
+    // Frames until stream 3 is answered (HEADERS) or reset.
+    let mut answered = false;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !answered && Instant::now() < deadline {
+        let mut head = [0u8; 9];
+        let read = tokio::time::timeout(Duration::from_secs(3), peer.read_exact(&mut head)).await;
+        let Ok(Ok(_)) = read else { break };
+        let length = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; length];
+        peer.read_exact(&mut payload).await.unwrap();
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        answered = stream == 3 && (head[3] == 1 || head[3] == 3);
+    }
+    assert!(answered, "the stream opened after the GOAWAY is answered");
+    stopping.await.unwrap().unwrap();
+    assert_eq!(
+        upstream.requests(),
+        1,
+        "nothing of it was claimed or forwarded"
+    );
 }

@@ -84,15 +84,19 @@ impl FromStr for HumanDuration {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        humantime::parse_duration(text)
-            .map(HumanDuration)
-            .map_err(|error| {
-                format!(
-                    "invalid duration `{text}` ({error}); write it like 500ms, 30s, 5m, 72h or 7d"
-                )
-            })
+        let duration = humantime::parse_duration(text).map_err(|error| {
+            format!("invalid duration `{text}` ({error}); write it like 500ms, 30s, 5m, 72h or 7d")
+        })?;
+        // Deadlines are instants in the future: a duration no clock can add is a mistake.
+        if duration > MAX_DURATION {
+            return Err(format!("duration `{text}` is over the limit of 100 years"));
+        }
+        Ok(HumanDuration(duration))
     }
 }
+
+/// The longest duration a setting may have.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -504,6 +508,14 @@ impl fmt::Debug for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_no_clock_can_add_are_refused() {
+        assert!("36500d".parse::<HumanDuration>().is_ok());
+        assert!("36501d".parse::<HumanDuration>().is_err());
+        let error = "300000000000y".parse::<HumanDuration>().unwrap_err();
+        assert!(error.contains("100 years"), "{error}");
+    }
 
     #[test]
     fn durations() {
