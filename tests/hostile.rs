@@ -175,8 +175,8 @@ async fn connections_that_never_sent_a_request_make_room_first() {
     let mut silent = Vec::new();
     for _ in 0..2 {
         silent.push(TcpStream::connect(proxy.addr).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         post_event(proxy.addr, "evt_new").await.dedupe(),
         "forwarded"
@@ -330,6 +330,16 @@ async fn requests_over_the_limit_are_shed_with_503() {
         "forwarded",
         "a slot is free again"
     );
+}
+
+/// A proxy with `max_requests: 4` in front of an upstream whose first `slow` answers take
+/// `delay`.
+async fn four_places_before_a_slow_upstream(slow: usize, delay: Duration) -> (Upstream, Proxy) {
+    let upstream = Upstream::start().await;
+    upstream.script((0..slow).map(|_| Answer::ok().after(delay)));
+    let limits = format!("limits: {{ max_requests: 4 }}\n{}", json_route(""));
+    let proxy = Proxy::start(upstream.addr, &limits).await;
+    (upstream, proxy)
 }
 
 /// The HTTP/2 connection preface, and a client SETTINGS frame (empty) after it.
@@ -602,13 +612,8 @@ async fn a_response_its_sender_will_not_read_closes_the_connection() {
 /// application, however many ask for it, leaves room for deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmatched_requests_leave_half_the_places_to_deliveries() {
-    let upstream = Upstream::start().await;
-    upstream.script((0..2).map(|_| Answer::ok().after(Duration::from_millis(1500))));
-    let proxy = Proxy::start(
-        upstream.addr,
-        &format!("limits: {{ max_requests: 4 }}\n{}", json_route("")),
-    )
-    .await;
+    let (upstream, proxy) =
+        four_places_before_a_slow_upstream(2, Duration::from_millis(1500)).await;
     let slow: Vec<_> = (0..2)
         .map(|n| {
             let addr = proxy.addr;
@@ -634,13 +639,7 @@ async fn unmatched_requests_leave_half_the_places_to_deliveries() {
 /// forwards than `max_requests`: a forward keeps its place until it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_streams_do_not_free_the_places_of_their_forwards() {
-    let upstream = Upstream::start().await;
-    upstream.script((0..40).map(|_| Answer::ok().after(Duration::from_secs(3))));
-    let proxy = Proxy::start(
-        upstream.addr,
-        &format!("limits: {{ max_requests: 4 }}\n{}", json_route("")),
-    )
-    .await;
+    let (upstream, proxy) = four_places_before_a_slow_upstream(40, Duration::from_secs(3)).await;
     let tcp = TcpStream::connect(proxy.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
@@ -687,13 +686,7 @@ async fn reset_streams_do_not_free_the_places_of_their_forwards() {
 /// `max_requests`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_requests_keep_their_places_until_the_application_answers() {
-    let upstream = Upstream::start().await;
-    upstream.script((0..20).map(|_| Answer::ok().after(Duration::from_secs(3))));
-    let proxy = Proxy::start(
-        upstream.addr,
-        &format!("limits: {{ max_requests: 4 }}\n{}", json_route("")),
-    )
-    .await;
+    let (upstream, proxy) = four_places_before_a_slow_upstream(20, Duration::from_secs(3)).await;
     for _ in 0..12 {
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
         stream
