@@ -19,9 +19,8 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, empty, full};
-use crate::config::AdminConfig;
-use crate::config::ReplayGuard;
 use crate::config::values::Secret;
+use crate::config::{AdminConfig, ReplayGuard};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;

@@ -425,9 +425,10 @@ impl Proxy {
     }
 
     /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim,
-    /// within the relays' half of the places, and relays whatever comes back. A sender who hangs up must not free its place while the
-    /// application may still work on its request, or hanging up in a loop would drive the
-    /// application without bound: an abandoned relay keeps its place until its timeout.
+    /// within the relays' half of the places, and relays whatever comes back. A sender
+    /// who hangs up must not free its place while the application may still work on its
+    /// request, or hanging up in a loop would drive the application without bound: an
+    /// abandoned relay keeps its place until its timeout.
     async fn relay(
         &self,
         upstream: &UpstreamUrl,

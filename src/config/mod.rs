@@ -1,6 +1,6 @@
-//! The configuration file: serde structs mirroring the YAML the README documents, and `Config::load`,
-//! which turns a file into a validated [`Config`] or a [`ConfigError`] naming the file,
-//! line and column.
+//! The configuration file: serde structs mirroring the YAML the README documents, and
+//! `Config::load`, which turns a file into a validated [`Config`] or a [`ConfigError`]
+//! naming the file, line and column.
 //!
 //! Every check runs while serde reads the value it concerns: scalars parse inside their
 //! visitors (see `values`), and checks that span a whole map (a route's required fields,
