@@ -1,6 +1,6 @@
 //! What only the sled backend does (the shared contract is in `conformance.rs`): the
 //! sweep that reads only what expired, in batches; recovery after a restart, across every
-//! expiry window and from the earlier single-tree layout; the directory lock; group commit
+//! expiry window; data directories it cannot read and the directory lock; group commit
 //! with `durability: fsync`.
 
 use std::path::Path;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use dedupe_proxy::config::{Durability, SledConfig};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, KeyState, ManualClock, StoreError,
+    Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
 };
 
 const START: u64 = 1_800_000_000_000;
@@ -232,62 +232,25 @@ async fn a_restart_finds_every_done_key_in_every_window() {
 }
 
 #[tokio::test]
-async fn done_keys_of_the_single_tree_layout_are_moved_into_windows() {
-    // The layout before windows: a `done` tree keyed by store key, and an expiry index.
+async fn a_data_directory_from_before_salts_is_refused_clearly() {
+    // A development build before 0.1.0 filed done records in a `done` tree, unsalted.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     {
         let db = sled::open(&path).unwrap();
-        let old = db.open_tree("done").unwrap();
-        let index = db.open_tree("expiry").unwrap();
-        for (key, expires_at) in [
-            ("stripe:evt_live", START + 60_000),
-            ("stripe:evt_gone", START - 1),
-        ] {
-            let record = DoneRecord {
-                claimed_at: START - 2_000,
-                completed_at: START - 1_000,
-                expires_at,
-                upstream_status: 202,
-                fingerprint: BODY,
-                response: None,
-            };
-            old.insert(key, postcard::to_stdvec(&record).unwrap())
-                .unwrap();
-            let mut entry = expires_at.to_be_bytes().to_vec();
-            entry.extend_from_slice(key.as_bytes());
-            index.insert(entry, &[]).unwrap();
-        }
+        db.open_tree("done")
+            .unwrap()
+            .insert("stripe:evt_1", &b"record"[..])
+            .unwrap();
         db.flush().unwrap();
     }
-    let clock = ManualClock::new(START);
-    let store = reopen(&path, &clock).await;
-    match store.claim("stripe:evt_live", BODY, LEASE).await.unwrap() {
-        ClaimOutcome::Done(record) => {
-            assert_eq!(
-                (record.upstream_status, record.expires_at),
-                (202, START + 60_000)
-            )
-        }
-        other => panic!("the live record was lost: {other:?}"),
-    }
-    claimed(&store, "stripe:evt_gone").await;
-    assert_eq!(store.done_keys(), Some(1));
-    drop(store);
-    let db = loop {
-        match sled::open(&path) {
-            Ok(db) => break db,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
-    let names: Vec<String> = db
-        .tree_names()
-        .iter()
-        .map(|name| String::from_utf8_lossy(name).into_owned())
-        .collect();
+    let error = SledStore::open(&sled_config(&path, Durability::Batched))
+        .err()
+        .expect("refused");
+    let text = error.to_string();
     assert!(
-        !names.iter().any(|name| name == "done" || name == "expiry"),
-        "old trees dropped: {names:?}"
+        text.contains("data directory") && text.contains("without a record-key salt"),
+        "{text}"
     );
 }
 

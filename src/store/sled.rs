@@ -60,7 +60,7 @@ struct Handle {
 
 impl Handle {
     /// Opens (or creates) the database at `config.path`. Blocks on disk I/O.
-    fn open(config: &SledConfig, now: Millis) -> Result<Handle, StoreError> {
+    fn open(config: &SledConfig) -> Result<Handle, StoreError> {
         let path = config.path.display();
         let db = sled::Config::new()
             .path(&config.path)
@@ -74,7 +74,12 @@ impl Handle {
                 )),
                 text => StoreError::Backend(format!("cannot open data directory {path}: {text}")),
             })?;
-        let (epochs, indexing) = Epochs::open(&db, now).map_err(backend)?;
+        let (epochs, indexing) = Epochs::open(&db).map_err(|error| match error {
+            StoreError::Backend(text) => {
+                StoreError::Backend(format!("data directory {path}: {text}"))
+            }
+            other => other,
+        })?;
         indexing.start().map_err(|error| {
             StoreError::Backend(format!("cannot start indexing the done records: {error}"))
         })?;
@@ -115,7 +120,7 @@ impl SledStore {
         config: &SledConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
-        let handle = Handle::open(config, clock.now())?;
+        let handle = Handle::open(config)?;
         Ok(SledStore {
             config: config.clone(),
             handle: Arc::new(RwLock::new(Some(Arc::new(handle)))),
@@ -152,11 +157,7 @@ impl SledStore {
             {
                 tracing::error!(%error, "the store failed; reopening it in the background");
                 *slot = None;
-                reopen_in_background(
-                    Arc::downgrade(&self.handle),
-                    self.config.clone(),
-                    Arc::clone(&self.clock),
-                );
+                reopen_in_background(Arc::downgrade(&self.handle), self.config.clone());
             }
         }
         result
@@ -249,7 +250,7 @@ impl SledStore {
 
 /// Reopens the data directory until it succeeds, backing off up to 5 s between tries,
 /// then puts the new database in `slot`. Gives up when the store is dropped.
-fn reopen_in_background(slot: Weak<Slot>, config: SledConfig, clock: Arc<dyn Clock>) {
+fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
     let spawned = std::thread::Builder::new()
         .name("sled-reopen".into())
         .spawn(move || {
@@ -259,7 +260,7 @@ fn reopen_in_background(slot: Weak<Slot>, config: SledConfig, clock: Arc<dyn Clo
                 let Some(slot) = slot.upgrade() else {
                     return;
                 };
-                match Handle::open(&config, clock.now()) {
+                match Handle::open(&config) {
                     Ok(handle) => {
                         *slot
                             .write()
