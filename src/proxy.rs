@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -27,6 +27,7 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use parking_lot::{Mutex, MutexGuard};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 use tokio_util::task::TaskTracker;
@@ -688,11 +689,8 @@ impl OpenClaims {
         self.lock().drain().map(|(_, open)| open).collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, (String, Claims)>> {
-        // The map stays consistent even if a holder panicked.
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashMap<u128, (String, Claims)>> {
+        self.0.lock()
     }
 }
 

@@ -27,7 +27,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -210,17 +211,12 @@ struct OpenConnections {
 }
 
 impl OpenConnections {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (Arc<Activity>, CancellationToken)>> {
-        self.by_id
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Lists a connection until the returned guard is dropped (when the connection ends,
     /// panicking or not).
     fn add(self: &Arc<Self>, activity: &Arc<Activity>, close: &CancellationToken) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.lock()
+        self.by_id
+            .lock()
             .insert(id, (Arc::clone(activity), close.clone()));
         Registered {
             open: Arc::clone(self),
@@ -233,7 +229,7 @@ impl OpenConnections {
     /// has). Whether there was one.
     fn evict_idlest(&self) -> bool {
         let now = Instant::now();
-        let connections = self.lock();
+        let connections = self.by_id.lock();
         let idlest = connections
             .values()
             .filter(|(_, close)| !close.is_cancelled())
@@ -266,7 +262,7 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.open.lock().remove(&self.id);
+        self.open.by_id.lock().remove(&self.id);
     }
 }
 
@@ -478,19 +474,13 @@ impl Activity {
             .store(self.elapsed_ms(), Ordering::Relaxed);
     }
 
-    fn sending(&self) -> MutexGuard<'_, Vec<Arc<Sending>>> {
-        self.sending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// How long before `now` the moment `at_millis` after the start was.
     fn since(&self, now: Instant, at_millis: u64) -> Duration {
         now.saturating_duration_since(self.started + Duration::from_millis(at_millis))
     }
 
     fn state(&self, now: Instant, stall_limit: Duration) -> State {
-        let sending = self.sending();
+        let sending = self.sending.lock();
         let longest_stall = sending
             .iter()
             .filter(|body| !body.awaiting_upstream.load(Ordering::Relaxed))
@@ -542,7 +532,7 @@ impl Watched {
             last_progress: AtomicU64::new(activity.elapsed_ms()),
             awaiting_upstream: AtomicBool::new(false),
         });
-        activity.sending().push(Arc::clone(&sending));
+        activity.sending.lock().push(Arc::clone(&sending));
         Watched {
             body,
             activity,
@@ -587,7 +577,8 @@ impl Drop for Watched {
     fn drop(&mut self) {
         self.activity.progressed();
         self.activity
-            .sending()
+            .sending
+            .lock()
             .retain(|body| !Arc::ptr_eq(body, &self.sending));
     }
 }
