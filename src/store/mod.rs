@@ -20,6 +20,8 @@ pub mod postgres;
 pub mod redis;
 pub mod sled;
 
+use std::fmt::Display;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -96,8 +98,6 @@ pub fn millis(duration: Duration) -> Millis {
 pub struct Claim {
     pub key: String,
     pub token: u128,
-    /// The claim replaced an expired lease (its previous owner presumably died).
-    pub took_over: bool,
 }
 
 /// What a claim found.
@@ -131,6 +131,22 @@ pub struct RecordedResponse {
     pub body: Bytes,
 }
 
+impl RecordedResponse {
+    /// An answer as a shared store gives it back: a status it cannot have written reads
+    /// as 200, an empty content type as none.
+    fn read_back(
+        status: impl TryInto<u16>,
+        content_type: Option<String>,
+        body: Option<Vec<u8>>,
+    ) -> RecordedResponse {
+        RecordedResponse {
+            status: status.try_into().unwrap_or(200),
+            content_type: content_type.filter(|text| !text.is_empty()),
+            body: body.unwrap_or_default().into(),
+        }
+    }
+}
+
 /// What the admin API shows of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyState {
@@ -159,6 +175,25 @@ pub enum StoreError {
     /// The backend could not be reached or failed; follow `on_store_error`.
     #[error("store failure: {0}")]
     Backend(String),
+}
+
+impl StoreError {
+    /// A failure of the `engine` backend.
+    fn of(engine: &str, error: impl Display) -> StoreError {
+        StoreError::Backend(format!("{engine}: {error}"))
+    }
+}
+
+/// Awaits a call to the `engine` backend for at most `timeout`.
+async fn within<T, E: Into<StoreError>>(
+    engine: &str,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| StoreError::of(engine, format!("no answer within {timeout:?}")))?
+        .map_err(Into::into)
 }
 
 /// The contract every claim-store backend keeps. Every transition is atomic: two

@@ -17,7 +17,7 @@ use tokio_postgres::types::ToSql;
 
 use super::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, KeyState,
-    Millis, RecordedResponse, StoreError, Swept, millis, owned,
+    Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
 };
 use crate::config::PostgresConfig;
 use crate::workers::{PerWorker, Workers};
@@ -40,7 +40,7 @@ impl Statements {
     fn for_table(table: &str) -> Statements {
         Statements {
             claim: format!(
-                "WITH now AS (SELECT {NOW_MS} AS ms), old AS (SELECT state FROM {table} WHERE key = $1)
+                "WITH now AS (SELECT {NOW_MS} AS ms)
                  INSERT INTO {table} AS c (key, state, owner, claimed_at, expires_at, body_sha256)
                  SELECT $1, 'in_flight', $2, now.ms, now.ms + $3, $4 FROM now
                  ON CONFLICT (key) DO UPDATE SET
@@ -49,7 +49,7 @@ impl Statements {
                    completed_at = NULL, upstream_status = NULL, response_status = NULL,
                    response_content_type = NULL, response_body = NULL
                  WHERE c.expires_at <= EXCLUDED.claimed_at
-                 RETURNING (SELECT state FROM old) AS previous"
+                 RETURNING 1"
             ),
             current: format!(
                 "SELECT state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
@@ -88,8 +88,16 @@ pub struct PostgresStore {
     statements: Statements,
 }
 
-fn backend(error: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("postgres: {error}"))
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> StoreError {
+        StoreError::of("postgres", error)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::of("postgres", error)
+    }
 }
 
 /// A pool of at most `size` connections, opened when first needed.
@@ -149,16 +157,15 @@ impl PostgresStore {
     }
 
     async fn create_table(&self, table: &str) -> Result<(), StoreError> {
-        let mut client = self.pools.get().get().await.map_err(backend)?;
-        let transaction = client.transaction().await.map_err(backend)?;
+        let mut client = self.pools.get().get().await?;
+        let transaction = client.transaction().await?;
         // Replicas starting together would race on CREATE TABLE: one at a time.
         transaction
             .execute(
                 "SELECT pg_advisory_xact_lock(hashtext('dedupe-proxy schema'))",
                 &[],
             )
-            .await
-            .map_err(backend)?;
+            .await?;
         transaction
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {table} (
@@ -176,9 +183,8 @@ impl PostgresStore {
                  );
                  CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);"
             ))
-            .await
-            .map_err(backend)?;
-        transaction.commit().await.map_err(backend)
+            .await?;
+        Ok(transaction.commit().await?)
     }
 
     /// Runs `statement` with `params` (a cached prepared statement) within the timeout,
@@ -190,7 +196,7 @@ impl PostgresStore {
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         self.bounded(async {
             let (client, prepared) = self.prepared(statement).await?;
-            client.query(&prepared, params).await.map_err(backend)
+            Ok(client.query(&prepared, params).await?)
         })
         .await
     }
@@ -203,7 +209,7 @@ impl PostgresStore {
     ) -> Result<u64, StoreError> {
         self.bounded(async {
             let (client, prepared) = self.prepared(statement).await?;
-            client.execute(&prepared, params).await.map_err(backend)
+            Ok(client.execute(&prepared, params).await?)
         })
         .await
     }
@@ -212,8 +218,8 @@ impl PostgresStore {
         &self,
         statement: &str,
     ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
-        let client = self.pools.get().get().await.map_err(backend)?;
-        let prepared = client.prepare_cached(statement).await.map_err(backend)?;
+        let client = self.pools.get().get().await?;
+        let prepared = client.prepare_cached(statement).await?;
         Ok((client, prepared))
     }
 
@@ -221,9 +227,7 @@ impl PostgresStore {
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .map_err(|_| backend(format!("no answer within {:?}", self.timeout)))?
+        within("postgres", self.timeout, work).await
     }
 
     /// The live state of a key, read with the database's clock.
@@ -249,16 +253,13 @@ impl PostgresStore {
                 fingerprint,
             },
             _ => {
-                let response =
-                    row.get::<_, Option<i32>>("response_status")
-                        .map(|status| RecordedResponse {
-                            status: u16::try_from(status).unwrap_or(200),
-                            content_type: row.get("response_content_type"),
-                            body: row
-                                .get::<_, Option<Vec<u8>>>("response_body")
-                                .unwrap_or_default()
-                                .into(),
-                        });
+                let response = row.get::<_, Option<i32>>("response_status").map(|status| {
+                    RecordedResponse::read_back(
+                        status,
+                        row.get("response_content_type"),
+                        row.get("response_body"),
+                    )
+                });
                 KeyState::Done(DoneRecord {
                     claimed_at,
                     completed_at: unsigned(row.get::<_, Option<i64>>("completed_at").unwrap_or(0)),
@@ -294,12 +295,10 @@ impl ClaimStore for PostgresStore {
                     &[&key, &owner, &lease, &fingerprint.as_slice()],
                 )
                 .await?;
-            if let Some(row) = rows.first() {
-                let previous: Option<String> = row.get("previous");
+            if !rows.is_empty() {
                 return Ok(ClaimOutcome::Claimed(Claim {
                     key: key.to_owned(),
                     token,
-                    took_over: previous.as_deref() == Some("in_flight"),
                 }));
             }
             match self.current(key).await? {
@@ -310,7 +309,8 @@ impl ClaimStore for PostgresStore {
                 None => continue,
             }
         }
-        Err(backend(
+        Err(StoreError::of(
+            "postgres",
             "the claim kept changing under concurrent deliveries",
         ))
     }

@@ -19,7 +19,7 @@ use redis::{AsyncCommands, Script};
 
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
-    KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis, owned,
+    KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis, owned, within,
 };
 use crate::config::RedisConfig;
 use crate::workers::{PerWorker, Workers};
@@ -87,8 +87,20 @@ pub struct RedisStore {
     forget: Script,
 }
 
-fn backend(error: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("redis: {error}"))
+impl From<redis::RedisError> for StoreError {
+    fn from(error: redis::RedisError) -> StoreError {
+        StoreError::of("redis", error)
+    }
+}
+
+impl From<redis::ParsingError> for StoreError {
+    fn from(error: redis::ParsingError) -> StoreError {
+        StoreError::of("redis", error)
+    }
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::of("redis", what)
 }
 
 /// Opens a connection that reconnects by itself, and checks that Redis answers.
@@ -132,7 +144,12 @@ impl RedisStore {
         if let Some(workers) = workers {
             for index in 0..workers.count() {
                 let opening = open_connection(client.clone(), config.clone());
-                each.push(workers.run_on(index, opening).await.map_err(backend)??);
+                each.push(
+                    workers
+                        .run_on(index, opening)
+                        .await
+                        .map_err(|error| StoreError::of("redis", error))??,
+                );
             }
         }
         Ok(RedisStore {
@@ -161,10 +178,7 @@ impl RedisStore {
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| backend(format!("no answer within {:?}", self.timeout)))?
-            .map_err(backend)
+        within("redis", self.timeout, call).await
     }
 }
 
@@ -173,7 +187,7 @@ fn number(field: &Option<Vec<u8>>) -> Result<u64, StoreError> {
         .as_deref()
         .and_then(|bytes| std::str::from_utf8(bytes).ok())
         .and_then(|text| text.parse().ok())
-        .ok_or_else(|| backend("a claim record has a missing or malformed field"))
+        .ok_or_else(|| malformed("a claim record has a missing or malformed field"))
 }
 
 fn fingerprint(field: &Option<Vec<u8>>) -> Fingerprint {
@@ -196,17 +210,16 @@ fn done_record(fields: &[Option<Vec<u8>>]) -> Result<DoneRecord, StoreError> {
         r_body,
     ] = fields
     else {
-        return Err(backend("a done record has the wrong number of fields"));
+        return Err(malformed("a done record has the wrong number of fields"));
     };
     let response = match r_status {
-        Some(_) => Some(RecordedResponse {
-            status: u16::try_from(number(r_status)?).unwrap_or(200),
-            content_type: r_type
+        Some(_) => Some(RecordedResponse::read_back(
+            number(r_status)?,
+            r_type
                 .as_deref()
-                .filter(|bytes| !bytes.is_empty())
                 .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
-            body: r_body.clone().unwrap_or_default().into(),
-        }),
+            r_body.clone(),
+        )),
         None => None,
     };
     Ok(DoneRecord {
@@ -242,26 +255,21 @@ impl ClaimStore for RedisStore {
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
         let redis::Value::Array(parts) = answer else {
-            return Err(backend("unexpected answer to a claim"));
+            return Err(malformed("unexpected answer to a claim"));
         };
         let tag: String = parts
             .first()
             .map(redis::from_redis_value_ref)
-            .transpose()
-            .map_err(backend)?
+            .transpose()?
             .unwrap_or_default();
         match tag.as_str() {
             "c" => Ok(ClaimOutcome::Claimed(Claim {
                 key: key.to_owned(),
                 token,
-                took_over: false,
             })),
             "f" => {
-                let lease_until: Option<Vec<u8>> = parts
-                    .get(1)
-                    .map(redis::from_redis_value_ref)
-                    .transpose()
-                    .map_err(backend)?;
+                let lease_until: Option<Vec<u8>> =
+                    parts.get(1).map(redis::from_redis_value_ref).transpose()?;
                 Ok(ClaimOutcome::InFlight {
                     lease_until: number(&lease_until).unwrap_or(now),
                 })
@@ -270,12 +278,11 @@ impl ClaimStore for RedisStore {
                 let fields: Vec<Option<Vec<u8>>> = parts
                     .get(1)
                     .map(redis::from_redis_value_ref)
-                    .transpose()
-                    .map_err(backend)?
+                    .transpose()?
                     .unwrap_or_default();
                 Ok(ClaimOutcome::Done(done_record(&fields)?))
             }
-            other => Err(backend(format!("unexpected claim state `{other}`"))),
+            other => Err(malformed(&format!("unexpected claim state `{other}`"))),
         }
     }
 

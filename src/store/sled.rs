@@ -21,12 +21,13 @@
 mod epochs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak, mpsc};
+use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use parking_lot::RwLock;
 use tokio::sync::oneshot;
 
 use self::epochs::{Epochs, RecordKey};
@@ -47,20 +48,22 @@ struct Lease {
     fingerprint: Fingerprint,
 }
 
-fn backend(error: sled::Error) -> StoreError {
-    StoreError::Backend(error.to_string())
+impl From<sled::Error> for StoreError {
+    fn from(error: sled::Error) -> StoreError {
+        StoreError::of("sled", error)
+    }
 }
 
 /// An open database: its done records and, with `fsync`, the flusher.
-struct Handle {
+struct OpenDatabase {
     db: sled::Db,
     epochs: Epochs,
     flusher: Option<GroupFlusher>,
 }
 
-impl Handle {
+impl OpenDatabase {
     /// Opens (or creates) the database at `config.path`. Blocks on disk I/O.
-    fn open(config: &SledConfig) -> Result<Handle, StoreError> {
+    fn open(config: &SledConfig) -> Result<OpenDatabase, StoreError> {
         let path = config.path.display();
         let db = sled::Config::new()
             .path(&config.path)
@@ -85,7 +88,7 @@ impl Handle {
         })?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
-        Ok(Handle {
+        Ok(OpenDatabase {
             db,
             epochs,
             flusher,
@@ -94,17 +97,17 @@ impl Handle {
 
     /// The done record stored under `key`, if it has one that has not expired.
     fn live_done(&self, key: &RecordKey, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
-        self.epochs.get(key, now).map_err(backend)
+        Ok(self.epochs.get(key, now)?)
     }
 }
 
 /// The open database, or none while it is being reopened after a failure.
-type Slot = RwLock<Option<Arc<Handle>>>;
+type Slot = RwLock<Option<Arc<OpenDatabase>>>;
 
 /// The embedded store.
 pub struct SledStore {
     config: SledConfig,
-    handle: Arc<Slot>,
+    database: Arc<Slot>,
     leases: DashMap<String, Lease>,
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
@@ -120,10 +123,10 @@ impl SledStore {
         config: &SledConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
-        let handle = Handle::open(config)?;
+        let database = OpenDatabase::open(config)?;
         Ok(SledStore {
             config: config.clone(),
-            handle: Arc::new(RwLock::new(Some(Arc::new(handle)))),
+            database: Arc::new(RwLock::new(Some(Arc::new(database)))),
             leases: DashMap::new(),
             next_token: AtomicU64::new(rand::random()),
             clock,
@@ -131,33 +134,27 @@ impl SledStore {
     }
 
     /// The open database, or an error while it is being reopened.
-    fn handle(&self) -> Result<Arc<Handle>, StoreError> {
-        let slot = self
-            .handle
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+    fn database(&self) -> Result<Arc<OpenDatabase>, StoreError> {
+        let slot = self.database.read();
         slot.clone()
             .ok_or_else(|| StoreError::Backend("the store is reopening after a failure".into()))
     }
 
     /// Passes `result` through; a backend failure drops `failed` and starts reopening.
-    fn checked<T>(
+    fn reopen_if_failed<T>(
         &self,
-        failed: &Arc<Handle>,
+        failed: &Arc<OpenDatabase>,
         result: Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         if let Err(StoreError::Backend(error)) = &result {
-            let mut slot = self
-                .handle
-                .write()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut slot = self.database.write();
             if slot
                 .as_ref()
                 .is_some_and(|current| Arc::ptr_eq(current, failed))
             {
                 tracing::error!(%error, "the store failed; reopening it in the background");
                 *slot = None;
-                reopen_in_background(Arc::downgrade(&self.handle), self.config.clone());
+                reopen_in_background(Arc::downgrade(&self.database), self.config.clone());
             }
         }
         result
@@ -169,7 +166,7 @@ impl SledStore {
 
     fn claim_on(
         &self,
-        handle: &Handle,
+        database: &OpenDatabase,
         key: &str,
         fingerprint: Fingerprint,
         lease: Duration,
@@ -177,16 +174,15 @@ impl SledStore {
         let now = self.clock.now();
         let fresh = Lease {
             token: self.new_token(),
-            record_key: handle.epochs.record_key(key),
+            record_key: database.epochs.record_key(key),
             claimed_at: now,
             lease_until: now.saturating_add(millis(lease)),
             fingerprint,
         };
-        let claim = |took_over| {
+        let claimed = || {
             ClaimOutcome::Claimed(Claim {
                 key: key.to_owned(),
                 token: fresh.token,
-                took_over,
             })
         };
         // The shard lock is held until the lease is in place: nothing can claim or
@@ -198,13 +194,13 @@ impl SledStore {
             Entry::Occupied(mut expired) => {
                 // Its owner outlived its lease: a new owner takes over.
                 expired.insert(fresh.clone());
-                Ok(claim(true))
+                Ok(claimed())
             }
-            Entry::Vacant(vacant) => match handle.live_done(&fresh.record_key, now)? {
+            Entry::Vacant(vacant) => match database.live_done(&fresh.record_key, now)? {
                 Some(done) => Ok(ClaimOutcome::Done(done)),
                 None => {
                     vacant.insert(fresh.clone());
-                    Ok(claim(false))
+                    Ok(claimed())
                 }
             },
         }
@@ -212,7 +208,7 @@ impl SledStore {
 
     fn finish_on(
         &self,
-        handle: &Handle,
+        database: &OpenDatabase,
         claim: &Claim,
         completion: &Completion,
     ) -> Result<(), StoreError> {
@@ -229,10 +225,9 @@ impl SledStore {
                     response: completion.response.clone(),
                 };
                 // On failure the lease stays until it ends: duplicates meanwhile get 409.
-                handle
+                database
                     .epochs
-                    .put(&lease.record_key, &done, millis(completion.retention))
-                    .map_err(backend)?;
+                    .put(&lease.record_key, &done, millis(completion.retention))?;
                 held.remove();
                 Ok(())
             }
@@ -260,12 +255,9 @@ fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
                 let Some(slot) = slot.upgrade() else {
                     return;
                 };
-                match Handle::open(&config) {
-                    Ok(handle) => {
-                        *slot
-                            .write()
-                            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                            Some(Arc::new(handle));
+                match OpenDatabase::open(&config) {
+                    Ok(database) => {
+                        *slot.write() = Some(Arc::new(database));
                         tracing::info!("the store is open again");
                         return;
                     }
@@ -289,19 +281,19 @@ impl ClaimStore for SledStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let handle = self.handle()?;
-        let claimed = self.claim_on(&handle, key, fingerprint, lease);
-        self.checked(&handle, claimed)
+        let database = self.database()?;
+        let claimed = self.claim_on(&database, key, fingerprint, lease);
+        self.reopen_if_failed(&database, claimed)
     }
 
     async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
-        let handle = self.handle()?;
-        let finished = self.finish_on(&handle, claim, &completion);
-        let finished = match (&finished, &handle.flusher) {
+        let database = self.database()?;
+        let finished = self.finish_on(&database, claim, &completion);
+        let finished = match (&finished, &database.flusher) {
             (Ok(()), Some(flusher)) => flusher.flush().await,
             _ => finished,
         };
-        self.checked(&handle, finished)
+        self.reopen_if_failed(&database, finished)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -323,9 +315,9 @@ impl ClaimStore for SledStore {
                 fingerprint: lease.fingerprint,
             }));
         }
-        let handle = self.handle()?;
-        let done = handle.live_done(&handle.epochs.record_key(key), now);
-        self.checked(&handle, done.map(|done| done.map(KeyState::Done)))
+        let database = self.database()?;
+        let done = database.live_done(&database.epochs.record_key(key), now);
+        self.reopen_if_failed(&database, done.map(|done| done.map(KeyState::Done)))
     }
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
@@ -337,11 +329,11 @@ impl ClaimStore for SledStore {
         {
             return Ok(Forgotten::InFlight);
         }
-        let handle = self.handle()?;
-        let removed = handle
+        let database = self.database()?;
+        let removed = database
             .epochs
-            .remove(&handle.epochs.record_key(key), now)
-            .map_err(backend);
+            .remove(&database.epochs.record_key(key), now)
+            .map_err(StoreError::from);
         let forgotten = removed.map(|live| {
             if live {
                 Forgotten::Removed
@@ -349,37 +341,39 @@ impl ClaimStore for SledStore {
                 Forgotten::Absent
             }
         });
-        self.checked(&handle, forgotten)
+        self.reopen_if_failed(&database, forgotten)
     }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
         let now = self.clock.now();
         let ended = self.drop_ended_leases(now);
-        let handle = self.handle()?;
-        let worker = Arc::clone(&handle);
+        let database = self.database()?;
+        let worker = Arc::clone(&database);
         let swept = tokio::task::spawn_blocking(move || worker.epochs.sweep(now, limit))
             .await
             .map_err(|error| StoreError::Backend(error.to_string()))
-            .and_then(|swept| swept.map_err(backend))
+            .and_then(|swept| Ok(swept?))
             .map(|swept| Swept {
                 examined: swept.examined,
                 removed: swept.removed + ended,
             });
-        self.checked(&handle, swept)
+        self.reopen_if_failed(&database, swept)
     }
 
     fn done_keys(&self) -> Option<u64> {
-        self.handle().ok().map(|handle| handle.epochs.records())
+        self.database()
+            .ok()
+            .map(|database| database.epochs.records())
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
-        let handle = self.handle()?;
-        let worker = Arc::clone(&handle);
+        let database = self.database()?;
+        let worker = Arc::clone(&database);
         let flushed = tokio::task::spawn_blocking(move || worker.db.flush())
             .await
             .map_err(|error| StoreError::Backend(error.to_string()))
-            .and_then(|flushed| flushed.map(drop).map_err(backend));
-        self.checked(&handle, flushed)
+            .and_then(|flushed| Ok(flushed.map(drop)?));
+        self.reopen_if_failed(&database, flushed)
     }
 }
 
