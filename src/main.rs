@@ -9,21 +9,15 @@ use dedupe_proxy::cli::{Cli, Command, ConfigArgs, LogFormat};
 use dedupe_proxy::config::Config;
 use tracing_subscriber::EnvFilter;
 
-/// jemalloc, for what it hands back to the system. With a million done keys at the
-/// default 7-day retention (one window, buckets of ~15 records that sled rewrites whole),
-/// mimalloc's RSS grew by ~40 MiB per million keys where jemalloc's grew by ~18: 82–88 MiB
-/// against 61–65 with jemalloc's default arenas (glibc's allocator 55, at 22% more CPU per
-/// delivery). jemalloc's CPU per delivery is mimalloc's (33.7 against 33.8 µs, interleaved
-/// runs). With one arena (below), 53–58 MiB.
+/// jemalloc, for what it hands back to the system: sled rewrites its buckets whole, and
+/// with mimalloc the memory held grew with every million done keys at the same CPU per
+/// delivery (figures in `docs/performance.md`).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read when it starts (`_RJEM_MALLOC_CONF` in the environment still
 /// overrides them). One arena instead of four per CPU: each thread (the workers, sled's,
-/// the main runtime's) otherwise gets an arena of its own, each keeping its own freed
-/// pages. With a million done keys: RSS 53–58 MiB against 60–67, CPU per delivery the
-/// same in alternated runs (unique events 36.0 against 36.3 µs, pass-through 15.4 against
-/// 15.0).
+/// the main runtime's) would otherwise keep freed pages in an arena of its own.
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static JEMALLOC_OPTIONS: &u8 = &b"narenas:1\0"[0];
 

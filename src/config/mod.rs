@@ -521,8 +521,7 @@ fn default_flush_every() -> HumanDuration {
     HumanDuration(Duration::from_millis(100))
 }
 
-/// 8 MiB: measured by `bench/run` with a million done keys, 64 MiB of sled cache cost
-/// about 250 MiB of RSS and 8 MiB about 105 MiB, for the same requests/s.
+/// 8 MiB: a larger sled cache cost memory without a measured gain (`docs/design.md`).
 fn default_cache() -> Size {
     Size(8 << 20)
 }

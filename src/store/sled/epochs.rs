@@ -7,10 +7,9 @@
 //!
 //! A record is known by a 16-byte SHA-256 prefix of its store key, and the records whose
 //! keys share their first two bytes (three in a window expected to hold more than two
-//! million) share one sled value, a [`Bucket`]. sled keeps a few
-//! hundred bytes of bookkeeping in memory for every page of about a dozen sled keys,
-//! cached or not: a sled key per record cost 40 MiB per million records, a bucket per
-//! several records a fraction of it. Writing a record rewrites its bucket, which stays
+//! million) share one sled value, a [`Bucket`]. sled keeps a few hundred bytes of
+//! bookkeeping in memory for every page of about a dozen sled keys, cached or not, so a
+//! bucket per several records costs a fraction of the memory of a sled key each. Writing a record rewrites its bucket, which stays
 //! small: 65 536 buckets per window hold a million records at 15 each, and a record
 //! larger than [`INLINE_LIMIT`] (one keeping a replayed answer) is stored apart under its
 //! full key ([`Entry::StoredApart`]), so that it is not rewritten with the others.
