@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
@@ -24,7 +24,7 @@ use crate::config::{AdminConfig, ReplayGuard};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
-use crate::response::json_response;
+use crate::response::{AdminRefusal, json_response};
 use crate::route::{Route, Routing};
 use crate::server::RequestPermit;
 use crate::store::{
@@ -102,29 +102,13 @@ impl Admin {
             (&Method::GET, "/metrics") => self.metrics(),
             (_, path) if path.starts_with("/v1/") => {
                 if matches!(self.access, Access::Closed) {
-                    return error(
-                        StatusCode::FORBIDDEN,
-                        "admin_api_closed",
-                        "the admin API listens beyond loopback without admin.token_env, so /v1/* is off; set a token to use it",
-                    );
+                    return AdminRefusal::Closed.into_response();
                 }
                 if !self.authorized(&request) {
-                    let mut response = error(
-                        StatusCode::UNAUTHORIZED,
-                        "unauthorized",
-                        "a valid bearer token is required",
-                    );
-                    response
-                        .headers_mut()
-                        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                    return response;
+                    return AdminRefusal::Unauthorized.into_response();
                 }
                 let Some(serving) = self.serving.get() else {
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "starting",
-                        "the store is not open yet",
-                    );
+                    return AdminRefusal::Starting.into_response();
                 };
                 match (request.method(), path) {
                     (&Method::GET, "/v1/routes") => routes(serving),
@@ -136,11 +120,11 @@ impl Admin {
                         Some((route, key)) => {
                             key_request(serving, request.method(), route, key).await
                         }
-                        None => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
+                        None => AdminRefusal::NotFound.into_response(),
                     },
                 }
             }
-            _ => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
+            _ => AdminRefusal::NotFound.into_response(),
         }
     }
 
@@ -202,8 +186,8 @@ async fn reload(serving: &Serving) -> Response<ProxyBody> {
     let reloaded = tokio::task::spawn_blocking(move || reloader.reload()).await;
     match reloaded {
         Ok(Ok(reloaded)) => json_response(StatusCode::OK, json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed }).to_string()),
-        Ok(Err(invalid)) => error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_config", &invalid.to_string()),
-        Err(failed) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &failed.to_string()),
+        Ok(Err(invalid)) => AdminRefusal::InvalidConfig(invalid.to_string()).into_response(),
+        Err(failed) => AdminRefusal::Internal(failed.to_string()).into_response(),
     }
 }
 
@@ -217,11 +201,7 @@ async fn key_request(
     let proxy = &serving.proxy;
     let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "no_such_route",
-            &format!("no route named `{route_name}`"),
-        );
+        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
     };
     let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
@@ -232,16 +212,8 @@ async fn key_request(
                 StatusCode::OK,
                 describe(route_name, &key, &state).to_string(),
             ),
-            Ok(None) => error(
-                StatusCode::NOT_FOUND,
-                "absent",
-                "the key is absent, released or expired",
-            ),
-            Err(failure) => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                &failure.to_string(),
-            ),
+            Ok(None) => AdminRefusal::Absent.into_response(),
+            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
         },
         Method::DELETE => match forget(store.as_ref(), &routing, route, &full_key).await {
             Ok(Forgotten::Removed) => {
@@ -250,27 +222,11 @@ async fn key_request(
                 *response.status_mut() = StatusCode::NO_CONTENT;
                 response
             }
-            Ok(Forgotten::Absent) => error(
-                StatusCode::NOT_FOUND,
-                "absent",
-                "the key is absent, released or expired",
-            ),
-            Ok(Forgotten::InFlight) => error(
-                StatusCode::CONFLICT,
-                "in_flight",
-                "the key is being processed; forgetting it could run the event twice at once",
-            ),
-            Err(failure) => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                &failure.to_string(),
-            ),
+            Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
+            Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
+            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
         },
-        _ => error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "use GET or DELETE",
-        ),
+        _ => AdminRefusal::MethodNotAllowed.into_response(),
     }
 }
 
@@ -292,13 +248,6 @@ async fn forget(
             .await?;
     }
     store.forget(full_key).await
-}
-
-fn error(status: StatusCode, code: &str, detail: &str) -> Response<ProxyBody> {
-    json_response(
-        status,
-        json!({ "error": code, "detail": detail }).to_string(),
-    )
 }
 
 fn timestamp(at: Millis) -> String {

@@ -1,13 +1,14 @@
 //! The answers the proxy writes itself, in one place: every refusal's status, JSON error
-//! body and `Retry-After`, the duplicate answer, and the `Dedupe-Status` header that says
-//! what happened to a delivery.
+//! body and `Retry-After` (the proxy's and the admin API's), the duplicate answer, and the
+//! `Dedupe-Status` header that says what happened to a delivery.
 
 use std::time::Duration;
 
-use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{ProxyBody, full};
+use crate::key::MAX_KEY_BYTES;
 use crate::route::DuplicateResponse;
 use crate::store::RecordedResponse;
 use crate::verify::VerifyError;
@@ -140,7 +141,7 @@ impl Refusal {
             Refusal::KeyTooLong(length) => (
                 StatusCode::BAD_REQUEST,
                 "key_too_long",
-                format!("the event key is {length} bytes; the limit is 512"),
+                format!("the event key is {length} bytes; the limit is {MAX_KEY_BYTES}"),
             ),
             Refusal::StoreUnavailable { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -245,8 +246,107 @@ impl Refusal {
 
     fn status_and_body(&self) -> (StatusCode, String) {
         let (status, code, detail) = self.parts();
-        let body = serde_json::json!({ "error": code, "detail": detail }).to_string();
-        (status, body)
+        (status, error_body(code, &detail))
+    }
+}
+
+/// The `{"error","detail"}` body of every refusal.
+fn error_body(code: &str, detail: &str) -> String {
+    serde_json::json!({ "error": code, "detail": detail }).to_string()
+}
+
+/// Every reason the admin API refuses a request.
+#[derive(Debug)]
+pub enum AdminRefusal {
+    /// `/v1/*` on a non-loopback listener without a token.
+    Closed,
+    Unauthorized,
+    /// The store is not open yet.
+    Starting,
+    NotFound,
+    NoSuchRoute(String),
+    /// The key is absent, released or expired.
+    Absent,
+    /// Forgetting a key in flight could run its event twice at once.
+    InFlight,
+    StoreUnavailable(String),
+    InvalidConfig(String),
+    MethodNotAllowed,
+    Internal(String),
+}
+
+impl AdminRefusal {
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        match self {
+            AdminRefusal::Closed => (
+                StatusCode::FORBIDDEN,
+                "admin_api_closed",
+                "the admin API listens beyond loopback without admin.token_env, so /v1/* is off; set a token to use it".into(),
+            ),
+            AdminRefusal::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required".into(),
+            ),
+            AdminRefusal::Starting => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "starting",
+                "the store is not open yet".into(),
+            ),
+            AdminRefusal::NotFound => (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such admin endpoint".into(),
+            ),
+            AdminRefusal::NoSuchRoute(name) => (
+                StatusCode::NOT_FOUND,
+                "no_such_route",
+                format!("no route named `{name}`"),
+            ),
+            AdminRefusal::Absent => (
+                StatusCode::NOT_FOUND,
+                "absent",
+                "the key is absent, released or expired".into(),
+            ),
+            AdminRefusal::InFlight => (
+                StatusCode::CONFLICT,
+                "in_flight",
+                "the key is being processed; forgetting it could run the event twice at once"
+                    .into(),
+            ),
+            AdminRefusal::StoreUnavailable(failure) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                failure.clone(),
+            ),
+            AdminRefusal::InvalidConfig(error) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_config",
+                error.clone(),
+            ),
+            AdminRefusal::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "use GET or DELETE".into(),
+            ),
+            AdminRefusal::Internal(failure) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                failure.clone(),
+            ),
+        }
+    }
+
+    /// The answer: its status and `{"error","detail"}` JSON body.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let (status, code, detail) = self.parts();
+        let mut response = json_response(status, error_body(code, &detail));
+        if matches!(self, AdminRefusal::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 
