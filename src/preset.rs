@@ -1,7 +1,7 @@
 //! Presets: a known provider's event key and signature check in one line of YAML
 //! (`preset: stripe`). A route's own `key` and `verify` win over the preset's; the
 //! preset's check reads the provider's usual secret variable, and `verify: none` turns it
-//! off. Sources are in the README's provider table.
+//! off. Sources are in `docs/configuration.md`.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! The claim-store contract (the README's "Claim states"), one suite run unchanged against
+//! The claim-store contract ("Claim states" in `docs/contract.md`), one suite run unchanged against
 //! sled, Redis and PostgreSQL: every transition, owner checks, lease takeover, retention
 //! expiry, the recorded answer, and concurrent claims from many tasks.
 //!

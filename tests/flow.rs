@@ -1,4 +1,4 @@
-//! Every row of the README's request-flow table: the status, `Dedupe-Status` and body the
+//! Every row of the request-flow table (`docs/contract.md`): the status, `Dedupe-Status` and body the
 //! sender gets, and what reaches the upstream.
 
 mod support;

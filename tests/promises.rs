@@ -1,4 +1,4 @@
-//! The README's promises 1 to 6, each by a test that fails if the promise breaks:
+//! The promises 1 to 6 (`docs/contract.md`), each by a test that fails if the promise breaks:
 //! nothing lost, one at a time, done only on success, release on failure, and
 //! independence from the sender. (Crash safety, promise 5, is in `crash.rs`.)
 

@@ -1,7 +1,7 @@
 //! Property tests. The claim state machine: any interleaving of claim, finish, release,
-//! lease expiry, sweep and restart agrees with a reference model of the README's claim
-//! states, so only the owner finishes, a key is done only after its owner finished it,
-//! and never two owners hold a key inside a lease; the sweep never removes more than
+//! lease expiry, sweep and restart agrees with a reference model of the claim states in
+//! `docs/contract.md`, so only the owner finishes, a key is done only after its owner
+//! finished it, and never two owners hold a key inside a lease; the sweep never removes more than
 //! has expired, and in the end removes every expired record. And the parsers (key templates, key
 //! extraction, configuration) never panic on any input.
 //!
@@ -43,7 +43,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The reference model of one key, as the README describes it: a lease while in flight,
+/// The reference model of one key, as `docs/contract.md` describes it: a lease while in flight,
 /// and a done record that outlives it until its retention ends.
 #[derive(Debug, Clone, Default)]
 struct Model {

@@ -1,4 +1,4 @@
-//! The configuration file: serde structs mirroring the YAML the README documents, and
+//! The configuration file: serde structs mirroring the YAML `docs/configuration.md` documents, and
 //! `Config::load`, which turns a file into a validated [`Config`] or a [`ConfigError`]
 //! naming the file, line and column.
 //!
