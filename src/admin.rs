@@ -19,7 +19,7 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, empty, full};
-use crate::config::values::Secret;
+use crate::values::Secret;
 use crate::config::{AdminConfig, ReplayGuard};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::Overrides;
-use crate::config::values::UpstreamUrl;
+use crate::values::UpstreamUrl;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -53,6 +53,7 @@ pub mod shutdown;
 pub mod store;
 pub mod target;
 pub mod upstream;
+pub mod values;
 pub mod verify;
 pub mod workers;
 

@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
 
 use crate::body::{self, BodyError, ProxyBody};
-use crate::config::values::UpstreamUrl;
+use crate::values::UpstreamUrl;
 use crate::config::{
     Config, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
 };

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use serde::Serialize;
 
-use crate::config::values::{
+use crate::values::{
     HeaderText, HumanDuration, MethodValue, Name, RefusalStatus, Size, StatusPattern, StatusValue,
     UpstreamUrl,
 };
@@ -348,7 +348,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::values::{EnvSecret, Secret};
+    use crate::values::{EnvSecret, Secret};
     use crate::config::{Config, Overrides};
     use crate::verify::{Secrets, StandardWebhooks};
     use std::path::Path;

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 
 use self::pool::Pool;
 use crate::body::{ProxyBody, streaming};
-use crate::config::values::UpstreamUrl;
+use crate::values::UpstreamUrl;
 use crate::workers::PerWorker;
 
 /// The header that carries the event's key to the upstream.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedupe_proxy::config::values::{HumanDuration, Secret, TableName};
+use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig};
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;

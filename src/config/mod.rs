@@ -8,8 +8,6 @@
 //! `map_then`. serde_yaml only attaches a position to errors raised inside a visitor, so
 //! this is what lets every error point at its line.
 
-pub mod values;
-
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
@@ -25,7 +23,7 @@ use crate::key::KeyTemplate;
 use crate::preset::Preset;
 use crate::route::{Policy, Route};
 use crate::verify::VerifySetting;
-use values::{
+use crate::values::{
     EnvSecret, HeaderText, HumanDuration, Methods, Name, RefusalStatus, Secret, Size,
     StatusPattern, StatusValue, TableName, UpstreamUrl,
 };

@@ -21,7 +21,7 @@ pub enum Encoding {
 #[serde(deny_unknown_fields)]
 pub(super) struct HmacFile {
     secret_env: Secrets,
-    header: crate::config::values::HeaderNameValue,
+    header: crate::values::HeaderNameValue,
     #[serde(default)]
     encoding: Encoding,
     #[serde(default)]

@@ -25,7 +25,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::config::values::{EnvSecret, HumanDuration};
+use crate::values::{EnvSecret, HumanDuration};
 
 pub use github::Github;
 pub use hmac_header::{Encoding, HmacHeader};

@@ -8,7 +8,7 @@ use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Scheme, Secrets, TimestampedHex, VerifyError};
-use crate::config::values::HumanDuration;
+use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "paddle-signature";
 

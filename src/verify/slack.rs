@@ -9,7 +9,7 @@ use super::{
     Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, default_tolerance, header,
     parse_timestamp, within_tolerance,
 };
-use crate::config::values::HumanDuration;
+use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "x-slack-signature";
 const TIMESTAMP: &str = "x-slack-request-timestamp";

@@ -13,7 +13,7 @@ use super::{
     Scheme, Secrets, VerifyError, any_hmac_matches, decode_base64, default_tolerance, header,
     parse_timestamp, within_tolerance,
 };
-use crate::config::values::HumanDuration;
+use crate::values::HumanDuration;
 
 /// The header names, in the Standard Webhooks spelling and in Svix's.
 const HEADER_SETS: [[&str; 3]; 2] = [
@@ -142,12 +142,12 @@ impl Scheme for StandardWebhooks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::values::EnvSecret;
+    use crate::values::EnvSecret;
 
     fn with_secret(secret: &str) -> Result<StandardWebhooks, String> {
         let env = EnvSecret {
             variable: "TEST".into(),
-            secret: crate::config::values::Secret::new(secret.into()),
+            secret: crate::values::Secret::new(secret.into()),
         };
         StandardWebhooks::new(StandardWebhooksFile {
             secret_env: Secrets(vec![env]),

@@ -7,7 +7,7 @@ use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
-use crate::config::values::HumanDuration;
+use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "stripe-signature";
 

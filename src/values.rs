@@ -1,5 +1,5 @@
-//! The typed values of the configuration file: durations, sizes, status sets, methods,
-//! names and upstream URLs. Each parses inside serde's visitor, so serde_yaml attaches
+//! The typed values of the configuration, shared with the code that uses them: durations,
+//! sizes, status sets, methods, names, upstream URLs and secrets. Each parses inside serde's visitor, so serde_yaml attaches
 //! the line and column of the offending scalar to any error; each serializes back to the
 //! form a user would write, for `dedupe-proxy check`.
 
