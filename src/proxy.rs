@@ -34,14 +34,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
 
 use crate::body::{self, BodyError, ProxyBody};
-use crate::values::UpstreamUrl;
-use crate::config::{
-    Config, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
-};
+use crate::config::Config;
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
-use crate::route::{Route, Routing};
+use crate::route::{
+    OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing, Unmatched,
+};
 use crate::server::RequestPermit;
 use crate::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, RecordedResponse,
@@ -49,6 +48,7 @@ use crate::store::{
 };
 use crate::target::{self, TargetError};
 use crate::upstream::{self, UnforwardableTarget, Upstream, UpstreamError};
+use crate::values::UpstreamUrl;
 
 /// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
 /// answers without a `Content-Length`) stream through and are not replayed.
@@ -80,7 +80,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         workers: usize,
     ) -> Proxy {
-        let routing = Routing::from_config(config);
+        let routing = config.routing();
         metrics.expect_routes(routing.table.names_and_checks());
         Proxy {
             routing: ArcSwap::from_pointee(routing),
@@ -171,12 +171,7 @@ impl Proxy {
         let policy = &route.policy;
         let (head, body) = request.into_parts();
 
-        let read = body::read_limited(
-            &head.headers,
-            body,
-            policy.max_body.0,
-            self.body_read_timeout,
-        );
+        let read = body::read_limited(&head.headers, body, policy.max_body, self.body_read_timeout);
         let body = match read.await {
             Ok(body) => body,
             Err(BodyError::TooLarge { limit }) => return rejected(Refusal::BodyTooLarge { limit }),
@@ -204,7 +199,7 @@ impl Proxy {
             Err(missing) => match policy.on_missing_key {
                 OnMissingKey::Forward => {
                     tracing::debug!(%missing, "forwarding without a key");
-                    let timeout = policy.upstream_timeout.0;
+                    let timeout = policy.upstream_timeout;
                     let request =
                         upstream::outbound(head, body::full(body), &route.upstream, peer, None);
                     return (
@@ -234,8 +229,8 @@ impl Proxy {
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) => {
                 let refusal = Refusal::InFlight {
-                    status: policy.in_flight_status.0,
-                    retry_after: policy.retry_after.0,
+                    status: policy.in_flight_status,
+                    retry_after: policy.retry_after,
                 };
                 (DedupeStatus::InFlight, refusal.into_response())
             }
@@ -246,7 +241,7 @@ impl Proxy {
                     OnStoreError::Forward => {
                         let mut request = request;
                         request.headers_mut().remove(&upstream::DEDUPE_KEY);
-                        let timeout = policy.upstream_timeout.0;
+                        let timeout = policy.upstream_timeout;
                         (
                             DedupeStatus::Unkeyed,
                             self.relay(&route.upstream, Ok(request), timeout, permit)
@@ -255,7 +250,7 @@ impl Proxy {
                     }
                     OnStoreError::Reject => {
                         let refusal = Refusal::StoreUnavailable {
-                            retry_after: policy.retry_after.0,
+                            retry_after: policy.retry_after,
                         };
                         (DedupeStatus::Unavailable, refusal.into_response())
                     }
@@ -274,7 +269,7 @@ impl Proxy {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Claiming, StoreError> {
-        let lease = route.policy.lease.0;
+        let lease = route.policy.lease;
         let event_key = store_key(&route.namespace, key);
         let event = match self.store.claim(&event_key, fingerprint, lease).await? {
             ClaimOutcome::Claimed(claim) => claim,
@@ -344,7 +339,7 @@ impl Proxy {
             .send(
                 &route.upstream.address,
                 request,
-                route.policy.upstream_timeout.0,
+                route.policy.upstream_timeout,
             )
             .await;
         let elapsed = started.elapsed().as_secs_f64();
@@ -385,13 +380,13 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let upstream_status = response.status().as_u16();
         let (response, recorded) = if route.policy.duplicate_response.replay {
-            keep_for_replay(response, route.policy.upstream_timeout.0).await
+            keep_for_replay(response, route.policy.upstream_timeout).await
         } else {
             (upstream::inbound(response), None)
         };
         let completion = Completion {
             upstream_status,
-            retention: route.policy.retention.0,
+            retention: route.policy.retention,
             response: recorded,
         };
         for claim in claims.iter() {

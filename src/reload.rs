@@ -19,7 +19,6 @@ use tokio::sync::mpsc;
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use crate::route::Routing;
 
 /// How long file events settle before the file is read (an editor or the kubelet may
 /// write in several steps).
@@ -77,7 +76,7 @@ impl Reloader {
         for warning in &config.warnings {
             tracing::warn!("{warning}");
         }
-        self.proxy.apply(Routing::from_config(&config));
+        self.proxy.apply(config.routing());
         let reloaded = Reloaded {
             routes: config.routes.len(),
             restart_needed: self.restart_needed(&config),

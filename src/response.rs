@@ -380,8 +380,8 @@ pub fn duplicate(
     });
     let (status, content_type, body) = replayed.unwrap_or_else(|| {
         (
-            configured.status.0,
-            Some(configured.content_type.0.clone()),
+            configured.status,
+            Some(configured.content_type.clone()),
             configured.body.clone(),
         )
     });

@@ -1,30 +1,19 @@
-//! Routes: each `routes:` entry resolved against `defaults` and the built-in values into
-//! a [`Route`] whose every setting is known, and the [`RouteTable`] that finds the first
-//! route matching a request.
+//! Routes as the proxy runs them: each [`Route`] with every setting resolved (the
+//! configuration resolves them, see `config::resolve`), and the [`RouteTable`] that finds
+//! the first route matching a request.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::values::{
-    HeaderText, HumanDuration, MethodValue, Name, RefusalStatus, Size, StatusPattern, StatusValue,
-    UpstreamUrl,
-};
-use crate::config::{
-    Config, DuplicateResponseFile, MatchFile, OnMissingKey, OnPayloadMismatch, OnStoreError,
-    ReplayGuard, RouteFile, Unmatched,
-};
 use crate::key::KeyTemplate;
 use crate::preset::Preset;
 use crate::target;
-use crate::verify::{Verify, VerifySetting};
-
-/// The default duplicate answer's body.
-pub const DEFAULT_DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
+use crate::values::{MethodValue, StatusPattern, UpstreamUrl, shown};
+use crate::verify::Verify;
 
 /// A route with every setting resolved.
 #[derive(Debug, Clone, Serialize)]
@@ -50,27 +39,36 @@ pub struct Route {
 /// The per-route settings that `defaults` can also set.
 #[derive(Debug, Clone, Serialize)]
 pub struct Policy {
-    pub retention: HumanDuration,
-    pub lease: HumanDuration,
-    pub max_body: Size,
-    pub upstream_timeout: HumanDuration,
+    #[serde(serialize_with = "shown::duration")]
+    pub retention: Duration,
+    #[serde(serialize_with = "shown::duration")]
+    pub lease: Duration,
+    #[serde(serialize_with = "shown::size")]
+    pub max_body: u64,
+    #[serde(serialize_with = "shown::duration")]
+    pub upstream_timeout: Duration,
     pub success_status: Vec<StatusPattern>,
     pub on_missing_key: OnMissingKey,
     pub on_store_error: OnStoreError,
     pub on_payload_mismatch: OnPayloadMismatch,
     pub duplicate_response: DuplicateResponse,
-    pub in_flight_status: RefusalStatus,
-    pub retry_after: HumanDuration,
+    /// A 4xx or 5xx: the configuration refuses a success here.
+    #[serde(serialize_with = "shown::status")]
+    pub in_flight_status: StatusCode,
+    #[serde(serialize_with = "shown::duration")]
+    pub retry_after: Duration,
     pub forward_key_header: bool,
 }
 
 /// What a duplicate of a done key is answered with.
 #[derive(Debug, Clone, Serialize)]
 pub struct DuplicateResponse {
-    pub status: StatusValue,
+    #[serde(serialize_with = "shown::status")]
+    pub status: StatusCode,
     #[serde(serialize_with = "serialize_body")]
     pub body: Bytes,
-    pub content_type: HeaderText,
+    #[serde(serialize_with = "shown::header")]
+    pub content_type: HeaderValue,
     /// Answer with the upstream's recorded answer when the store holds one.
     pub replay: bool,
 }
@@ -79,20 +77,69 @@ fn serialize_body<S: serde::Serializer>(body: &Bytes, serializer: S) -> Result<S
     serializer.serialize_str(&String::from_utf8_lossy(body))
 }
 
+/// What happens to a request no route matches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unmatched {
+    #[default]
+    Forward,
+    Reject,
+}
+
+/// `on_missing_key:`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissingKey {
+    #[default]
+    Reject,
+    Forward,
+}
+
+/// `on_store_error:`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    #[default]
+    Reject,
+    Forward,
+}
+
+/// `on_payload_mismatch:`: a duplicate key whose body differs from the recorded one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPayloadMismatch {
+    #[default]
+    Duplicate,
+    Reject,
+}
+
+/// `replay_guard:`: whether a signed body already done in the route's scope, under any
+/// key, is a duplicate. It stops a captured delivery from running again when it is resent
+/// with a fresh ID in a header the signature does not cover (GitHub's
+/// `X-GitHub-Delivery`, Shopify's `X-Shopify-Event-Id`); its cost is that two genuine
+/// events with byte-identical bodies are one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayGuard {
+    Body,
+    #[serde(rename = "none")]
+    Off,
+}
+
 /// Which requests a route takes.
 #[derive(Debug, Clone, Serialize)]
 pub struct Matcher {
     /// Empty: any method.
     #[serde(rename = "method", skip_serializing_if = "Vec::is_empty")]
-    pub methods: Vec<MethodValue>,
+    methods: Vec<MethodValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
+    path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub path_prefix: Option<String>,
+    path_prefix: Option<String>,
     /// Lowercase, without a trailing dot; compared with the request's host without its
     /// port unless this has one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
+    host: Option<String>,
     /// `path` or `path_prefix` in the normal form requests are matched in
     /// ([`target::normal_path`]).
     #[serde(skip)]
@@ -100,23 +147,36 @@ pub struct Matcher {
 }
 
 impl Matcher {
-    fn from_file(file: MatchFile) -> Matcher {
-        let written = file.path.as_deref().or(file.path_prefix.as_deref());
+    /// A matcher for `methods` (none: any), `path` or else `path_prefix` (none: any), and
+    /// `host` (none: any).
+    pub fn new(
+        methods: Vec<MethodValue>,
+        path: Option<String>,
+        path_prefix: Option<String>,
+        host: Option<&str>,
+    ) -> Matcher {
+        let written = path.as_deref().or(path_prefix.as_deref());
         Matcher {
-            methods: file.method.0,
-            // The file's check refused a `..`; were one here, the path as written would
+            methods,
+            // The configuration refuses a `..`; were one here, the path as written would
             // match no request rather than every one.
             normal: written.map(|path| {
-                target::normal_path(path).map_or_else(|_| path.as_bytes().to_vec(), Cow::into_owned)
+                target::normal_path(path)
+                    .map_or_else(|_| path.as_bytes().to_vec(), |n| n.into_owned())
             }),
-            path: file.path,
-            path_prefix: file.path_prefix,
-            host: file.host.as_deref().map(|host| {
+            path,
+            path_prefix,
+            host: host.map(|host| {
                 let (name, port) = split_port(host);
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
                 port.map_or_else(|| name.clone(), |port| format!("{name}:{port}"))
             }),
         }
+    }
+
+    /// The host this matcher is limited to, if any.
+    pub fn host(&self) -> Option<&str> {
+        self.host.as_deref()
     }
 
     /// Whether a request with this method, host (from `Host` or the URI) and normal path
@@ -159,106 +219,16 @@ fn split_port(host: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Picks a route's own value, else the default's, else the built-in one.
-fn inherit<T: Clone>(own: &Option<T>, default: &Option<T>, builtin: T) -> T {
-    own.as_ref()
-        .or(default.as_ref())
-        .cloned()
-        .unwrap_or(builtin)
-}
-
-fn seconds(secs: u64) -> HumanDuration {
-    HumanDuration(Duration::from_secs(secs))
-}
-
-impl Policy {
-    /// A route's own settings, else the defaults', else the built-in ones. With an empty
-    /// `own`, this resolves the defaults themselves.
-    pub fn resolve(own: &RouteFile, defaults: &RouteFile) -> Policy {
-        let d = defaults;
-        let none = DuplicateResponseFile::default();
-        let own_dup = own.duplicate_response.as_ref().unwrap_or(&none);
-        let default_dup = d.duplicate_response.as_ref().unwrap_or(&none);
-        Policy {
-            retention: inherit(&own.retention, &d.retention, seconds(7 * 24 * 3600)),
-            lease: inherit(&own.lease, &d.lease, seconds(300)),
-            max_body: inherit(&own.max_body, &d.max_body, Size(1 << 20)),
-            upstream_timeout: inherit(&own.upstream_timeout, &d.upstream_timeout, seconds(30)),
-            success_status: inherit(
-                &own.success_status,
-                &d.success_status,
-                vec![StatusPattern::Class(2)],
-            ),
-            on_missing_key: inherit(&own.on_missing_key, &d.on_missing_key, OnMissingKey::Reject),
-            on_store_error: inherit(&own.on_store_error, &d.on_store_error, OnStoreError::Reject),
-            on_payload_mismatch: inherit(
-                &own.on_payload_mismatch,
-                &d.on_payload_mismatch,
-                OnPayloadMismatch::Duplicate,
-            ),
-            duplicate_response: DuplicateResponse {
-                status: inherit(
-                    &own_dup.status,
-                    &default_dup.status,
-                    StatusValue(StatusCode::OK),
-                ),
-                body: Bytes::from(inherit(
-                    &own_dup.body,
-                    &default_dup.body,
-                    DEFAULT_DUPLICATE_BODY.to_owned(),
-                )),
-                content_type: inherit(
-                    &own_dup.content_type,
-                    &default_dup.content_type,
-                    HeaderText(HeaderValue::from_static("application/json")),
-                ),
-                replay: inherit(&own_dup.replay, &default_dup.replay, false),
-            },
-            in_flight_status: inherit(
-                &own.in_flight_status,
-                &d.in_flight_status,
-                RefusalStatus(StatusCode::CONFLICT),
-            ),
-            retry_after: inherit(&own.retry_after, &d.retry_after, seconds(5)),
-            forward_key_header: inherit(&own.forward_key_header, &d.forward_key_header, true),
-        }
-    }
-}
-
 impl Route {
-    /// Resolves a checked route entry (name, match and key present) against `defaults`.
-    pub fn resolve(file: RouteFile, defaults: &RouteFile, upstream: &UpstreamUrl) -> Route {
-        let policy = Policy::resolve(&file, defaults);
-        let name = file.name.expect("checked: a route has a name").0;
-        let key = file.key.expect("checked: a route has a key");
-        let verify = match file.verify {
-            Some(VerifySetting::On(verify)) => Some(verify),
-            Some(VerifySetting::Off) | None => None,
-        };
-        let replay_guard = file
-            .replay_guard
-            .or(defaults.replay_guard)
-            .unwrap_or_else(|| default_replay_guard(&key, verify.as_ref()));
-        Route {
-            namespace: file.scope.map_or_else(|| name.clone(), |Name(scope)| scope),
-            name,
-            matcher: Matcher::from_file(file.matcher.expect("checked: a route has a match")),
-            key,
-            preset: file.preset,
-            verify,
-            replay_guard,
-            upstream: inherit(&file.upstream, &defaults.upstream, upstream.clone()),
-            policy,
-        }
-    }
-
     /// A setting that is valid but probably a mistake, worth a line in the log.
     pub fn warning(&self) -> Option<String> {
         let policy = &self.policy;
-        (policy.lease.0 <= policy.upstream_timeout.0).then(|| {
+        (policy.lease <= policy.upstream_timeout).then(|| {
             format!(
                 "route `{}`: lease ({}) is not longer than upstream_timeout ({}); a retry may be forwarded while a slow first delivery still runs",
-                self.name, policy.lease, policy.upstream_timeout
+                self.name,
+                humantime::format_duration(policy.lease),
+                humantime::format_duration(policy.upstream_timeout)
             )
         })
     }
@@ -272,16 +242,6 @@ impl Route {
     }
 }
 
-/// On where a signed delivery's key comes from a header or query parameter its signature
-/// does not cover: anyone holding a captured delivery could resend it with a fresh ID.
-/// Off without a check (a forger needs no captured delivery) and where the key is signed.
-fn default_replay_guard(key: &KeyTemplate, verify: Option<&Verify>) -> ReplayGuard {
-    match verify {
-        Some(verify) if key.reads_unsigned_parts(verify.signed_headers()) => ReplayGuard::Body,
-        _ => ReplayGuard::Off,
-    }
-}
-
 /// What a configuration reload replaces, all at once: the routes, and where requests
 /// no route takes go.
 #[derive(Debug)]
@@ -290,17 +250,6 @@ pub struct Routing {
     pub unmatched: Unmatched,
     pub fallback_upstream: UpstreamUrl,
     pub unmatched_timeout: Duration,
-}
-
-impl Routing {
-    pub fn from_config(config: &Config) -> Routing {
-        Routing {
-            table: RouteTable::new(config.routes.clone()),
-            unmatched: config.unmatched,
-            fallback_upstream: config.upstream.clone(),
-            unmatched_timeout: config.defaults.upstream_timeout.0,
-        }
-    }
 }
 
 /// The routes in file order; the first match wins.
@@ -348,9 +297,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::values::{EnvSecret, Secret};
     use crate::config::{Config, Overrides};
-    use crate::verify::{Secrets, StandardWebhooks};
     use std::path::Path;
 
     fn table(yaml: &str) -> RouteTable {
@@ -396,92 +343,6 @@ routes:
             Some("any")
         );
         assert_eq!(find(Method::PUT, None, "/hooks/b"), Some("any"));
-    }
-
-    #[test]
-    fn routes_inherit_field_by_field() {
-        let routes = table(ROUTES);
-        let exact = routes.by_name("exact").unwrap();
-        assert_eq!(exact.namespace, "exact");
-        assert_eq!(exact.policy.retention.0, Duration::from_secs(3600));
-        assert_eq!(exact.policy.lease.0, Duration::from_secs(300));
-        assert_eq!(
-            exact.policy.duplicate_response.status.0,
-            StatusCode::ACCEPTED
-        );
-        assert_eq!(exact.policy.duplicate_response.body, DEFAULT_DUPLICATE_BODY);
-        let prefix = routes.by_name("prefix").unwrap();
-        assert_eq!(prefix.namespace, "shared");
-        assert_eq!(prefix.policy.retention.0, Duration::from_secs(3 * 86400));
-        assert_eq!(
-            prefix.policy.duplicate_response.status.0,
-            StatusCode::ACCEPTED
-        );
-        assert_eq!(prefix.policy.duplicate_response.body, "dup");
-        assert!(prefix.is_success(StatusCode::OK));
-        assert!(!prefix.is_success(StatusCode::MOVED_PERMANENTLY));
-    }
-
-    #[test]
-    fn short_lease_is_warned_about() {
-        let text = "upstream: http://127.0.0.1:8080\nroutes:\n  - name: a\n    match: {}\n    key: \"{json:/id}\"\n    lease: 10s\n";
-        let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
-        assert_eq!(config.warnings.len(), 1);
-        assert!(config.warnings[0].contains("lease (10s)"));
-    }
-
-    #[test]
-    fn the_replay_guard_is_on_where_a_signed_delivery_keys_on_something_unsigned() {
-        let text = r#"
-defaults: {}
-routes:
-  - name: header
-    match: { path: /a }
-    key: "{header:X-Delivery}"
-    verify: { hmac: { secret_env: PATH, header: X-Sig } }
-  - name: query
-    match: { path: /b }
-    key: "{json:/id}-{query:attempt}"
-    verify: { hmac: { secret_env: PATH, header: X-Sig } }
-  - name: body
-    match: { path: /c }
-    key: "{json:/id}"
-    verify: { hmac: { secret_env: PATH, header: X-Sig } }
-  - name: unsigned
-    match: { path: /d }
-    key: "{header:X-Delivery}"
-  - name: turned-off
-    match: { path: /f }
-    key: "{header:X-Delivery}"
-    verify: { hmac: { secret_env: PATH, header: X-Sig } }
-    replay_guard: none
-"#;
-        let routes = table(text);
-        let guard = |name| routes.by_name(name).unwrap().replay_guard;
-        assert_eq!(guard("header"), ReplayGuard::Body);
-        assert_eq!(guard("query"), ReplayGuard::Body);
-        assert_eq!(guard("body"), ReplayGuard::Off);
-        assert_eq!(guard("unsigned"), ReplayGuard::Off);
-        assert_eq!(guard("turned-off"), ReplayGuard::Off);
-        // Standard Webhooks signs its message ID, under either spelling.
-        let secret = EnvSecret {
-            variable: "TEST".into(),
-            secret: Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
-        };
-        let standard = StandardWebhooks::preset(Secrets(vec![secret])).unwrap();
-        let standard = Verify::StandardWebhooks(standard);
-        for key in ["{header:svix-id}", "{header:webhook-id}"] {
-            let key: KeyTemplate = key.parse().unwrap();
-            assert_eq!(
-                default_replay_guard(&key, Some(&standard)),
-                ReplayGuard::Off
-            );
-        }
-        let other: KeyTemplate = "{header:x-other}".parse().unwrap();
-        assert_eq!(
-            default_replay_guard(&other, Some(&standard)),
-            ReplayGuard::Body
-        );
     }
 
     #[test]

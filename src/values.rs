@@ -76,6 +76,33 @@ macro_rules! serialize_status {
     };
 }
 
+/// Serializers for the plain values a resolved setting holds, each in the form a user
+/// writes it, for `dedupe-proxy check` and `GET /v1/routes`.
+pub mod shown {
+    use std::time::Duration;
+
+    use http::{HeaderValue, StatusCode};
+    use serde::Serializer;
+
+    use super::{HeaderText, HumanDuration, Size};
+
+    pub fn duration<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&HumanDuration(*value))
+    }
+
+    pub fn size<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&Size(*value))
+    }
+
+    pub fn status<S: Serializer>(value: &StatusCode, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u16(value.as_u16())
+    }
+
+    pub fn header<S: Serializer>(value: &HeaderValue, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&HeaderText(value.clone()))
+    }
+}
+
 /// A duration written like `500ms`, `30s`, `5m`, `72h` or `7d`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);

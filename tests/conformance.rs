@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig};
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
@@ -23,6 +22,7 @@ use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
     RecordedResponse, StoreError,
 };
+use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 use dedupe_proxy::workers::{self, Workers};
 
 /// Leases and retentions no test outlives unless it waits for them on purpose: the shared

@@ -1,0 +1,96 @@
+//! Every built-in value, in one place: what a setting is when the file leaves it out (and,
+//! for a route's policy, when neither the route nor `defaults:` sets it).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderValue, StatusCode};
+
+use crate::values::{HumanDuration, Size, StatusPattern, TableName};
+
+pub fn listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8081))
+}
+
+pub fn admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9091))
+}
+
+pub fn shutdown_grace() -> HumanDuration {
+    HumanDuration(Duration::from_secs(25))
+}
+
+// `limits:`
+
+pub fn max_connections() -> usize {
+    1024
+}
+
+pub fn max_requests() -> usize {
+    1024
+}
+
+pub fn header_read_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+
+pub fn body_read_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+
+pub fn max_header_bytes() -> Size {
+    Size(64 << 10)
+}
+
+// `store:`
+
+pub fn sled_path() -> PathBuf {
+    PathBuf::from("./dedupe-data")
+}
+
+pub fn flush_every() -> HumanDuration {
+    HumanDuration(Duration::from_millis(100))
+}
+
+/// 8 MiB: a larger sled cache cost memory without a measured gain (`docs/design.md`).
+pub fn sled_cache() -> Size {
+    Size(8 << 20)
+}
+
+pub fn redis_prefix() -> String {
+    "dedupe:".into()
+}
+
+pub fn postgres_table() -> TableName {
+    TableName("dedupe_claims".into())
+}
+
+/// How long one Redis command or PostgreSQL statement may take.
+pub fn server_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(2))
+}
+
+pub fn postgres_pool_size() -> usize {
+    16
+}
+
+// A route's policy.
+
+pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const LEASE: Duration = Duration::from_secs(300);
+pub const MAX_BODY: u64 = 1 << 20;
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+pub const IN_FLIGHT_STATUS: StatusCode = StatusCode::CONFLICT;
+pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub const FORWARD_KEY_HEADER: bool = true;
+
+/// Any 2xx.
+pub fn success_status() -> Vec<StatusPattern> {
+    vec![StatusPattern::Class(2)]
+}
+
+pub const DUPLICATE_STATUS: StatusCode = StatusCode::OK;
+pub const DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
+pub const DUPLICATE_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/json");
+pub const DUPLICATE_REPLAY: bool = false;

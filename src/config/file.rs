@@ -1,0 +1,301 @@
+//! The file as written: the serde types of the top level, `defaults:` and each route, whose
+//! every field is optional where a default or an inherited value fills it in (see
+//! `resolve`), and the checks that run while each map is read.
+//!
+//! Every check runs while serde reads the value it concerns: scalars parse inside their
+//! visitors (see `values`), and checks that span a whole map (a route's required fields,
+//! duplicate route names, `path` with `path_prefix`) run inside that map's visitor through
+//! [`map_then`]. serde_yaml only attaches a position to errors raised inside a visitor, so
+//! this is what lets every error point at its line.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use super::store::{StoreConfig, store_section};
+use super::{AdminConfig, Limits, defaults};
+use crate::key::KeyTemplate;
+use crate::preset::Preset;
+use crate::route::{OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched};
+use crate::values::{
+    HeaderText, HumanDuration, Methods, Name, RefusalStatus, Size, StatusPattern, StatusValue,
+    UpstreamUrl,
+};
+use crate::verify::VerifySetting;
+
+/// The top level of the file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ConfigFile {
+    #[serde(default = "defaults::listen")]
+    pub(super) listen: SocketAddr,
+    pub(super) upstream: UpstreamUrl,
+    #[serde(default)]
+    pub(super) admin: AdminConfig,
+    #[serde(default, deserialize_with = "store_section")]
+    pub(super) store: StoreConfig,
+    #[serde(default, deserialize_with = "defaults_section")]
+    pub(super) defaults: RouteFile,
+    #[serde(default)]
+    pub(super) unmatched: Unmatched,
+    #[serde(default = "defaults::shutdown_grace")]
+    pub(super) shutdown_grace: HumanDuration,
+    #[serde(default, deserialize_with = "limits_section")]
+    pub(super) limits: Limits,
+    #[serde(default, deserialize_with = "route_list")]
+    pub(super) routes: Vec<RouteFile>,
+}
+
+/// One entry of `routes:`, and also the shape of `defaults:` (which may not set `name`,
+/// `match`, `key` or `scope`). Every policy field is optional: a route inherits what it
+/// leaves out from `defaults`, and `defaults` from the built-in values in `defaults.rs`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RouteFile {
+    pub(super) name: Option<Name>,
+    #[serde(rename = "match", default, deserialize_with = "match_section")]
+    pub(super) matcher: Option<MatchFile>,
+    pub(super) key: Option<KeyTemplate>,
+    /// A provider's key and signature check; the route's own `key` and `verify` win.
+    pub(super) preset: Option<Preset>,
+    /// The signature check; `none` turns off a preset's.
+    pub(super) verify: Option<VerifySetting>,
+    pub(super) scope: Option<Name>,
+    pub(super) upstream: Option<UpstreamUrl>,
+    pub(super) retention: Option<HumanDuration>,
+    pub(super) lease: Option<HumanDuration>,
+    pub(super) max_body: Option<Size>,
+    pub(super) upstream_timeout: Option<HumanDuration>,
+    pub(super) success_status: Option<Vec<StatusPattern>>,
+    pub(super) on_missing_key: Option<OnMissingKey>,
+    pub(super) on_store_error: Option<OnStoreError>,
+    pub(super) on_payload_mismatch: Option<OnPayloadMismatch>,
+    pub(super) duplicate_response: Option<DuplicateResponseFile>,
+    pub(super) in_flight_status: Option<RefusalStatus>,
+    pub(super) retry_after: Option<HumanDuration>,
+    pub(super) forward_key_header: Option<bool>,
+    pub(super) replay_guard: Option<ReplayGuard>,
+}
+
+/// `duplicate_response:`; each field inherits separately.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DuplicateResponseFile {
+    pub(super) status: Option<StatusValue>,
+    pub(super) body: Option<String>,
+    pub(super) content_type: Option<HeaderText>,
+    /// Answer with the upstream's recorded status, content type and body instead.
+    pub(super) replay: Option<bool>,
+}
+
+/// `match:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MatchFile {
+    #[serde(default)]
+    pub(super) method: Methods,
+    pub(super) path: Option<String>,
+    pub(super) path_prefix: Option<String>,
+    pub(super) host: Option<String>,
+}
+
+impl RouteFile {
+    /// Checks shared by routes and `defaults`.
+    fn check_policy(&self) -> Result<(), String> {
+        let positive = [
+            ("retention", self.retention),
+            ("lease", self.lease),
+            ("upstream_timeout", self.upstream_timeout),
+        ];
+        for (field, value) in positive {
+            if value.is_some_and(|duration| duration.0.is_zero()) {
+                return Err(format!("`{field}` must be longer than zero"));
+            }
+        }
+        if self.success_status.as_ref().is_some_and(Vec::is_empty) {
+            return Err("`success_status` must list at least one status or class".into());
+        }
+        Ok(())
+    }
+
+    /// Fills in the preset's key and signature check where the route has none.
+    fn apply_preset(&mut self) -> Result<(), String> {
+        let Some(preset) = self.preset else {
+            return Ok(());
+        };
+        if self.key.is_none() {
+            self.key = Some(preset.key());
+        }
+        if self.verify.is_none() {
+            self.verify = preset.verify()?.map(VerifySetting::On);
+        }
+        Ok(())
+    }
+
+    fn check_route(&self, earlier: &[RouteFile]) -> Result<(), String> {
+        let Some(name) = &self.name else {
+            return Err("a route needs a `name`".into());
+        };
+        if self.matcher.is_none() {
+            return Err(format!("route `{name}` needs a `match`"));
+        }
+        if self.key.is_none() {
+            return Err(format!(
+                "route `{name}` needs a `key` template (or a `preset`)"
+            ));
+        }
+        if earlier
+            .iter()
+            .any(|route| route.name.as_ref() == Some(name))
+        {
+            return Err(format!(
+                "duplicate route name `{name}`; route names must be unique"
+            ));
+        }
+        self.check_policy()
+    }
+
+    fn check_defaults(&self) -> Result<(), String> {
+        let per_route = [
+            ("name", self.name.is_some()),
+            ("match", self.matcher.is_some()),
+            ("key", self.key.is_some()),
+            ("scope", self.scope.is_some()),
+            ("preset", self.preset.is_some()),
+            ("verify", self.verify.is_some()),
+        ];
+        if let Some((field, _)) = per_route.iter().find(|(_, set)| *set) {
+            return Err(format!("`{field}` belongs to a route, not to `defaults`"));
+        }
+        self.check_policy()
+    }
+}
+
+impl MatchFile {
+    fn check(&self) -> Result<(), String> {
+        if self.path.is_some() && self.path_prefix.is_some() {
+            return Err("`match` takes `path` or `path_prefix`, not both".into());
+        }
+        for path in [&self.path, &self.path_prefix].into_iter().flatten() {
+            if !path.starts_with('/') {
+                return Err(format!("path `{path}` must start with `/`"));
+            }
+            if crate::target::normal_path(path).is_err() {
+                return Err(format!(
+                    "path `{path}` has a `..` segment; requests with one are refused, so no route can match it"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deserializes a YAML map as `T`, then converts it with `convert` inside the map's
+/// visitor, so that a conversion error carries the map's line and column.
+pub(super) fn map_then<'de, D, T, U, F>(deserializer: D, convert: F) -> Result<U, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+    F: FnOnce(T) -> Result<U, String>,
+{
+    struct MapThen<T, F> {
+        convert: F,
+        target: PhantomData<T>,
+    }
+
+    impl<'de, T, U, F> Visitor<'de> for MapThen<T, F>
+    where
+        T: Deserialize<'de>,
+        F: FnOnce(T) -> Result<U, String>,
+    {
+        type Value = U;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<U, A::Error> {
+            let value = T::deserialize(MapAccessDeserializer::new(map))?;
+            (self.convert)(value).map_err(de::Error::custom)
+        }
+    }
+
+    deserializer.deserialize_map(MapThen {
+        convert,
+        target: PhantomData,
+    })
+}
+
+fn limits_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {
+    map_then(deserializer, |limits: Limits| {
+        if limits.max_connections == 0 || limits.max_requests == 0 {
+            return Err("`max_connections` and `max_requests` must be at least 1".into());
+        }
+        if limits.max_header_bytes.0 < 8192 {
+            return Err("`max_header_bytes` must be at least 8KiB".into());
+        }
+        if limits.header_read_timeout.0.is_zero() || limits.body_read_timeout.0.is_zero() {
+            return Err("read timeouts must be longer than zero".into());
+        }
+        Ok(limits)
+    })
+}
+
+fn defaults_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<RouteFile, D::Error> {
+    map_then(deserializer, |defaults: RouteFile| {
+        defaults.check_defaults()?;
+        Ok(defaults)
+    })
+}
+
+fn match_section<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<MatchFile>, D::Error> {
+    map_then(deserializer, |matcher: MatchFile| {
+        matcher.check()?;
+        Ok(Some(matcher))
+    })
+}
+
+/// `routes:`: each route is checked against the ones before it for a duplicate name.
+fn route_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<RouteFile>, D::Error> {
+    struct RouteList;
+
+    impl<'de> Visitor<'de> for RouteList {
+        type Value = Vec<RouteFile>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of routes")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut routes = Vec::new();
+            while let Some(route) = seq.next_element_seed(CheckedRoute { earlier: &routes })? {
+                routes.push(route);
+            }
+            Ok(routes)
+        }
+    }
+
+    struct CheckedRoute<'a> {
+        earlier: &'a [RouteFile],
+    }
+
+    impl<'de> DeserializeSeed<'de> for CheckedRoute<'_> {
+        type Value = RouteFile;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<RouteFile, D::Error> {
+            map_then(deserializer, |mut route: RouteFile| {
+                route.apply_preset()?;
+                route.check_route(self.earlier)?;
+                Ok(route)
+            })
+        }
+    }
+
+    deserializer.deserialize_seq(RouteList)
+}

@@ -1,0 +1,298 @@
+//! From the file to what runs: each route's settings resolved against `defaults:` and the
+//! built-in values, field by field, into a [`Route`]; the command-line overrides applied;
+//! and the warnings about settings that are valid but probably mistakes.
+
+use std::path::Path;
+
+use bytes::Bytes;
+
+use super::file::{ConfigFile, DuplicateResponseFile, MatchFile, RouteFile};
+use super::{Config, Overrides, defaults};
+use crate::key::KeyTemplate;
+use crate::route::{
+    DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing, Unmatched,
+};
+use crate::values::{HumanDuration, Name, Size, UpstreamUrl};
+use crate::verify::{Verify, VerifySetting};
+
+impl ConfigFile {
+    pub(super) fn resolve(self, path: &Path, overrides: &Overrides) -> Config {
+        let upstream = overrides.upstream.clone().unwrap_or(self.upstream);
+        let routes: Vec<Route> = self
+            .routes
+            .into_iter()
+            .map(|route| resolve_route(route, &self.defaults, &upstream))
+            .collect();
+        let mut warnings: Vec<String> = routes.iter().filter_map(Route::warning).collect();
+        if self.unmatched == Unmatched::Forward {
+            warnings.extend(routes.iter().filter_map(|route| {
+                let host = route.matcher.host()?;
+                Some(format!(
+                    "route `{}` takes only the host `{host}`: with `unmatched: forward`, the same path under another Host reaches the upstream without its check and claim",
+                    route.name
+                ))
+            }));
+        }
+        Config {
+            source: path.to_owned(),
+            listen: overrides.listen.unwrap_or(self.listen),
+            upstream,
+            admin: self.admin,
+            store: self.store,
+            shutdown_grace: self.shutdown_grace,
+            limits: self.limits,
+            unmatched: self.unmatched,
+            defaults: resolve_policy(&self.defaults, &RouteFile::default()),
+            routes,
+            overrides: overrides.clone(),
+            warnings,
+        }
+    }
+}
+
+impl Config {
+    /// What a reload replaces: the routes, and where requests no route takes go.
+    pub fn routing(&self) -> Routing {
+        Routing {
+            table: RouteTable::new(self.routes.clone()),
+            unmatched: self.unmatched,
+            fallback_upstream: self.upstream.clone(),
+            unmatched_timeout: self.defaults.upstream_timeout,
+        }
+    }
+}
+
+/// Resolves a checked route entry (name, match and key present) against `defaults`.
+fn resolve_route(file: RouteFile, defaults: &RouteFile, upstream: &UpstreamUrl) -> Route {
+    let policy = resolve_policy(&file, defaults);
+    let name = file.name.expect("checked: a route has a name").0;
+    let key = file.key.expect("checked: a route has a key");
+    let verify = match file.verify {
+        Some(VerifySetting::On(verify)) => Some(verify),
+        Some(VerifySetting::Off) | None => None,
+    };
+    let replay_guard = file
+        .replay_guard
+        .or(defaults.replay_guard)
+        .unwrap_or_else(|| default_replay_guard(&key, verify.as_ref()));
+    let MatchFile {
+        method,
+        path,
+        path_prefix,
+        host,
+    } = file.matcher.expect("checked: a route has a match");
+    Route {
+        namespace: file.scope.map_or_else(|| name.clone(), |Name(scope)| scope),
+        name,
+        matcher: Matcher::new(method.0, path, path_prefix, host.as_deref()),
+        key,
+        preset: file.preset,
+        verify,
+        replay_guard,
+        upstream: inherit(&file.upstream, &defaults.upstream, upstream.clone()),
+        policy,
+    }
+}
+
+/// Picks a route's own value, else the default's, else the built-in one.
+fn inherit<T: Clone>(own: &Option<T>, default: &Option<T>, builtin: T) -> T {
+    own.as_ref()
+        .or(default.as_ref())
+        .cloned()
+        .unwrap_or(builtin)
+}
+
+/// A route's own settings, else the defaults', else the built-in ones. With an empty
+/// `own`, this resolves the defaults themselves.
+fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
+    let d = defaults;
+    let none = DuplicateResponseFile::default();
+    let own_dup = own.duplicate_response.as_ref().unwrap_or(&none);
+    let default_dup = d.duplicate_response.as_ref().unwrap_or(&none);
+    let duration = |own: &Option<HumanDuration>, default: &Option<HumanDuration>, builtin| {
+        inherit(own, default, HumanDuration(builtin)).0
+    };
+    Policy {
+        retention: duration(&own.retention, &d.retention, defaults::RETENTION),
+        lease: duration(&own.lease, &d.lease, defaults::LEASE),
+        max_body: inherit(&own.max_body, &d.max_body, Size(defaults::MAX_BODY)).0,
+        upstream_timeout: duration(
+            &own.upstream_timeout,
+            &d.upstream_timeout,
+            defaults::UPSTREAM_TIMEOUT,
+        ),
+        success_status: inherit(
+            &own.success_status,
+            &d.success_status,
+            defaults::success_status(),
+        ),
+        on_missing_key: inherit(&own.on_missing_key, &d.on_missing_key, Default::default()),
+        on_store_error: inherit(&own.on_store_error, &d.on_store_error, Default::default()),
+        on_payload_mismatch: inherit(
+            &own.on_payload_mismatch,
+            &d.on_payload_mismatch,
+            Default::default(),
+        ),
+        duplicate_response: DuplicateResponse {
+            status: own_dup
+                .status
+                .or(default_dup.status)
+                .map_or(defaults::DUPLICATE_STATUS, |status| status.0),
+            body: Bytes::from(inherit(
+                &own_dup.body,
+                &default_dup.body,
+                defaults::DUPLICATE_BODY.to_owned(),
+            )),
+            content_type: own_dup
+                .content_type
+                .as_ref()
+                .or(default_dup.content_type.as_ref())
+                .map_or(defaults::DUPLICATE_CONTENT_TYPE, |text| text.0.clone()),
+            replay: inherit(
+                &own_dup.replay,
+                &default_dup.replay,
+                defaults::DUPLICATE_REPLAY,
+            ),
+        },
+        in_flight_status: own
+            .in_flight_status
+            .or(d.in_flight_status)
+            .map_or(defaults::IN_FLIGHT_STATUS, |status| status.0),
+        retry_after: duration(&own.retry_after, &d.retry_after, defaults::RETRY_AFTER),
+        forward_key_header: inherit(
+            &own.forward_key_header,
+            &d.forward_key_header,
+            defaults::FORWARD_KEY_HEADER,
+        ),
+    }
+}
+
+/// On where a signed delivery's key comes from a header or query parameter its signature
+/// does not cover: anyone holding a captured delivery could resend it with a fresh ID.
+/// Off without a check (a forger needs no captured delivery) and where the key is signed.
+fn default_replay_guard(key: &KeyTemplate, verify: Option<&Verify>) -> ReplayGuard {
+    match verify {
+        Some(verify) if key.reads_unsigned_parts(verify.signed_headers()) => ReplayGuard::Body,
+        _ => ReplayGuard::Off,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use http::StatusCode;
+
+    use super::*;
+    use crate::values::{EnvSecret, Secret};
+    use crate::verify::{Secrets, StandardWebhooks};
+
+    fn table(yaml: &str) -> RouteTable {
+        let text = format!("upstream: http://127.0.0.1:8080\n{yaml}");
+        let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        RouteTable::new(config.routes)
+    }
+
+    const ROUTES: &str = r#"
+defaults:
+  retention: 3d
+  duplicate_response: { status: 202 }
+routes:
+  - name: exact
+    match: { method: POST, path: /hooks/a }
+    key: "{json:/id}"
+    retention: 1h
+  - name: prefix
+    match: { method: [post, PUT], path_prefix: /hooks/, host: Hooks.Example.com }
+    key: "{query:id}"
+    scope: shared
+    duplicate_response: { body: "dup" }
+"#;
+
+    #[test]
+    fn routes_inherit_field_by_field() {
+        let routes = table(ROUTES);
+        let exact = routes.by_name("exact").unwrap();
+        assert_eq!(exact.namespace, "exact");
+        assert_eq!(exact.policy.retention, Duration::from_secs(3600));
+        assert_eq!(exact.policy.lease, Duration::from_secs(300));
+        assert_eq!(exact.policy.duplicate_response.status, StatusCode::ACCEPTED);
+        assert_eq!(
+            exact.policy.duplicate_response.body,
+            defaults::DUPLICATE_BODY
+        );
+        let prefix = routes.by_name("prefix").unwrap();
+        assert_eq!(prefix.namespace, "shared");
+        assert_eq!(prefix.policy.retention, Duration::from_secs(3 * 86400));
+        assert_eq!(
+            prefix.policy.duplicate_response.status,
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(prefix.policy.duplicate_response.body, "dup");
+        assert!(prefix.is_success(StatusCode::OK));
+        assert!(!prefix.is_success(StatusCode::MOVED_PERMANENTLY));
+    }
+
+    #[test]
+    fn short_lease_is_warned_about() {
+        let text = "upstream: http://127.0.0.1:8080\nroutes:\n  - name: a\n    match: {}\n    key: \"{json:/id}\"\n    lease: 10s\n";
+        let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        assert_eq!(config.warnings.len(), 1);
+        assert!(config.warnings[0].contains("lease (10s)"));
+    }
+
+    #[test]
+    fn the_replay_guard_is_on_where_a_signed_delivery_keys_on_something_unsigned() {
+        let text = r#"
+defaults: {}
+routes:
+  - name: header
+    match: { path: /a }
+    key: "{header:X-Delivery}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+  - name: query
+    match: { path: /b }
+    key: "{json:/id}-{query:attempt}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+  - name: body
+    match: { path: /c }
+    key: "{json:/id}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+  - name: unsigned
+    match: { path: /d }
+    key: "{header:X-Delivery}"
+  - name: turned-off
+    match: { path: /f }
+    key: "{header:X-Delivery}"
+    verify: { hmac: { secret_env: PATH, header: X-Sig } }
+    replay_guard: none
+"#;
+        let routes = table(text);
+        let guard = |name| routes.by_name(name).unwrap().replay_guard;
+        assert_eq!(guard("header"), ReplayGuard::Body);
+        assert_eq!(guard("query"), ReplayGuard::Body);
+        assert_eq!(guard("body"), ReplayGuard::Off);
+        assert_eq!(guard("unsigned"), ReplayGuard::Off);
+        assert_eq!(guard("turned-off"), ReplayGuard::Off);
+        // Standard Webhooks signs its message ID, under either spelling.
+        let secret = EnvSecret {
+            variable: "TEST".into(),
+            secret: Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+        };
+        let standard = StandardWebhooks::preset(Secrets(vec![secret])).unwrap();
+        let standard = Verify::StandardWebhooks(standard);
+        for key in ["{header:svix-id}", "{header:webhook-id}"] {
+            let key: KeyTemplate = key.parse().unwrap();
+            assert_eq!(
+                default_replay_guard(&key, Some(&standard)),
+                ReplayGuard::Off
+            );
+        }
+        let other: KeyTemplate = "{header:x-other}".parse().unwrap();
+        assert_eq!(
+            default_replay_guard(&other, Some(&standard)),
+            ReplayGuard::Body
+        );
+    }
+}
