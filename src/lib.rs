@@ -59,6 +59,7 @@ pub mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -106,10 +107,8 @@ pub struct App {
     proxy: Arc<Proxy>,
     store: Arc<dyn ClaimStore>,
     shutdown_grace: Duration,
-    stop_proxy: CancellationToken,
-    stop_admin: CancellationToken,
-    proxy_server: JoinHandle<()>,
-    admin_server: JoinHandle<()>,
+    proxy_server: Running,
+    admin_server: Running,
     sweeper: JoinHandle<()>,
     /// Reloads on SIGHUP until shutdown.
     hangups: JoinHandle<()>,
@@ -146,51 +145,34 @@ async fn start_with(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    // The admin port comes first, so that probes see "starting" while the store opens.
-    let admin_listener = bind("admin API", config.admin.listen).await?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .expect("a bound listener has an address");
     let metrics = Arc::new(Metrics::new());
+    let workers = Arc::new(start_workers(&config)?);
+    // The admin port comes first, so that probes see "starting" while the store opens.
     let admin = Arc::new(Admin::new(&config.admin, Arc::clone(&metrics)));
-    let worker_count = config
-        .overrides
-        .workers
-        .map_or_else(workers::default_count, usize::from);
-    let workers = Workers::start(worker_count).map_err(StartError::Workers)?;
-    let workers = Arc::new(workers);
-    let (stop_admin, admin_server) =
-        spawn_server(admin_listener, Limits::default(), ADMIN_GRACE, &workers, {
+    let admin_server = Running::serve(
+        bind("admin API", config.admin.listen).await?,
+        Limits::default(),
+        ADMIN_GRACE,
+        &workers,
+        {
             let admin = Arc::clone(&admin);
             move |request, _peer, permit| Arc::clone(&admin).handle(request, permit)
-        });
-
-    let opened = async {
-        let store = match given_store {
-            Some(store) => store,
-            None => store::open(&config.store, &workers).await?,
-        };
-        let listener = bind("proxy", config.listen).await?;
-        Ok::<_, StartError>((store, listener))
-    };
-    let (store, proxy_listener) = match opened.await {
+        },
+    );
+    let (store, proxy_listener) = match open_store_and_bind(&config, given_store, &workers).await {
         Ok(opened) => opened,
         Err(error) => {
-            stop_admin.cancel();
-            let _ = admin_server.await;
+            admin_server.stop().await;
             return Err(error);
         }
     };
-    let proxy_addr = proxy_listener
-        .local_addr()
-        .expect("a bound listener has an address");
     let proxy = Arc::new(Proxy::new(
         &config,
         Arc::clone(&store),
         Arc::clone(&metrics),
         workers.count(),
     ));
-    let (stop_proxy, proxy_server) = spawn_server(
+    let proxy_server = Running::serve(
         proxy_listener,
         config.limits.clone(),
         config.shutdown_grace.0,
@@ -205,39 +187,26 @@ async fn start_with(
     let shutdown_grace = config.shutdown_grace.0;
     let reloader = Arc::new(Reloader::new(config, Arc::clone(&proxy), metrics));
     let hangups = reload::reload_on_hangup(Arc::clone(&reloader));
-    // A configuration given as text (an embedding, a test) has no file to watch.
-    let watcher = if source.is_file() {
-        match reload::reload_on_change(Arc::clone(&reloader)) {
-            Ok(watcher) => Some(watcher),
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or POST /v1/reload");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let watcher = watch_file(&reloader, &source);
     admin.ready(Serving {
         proxy: Arc::clone(&proxy),
         reloader,
     });
     tracing::info!(
-        proxy = %proxy_addr,
-        admin = %admin_addr,
+        proxy = %proxy_server.addr,
+        admin = %admin_server.addr,
         routes,
         workers = workers.count(),
         config = %source.display(),
         "dedupe-proxy ready"
     );
     Ok(App {
-        proxy_addr,
-        admin_addr,
+        proxy_addr: proxy_server.addr,
+        admin_addr: admin_server.addr,
         admin,
         proxy,
         store,
         shutdown_grace,
-        stop_proxy,
-        stop_admin,
         proxy_server,
         admin_server,
         sweeper,
@@ -247,32 +216,87 @@ async fn start_with(
     })
 }
 
-/// Serves `handler` on `listener` in a task; cancelling the token stops it within `grace`.
-fn spawn_server<H, F>(
-    listener: TcpListener,
-    limits: Limits,
-    grace: Duration,
-    workers: &Arc<Workers>,
-    handler: H,
-) -> (CancellationToken, JoinHandle<()>)
-where
-    H: Fn(http::Request<hyper::body::Incoming>, SocketAddr, server::RequestPermit) -> F
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    F: Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
-{
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(server::serve(
-        listener,
-        handler,
-        limits,
-        stop.clone(),
-        grace,
-        Arc::clone(workers),
-    ));
-    (stop, server)
+/// The worker threads: `--workers`, else one per core.
+fn start_workers(config: &Config) -> Result<Workers, StartError> {
+    let count = config
+        .overrides
+        .workers
+        .map_or_else(workers::default_count, usize::from);
+    Workers::start(count).map_err(StartError::Workers)
+}
+
+/// The claim store (the given one, or the configured one opened), and the proxy's
+/// listener.
+async fn open_store_and_bind(
+    config: &Config,
+    given_store: Option<Arc<dyn ClaimStore>>,
+    workers: &Workers,
+) -> Result<(Arc<dyn ClaimStore>, TcpListener), StartError> {
+    let store = match given_store {
+        Some(store) => store,
+        None => store::open(&config.store, workers).await?,
+    };
+    let listener = bind("proxy", config.listen).await?;
+    Ok((store, listener))
+}
+
+/// Reloads when the configuration file changes. A configuration given as text (an
+/// embedding, a test) has no file to watch.
+fn watch_file(reloader: &Arc<Reloader>, source: &Path) -> Option<notify::RecommendedWatcher> {
+    if !source.is_file() {
+        return None;
+    }
+    reload::reload_on_change(Arc::clone(reloader))
+        .inspect_err(|error| {
+            tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or POST /v1/reload");
+        })
+        .ok()
+}
+
+/// A listener being served in a task of its own.
+struct Running {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Serves `handler` on `listener`; [`Running::stop`] stops it within `grace`.
+    fn serve<H, F>(
+        listener: TcpListener,
+        limits: Limits,
+        grace: Duration,
+        workers: &Arc<Workers>,
+        handler: H,
+    ) -> Running
+    where
+        H: Fn(http::Request<hyper::body::Incoming>, SocketAddr, server::RequestPermit) -> F
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        F: Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
+    {
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server::serve(
+            listener,
+            handler,
+            limits,
+            stop.clone(),
+            grace,
+            Arc::clone(workers),
+        ));
+        Running { addr, stop, task }
+    }
+
+    /// Stops accepting and waits for the open connections, within the grace.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
 }
 
 impl App {
@@ -281,16 +305,14 @@ impl App {
     pub async fn shutdown(self) -> Result<(), StoreError> {
         let deadline = Instant::now() + self.shutdown_grace;
         self.admin.shutting_down();
-        self.stop_proxy.cancel();
-        let _ = self.proxy_server.await;
+        self.proxy_server.stop().await;
         self.proxy
             .drain(deadline.saturating_duration_since(Instant::now()))
             .await;
         self.sweeper.abort();
         self.hangups.abort();
         let flushed = self.store.flush().await;
-        self.stop_admin.cancel();
-        let _ = self.admin_server.await;
+        self.admin_server.stop().await;
         match &flushed {
             Ok(()) => tracing::info!("dedupe-proxy stopped"),
             Err(error) => tracing::error!(%error, "the store could not be flushed at shutdown"),
