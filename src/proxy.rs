@@ -33,7 +33,7 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
 
-use crate::body::{self, BodyError, ProxyBody};
+use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{Metrics, ReleaseReason};
@@ -47,7 +47,7 @@ use crate::store::{
     StoreError, body_key, store_key,
 };
 use crate::target::{self, TargetError};
-use crate::upstream::{self, UnforwardableTarget, Upstream, UpstreamError};
+use crate::upstream::{self, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
 
 /// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
@@ -159,33 +159,56 @@ impl Proxy {
         response::tag(response, outcome)
     }
 
-    /// The lifecycle of a delivery on a matched route.
+    /// The lifecycle of a delivery on a matched route: check, claim, then forward or
+    /// answer.
     async fn deliver(
         self: &Arc<Self>,
         route: &Arc<Route>,
         request: Request<Incoming>,
         peer: SocketAddr,
         permit: RequestPermit,
-    ) -> (DedupeStatus, Response<ProxyBody>) {
-        let rejected = |refusal: Refusal| (DedupeStatus::Rejected, refusal.into_response());
+    ) -> Answer {
+        match self.check(route, request, peer).await {
+            Err(refusal) => (DedupeStatus::Rejected, refusal.into_response()),
+            Ok(Checked::Unkeyed(request)) => {
+                let timeout = route.policy.upstream_timeout;
+                let response = self.relay(&route.upstream, request, timeout, permit).await;
+                (DedupeStatus::Unkeyed, response)
+            }
+            Ok(Checked::Keyed {
+                key,
+                fingerprint,
+                request,
+            }) => {
+                self.claim_and_forward(route, &key, fingerprint, request, permit)
+                    .await
+            }
+        }
+    }
+
+    /// Reads the body (bounded), checks its signature, extracts its key and builds the
+    /// request for the application: every step that needs no store. A refusal here has
+    /// stored nothing.
+    async fn check(
+        &self,
+        route: &Route,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Checked, Refusal> {
         let policy = &route.policy;
         let (head, body) = request.into_parts();
-
-        let read = body::read_limited(&head.headers, body, policy.max_body, self.body_read_timeout);
-        let body = match read.await {
-            Ok(body) => body,
-            Err(BodyError::TooLarge { limit }) => return rejected(Refusal::BodyTooLarge { limit }),
-            Err(BodyError::Broken(reason)) => return rejected(Refusal::BodyUnreadable(reason)),
-            Err(BodyError::TimedOut(after)) => return rejected(Refusal::BodyTimeout(after)),
-        };
+        let body = body::read_limited(&head.headers, body, policy.max_body, self.body_read_timeout)
+            .await?;
 
         // A forgery must not claim (and so pre-empt) a real event's key.
-        if let Some(verify) = &route.verify
-            && let Err(failure) = verify.verify(&head.headers, &body, unix_now())
-        {
-            tracing::warn!(reason = failure.code(), %failure, "signature refused");
-            self.metrics.signature_refused(&route.name, failure.code());
-            return rejected(Refusal::Signature(failure));
+        if let Some(verify) = &route.verify {
+            verify
+                .verify(&head.headers, &body, unix_now())
+                .map_err(|failure| {
+                    tracing::warn!(reason = failure.code(), %failure, "signature refused");
+                    self.metrics.signature_refused(&route.name, failure.code());
+                    Refusal::Signature(failure)
+                })?;
         }
 
         let delivery = Delivery {
@@ -195,22 +218,14 @@ impl Proxy {
         };
         let key = match route.key.extract(&delivery) {
             Ok(key) => key,
-            Err(KeyError::TooLong(length)) => return rejected(Refusal::KeyTooLong(length)),
-            Err(missing) => match policy.on_missing_key {
-                OnMissingKey::Forward => {
-                    tracing::debug!(%missing, "forwarding without a key");
-                    let timeout = policy.upstream_timeout;
-                    let request =
-                        upstream::outbound(head, body::full(body), &route.upstream, peer, None);
-                    return (
-                        DedupeStatus::Unkeyed,
-                        self.relay(&route.upstream, request, timeout, permit).await,
-                    );
-                }
-                OnMissingKey::Reject => {
-                    return rejected(Refusal::MissingKey(missing.to_string()));
-                }
-            },
+            Err(KeyError::TooLong(length)) => return Err(Refusal::KeyTooLong(length)),
+            Err(missing) if policy.on_missing_key == OnMissingKey::Forward => {
+                tracing::debug!(%missing, "forwarding without a key");
+                let request =
+                    upstream::outbound(head, body::full(body), &route.upstream, peer, None)?;
+                return Ok(Checked::Unkeyed(request));
+            }
+            Err(missing) => return Err(Refusal::MissingKey(missing.to_string())),
         };
         Span::current().record("key", key.as_str());
 
@@ -218,13 +233,26 @@ impl Proxy {
         // Built before the claim, so that a request that cannot be forwarded claims nothing.
         let key_header = policy.forward_key_header.then_some(key.as_str());
         let request =
-            match upstream::outbound(head, body::full(body), &route.upstream, peer, key_header) {
-                Ok(request) => request,
-                Err(unforwardable) => {
-                    return rejected(Refusal::BadTarget(unforwardable.to_string()));
-                }
-            };
-        match self.claim(route, &key, fingerprint).await {
+            upstream::outbound(head, body::full(body), &route.upstream, peer, key_header)?;
+        Ok(Checked::Keyed {
+            key,
+            fingerprint,
+            request,
+        })
+    }
+
+    /// Claims the key and acts on what the store says: forwards a claimed delivery,
+    /// answers a duplicate or one in flight, or follows `on_store_error`.
+    async fn claim_and_forward(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        key: &str,
+        fingerprint: Fingerprint,
+        request: Request<ProxyBody>,
+        permit: RequestPermit,
+    ) -> Answer {
+        let policy = &route.policy;
+        match self.claim(route, key, fingerprint).await {
             Ok(Claiming::Claimed(open)) => self.forward_claimed(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) => {
@@ -234,27 +262,34 @@ impl Proxy {
                 };
                 (DedupeStatus::InFlight, refusal.into_response())
             }
-            Err(error) => {
-                tracing::warn!(%error, "claim store failed");
-                self.metrics.store_error();
-                match policy.on_store_error {
-                    OnStoreError::Forward => {
-                        let mut request = request;
-                        request.headers_mut().remove(&upstream::DEDUPE_KEY);
-                        let timeout = policy.upstream_timeout;
-                        (
-                            DedupeStatus::Unkeyed,
-                            self.relay(&route.upstream, Ok(request), timeout, permit)
-                                .await,
-                        )
-                    }
-                    OnStoreError::Reject => {
-                        let refusal = Refusal::StoreUnavailable {
-                            retry_after: policy.retry_after,
-                        };
-                        (DedupeStatus::Unavailable, refusal.into_response())
-                    }
-                }
+            Err(error) => self.store_failed(route, error, request, permit).await,
+        }
+    }
+
+    /// The store could not claim: the delivery is forwarded unclaimed or refused, as the
+    /// route's `on_store_error` says.
+    async fn store_failed(
+        &self,
+        route: &Route,
+        error: StoreError,
+        mut request: Request<ProxyBody>,
+        permit: RequestPermit,
+    ) -> Answer {
+        tracing::warn!(%error, "claim store failed");
+        self.metrics.store_error();
+        let policy = &route.policy;
+        match policy.on_store_error {
+            OnStoreError::Forward => {
+                request.headers_mut().remove(&upstream::DEDUPE_KEY);
+                let timeout = policy.upstream_timeout;
+                let response = self.relay(&route.upstream, request, timeout, permit).await;
+                (DedupeStatus::Unkeyed, response)
+            }
+            OnStoreError::Reject => {
+                let refusal = Refusal::StoreUnavailable {
+                    retry_after: policy.retry_after,
+                };
+                (DedupeStatus::Unavailable, refusal.into_response())
             }
         }
     }
@@ -307,7 +342,7 @@ impl Proxy {
         mut open: OpenClaim,
         request: Request<ProxyBody>,
         permit: RequestPermit,
-    ) -> (DedupeStatus, Response<ProxyBody>) {
+    ) -> Answer {
         let (answer, answered) = oneshot::channel();
         open.if_dropped = ReleaseReason::TaskFailed;
         let proxy = Arc::clone(self);
@@ -332,7 +367,7 @@ impl Proxy {
         route: &Route,
         open: OpenClaim,
         request: Request<ProxyBody>,
-    ) -> (DedupeStatus, Response<ProxyBody>) {
+    ) -> Answer {
         let started = Instant::now();
         let sent = self
             .upstream
@@ -415,9 +450,13 @@ impl Proxy {
         }
         let (head, body) = request.into_parts();
         let upstream = &routing.fallback_upstream;
-        let request = upstream::outbound(head, body::streaming(body), upstream, peer, None);
-        self.relay(upstream, request, routing.unmatched_timeout, permit)
-            .await
+        match upstream::outbound(head, body::streaming(body), upstream, peer, None) {
+            Ok(request) => {
+                self.relay(upstream, request, routing.unmatched_timeout, permit)
+                    .await
+            }
+            Err(unforwardable) => Refusal::from(unforwardable).into_response(),
+        }
     }
 
     /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim,
@@ -428,16 +467,10 @@ impl Proxy {
     async fn relay(
         &self,
         upstream: &UpstreamUrl,
-        request: Result<Request<ProxyBody>, UnforwardableTarget>,
+        request: Request<ProxyBody>,
         timeout: Duration,
         permit: RequestPermit,
     ) -> Response<ProxyBody> {
-        let request = match request {
-            Ok(request) => request,
-            Err(unforwardable) => {
-                return Refusal::BadTarget(unforwardable.to_string()).into_response();
-            }
-        };
         let Ok(place) = Arc::clone(&self.relay_places).try_acquire_owned() else {
             return Refusal::Overloaded.into_response();
         };
@@ -488,7 +521,7 @@ impl Proxy {
         route: &Route,
         record: DoneRecord,
         fingerprint: Fingerprint,
-    ) -> (DedupeStatus, Response<ProxyBody>) {
+    ) -> Answer {
         if record.fingerprint != fingerprint {
             tracing::warn!(
                 "duplicate key with a different body than the delivery that was processed"
@@ -593,6 +626,21 @@ fn find_route<'r>(
     let host = target::host(request.version(), request.uri(), request.headers())?;
     let path = target::normal_path(request.uri().path())?;
     Ok(routing.table.find(request.method(), host, &path))
+}
+
+/// What a delivery ends with: its `Dedupe-Status` and the answer.
+type Answer = (DedupeStatus, Response<ProxyBody>);
+
+/// A delivery that passed every step that needs no store.
+enum Checked {
+    /// Ready to claim its key, with the request for the application built.
+    Keyed {
+        key: String,
+        fingerprint: Fingerprint,
+        request: Request<ProxyBody>,
+    },
+    /// Without a usable key, on a route that forwards such deliveries unclaimed.
+    Unkeyed(Request<ProxyBody>),
 }
 
 /// What claiming a delivery found.

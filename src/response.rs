@@ -7,10 +7,11 @@ use std::time::Duration;
 use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::body::{ProxyBody, full};
+use crate::body::{BodyError, ProxyBody, full};
 use crate::key::MAX_KEY_BYTES;
 use crate::route::DuplicateResponse;
 use crate::store::RecordedResponse;
+use crate::upstream::UnforwardableTarget;
 use crate::verify::VerifyError;
 
 pub static DEDUPE_STATUS: HeaderName = HeaderName::from_static("dedupe-status");
@@ -347,6 +348,22 @@ impl AdminRefusal {
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
+    }
+}
+
+impl From<BodyError> for Refusal {
+    fn from(error: BodyError) -> Refusal {
+        match error {
+            BodyError::TooLarge { limit } => Refusal::BodyTooLarge { limit },
+            BodyError::Broken(reason) => Refusal::BodyUnreadable(reason),
+            BodyError::TimedOut(after) => Refusal::BodyTimeout(after),
+        }
+    }
+}
+
+impl From<UnforwardableTarget> for Refusal {
+    fn from(error: UnforwardableTarget) -> Refusal {
+        Refusal::BadTarget(error.to_string())
     }
 }
 
