@@ -110,52 +110,96 @@ pub async fn serve<H, F>(
     H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    let builder = connection_builder(&limits);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let requests = Arc::new(Semaphore::new(limits.max_requests));
-    let over_limit = Arc::new(Semaphore::new(MAX_OVER_LIMIT));
-    let open = Arc::new(OpenConnections::default());
-    let connections = TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, usually: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = stop.cancelled() => break,
-        };
+    let listener = Listener {
+        builder: connection_builder(&limits),
+        slots: Arc::new(Semaphore::new(limits.max_connections)),
+        requests: Arc::new(Semaphore::new(limits.max_requests)),
+        over_limit: Arc::new(Semaphore::new(MAX_OVER_LIMIT)),
+        open: Arc::new(OpenConnections::default()),
+        connections: TaskTracker::new(),
+        listener,
+        handler,
+        limits,
+        stop,
+        workers,
+    };
+    while let Some((stream, peer)) = listener.accept().await {
+        listener.admit(stream, peer);
+    }
+    listener.drain(grace).await;
+}
+
+/// A listener and what every connection it accepts shares.
+struct Listener<H> {
+    listener: TcpListener,
+    handler: H,
+    limits: Limits,
+    builder: auto::Builder<TokioExecutor>,
+    /// A slot per open connection, `max_connections` in all.
+    slots: Arc<Semaphore>,
+    /// A place per request in progress, over every connection, `max_requests` in all.
+    requests: Arc<Semaphore>,
+    /// Connections beyond `max_connections` waiting for a slot or for their refusal.
+    over_limit: Arc<Semaphore>,
+    open: Arc<OpenConnections>,
+    connections: TaskTracker,
+    /// Cancelled when the server stops; each connection's close token is its child.
+    stop: CancellationToken,
+    workers: Arc<Workers>,
+}
+
+impl<H, F> Listener<H>
+where
+    H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    /// The next connection, or none once the server stops.
+    async fn accept(&self) -> Option<(TcpStream, SocketAddr)> {
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => return Some(accepted),
+                    Err(error) => {
+                        // Out of file descriptors, usually: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                () = self.stop.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Starts serving a new connection in a free slot. With every slot taken, the
+    /// connection idle longest makes room and the newcomer waits for its slot; one that
+    /// finds none is refused, and beyond [`MAX_OVER_LIMIT`] of those, closed at once.
+    fn admit(&self, stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let connection = Connection {
             peer,
-            builder: builder.clone(),
-            handler: handler.clone(),
-            requests: Arc::clone(&requests),
-            idle_limit: limits.header_read_timeout.0,
-            stall_limit: limits.body_read_timeout.0,
-            close: stop.child_token(),
-            open: Arc::clone(&open),
+            builder: self.builder.clone(),
+            handler: self.handler.clone(),
+            requests: Arc::clone(&self.requests),
+            idle_limit: self.limits.header_read_timeout.0,
+            stall_limit: self.limits.body_read_timeout.0,
+            close: self.stop.child_token(),
+            open: Arc::clone(&self.open),
         };
-        let start = {
-            let (workers, tracker) = (Arc::clone(&workers), connections.clone());
-            move |stream, slot| connection.start(stream, slot, &workers, &tracker)
-        };
-        if let Ok(slot) = Arc::clone(&slots).try_acquire_owned() {
-            start(stream, slot);
-            continue;
+        if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+            connection.start(stream, slot, &self.workers, &self.connections);
+            return;
         }
-        let Ok(over_limit) = Arc::clone(&over_limit).try_acquire_owned() else {
-            continue;
+        let Ok(over_limit) = Arc::clone(&self.over_limit).try_acquire_owned() else {
+            return;
         };
-        // Full: the connection idle longest makes room, if there is one.
-        let evicted = open.evict_idlest();
-        let slots = Arc::clone(&slots);
-        let limit = limits.max_connections;
-        tokio::spawn(connections.track_future(async move {
+        let evicted = self.open.evict_idlest();
+        let (slots, workers, tracker) = (
+            Arc::clone(&self.slots),
+            Arc::clone(&self.workers),
+            self.connections.clone(),
+        );
+        let limit = self.limits.max_connections;
+        self.connections.spawn(async move {
             let slot = match evicted {
                 true => tokio::time::timeout(SLOT_WAIT, slots.acquire_owned())
                     .await
@@ -164,22 +208,26 @@ pub async fn serve<H, F>(
                 false => None,
             };
             match slot {
-                Some(slot) => start(stream, slot),
+                Some(slot) => connection.start(stream, slot, &workers, &tracker),
                 None => {
                     tracing::warn!(%peer, limit, "connection refused: too many open connections, none of them idle");
                     refuse(stream).await;
                 }
             }
             drop(over_limit);
-        }));
+        });
     }
-    drop(listener);
-    connections.close();
-    if tokio::time::timeout(grace, connections.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open when the shutdown grace ended");
+
+    /// Stops accepting and waits up to `grace` for the open connections to close.
+    async fn drain(self, grace: Duration) {
+        drop(self.listener);
+        self.connections.close();
+        if tokio::time::timeout(grace, self.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open when the shutdown grace ended");
+        }
     }
 }
 
@@ -321,27 +369,18 @@ where
     async fn serve(self, stream: TcpStream) {
         let activity = Arc::new(Activity::new());
         let _registered = self.open.add(&activity, &self.close);
-        let (handler, requests, peer) = (self.handler, self.requests, self.peer);
+        let (handler, requests, peer) =
+            (self.handler.clone(), Arc::clone(&self.requests), self.peer);
         let (watched, closing_token) = (Arc::clone(&activity), self.close.clone());
         let service = service_fn(move |request| {
             let handling = Handling::start(&watched);
-            // A connection told to close takes no new request (an HTTP/2 peer may keep
-            // opening streams until it acknowledges the GOAWAY); shed load at once rather
-            // than queue it: the sender retries later.
-            let permit = (!closing_token.is_cancelled())
-                .then(|| Arc::clone(&requests).try_acquire_owned().ok())
-                .flatten()
-                .map(RequestPermit::new);
-            let answer = permit.clone().map(|permit| handler(request, peer, permit));
-            let refusal = match closing_token.is_cancelled() {
-                true => Refusal::Closing,
-                false => Refusal::Overloaded,
-            };
+            let answer = place_for_request(&requests, &closing_token)
+                .map(|permit| (handler(request, peer, permit.clone()), permit));
             let watched = Arc::clone(&watched);
             async move {
-                let response = match answer {
-                    Some(answer) => answer.await,
-                    None => refusal.into_response(),
+                let (response, permit) = match answer {
+                    Ok((answer, permit)) => (answer.await, Some(permit)),
+                    Err(refusal) => (refusal.into_response(), None),
                 };
                 drop(handling);
                 Ok::<_, Infallible>(response.map(|body| Watched::new(body, watched, permit)))
@@ -371,44 +410,82 @@ where
                     break;
                 }
                 () = tokio::time::sleep_until(next_check.into()) => {
-                    let now = Instant::now();
-                    let state = activity.state(now, self.stall_limit);
-                    if let Some(closing) = closing {
-                        let (Closing::Graceful(since) | Closing::Forced(since)) = closing;
-                        let over = match (closing, state) {
-                            (_, State::Idle(idle)) => Some(idle.min(now - since)),
-                            (Closing::Forced(_), _) | (_, State::Stalled) => Some(now - since),
-                            (Closing::Graceful(_), State::Busy(_)) => None,
-                        };
-                        if over.is_some_and(|over| over >= CLOSE_GRACE) {
+                    match self.watch(&activity, closing, Instant::now()) {
+                        Watch::CheckAt(at) => next_check = at,
+                        Watch::Close(how) => {
+                            connection.as_mut().graceful_shutdown();
+                            closing = Some(how);
+                            next_check = Instant::now() + CLOSE_GRACE;
+                        }
+                        Watch::Drop => {
                             tracing::debug!(%peer, "connection dropped: it did not close when told to");
                             break;
-                        }
-                        next_check = now + CLOSE_GRACE.min(self.idle_limit);
-                        continue;
-                    }
-                    match state {
-                        State::Busy(check_in) => next_check = now + check_in,
-                        State::Idle(idle) if idle < self.idle_limit => {
-                            next_check = now + (self.idle_limit - idle);
-                        }
-                        State::Idle(_) => {
-                            tracing::debug!(%peer, "closing an idle connection");
-                            connection.as_mut().graceful_shutdown();
-                            closing = Some(Closing::Graceful(now));
-                            next_check = now + CLOSE_GRACE;
-                        }
-                        State::Stalled => {
-                            tracing::debug!(%peer, "closing a connection whose sender does not take its response");
-                            connection.as_mut().graceful_shutdown();
-                            closing = Some(Closing::Forced(now));
-                            next_check = now + CLOSE_GRACE;
                         }
                     }
                 }
             }
         }
     }
+
+    /// The watchdog's check at `now`: a connection told to close gets [`CLOSE_GRACE`] to
+    /// do so; otherwise one quiet for `idle_limit` is closed, and one whose sender does not
+    /// take its response for `stall_limit` is closed without waiting for its requests.
+    fn watch(&self, activity: &Activity, closing: Option<Closing>, now: Instant) -> Watch {
+        let state = activity.state(now, self.stall_limit);
+        if let Some(closing) = closing {
+            let (Closing::Graceful(since) | Closing::Forced(since)) = closing;
+            let over = match (closing, state) {
+                (_, State::Idle(idle)) => Some(idle.min(now - since)),
+                (Closing::Forced(_), _) | (_, State::Stalled) => Some(now - since),
+                (Closing::Graceful(_), State::Busy(_)) => None,
+            };
+            return match over {
+                Some(over) if over >= CLOSE_GRACE => Watch::Drop,
+                _ => Watch::CheckAt(now + CLOSE_GRACE.min(self.idle_limit)),
+            };
+        }
+        match state {
+            State::Busy(check_in) => Watch::CheckAt(now + check_in),
+            State::Idle(idle) if idle < self.idle_limit => {
+                Watch::CheckAt(now + (self.idle_limit - idle))
+            }
+            State::Idle(_) => {
+                tracing::debug!(peer = %self.peer, "closing an idle connection");
+                Watch::Close(Closing::Graceful(now))
+            }
+            State::Stalled => {
+                tracing::debug!(peer = %self.peer, "closing a connection whose sender does not take its response");
+                Watch::Close(Closing::Forced(now))
+            }
+        }
+    }
+}
+
+/// A place for a request on a connection, or the refusal to answer instead: none on a
+/// connection told to close (an HTTP/2 peer may keep opening streams until it
+/// acknowledges the GOAWAY), none when every place is taken. Load is shed at once rather
+/// than queued: the sender retries later.
+fn place_for_request(
+    requests: &Arc<Semaphore>,
+    closing: &CancellationToken,
+) -> Result<RequestPermit, Refusal> {
+    if closing.is_cancelled() {
+        return Err(Refusal::Closing);
+    }
+    Arc::clone(requests)
+        .try_acquire_owned()
+        .map(RequestPermit::new)
+        .map_err(|_| Refusal::Overloaded)
+}
+
+/// What the watchdog does after a check.
+enum Watch {
+    /// Nothing until then.
+    CheckAt(Instant),
+    /// Tell the connection to close.
+    Close(Closing),
+    /// It did not close when told to: drop it.
+    Drop,
 }
 
 /// What a connection's watchdog sees.
