@@ -339,7 +339,13 @@ mod tests {
             any::<bool>().prop_map(|b| b.to_string()),
             any::<i64>().prop_map(|n| n.to_string()),
             any::<u64>().prop_map(|n| n.to_string()),
-            (-1e6f64..1e6).prop_map(|f| f.to_string()),
+            // Only floats serde_json reads back exactly (without its `float_roundtrip`
+            // feature it may miss by one unit in the last place): the oracle parses them.
+            (-1e6f64..1e6)
+                .prop_filter("serde_json reads it exactly", |f| {
+                    serde_json::from_str::<f64>(&f.to_string()).ok() == Some(*f)
+                })
+                .prop_map(|f| f.to_string()),
             "[a-c/~é\\\\\"]{0,3}".prop_map(|t| serde_json::to_string(&t).unwrap()),
         ];
         leaf.prop_recursive(4, 32, 4, |inner| {
