@@ -36,7 +36,7 @@ fn routing() -> &'static Routing {
     ROUTING.get_or_init(|| {
         let config = Config::parse(CONFIG, Path::new("fuzz.yaml"), &Overrides::default())
             .expect("the fuzz configuration is valid");
-        Routing::from_config(&config)
+        config.routing()
     })
 }
 
