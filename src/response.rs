@@ -415,6 +415,111 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// Whether `docs/contract.md` has a table row for `code` with `status`.
+    fn documented(code: &str, status: StatusCode) -> bool {
+        let row_start = format!("| `{code}` |");
+        let status = format!("`{}`", status.as_u16());
+        include_str!("../docs/contract.md")
+            .lines()
+            .any(|line| line.starts_with(&row_start) && line.contains(&status))
+    }
+
+    #[test]
+    fn every_answer_is_in_the_contract() {
+        // A new variant fails to compile here until it is listed below and documented.
+        let listed = |refusal: &Refusal| match refusal {
+            Refusal::NoRoute
+            | Refusal::BodyTooLarge { .. }
+            | Refusal::BodyUnreadable(_)
+            | Refusal::BodyTimeout(_)
+            | Refusal::Signature(_)
+            | Refusal::MissingKey(_)
+            | Refusal::KeyTooLong(_)
+            | Refusal::StoreUnavailable { .. }
+            | Refusal::InFlight { .. }
+            | Refusal::PayloadMismatch
+            | Refusal::UpstreamUnreachable
+            | Refusal::UpstreamTimeout(_)
+            | Refusal::Overloaded
+            | Refusal::TooManyConnections
+            | Refusal::Closing
+            | Refusal::BadTarget(_)
+            | Refusal::Internal => refusal.parts(),
+        };
+        let second = Duration::from_secs(1);
+        let refusals = [
+            Refusal::NoRoute,
+            Refusal::BodyTooLarge { limit: 1 },
+            Refusal::BodyUnreadable(String::new()),
+            Refusal::BodyTimeout(second),
+            Refusal::Signature(VerifyError::NoMatch),
+            Refusal::Signature(VerifyError::MissingHeader("h")),
+            Refusal::Signature(VerifyError::Malformed("h")),
+            Refusal::Signature(VerifyError::IdMismatch("h")),
+            Refusal::Signature(VerifyError::Stale("5m".into())),
+            Refusal::MissingKey(String::new()),
+            Refusal::KeyTooLong(513),
+            Refusal::StoreUnavailable {
+                retry_after: second,
+            },
+            Refusal::InFlight {
+                status: StatusCode::CONFLICT,
+                retry_after: second,
+            },
+            Refusal::PayloadMismatch,
+            Refusal::UpstreamUnreachable,
+            Refusal::UpstreamTimeout(second),
+            Refusal::Overloaded,
+            Refusal::TooManyConnections,
+            Refusal::Closing,
+            Refusal::BadTarget(String::new()),
+            Refusal::Internal,
+        ];
+        for refusal in &refusals {
+            let (status, code, _) = listed(refusal);
+            assert!(
+                documented(code, status),
+                "{code} ({status}) is not in docs/contract.md"
+            );
+        }
+        let admin = |refusal: &AdminRefusal| match refusal {
+            AdminRefusal::Closed
+            | AdminRefusal::Unauthorized
+            | AdminRefusal::Starting
+            | AdminRefusal::NotFound
+            | AdminRefusal::NoSuchRoute(_)
+            | AdminRefusal::Absent
+            | AdminRefusal::InFlight
+            | AdminRefusal::StoreUnavailable(_)
+            | AdminRefusal::InvalidConfig(_)
+            | AdminRefusal::MethodNotAllowed
+            | AdminRefusal::Internal(_) => refusal.parts(),
+        };
+        for refusal in [
+            AdminRefusal::Closed,
+            AdminRefusal::Unauthorized,
+            AdminRefusal::Starting,
+            AdminRefusal::NotFound,
+            AdminRefusal::NoSuchRoute(String::new()),
+            AdminRefusal::Absent,
+            AdminRefusal::InFlight,
+            AdminRefusal::StoreUnavailable(String::new()),
+            AdminRefusal::InvalidConfig(String::new()),
+            AdminRefusal::MethodNotAllowed,
+            AdminRefusal::Internal(String::new()),
+        ] {
+            let (status, code, _) = admin(&refusal);
+            assert!(
+                documented(code, status),
+                "admin {code} ({status}) is not in docs/contract.md"
+            );
+        }
+        assert!(
+            !documented("no_such_code", StatusCode::OK),
+            "the check can fail"
+        );
+    }
+
     async fn body_text(response: Response<ProxyBody>) -> String {
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
