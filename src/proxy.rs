@@ -4,8 +4,9 @@
 //! handle ─▶ check Host and target (400) ─▶ match route on the path's normal form
 //!              │ none ──▶ pass_unmatched (relay untouched within half the places, or 404)
 //!              ▼
-//!           deliver: read body (413, 408) ─▶ verify (401) ─▶ extract key (400 / relay unkeyed)
-//!              ─▶ claim the key, and with replay_guard: body the body's hash
+//!           deliver ─▶ check: read body (413, 408) ─▶ verify (401) ─▶ extract key
+//!                               (400 / relay unkeyed)
+//!              ─▶ claim_and_forward: claim the key, and with replay_guard: body the body's hash
 //!                   ──done──▶ answer_duplicate (200, or 422 on a changed body)
 //!                   ──in flight──▶ 409 + Retry-After
 //!                   ──store error──▶ 503 + Retry-After (or relay unkeyed)
@@ -68,7 +69,7 @@ pub struct Proxy {
     /// at most half of `limits.max_requests`: the other half stays for deliveries, however
     /// slow the application's other pages are, or whoever asks for them.
     relay_places: Arc<Semaphore>,
-    open_claims: OpenClaims,
+    open_claims: ClaimRegistry,
     metrics: Arc<Metrics>,
 }
 
@@ -89,7 +90,7 @@ impl Proxy {
             upstream: Upstream::new(workers),
             forwards: TaskTracker::new(),
             relay_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
-            open_claims: OpenClaims::default(),
+            open_claims: ClaimRegistry::default(),
             metrics,
         }
     }
@@ -100,7 +101,7 @@ impl Proxy {
     }
 
     /// Puts new routing in force for the next requests.
-    pub fn apply(&self, routing: Routing) {
+    pub fn set_routing(&self, routing: Routing) {
         self.metrics.expect_routes(routing.table.names_and_checks());
         self.routing.store(Arc::new(routing));
     }
@@ -434,7 +435,7 @@ impl Proxy {
     }
 
     async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
-        release(&*self.store, &self.metrics, &route.name, claims, reason).await;
+        release_claims(&*self.store, &self.metrics, &route.name, claims, reason).await;
     }
 
     /// A request no route matches: streamed through untouched, or refused.
@@ -475,17 +476,18 @@ impl Proxy {
             return Refusal::Overloaded.into_response();
         };
         permit.also_hold(place);
-        let abandoned = Abandoned::keep(permit, timeout);
+        let place = RelayPlace::keep(permit, timeout);
         let sent = self
             .upstream
             .send(&upstream.address, request, timeout)
             .await;
-        abandoned.answered();
+        place.answered();
         match sent {
             Ok(response) => upstream::inbound(response),
             Err(error) => {
                 tracing::warn!(%error, "forward failed");
-                failure(error).1.into_response()
+                let (_, refusal) = failure(error);
+                refusal.into_response()
             }
         }
     }
@@ -504,7 +506,7 @@ impl Proxy {
             );
         }
         for (route, claims) in self.open_claims.take_all() {
-            release(
+            release_claims(
                 &*self.store,
                 &self.metrics,
                 &route,
@@ -543,7 +545,7 @@ impl Proxy {
 
 /// Releases a delivery's claims so that a retry runs the work, counting why (once per
 /// delivery).
-async fn release(
+async fn release_claims(
     store: &dyn ClaimStore,
     metrics: &Metrics,
     route: &str,
@@ -571,14 +573,14 @@ async fn release(
 /// A relay's place, kept until its timeout if the relay is dropped (its sender hung up)
 /// before the upstream answered: the application may still be working on it, and the
 /// proxy cannot know when it stops. Costs a task only when abandoned.
-struct Abandoned {
+struct RelayPlace {
     permit: Option<RequestPermit>,
     deadline: tokio::time::Instant,
 }
 
-impl Abandoned {
-    fn keep(permit: RequestPermit, timeout: Duration) -> Abandoned {
-        Abandoned {
+impl RelayPlace {
+    fn keep(permit: RequestPermit, timeout: Duration) -> RelayPlace {
+        RelayPlace {
             permit: Some(permit),
             deadline: tokio::time::Instant::now() + timeout,
         }
@@ -590,7 +592,7 @@ impl Abandoned {
     }
 }
 
-impl Drop for Abandoned {
+impl Drop for RelayPlace {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
@@ -710,9 +712,9 @@ fn unix_now() -> i64 {
 /// ones still open when its grace ends; a delivery dropped before it settles its claims
 /// (its sender left before the forward began, or the forward task died) releases its own.
 #[derive(Clone, Default)]
-struct OpenClaims(Arc<Mutex<HashMap<u128, (String, Claims)>>>);
+struct ClaimRegistry(Arc<Mutex<HashMap<u128, (String, Claims)>>>);
 
-impl OpenClaims {
+impl ClaimRegistry {
     fn hold(&self, event: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
         let claims = Claims { event, body: None };
         self.lock()
@@ -739,7 +741,7 @@ impl OpenClaims {
 
 /// A delivery's claims until they are settled: finished or released.
 struct OpenClaim {
-    registry: OpenClaims,
+    registry: ClaimRegistry,
     claims: Claims,
     route: String,
     store: Arc<dyn ClaimStore>,
@@ -791,7 +793,7 @@ impl Drop for OpenClaim {
                 (self.route.clone(), self.claims.clone(), self.if_dropped);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release(&*store, &metrics, &route, &claims, reason).await;
+                    release_claims(&*store, &metrics, &route, &claims, reason).await;
                 });
             }
         }

@@ -76,7 +76,7 @@ impl Reloader {
         for warning in &config.warnings {
             tracing::warn!("{warning}");
         }
-        self.proxy.apply(config.routing());
+        self.proxy.set_routing(config.routing());
         let reloaded = Reloaded {
             routes: config.routes.len(),
             restart_needed: self.restart_needed(&config),

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::key::KeyTemplate;
 use crate::preset::Preset;
 use crate::target;
-use crate::values::{MethodValue, StatusPattern, UpstreamUrl, shown};
+use crate::values::{MethodValue, StatusPattern, UpstreamUrl, as_written};
 use crate::verify::Verify;
 
 /// A route with every setting resolved.
@@ -39,13 +39,13 @@ pub struct Route {
 /// The per-route settings that `defaults` can also set.
 #[derive(Debug, Clone, Serialize)]
 pub struct Policy {
-    #[serde(serialize_with = "shown::duration")]
+    #[serde(serialize_with = "as_written::duration")]
     pub retention: Duration,
-    #[serde(serialize_with = "shown::duration")]
+    #[serde(serialize_with = "as_written::duration")]
     pub lease: Duration,
-    #[serde(serialize_with = "shown::size")]
+    #[serde(serialize_with = "as_written::size")]
     pub max_body: u64,
-    #[serde(serialize_with = "shown::duration")]
+    #[serde(serialize_with = "as_written::duration")]
     pub upstream_timeout: Duration,
     pub success_status: Vec<StatusPattern>,
     pub on_missing_key: OnMissingKey,
@@ -53,9 +53,9 @@ pub struct Policy {
     pub on_payload_mismatch: OnPayloadMismatch,
     pub duplicate_response: DuplicateResponse,
     /// A 4xx or 5xx: the configuration refuses a success here.
-    #[serde(serialize_with = "shown::status")]
+    #[serde(serialize_with = "as_written::status")]
     pub in_flight_status: StatusCode,
-    #[serde(serialize_with = "shown::duration")]
+    #[serde(serialize_with = "as_written::duration")]
     pub retry_after: Duration,
     pub forward_key_header: bool,
 }
@@ -63,11 +63,11 @@ pub struct Policy {
 /// What a duplicate of a done key is answered with.
 #[derive(Debug, Clone, Serialize)]
 pub struct DuplicateResponse {
-    #[serde(serialize_with = "shown::status")]
+    #[serde(serialize_with = "as_written::status")]
     pub status: StatusCode,
     #[serde(serialize_with = "serialize_body")]
     pub body: Bytes,
-    #[serde(serialize_with = "shown::header")]
+    #[serde(serialize_with = "as_written::header")]
     pub content_type: HeaderValue,
     /// Answer with the upstream's recorded answer when the store holds one.
     pub replay: bool,

@@ -1,7 +1,8 @@
 //! The typed values of the configuration, shared with the code that uses them: durations,
-//! sizes, status sets, methods, names, upstream URLs and secrets. Each parses inside serde's visitor, so serde_yaml attaches
-//! the line and column of the offending scalar to any error; each serializes back to the
-//! form a user would write, for `dedupe-proxy check`.
+//! sizes, status sets, methods, names, upstream URLs and secrets. Each parses inside
+//! serde's visitor, so serde_yaml attaches the line and column of the offending scalar to
+//! any error; each serializes back to the form a user would write, for `dedupe-proxy
+//! check`.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -78,7 +79,7 @@ macro_rules! serialize_status {
 
 /// Serializers for the plain values a resolved setting holds, each in the form a user
 /// writes it, for `dedupe-proxy check` and `GET /v1/routes`.
-pub mod shown {
+pub mod as_written {
     use std::time::Duration;
 
     use http::{HeaderValue, StatusCode};
