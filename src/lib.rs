@@ -10,14 +10,17 @@
 //! admin port ──▶ admin (health, readiness, metrics, routes, reload, keys)
 //! ```
 //!
-//! - [`config`] reads the YAML file; [`route`] resolves routes; [`target`] checks a
-//!   request's Host and gives the path's normal form routes match on; [`key`] extracts
-//!   keys; [`verify`] checks signatures; [`preset`] knows the major providers.
-//! - [`proxy`] is the lifecycle of one delivery: match, read, verify, key, claim,
+//! - [`config`] reads the YAML file and resolves every route's settings ([`values`] are
+//!   their typed values); [`route`] is a route as it runs and the table that finds it;
+//!   [`target`] checks a request's Host and gives the path's normal form routes match on;
+//!   [`key`] extracts keys; [`verify`] checks signatures; [`preset`] knows the major
+//!   providers.
+//! - [`proxy`] is the lifecycle of one delivery: match, check (read, verify, key), claim,
 //!   forward, finish.
 //! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked, on
 //!   sled (embedded) or shared by replicas on Redis or PostgreSQL.
-//! - [`upstream`] holds the pooled clients, one per worker; [`response`] writes every answer the proxy makes.
+//! - [`upstream`] holds the pooled clients, one per worker; [`response`] writes every
+//!   answer the proxy makes.
 //! - [`server`] accepts connections within [`config::Limits`] and hands each to one of
 //!   the [`workers`] (a single-threaded runtime per core); [`admin`] serves the admin
 //!   port; [`metrics`] names every metric; [`reload`] applies a changed configuration;
@@ -26,8 +29,8 @@
 //! # A delivery's life
 //!
 //! A delivery on a matched route has its body read (bounded), its signature checked, its
-//! key extracted and claimed. Only an unclaimed key is forwarded, in a task that outlives the sender's
-//! connection. An upstream success marks the key done before the sender hears of it; any
+//! key extracted and claimed. Only an unclaimed key is forwarded, in a task that outlives
+//! the sender's connection. An upstream success marks the key done before the sender hears of it; any
 //! failure releases the claim so the provider's retry runs the work. A done key's
 //! duplicate is answered at once; an in-flight key's gets 409 and `Retry-After`.
 //!

@@ -5,7 +5,8 @@
 //! a deadline.
 //!
 //! Every phase of a connection that its sender paces has a deadline, kept by one watchdog
-//! per connection ([`Activity`]) rather than by each protocol: hyper gives no deadline to
+//! per connection (it reads the connection's [`Activity`] in `Connection::watch`) rather
+//! than by each protocol: hyper gives no deadline to
 //! protocol detection, to the HTTP/2 preface and SETTINGS exchange, or to an idle HTTP/2
 //! connection, and a connection that never finishes any of them would hold its slot for
 //! ever. A request being handled, and a response body waiting for the upstream's next
@@ -17,8 +18,8 @@
 //!   for it (its sender does not read, or holds an HTTP/2 stream's window at zero) closes
 //!   its connection, whatever the other streams on it do.
 //!
-//! When every connection slot is taken, the connection that has idled longest (no request
-//! in progress) is closed to make room, so that keeping many connections open costs a
+//! When every connection slot is taken, an idle connection (no request in progress) is
+//! closed to make room, one that never sent a request first, else the one idle longest, so that keeping many connections open costs a
 //! sender real requests rather than one every `header_read_timeout`.
 
 use std::collections::HashMap;

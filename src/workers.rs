@@ -1,8 +1,8 @@
 //! The threads that run connections: one single-threaded tokio runtime per core, each
 //! given its share of the accepted connections. A delivery's tasks (the sender's
 //! connection, the forward, the upstream connection) then wake one another on one thread,
-//! with no work stealing and no cross-thread wake-ups, as nginx's workers do: tokio's
-//! multi-threaded runtime spent about a third more CPU per delivery.
+//! with no work stealing and no cross-thread wake-ups, as nginx's workers do: on tokio's
+//! multi-threaded runtime the same deliveries cost more CPU (`docs/performance.md`).
 
 use std::cell::Cell;
 use std::future::Future;

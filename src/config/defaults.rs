@@ -53,7 +53,8 @@ pub fn flush_every() -> HumanDuration {
     HumanDuration(Duration::from_millis(100))
 }
 
-/// 8 MiB: a larger sled cache cost memory without a measured gain (`docs/design.md`).
+/// 8 MiB: a larger sled cache costs memory without a steady measured gain
+/// (`docs/performance.md`).
 pub fn sled_cache() -> Size {
     Size(8 << 20)
 }

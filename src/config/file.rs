@@ -51,7 +51,7 @@ pub(super) struct ConfigFile {
 }
 
 /// One entry of `routes:`, and also the shape of `defaults:` (which may not set `name`,
-/// `match`, `key` or `scope`). Every policy field is optional: a route inherits what it
+/// `match`, `key`, `scope`, `preset` or `verify`). Every policy field is optional: a route inherits what it
 /// leaves out from `defaults`, and `defaults` from the built-in values in `defaults.rs`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

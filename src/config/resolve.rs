@@ -1,6 +1,7 @@
 //! From the file to what runs: each route's settings resolved against `defaults:` and the
 //! built-in values, field by field, into a [`Route`]; the command-line overrides applied;
-//! and the warnings about settings that are valid but probably mistakes.
+//! the warnings about settings that are valid but probably mistakes; and
+//! [`Config::routing`], what a reload puts in force.
 
 use std::path::Path;
 

@@ -2,17 +2,18 @@
 //!
 //! Each *epoch* is a sled tree holding the records whose expiry falls in one window of
 //! time. Once a window has passed, everything in its tree has expired: the sweep empties
-//! the tree and drops it. So no expiry index is needed (it doubled the disk per key), and
+//! the tree and drops it. So no expiry index is needed (it took as much disk as the records), and
 //! the sweep's cost follows what expired, not the store's size.
 //!
 //! A record is known by a 16-byte SHA-256 prefix of its store key, and the records whose
 //! keys share their first two bytes (three in a window expected to hold more than two
 //! million) share one sled value, a [`Bucket`]. sled keeps a few hundred bytes of
 //! bookkeeping in memory for every page of about a dozen sled keys, cached or not, so a
-//! bucket per several records costs a fraction of the memory of a sled key each. Writing a record rewrites its bucket, which stays
-//! small: 65 536 buckets per window hold a million records at 15 each, and a record
-//! larger than [`INLINE_LIMIT`] (one keeping a replayed answer) is stored apart under its
-//! full key ([`Entry::StoredApart`]), so that it is not rewritten with the others.
+//! bucket per several records costs a fraction of the memory of a sled key each. Writing
+//! a record rewrites its bucket, which stays small: 65 536 buckets per window hold a
+//! million records at 15 each, and a record larger than [`INLINE_LIMIT`] (one keeping a
+//! replayed answer) is stored apart under its full key ([`Entry::StoredApart`]), so that
+//! it is not rewritten with the others.
 //!
 //! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
 //! that may hold its key: about one read for a duplicate, almost none for a new event.

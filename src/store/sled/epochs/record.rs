@@ -41,7 +41,7 @@ pub(super) fn salt(db: &sled::Db) -> Result<Vec<u8>, StoreError> {
     }
     if db.tree_names().len() > 1 {
         return Err(StoreError::Backend(
-            "it holds done records without a record-key salt, written by a development build before 0.1.0; move it aside to start with an empty store"
+            "it holds done records without a record-key salt, written by a development build before salts; move it aside to start with an empty store"
                 .into(),
         ));
     }
