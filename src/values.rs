@@ -423,6 +423,44 @@ impl fmt::Display for HeaderText {
 
 string_value!(HeaderText, "a header value");
 
+/// A PEM file named in the configuration (a CA, a client certificate or its key), read as
+/// the file is parsed, so that a missing or unreadable one is reported at its line. It
+/// prints as its path, never its contents.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PemFile {
+    pub path: std::path::PathBuf,
+    pub pem: Vec<u8>,
+}
+
+impl FromStr for PemFile {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let pem = std::fs::read(text).map_err(|error| format!("cannot read `{text}`: {error}"))?;
+        if !pem.windows(11).any(|window| window == b"-----BEGIN ") {
+            return Err(format!("`{text}` holds no PEM block"));
+        }
+        Ok(PemFile {
+            path: text.into(),
+            pem,
+        })
+    }
+}
+
+impl fmt::Display for PemFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.path.display().fmt(f)
+    }
+}
+
+impl fmt::Debug for PemFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PemFile({})", self.path.display())
+    }
+}
+
+string_value!(PemFile, "a path to a PEM file");
+
 /// The name of an environment variable holding a secret (a field ending in `_env`),
 /// read as the file is parsed so that an unset variable is reported at its line.
 #[derive(Clone, Debug, PartialEq, Eq)]

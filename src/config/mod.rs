@@ -21,7 +21,9 @@ use crate::route::{Policy, Route, Unmatched};
 use crate::values::{EnvSecret, HumanDuration, Size, UpstreamUrl};
 use file::ConfigFile;
 
-pub use store::{Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, StoreConfig};
+pub use store::{
+    Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode, StoreConfig, TlsConfig,
+};
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.
 #[derive(Debug, Clone, Serialize)]

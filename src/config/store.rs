@@ -1,5 +1,7 @@
 //! `store:`: which backend holds the claims, and its settings. Exactly one backend is
-//! set; a server URL holding a password can come from a variable, and prints masked.
+//! set; a server URL holding a password can come from a variable, and prints masked. The
+//! shared stores may speak TLS (`rediss://`, `sslmode=`) with the files of `tls:`, and
+//! Redis may be a cluster.
 
 use std::path::PathBuf;
 
@@ -8,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::defaults;
 use super::file::map_then;
-use crate::values::{EnvSecret, HumanDuration, Secret, Size, TableName};
+use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 
 /// `store:`: exactly one backend.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +149,16 @@ pub struct RedisConfig {
     pub prefix: String,
     /// How long one Redis command may take before it counts as a store failure.
     pub timeout: HumanDuration,
+    /// With a `rediss://` URL: the files that replace the system's roots and identify the
+    /// proxy; without, the system's roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// `url` (and `nodes`) are the seeds of a Redis Cluster.
+    #[serde(skip_serializing_if = "is_false")]
+    pub cluster: bool,
+    /// More seeds of the cluster besides `url`.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "masked_urls")]
+    pub nodes: Vec<Secret>,
 }
 
 /// `store.postgres:`: claims shared by every replica through one PostgreSQL table.
@@ -160,6 +172,85 @@ pub struct PostgresConfig {
     pub timeout: HumanDuration,
     /// Connections for deliveries, shared out among the workers.
     pub pool_size: usize,
+    /// From the URL's `sslmode`; `verify-full` when it has none and `tls:` is set.
+    #[serde(rename = "sslmode")]
+    pub ssl_mode: SslMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+/// `tls:` of a shared store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The authority that signs the server's certificate, in place of the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PemFile>,
+    /// A client certificate (with `key_file`), for servers that ask for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PemFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PemFile>,
+}
+
+impl TlsConfig {
+    fn check(&self) -> Result<(), String> {
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) | (None, Some(_)) => {
+                Err("`tls` takes `cert_file` and `key_file` together".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How a PostgreSQL connection uses TLS, as libpq's `sslmode` says it. `prefer` and
+/// `allow` are refused: they fall back to plain text without a word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Plain text.
+    Disable,
+    /// TLS; the server's certificate is checked against `tls.ca_file` when there is one
+    /// (as `verify-ca`), else not at all.
+    Require,
+    /// TLS; the certificate must chain to the roots, whatever name it has.
+    VerifyCa,
+    /// TLS; the certificate must chain to the roots and name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The mode a URL (or a `key=value` connection string) asks for, if it names one.
+    fn of(url: &str) -> Result<Option<SslMode>, String> {
+        let Some((_, rest)) = url.split_once("sslmode=") else {
+            return Ok(None);
+        };
+        let value: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        match value.as_str() {
+            "disable" => Ok(Some(SslMode::Disable)),
+            "require" => Ok(Some(SslMode::Require)),
+            "verify-ca" => Ok(Some(SslMode::VerifyCa)),
+            "verify-full" => Ok(Some(SslMode::VerifyFull)),
+            "prefer" | "allow" => Err(format!(
+                "`sslmode={value}` may fall back to plain text without a word; write disable, require, verify-ca or verify-full"
+            )),
+            other => Err(format!(
+                "unknown `sslmode={other}`; write disable, require, verify-ca or verify-full"
+            )),
+        }
+    }
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+fn masked_urls<S: serde::Serializer>(urls: &[Secret], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(urls.iter().map(|url| mask_password(url.expose())))
 }
 
 #[derive(Deserialize)]
@@ -171,6 +262,12 @@ struct RedisFile {
     prefix: String,
     #[serde(default = "defaults::server_timeout")]
     timeout: HumanDuration,
+    #[serde(default, deserialize_with = "tls_section")]
+    tls: Option<TlsConfig>,
+    #[serde(default)]
+    cluster: bool,
+    #[serde(default)]
+    nodes: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -184,6 +281,15 @@ struct PostgresFile {
     timeout: HumanDuration,
     #[serde(default = "defaults::postgres_pool_size")]
     pool_size: usize,
+    #[serde(default, deserialize_with = "tls_section")]
+    tls: Option<TlsConfig>,
+}
+
+fn tls_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<TlsConfig>, D::Error> {
+    map_then(deserializer, |tls: TlsConfig| {
+        tls.check()?;
+        Ok(Some(tls))
+    })
 }
 
 fn redis_section<'de, D: Deserializer<'de>>(
@@ -193,10 +299,27 @@ fn redis_section<'de, D: Deserializer<'de>>(
         if file.timeout.0.is_zero() {
             return Err("`timeout` must be longer than zero".into());
         }
+        let url = server_url(file.url, file.url_env)?;
+        if !file.nodes.is_empty() && !file.cluster {
+            return Err("`nodes` are the seeds of a cluster: set `cluster: true`".into());
+        }
+        let tls_urls = std::iter::once(url.expose())
+            .chain(file.nodes.iter().map(String::as_str))
+            .filter(|url| url.starts_with("rediss://"))
+            .count();
+        if tls_urls != 0 && tls_urls != 1 + file.nodes.len() {
+            return Err("`url` and `nodes` must all be `rediss://` (TLS) or all `redis://`".into());
+        }
+        if file.tls.is_some() && tls_urls == 0 {
+            return Err("`tls` needs a `rediss://` URL; `redis://` is plain text".into());
+        }
         Ok(Some(RedisConfig {
-            url: server_url(file.url, file.url_env)?,
+            url,
             prefix: file.prefix,
             timeout: file.timeout,
+            tls: file.tls,
+            cluster: file.cluster,
+            nodes: file.nodes.into_iter().map(Secret::new).collect(),
         }))
     })
 }
@@ -211,11 +334,22 @@ fn postgres_section<'de, D: Deserializer<'de>>(
         if file.pool_size == 0 {
             return Err("`pool_size` must be at least 1".into());
         }
+        let url = server_url(file.url, file.url_env)?;
+        let ssl_mode = match (SslMode::of(url.expose())?, &file.tls) {
+            (Some(SslMode::Disable), Some(_)) => {
+                return Err("`tls` with `sslmode=disable`: choose one".into());
+            }
+            (Some(mode), _) => mode,
+            (None, Some(_)) => SslMode::VerifyFull,
+            (None, None) => SslMode::Disable,
+        };
         Ok(Some(PostgresConfig {
-            url: server_url(file.url, file.url_env)?,
+            url,
             table: file.table,
             timeout: file.timeout,
             pool_size: file.pool_size,
+            ssl_mode,
+            tls: file.tls,
         }))
     })
 }

@@ -19,6 +19,7 @@
 pub mod postgres;
 pub mod redis;
 pub mod sled;
+mod tls;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -181,6 +182,29 @@ impl StoreError {
     /// A failure of the `engine` backend.
     fn of(engine: &str, error: impl Display) -> StoreError {
         StoreError::Backend(format!("{engine}: {error}"))
+    }
+
+    /// The failure, said to have happened while doing `what`.
+    fn context(self, what: &str) -> StoreError {
+        match self {
+            StoreError::Backend(text) => StoreError::Backend(format!("{what}: {text}")),
+            other => other,
+        }
+    }
+
+    /// A failure of the `engine` backend with its causes, which name what went wrong
+    /// beneath a driver's summary ("error performing TLS handshake": which check failed).
+    fn caused(engine: &str, error: &dyn std::error::Error) -> StoreError {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text = format!("{text}: {cause_text}");
+            }
+            source = cause.source();
+        }
+        StoreError::of(engine, text)
     }
 }
 

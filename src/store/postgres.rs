@@ -14,12 +14,14 @@ use async_trait::async_trait;
 use deadpool_postgres::{Pool, PoolConfig, Runtime, Timeouts};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::tls;
 use super::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, KeyState,
     Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
 };
-use crate::config::PostgresConfig;
+use crate::config::{PostgresConfig, SslMode};
 use crate::workers::{PerWorker, Workers};
 
 /// The database's time in milliseconds since the Unix epoch.
@@ -89,20 +91,28 @@ pub struct PostgresStore {
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(error: tokio_postgres::Error) -> StoreError {
-        StoreError::of("postgres", error)
+        StoreError::caused("postgres", &error)
     }
 }
 
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(error: deadpool_postgres::PoolError) -> StoreError {
-        StoreError::of("postgres", error)
+        StoreError::caused("postgres", &error)
     }
 }
 
-/// A pool of at most `size` connections, opened when first needed.
+/// A pool of at most `size` connections, opened when first needed, with TLS as `sslmode`
+/// says.
 fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
     let mut pool_config = deadpool_postgres::Config::new();
-    pool_config.url = Some(config.url.expose().to_owned());
+    // tokio-postgres reads `disable`, `prefer` and `require` only; the certificate checks
+    // of `verify-ca` and `verify-full` are the rustls configuration's.
+    let url = config
+        .url
+        .expose()
+        .replace("sslmode=verify-full", "sslmode=require")
+        .replace("sslmode=verify-ca", "sslmode=require");
+    pool_config.url = Some(url);
     let mut limits = PoolConfig::new(size);
     limits.timeouts = Timeouts {
         wait: Some(config.timeout.0),
@@ -110,11 +120,21 @@ fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
         recycle: Some(config.timeout.0),
     };
     pool_config.pool = Some(limits);
-    pool_config
-        .create_pool(Some(Runtime::Tokio1), NoTls)
-        .map_err(|error| {
-            StoreError::Backend(format!("postgres URL {}: {error}", config.url.masked()))
-        })
+    let created = match config.ssl_mode {
+        SslMode::Disable => {
+            pool_config.ssl_mode = Some(deadpool_postgres::SslMode::Disable);
+            pool_config.create_pool(Some(Runtime::Tokio1), NoTls)
+        }
+        mode => {
+            // Never `prefer`: a server that will not speak TLS is refused, not used plain.
+            pool_config.ssl_mode = Some(deadpool_postgres::SslMode::Require);
+            let rustls = tls::postgres_config(mode, config.tls.as_ref())?;
+            pool_config.create_pool(Some(Runtime::Tokio1), MakeRustlsConnect::new(rustls))
+        }
+    };
+    created.map_err(|error| {
+        StoreError::Backend(format!("postgres URL {}: {error}", config.url.masked()))
+    })
 }
 
 /// A time in milliseconds, as PostgreSQL's `bigint` holds it.
@@ -149,9 +169,10 @@ impl PostgresStore {
             timeout: config.timeout.0,
             statements: Statements::for_table(&config.table.0),
         };
-        store.create_table(&config.table.0).await.map_err(|error| {
-            StoreError::Backend(format!("cannot prepare postgres at {url}: {error}"))
-        })?;
+        store
+            .create_table(&config.table.0)
+            .await
+            .map_err(|error| error.context(&format!("cannot prepare postgres at {url}")))?;
         Ok(store)
     }
 

@@ -1,8 +1,9 @@
 //! The shared claim store on Redis: every replica's proxy claims in the same Redis.
 //!
 //! One hash per key (`{prefix}{namespace}:{key}`), so every operation touches a single
-//! key and works on Redis Cluster. Each transition is one Lua script that checks the
-//! state and owner token and changes the hash atomically on the server. Leases and
+//! key and works on Redis Cluster (`cluster: true`: the cluster client follows `MOVED`,
+//! `ASK` and failovers). Each transition is one Lua script that checks the state and
+//! owner token and changes the hash atomically on the server. `rediss://` is TLS. Leases and
 //! retention are the key's native TTL: an expired lease or done record is simply gone,
 //! so there is nothing to sweep.
 //!
@@ -14,9 +15,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
+use super::tls;
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
     KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis, owned, within,
@@ -76,7 +80,7 @@ pub struct RedisStore {
     /// The connection opened at start, for callers outside the workers, then one per
     /// worker, opened on it: a connection's task runs on the runtime that opened it, and
     /// a reply that wakes another thread costs CPU.
-    connections: PerWorker<ConnectionManager>,
+    connections: PerWorker<Link>,
     prefix: String,
     timeout: Duration,
     clock: Box<dyn Clock>,
@@ -88,7 +92,7 @@ pub struct RedisStore {
 
 impl From<redis::RedisError> for StoreError {
     fn from(error: redis::RedisError) -> StoreError {
-        StoreError::of("redis", error)
+        StoreError::caused("redis", &error)
     }
 }
 
@@ -102,30 +106,109 @@ fn malformed(what: &str) -> StoreError {
     StoreError::of("redis", what)
 }
 
-/// Opens a connection that reconnects by itself, and checks that Redis answers.
-async fn open_connection(
-    client: redis::Client,
-    config: RedisConfig,
-) -> Result<ConnectionManager, StoreError> {
-    let (url, timeout) = (config.url.masked(), config.timeout.0);
-    let manager = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(1);
-    let mut connection =
-        tokio::time::timeout(timeout, client.get_connection_manager_with_config(manager))
+/// A connection to one Redis, or to a cluster; both reconnect by themselves.
+#[derive(Clone)]
+enum Link {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Single(connection) => connection.req_packed_command(cmd),
+            Link::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Single(connection) => connection.get_db(),
+            Link::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+/// How connections are opened: a client of one server or of a cluster, with TLS when the
+/// URLs are `rediss://`.
+// Made once per store and cloned once per worker: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+enum Opener {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Opener {
+    fn new(config: &RedisConfig) -> Result<Opener, StoreError> {
+        let url = config.url.masked();
+        let invalid =
+            |error: redis::RedisError| StoreError::Backend(format!("redis URL {url}: {error}"));
+        let certificates = tls::redis_certificates(config.tls.as_ref());
+        let uses_tls = config.url.expose().starts_with("rediss://");
+        if config.cluster {
+            let seeds = std::iter::once(config.url.expose().to_owned())
+                .chain(config.nodes.iter().map(|node| node.expose().to_owned()));
+            let mut builder = ClusterClientBuilder::new(seeds)
+                .connection_timeout(config.timeout.0)
+                .response_timeout(config.timeout.0);
+            if uses_tls {
+                builder = builder.certs(certificates);
+            }
+            return builder.build().map(Opener::Cluster).map_err(invalid);
+        }
+        let client = if uses_tls {
+            redis::Client::build_with_tls(config.url.expose(), certificates)
+        } else {
+            redis::Client::open(config.url.expose())
+        };
+        client.map(Opener::Single).map_err(invalid)
+    }
+
+    /// Opens a connection and checks that Redis answers.
+    async fn open(self, config: RedisConfig) -> Result<Link, StoreError> {
+        let (url, timeout) = (config.url.masked(), config.timeout.0);
+        let opening = async {
+            match self {
+                Opener::Single(client) => {
+                    let manager = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(timeout))
+                        .set_response_timeout(Some(timeout))
+                        .set_number_of_retries(1);
+                    client
+                        .get_connection_manager_with_config(manager)
+                        .await
+                        .map(Link::Single)
+                }
+                Opener::Cluster(client) => client.get_async_connection().await.map(Link::Cluster),
+            }
+        };
+        let mut connection = tokio::time::timeout(timeout, opening)
             .await
             .map_err(|_| {
                 StoreError::Backend(format!("redis at {url} did not answer within {timeout:?}"))
             })?
             .map_err(|error| {
-                StoreError::Backend(format!("cannot reach redis at {url}: {error}"))
+                StoreError::from(error).context(&format!("cannot reach redis at {url}"))
             })?;
-    let _: String = redis::cmd("PING")
-        .query_async(&mut connection)
-        .await
-        .map_err(|error| StoreError::Backend(format!("redis at {url}: {error}")))?;
-    Ok(connection)
+        let _: String = redis::cmd("PING")
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| StoreError::from(error).context(&format!("redis at {url}")))?;
+        Ok(connection)
+    }
 }
 
 impl RedisStore {
@@ -135,14 +218,12 @@ impl RedisStore {
         config: &RedisConfig,
         workers: Option<&Workers>,
     ) -> Result<RedisStore, StoreError> {
-        let url = config.url.masked();
-        let client = redis::Client::open(config.url.expose())
-            .map_err(|error| StoreError::Backend(format!("redis URL {url}: {error}")))?;
-        let outside = open_connection(client.clone(), config.clone()).await?;
+        let opener = Opener::new(config)?;
+        let outside = opener.clone().open(config.clone()).await?;
         let mut each = Vec::new();
         if let Some(workers) = workers {
             for index in 0..workers.count() {
-                let opening = open_connection(client.clone(), config.clone());
+                let opening = opener.clone().open(config.clone());
                 each.push(
                     workers
                         .run_on(index, opening)
@@ -164,7 +245,7 @@ impl RedisStore {
     }
 
     /// The connection for the caller's thread.
-    fn connection(&self) -> ConnectionManager {
+    fn connection(&self) -> Link {
         self.connections.get().clone()
     }
 
