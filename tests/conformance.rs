@@ -1,10 +1,12 @@
-//! The claim-store contract ("Claim states" in `docs/contract.md`), one suite run unchanged against
-//! sled, Redis and PostgreSQL: every transition, owner checks, lease takeover, retention
-//! expiry, the recorded answer, and concurrent claims from many tasks.
+//! The claim-store contract ("Claim states" in `docs/contract.md`), one suite run unchanged
+//! against sled, Redis, PostgreSQL, Redis over mutual TLS, a six-node Redis Cluster and a
+//! TLS-only PostgreSQL (`verify-full`): every transition, owner checks, lease takeover,
+//! retention expiry, the recorded answer, and concurrent claims from many tasks.
 //!
-//! Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, database `test`) are the real
-//! servers on this machine; without them these tests are skipped with a message, except
-//! in CI (`CI=true`), where a missing server is a failure. sled time is a manual clock;
+//! Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, database `test`) are real
+//! servers, and `tests/servers` starts the TLS ones and the cluster; without them these
+//! tests are skipped with a message, except in CI (`CI=true`), where a missing server is
+//! a failure. sled time is a manual clock;
 //! the shared stores keep real time, so leases and retentions here are short.
 //! Backend-specific behaviour (sled's sweep, restart and durability) is in `sled_store.rs`.
 
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig};
+use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode};
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::sled::SledStore;
@@ -57,6 +59,9 @@ fn redis_config() -> RedisConfig {
         url: ServerUrl::Written(Secret::new(support::REDIS_URL.into())),
         prefix: "dedupe-test:".into(),
         timeout: HumanDuration(Duration::from_secs(2)),
+        tls: None,
+        cluster: false,
+        nodes: Vec::new(),
     }
 }
 
@@ -66,6 +71,46 @@ fn postgres_config() -> PostgresConfig {
         table: TableName("dedupe_conformance".into()),
         timeout: HumanDuration(Duration::from_secs(5)),
         pool_size: 8,
+        ssl_mode: SslMode::Disable,
+        tls: None,
+    }
+}
+
+/// The Redis that speaks only TLS, with the test CA and client certificate.
+fn redis_tls_config(servers: &support::TestServers) -> RedisConfig {
+    let url = format!("rediss://127.0.0.1:{}/0", servers.redis_tls_port);
+    RedisConfig {
+        url: ServerUrl::Written(Secret::new(url)),
+        tls: Some(servers.tls("ca.pem", true)),
+        ..redis_config()
+    }
+}
+
+/// The Redis Cluster, seeded with its first node and two more.
+fn redis_cluster_config(servers: &support::TestServers) -> RedisConfig {
+    let url = |port: &u16| format!("redis://127.0.0.1:{port}");
+    RedisConfig {
+        url: ServerUrl::Written(Secret::new(url(&servers.cluster_ports[0]))),
+        cluster: true,
+        nodes: servers.cluster_ports[1..3]
+            .iter()
+            .map(|port| Secret::new(url(port)))
+            .collect(),
+        ..redis_config()
+    }
+}
+
+/// The PostgreSQL that takes only TLS, checked in full (its certificate names `localhost`).
+fn postgres_tls_config(servers: &support::TestServers) -> PostgresConfig {
+    let url = format!(
+        "postgres://postgres@localhost:{}/test?sslmode=verify-full",
+        servers.postgres_tls_port
+    );
+    PostgresConfig {
+        url: ServerUrl::Written(Secret::new(url)),
+        ssl_mode: SslMode::VerifyFull,
+        tls: Some(servers.tls("ca.pem", false)),
+        ..postgres_config()
     }
 }
 
@@ -97,6 +142,30 @@ impl Harness {
         match PostgresStore::connect(&postgres_config(), None).await {
             Ok(store) => Some(Harness::shared(Arc::new(store))),
             Err(error) => unavailable("PostgreSQL", error),
+        }
+    }
+
+    async fn redis_tls() -> Option<Harness> {
+        let config = redis_tls_config(&support::TestServers::get()?);
+        match RedisStore::connect(&config, None).await {
+            Ok(store) => Some(Harness::shared(Arc::new(store))),
+            Err(error) => unavailable("Redis over TLS", error),
+        }
+    }
+
+    async fn redis_cluster() -> Option<Harness> {
+        let config = redis_cluster_config(&support::TestServers::get()?);
+        match RedisStore::connect(&config, None).await {
+            Ok(store) => Some(Harness::shared(Arc::new(store))),
+            Err(error) => unavailable("the Redis Cluster", error),
+        }
+    }
+
+    async fn postgres_tls() -> Option<Harness> {
+        let config = postgres_tls_config(&support::TestServers::get()?);
+        match PostgresStore::connect(&config, None).await {
+            Ok(store) => Some(Harness::shared(Arc::new(store))),
+            Err(error) => unavailable("PostgreSQL over TLS", error),
         }
     }
 
@@ -382,37 +451,31 @@ async fn every_key_the_proxy_accepts_is_stored_apart(h: Harness) {
     }
 }
 
+/// Runs each contract test against one backend, in a module of its own.
+macro_rules! backend {
+    ($module:ident, $harness:ident, $($test:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    if let Some(harness) = super::Harness::$harness().await {
+                        super::$test(harness).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
 /// Runs each contract test against each backend.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
-        mod sled_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Harness::sled().await.unwrap()).await;
-                }
-            )*
-        }
-        mod redis_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    if let Some(harness) = super::Harness::redis().await {
-                        super::$test(harness).await;
-                    }
-                }
-            )*
-        }
-        mod postgres_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    if let Some(harness) = super::Harness::postgres().await {
-                        super::$test(harness).await;
-                    }
-                }
-            )*
-        }
+        backend!(sled_backend, sled, $($test),*);
+        backend!(redis_backend, redis, $($test),*);
+        backend!(postgres_backend, postgres, $($test),*);
+        backend!(redis_tls_backend, redis_tls, $($test),*);
+        backend!(redis_cluster_backend, redis_cluster, $($test),*);
+        backend!(postgres_tls_backend, postgres_tls, $($test),*);
     };
 }
 
@@ -483,5 +546,17 @@ async fn postgres_workers_connections_share_one_store() {
     match PostgresStore::connect(&postgres_config(), Some(&workers)).await {
         Ok(store) => workers_connections_share_one_store(Arc::new(store), workers).await,
         Err(error) => drop(unavailable("PostgreSQL", error)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_workers_connections_share_one_store() {
+    let Some(servers) = support::TestServers::get() else {
+        return;
+    };
+    let workers = Workers::start(2).unwrap();
+    match RedisStore::connect(&redis_cluster_config(&servers), Some(&workers)).await {
+        Ok(store) => workers_connections_share_one_store(Arc::new(store), workers).await,
+        Err(error) => drop(unavailable("the Redis Cluster", error)),
     }
 }

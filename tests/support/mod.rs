@@ -577,3 +577,64 @@ pub async fn service_available(name: &str, port: u16) -> bool {
 /// The Redis and PostgreSQL on this machine, which the shared-store tests use.
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The servers `tests/servers` starts besides the plain Redis and PostgreSQL: a Redis that
+/// speaks only TLS (and wants a client certificate), a PostgreSQL that takes only TLS
+/// (its certificate names `localhost` only), a six-node Redis Cluster, and the
+/// certificates made for them.
+#[allow(dead_code)]
+pub struct TestServers {
+    pub tls_dir: PathBuf,
+    pub redis_tls_port: u16,
+    pub postgres_tls_port: u16,
+    pub cluster_ports: Vec<u16>,
+}
+
+#[allow(dead_code)]
+impl TestServers {
+    /// The servers, if `tests/servers` has started them; locally their absence skips the
+    /// test with a message, in CI (`CI=true`) it is a failure.
+    pub fn get() -> Option<TestServers> {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-servers/env");
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let setting = |name: &str| {
+            text.lines()
+                .rev()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix('='))
+                .map(str::to_owned)
+        };
+        let servers = (|| {
+            Some(TestServers {
+                tls_dir: setting("TLS_DIR")?.into(),
+                redis_tls_port: setting("REDIS_TLS_PORT")?.parse().ok()?,
+                postgres_tls_port: setting("POSTGRES_TLS_PORT")?.parse().ok()?,
+                cluster_ports: setting("REDIS_CLUSTER_PORTS")?
+                    .split(',')
+                    .map(|port| port.parse().ok())
+                    .collect::<Option<_>>()?,
+            })
+        })();
+        if servers.is_none() {
+            assert!(
+                std::env::var("CI").map_or(true, |ci| ci != "true"),
+                "tests/servers must have run in CI"
+            );
+            eprintln!("skipped: the TLS and cluster servers are not started (run tests/setup)");
+        }
+        servers
+    }
+
+    /// A PEM file made by `tests/servers`: `ca.pem`, `other-ca.pem`, `client.pem`, ...
+    pub fn pem(&self, name: &str) -> dedupe_proxy::values::PemFile {
+        self.tls_dir.join(name).to_str().unwrap().parse().unwrap()
+    }
+
+    /// `tls:` with the test CA and, if `client`, the client certificate.
+    pub fn tls(&self, ca: &str, client: bool) -> dedupe_proxy::config::TlsConfig {
+        dedupe_proxy::config::TlsConfig {
+            ca_file: Some(self.pem(ca)),
+            cert_file: client.then(|| self.pem("client.pem")),
+            key_file: client.then(|| self.pem("client.key")),
+        }
+    }
+}
