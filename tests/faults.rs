@@ -8,6 +8,11 @@
 //! `kill -9` (and sometimes stopped with SIGTERM) at random instants, and restarted on the
 //! same data directory each time.
 //!
+//! The same storm runs against the shared stores' own failures: a Redis Cluster primary
+//! killed with `kill -9` (its replica takes over), and a TLS PostgreSQL restarted in
+//! immediate mode (a crash and recovery), each several times while the proxy keeps
+//! running.
+//!
 //! It prints one line per run and passes only if no event is lost (acknowledged without
 //! its work done) and every event is acknowledged; with `durability: fsync`, extra
 //! executions stay within what was in flight at the kills plus the stalls the proxy gave
@@ -149,6 +154,8 @@ async fn start_upstream(faults: Faults) -> (SocketAddr, Arc<Upstream>) {
 #[derive(Default)]
 struct Provider {
     acknowledged: Mutex<HashSet<String>>,
+    /// When each event was first acknowledged.
+    acknowledged_at: Mutex<HashMap<String, Instant>>,
     /// Requests under way, by event.
     outstanding: Mutex<HashMap<String, usize>>,
     deliveries: AtomicUsize,
@@ -184,6 +191,11 @@ impl Provider {
             self.end(id);
             if acknowledged {
                 self.acknowledged.lock().unwrap().insert(id.to_owned());
+                self.acknowledged_at
+                    .lock()
+                    .unwrap()
+                    .entry(id.to_owned())
+                    .or_insert_with(Instant::now);
                 return;
             }
             tokio::time::sleep(Duration::from_millis(rand::random_range(10..60))).await;
@@ -291,14 +303,36 @@ impl Report {
     }
 }
 
-/// The store a run uses: `batched` or `fsync` for sled, or `redis`.
+/// The store a run uses: `batched` or `fsync` for sled, `redis`, `redis-cluster` or
+/// `postgres-tls`.
 fn store_section(dir: &Path, store: &str) -> String {
+    let run = rand::random::<u64>();
+    let servers = || support::TestServers::get().expect("checked by the test");
     match store {
         "redis" => format!(
-            "store: {{ redis: {{ url: \"{}\", prefix: \"faults-{:x}:\" }} }}",
+            "store: {{ redis: {{ url: \"{}\", prefix: \"faults-{run:x}:\" }} }}",
             support::REDIS_URL,
-            rand::random::<u64>()
         ),
+        "redis-cluster" => {
+            let servers = servers();
+            let seeds: Vec<String> = servers.cluster_ports[1..]
+                .iter()
+                .map(|port| format!("\"redis://127.0.0.1:{port}\""))
+                .collect();
+            format!(
+                "store: {{ redis: {{ url: \"redis://127.0.0.1:{}\", nodes: [{}], cluster: true, prefix: \"faults-{run:x}:\" }} }}",
+                servers.cluster_ports[0],
+                seeds.join(", ")
+            )
+        }
+        "postgres-tls" => {
+            let servers = servers();
+            format!(
+                "store: {{ postgres: {{ url: \"postgres://postgres@localhost:{}/test?sslmode=verify-full\", table: faults_{run:x}, tls: {{ ca_file: \"{}\" }} }} }}",
+                servers.postgres_tls_port,
+                servers.tls_dir.join("ca.pem").display()
+            )
+        }
         durability => format!(
             "store: {{ sled: {{ path: \"{}\", durability: {durability}, flush_every: 100ms }} }}",
             dir.join("data").display()
@@ -309,7 +343,11 @@ fn store_section(dir: &Path, store: &str) -> String {
 fn write_config(dir: &Path, upstream: SocketAddr, store: &str) -> PathBuf {
     let path = dir.join("config.yaml");
     // A shared store keeps a killed proxy's claims until their lease ends: keep it short.
-    let lease = if store == "redis" { "2s" } else { "30s" };
+    let lease = if store.starts_with("redis") || store.starts_with("postgres") {
+        "2s"
+    } else {
+        "30s"
+    };
     let text = format!(
         "listen: 127.0.0.1:0
 upstream: http://{upstream}
@@ -337,8 +375,144 @@ async fn start_binary(config: PathBuf) -> Binary {
         .unwrap()
 }
 
-/// One run against `store` (`batched`, `fsync` or `redis`).
+/// What a run kills `faults.kills` times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Victim {
+    /// The proxy, with `kill -9` or SIGTERM, restarted on the same data directory.
+    Proxy,
+    /// A primary of the Redis Cluster, with `kill -9`; started again (as a replica) once its
+    /// replica has taken over.
+    ClusterPrimary,
+    /// The PostgreSQL server, restarted in immediate mode (no checkpoint: a crash).
+    Postgres,
+}
+
+/// How long before a primary dies a done mark may still be unreplicated: Redis replicates
+/// asynchronously, within milliseconds on loopback; a second is a wide margin.
+const REPLICATION_WINDOW: Duration = Duration::from_secs(1);
+
+/// Kills a primary of the Redis Cluster; returns it and its node's directory.
+fn kill_a_primary(servers: &support::TestServers) -> (u16, PathBuf) {
+    let nodes = redis_cli(servers.cluster_ports[0], &["cluster", "nodes"]);
+    let primaries: Vec<u16> = nodes
+        .lines()
+        .filter(|line| line.contains("master") && !line.contains("fail") && line.contains('-'))
+        .filter_map(|line| {
+            line.split_whitespace()
+                .nth(1)?
+                .split(['@', ':'])
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let victim = primaries[rand::random_range(0..primaries.len())];
+    let node_dir = servers
+        .tls_dir
+        .parent()
+        .unwrap()
+        .join("cluster")
+        .join(victim.to_string());
+    let pid = std::fs::read_to_string(node_dir.join("pid")).unwrap();
+    run_command("kill", &["-9", pid.trim()]);
+    (victim, node_dir)
+}
+
+/// Waits for a replica to take over from the killed primary `victim`, then starts it
+/// again and waits for it to rejoin.
+async fn recover_the_cluster(servers: &support::TestServers, victim: u16, node_dir: &Path) {
+    let survivor = *servers
+        .cluster_ports
+        .iter()
+        .find(|port| **port != victim)
+        .unwrap();
+    wait_for(Duration::from_secs(30), "a replica takes over", || {
+        redis_cli(survivor, &["cluster", "info"]).contains("cluster_state:ok")
+            && !redis_cli(survivor, &["cluster", "nodes"])
+                .lines()
+                .any(|line| {
+                    line.contains(&format!(":{victim}@"))
+                        && line.contains("master")
+                        && !line.contains("fail")
+                })
+    })
+    .await;
+    run_command(node_dir.join("start").to_str().unwrap(), &[]);
+    wait_for(Duration::from_secs(30), "the old primary rejoins", || {
+        redis_cli(victim, &["cluster", "info"]).contains("cluster_state:ok")
+    })
+    .await;
+}
+
+/// Stops (`stop`) or starts the TLS PostgreSQL; it stops in immediate mode, as a crash.
+fn postgres_ctl(stop: bool) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-servers/env");
+    let text = std::fs::read_to_string(file).unwrap();
+    let setting = |name: &str| {
+        text.lines()
+            .rev()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix('='))
+            .unwrap()
+            .to_owned()
+    };
+    let pg_ctl = format!("{}/pg_ctl", setting("POSTGRES_BIN"));
+    let data = setting("POSTGRES_TLS_DATA");
+    // With a log file, so that the new server does not keep this process's pipes open.
+    let log = format!("{data}/log");
+    let action: &[&str] = if stop {
+        &["stop", "-m", "immediate"]
+    } else {
+        &["start", "-w"]
+    };
+    let mut args = vec!["-u", "postgres", "--", &pg_ctl, "-D", &data, "-l", &log];
+    args.extend_from_slice(action);
+    run_command("runuser", &args);
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = std::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn run_command(program: &str, args: &[&str]) {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One run against `store` (`batched`, `fsync`, `redis`, `redis-cluster` or
+/// `postgres-tls`), killing the proxy.
 async fn run(store: &'static str, events: usize, senders: usize, faults: Faults) -> Report {
+    run_killing(Victim::Proxy, store, events, senders, faults).await
+}
+
+/// One run against `store` that kills `victim` `faults.kills` times.
+async fn run_killing(
+    victim: Victim,
+    store: &'static str,
+    events: usize,
+    senders: usize,
+    faults: Faults,
+) -> Report {
     let started = Instant::now();
     let (upstream_addr, upstream) = start_upstream(faults).await;
     let dir = tempfile::tempdir().unwrap();
@@ -368,6 +542,58 @@ async fn run(store: &'static str, events: usize, senders: usize, faults: Faults)
     let mut sigterms = 0;
     // Events with a request under way at each kill: what may be in the proxy's hands.
     let mut at_kills: HashMap<String, usize> = HashMap::new();
+    while kills_done.load(Ordering::SeqCst) < faults.kills && victim != Victim::Proxy {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(300..800))).await;
+        // The events an outage can make run twice: those under way as it begins or just
+        // after the server dies, and those acknowledged while it lasts (their done mark may
+        // have failed); on Redis also those acknowledged so shortly before that their done
+        // mark may not have reached the replica that takes over.
+        let outstanding = || -> Vec<String> {
+            provider
+                .outstanding
+                .lock()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect()
+        };
+        let began = Instant::now();
+        let mut involved: HashSet<String> = outstanding().into_iter().collect();
+        let since = match victim {
+            Victim::ClusterPrimary => {
+                let servers = support::TestServers::get().unwrap();
+                let (port, node_dir) = kill_a_primary(&servers);
+                involved.extend(outstanding());
+                recover_the_cluster(&servers, port, &node_dir).await;
+                began - REPLICATION_WINDOW
+            }
+            Victim::Postgres => {
+                tokio::task::spawn_blocking(|| postgres_ctl(true))
+                    .await
+                    .unwrap();
+                involved.extend(outstanding());
+                tokio::task::spawn_blocking(|| postgres_ctl(false))
+                    .await
+                    .unwrap();
+                began
+            }
+            Victim::Proxy => unreachable!("the loop below kills the proxy"),
+        };
+        let ended = Instant::now();
+        involved.extend(
+            provider
+                .acknowledged_at
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, at)| (since..=ended).contains(*at))
+                .map(|(id, _)| id.clone()),
+        );
+        for id in involved {
+            *at_kills.entry(id).or_default() += 1;
+        }
+        kills_done.fetch_add(1, Ordering::SeqCst);
+    }
     while kills_done.load(Ordering::SeqCst) < faults.kills {
         tokio::time::sleep(Duration::from_millis(rand::random_range(50..350))).await;
         let graceful = rand::random_bool(0.25);
@@ -514,4 +740,52 @@ async fn without_kills_or_stalls_no_work_is_done_twice() {
         "{}",
         report.line()
     );
+}
+
+/// The store's outages, against the TLS PostgreSQL and the Redis Cluster: `FAULTS_OUTAGES`
+/// (3 by default) failovers or restarts while the storm runs.
+fn outage_faults() -> (usize, usize, Faults) {
+    let (events, senders, faults) = sized_faults();
+    let faults = Faults {
+        kills: env_number("FAULTS_OUTAGES", 3),
+        ..faults
+    };
+    (events, senders, faults)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_event_is_lost_when_a_redis_cluster_primary_dies() {
+    if support::TestServers::get().is_none() {
+        return;
+    }
+    let (events, senders, faults) = outage_faults();
+    let report = run_killing(
+        Victim::ClusterPrimary,
+        "redis-cluster",
+        events,
+        senders,
+        faults,
+    )
+    .await;
+    show(&report);
+    assert_eq!(report.lost, 0, "{}", report.line());
+    assert_eq!(report.unacknowledged, 0, "{}", report.line());
+    // Extra executions only of events in flight at a failover, or acknowledged within the
+    // replication window before it (their done mark may not have been replicated).
+    assert_eq!(report.unexplained, 0, "{}", report.line());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_event_is_lost_when_postgres_restarts() {
+    if support::TestServers::get().is_none() {
+        return;
+    }
+    let (events, senders, faults) = outage_faults();
+    let report = run_killing(Victim::Postgres, "postgres-tls", events, senders, faults).await;
+    show(&report);
+    assert_eq!(report.lost, 0, "{}", report.line());
+    assert_eq!(report.unacknowledged, 0, "{}", report.line());
+    // A committed done mark survives the restart: extra executions only of events in
+    // flight at one.
+    assert_eq!(report.unexplained, 0, "{}", report.line());
 }
