@@ -436,7 +436,19 @@ impl FromStr for PemFile {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let pem = std::fs::read(text).map_err(|error| format!("cannot read `{text}`: {error}"))?;
+        // A certificate bundle is kilobytes; a bound keeps a wrong path (a device, a log)
+        // from being read for ever.
+        let mut pem = Vec::new();
+        std::fs::File::open(text)
+            .and_then(|file| {
+                std::io::Read::read_to_end(&mut std::io::Read::take(file, 1 << 20), &mut pem)
+            })
+            .map_err(|error| format!("cannot read `{text}`: {error}"))?;
+        if pem.len() >= 1 << 20 {
+            return Err(format!(
+                "`{text}` is 1 MiB or more; a PEM file is far smaller"
+            ));
+        }
         if !pem.windows(11).any(|window| window == b"-----BEGIN ") {
             return Err(format!("`{text}` holds no PEM block"));
         }

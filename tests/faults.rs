@@ -414,7 +414,15 @@ fn kill_a_primary(servers: &support::TestServers) -> (u16, PathBuf) {
         .join("cluster")
         .join(victim.to_string());
     let pid = std::fs::read_to_string(node_dir.join("pid")).unwrap();
-    run_command("kill", &["-9", pid.trim()]);
+    let pid = pid.trim();
+    // The pid file may be stale: kill only the node itself.
+    let command = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let command = String::from_utf8_lossy(&command);
+    assert!(
+        command.contains("redis-server") && command.contains(&format!(":{victim}")),
+        "pid {pid} is not the node on port {victim}: {command}"
+    );
+    run_command("kill", &["-9", pid]);
     (victim, node_dir)
 }
 

@@ -22,7 +22,8 @@ use crate::values::{EnvSecret, HumanDuration, Size, UpstreamUrl};
 use file::ConfigFile;
 
 pub use store::{
-    Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode, StoreConfig, TlsConfig,
+    Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode, StoreConfig,
+    TlsConfig, driver_url,
 };
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.

@@ -4,6 +4,7 @@
 //! Redis may be a cluster.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
@@ -221,28 +222,64 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    /// The mode a URL (or a `key=value` connection string) asks for, if it names one.
+    /// The mode a URL (or a `key=value` connection string) asks for, if it names one. It
+    /// must name it once, in a form the driver reads the same way, so that what is checked
+    /// here is what the connection does.
     fn of(url: &str) -> Result<Option<SslMode>, String> {
-        let Some((_, rest)) = url.split_once("sslmode=") else {
-            return Ok(None);
+        let lower = url.to_ascii_lowercase();
+        let at = match lower.match_indices("sslmode").collect::<Vec<_>>()[..] {
+            [] => return Ok(None),
+            [(at, _)] => at,
+            _ => return Err("`sslmode` appears more than once in the URL; write it once".into()),
         };
-        let value: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .collect();
-        match value.as_str() {
-            "disable" => Ok(Some(SslMode::Disable)),
-            "require" => Ok(Some(SslMode::Require)),
-            "verify-ca" => Ok(Some(SslMode::VerifyCa)),
-            "verify-full" => Ok(Some(SslMode::VerifyFull)),
-            "prefer" | "allow" => Err(format!(
-                "`sslmode={value}` may fall back to plain text without a word; write disable, require, verify-ca or verify-full"
-            )),
-            other => Err(format!(
-                "unknown `sslmode={other}`; write disable, require, verify-ca or verify-full"
-            )),
+        let value = url[at + "sslmode".len()..]
+            .trim_start_matches(' ')
+            .strip_prefix('=')
+            .map(|rest| {
+                rest.trim_start_matches(' ')
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect::<String>()
+            })
+            .ok_or("write `sslmode=` followed by disable, require, verify-ca or verify-full")?;
+        let mode = match value.as_str() {
+            "disable" => SslMode::Disable,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            "prefer" | "allow" => {
+                return Err(format!(
+                    "`sslmode={value}` may fall back to plain text without a word; write disable, require, verify-ca or verify-full"
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "unknown `sslmode={other}`; write disable, require, verify-ca or verify-full"
+                ));
+            }
+        };
+        let driver = tokio_postgres::Config::from_str(&driver_url(url))
+            .map_err(|error| format!("the PostgreSQL driver cannot read the URL: {error}"))?;
+        let agrees = match driver.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => mode == SslMode::Disable,
+            tokio_postgres::config::SslMode::Require => mode != SslMode::Disable,
+            _ => false,
+        };
+        if !agrees {
+            return Err(format!(
+                "the PostgreSQL driver reads another `sslmode` in the URL than `{value}`; write it once, as `sslmode={value}`"
+            ));
         }
+        Ok(Some(mode))
     }
+}
+
+/// The URL as tokio-postgres reads it: it knows `disable`, `prefer` and `require` only, so
+/// `verify-ca` and `verify-full` become `require` (their certificate checks are the rustls
+/// configuration's).
+pub fn driver_url(url: &str) -> String {
+    url.replace("sslmode=verify-full", "sslmode=require")
+        .replace("sslmode=verify-ca", "sslmode=require")
 }
 
 fn is_false(value: &bool) -> bool {
@@ -339,6 +376,12 @@ fn postgres_section<'de, D: Deserializer<'de>>(
             (Some(SslMode::Disable), Some(_)) => {
                 return Err("`tls` with `sslmode=disable`: choose one".into());
             }
+            (Some(SslMode::VerifyCa), tls)
+                if tls.as_ref().is_none_or(|tls| tls.ca_file.is_none()) =>
+            {
+                // Any certificate the system's roots vouch for, whatever its name, would pass.
+                return Err("`sslmode=verify-ca` needs `tls.ca_file`: without a name check, the system's roots vouch for anyone with a public certificate".into());
+            }
             (Some(mode), _) => mode,
             (None, Some(_)) => SslMode::VerifyFull,
             (None, None) => SslMode::Disable,
@@ -398,4 +441,41 @@ pub enum Durability {
     Batched,
     /// Flushed before the sender gets its answer (many claims share one flush).
     Fsync,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sslmode_is_read_once_and_as_the_driver_reads_it() {
+        let of = |url: &str| SslMode::of(url);
+        assert_eq!(of("postgres://a@h/db"), Ok(None));
+        for (text, mode) in [
+            ("disable", SslMode::Disable),
+            ("require", SslMode::Require),
+            ("verify-ca", SslMode::VerifyCa),
+            ("verify-full", SslMode::VerifyFull),
+        ] {
+            assert_eq!(
+                of(&format!("postgres://a@h/db?sslmode={text}")),
+                Ok(Some(mode))
+            );
+        }
+        assert_eq!(
+            of("host=h user=a sslmode = require"),
+            Ok(Some(SslMode::Require)),
+            "libpq's key=value form, spaces and all"
+        );
+        for refused in [
+            "postgres://a@h/db?sslmode=prefer",
+            "postgres://a@h/db?sslmode=allow",
+            "postgres://a@h/db?sslmode=VERIFY-FULL",
+            "postgres://a@h/db?sslmode=disable&sslmode=verify-full",
+            "postgres://a:sslmode=disable@h/db?sslmode=verify-full",
+            "host=h sslmode",
+        ] {
+            assert!(of(refused).is_err(), "{refused}");
+        }
+    }
 }

@@ -21,7 +21,7 @@ use super::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, KeyState,
     Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
 };
-use crate::config::{PostgresConfig, SslMode};
+use crate::config::{PostgresConfig, SslMode, driver_url};
 use crate::workers::{PerWorker, Workers};
 
 /// The database's time in milliseconds since the Unix epoch.
@@ -105,14 +105,7 @@ impl From<deadpool_postgres::PoolError> for StoreError {
 /// says.
 fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
     let mut pool_config = deadpool_postgres::Config::new();
-    // tokio-postgres reads `disable`, `prefer` and `require` only; the certificate checks
-    // of `verify-ca` and `verify-full` are the rustls configuration's.
-    let url = config
-        .url
-        .expose()
-        .replace("sslmode=verify-full", "sslmode=require")
-        .replace("sslmode=verify-ca", "sslmode=require");
-    pool_config.url = Some(url);
+    pool_config.url = Some(driver_url(config.url.expose()));
     let mut limits = PoolConfig::new(size);
     limits.timeouts = Timeouts {
         wait: Some(config.timeout.0),

@@ -45,11 +45,10 @@ pub fn redis_certificates(tls: Option<&TlsConfig>) -> redis::TlsCertificates {
 /// The rustls configuration of PostgreSQL connections in `mode` (not `Disable`).
 pub fn postgres_config(mode: SslMode, tls: Option<&TlsConfig>) -> Result<ClientConfig, StoreError> {
     let tls = tls.cloned().unwrap_or_default();
-    let roots = Arc::new(roots(&tls)?);
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         SslMode::Require if tls.ca_file.is_none() => Arc::new(AnyCertificate(provider())),
-        SslMode::Require | SslMode::VerifyCa => Arc::new(AnyName(web_pki(roots)?)),
-        SslMode::VerifyFull | SslMode::Disable => web_pki(roots)?,
+        SslMode::Require | SslMode::VerifyCa => Arc::new(AnyName(web_pki(roots(&tls)?)?)),
+        SslMode::VerifyFull | SslMode::Disable => web_pki(roots(&tls)?)?,
     };
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -95,8 +94,8 @@ fn roots(tls: &TlsConfig) -> Result<RootCertStore, StoreError> {
     Ok(roots)
 }
 
-fn web_pki(roots: Arc<RootCertStore>) -> Result<Arc<WebPkiServerVerifier>, StoreError> {
-    WebPkiServerVerifier::builder_with_provider(roots, provider())
+fn web_pki(roots: RootCertStore) -> Result<Arc<WebPkiServerVerifier>, StoreError> {
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
         .build()
         .map_err(failed)
 }
