@@ -265,21 +265,13 @@ struct Running {
 
 impl Running {
     /// Serves `handler` on `listener`; [`Running::stop`] stops it within `grace`.
-    fn serve<H, F>(
+    fn serve<H: server::Handler>(
         listener: TcpListener,
         limits: Limits,
         grace: Duration,
         workers: &Arc<Workers>,
         handler: H,
-    ) -> Running
-    where
-        H: Fn(http::Request<hyper::body::Incoming>, SocketAddr, server::RequestPermit) -> F
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        F: Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
-    {
+    ) -> Running {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");

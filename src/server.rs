@@ -97,20 +97,42 @@ impl RequestPermit {
     }
 }
 
+/// What a listener serves: the answer to a request from `peer`, given the request's place
+/// among `max_requests`. Any such function or closure is one; each connection has a clone.
+pub trait Handler: Clone + Send + Sync + 'static {
+    type Answer: Future<Output = Response<ProxyBody>> + Send + 'static;
+
+    fn call(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        permit: RequestPermit,
+    ) -> Self::Answer;
+}
+
+impl<H, F> Handler for H
+where
+    H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    type Answer = F;
+
+    fn call(&self, request: Request<Incoming>, peer: SocketAddr, permit: RequestPermit) -> F {
+        self(request, peer, permit)
+    }
+}
+
 /// Serves `handler` on `listener` until `stop` is cancelled, then stops accepting and
 /// waits up to `grace` for open connections to finish their requests. Each connection
 /// runs on one of `workers`, in turn.
-pub async fn serve<H, F>(
+pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: H,
     limits: Limits,
     stop: CancellationToken,
     grace: Duration,
     workers: Arc<Workers>,
-) where
-    H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ProxyBody>> + Send + 'static,
-{
+) {
     let listener = Listener {
         builder: connection_builder(&limits),
         slots: Arc::new(Semaphore::new(limits.max_connections)),
@@ -149,11 +171,7 @@ struct Listener<H> {
     workers: Arc<Workers>,
 }
 
-impl<H, F> Listener<H>
-where
-    H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ProxyBody>> + Send + 'static,
-{
+impl<H: Handler> Listener<H> {
     /// The next connection, or none once the server stops.
     async fn accept(&self) -> Option<(TcpStream, SocketAddr)> {
         loop {
@@ -330,11 +348,7 @@ struct Connection<H> {
     open: Arc<OpenConnections>,
 }
 
-impl<H, F> Connection<H>
-where
-    H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ProxyBody>> + Send + 'static,
-{
+impl<H: Handler> Connection<H> {
     /// Hands the connection to the next worker, which serves it holding `slot`.
     fn start(
         self,
@@ -376,7 +390,7 @@ where
         let service = service_fn(move |request| {
             let handling = Handling::start(&watched);
             let answer = place_for_request(&requests, &closing_token)
-                .map(|permit| (handler(request, peer, permit.clone()), permit));
+                .map(|permit| (handler.call(request, peer, permit.clone()), permit));
             let watched = Arc::clone(&watched);
             async move {
                 let (response, permit) = match answer {
