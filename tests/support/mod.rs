@@ -586,6 +586,8 @@ pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub struct TestServers {
     pub tls_dir: PathBuf,
     pub redis_tls_port: u16,
+    /// A TLS Redis whose certificate names `localhost` only, without client certificates.
+    pub redis_tls_named_port: u16,
     pub postgres_tls_port: u16,
     pub cluster_ports: Vec<u16>,
 }
@@ -607,6 +609,7 @@ impl TestServers {
             Some(TestServers {
                 tls_dir: setting("TLS_DIR")?.into(),
                 redis_tls_port: setting("REDIS_TLS_PORT")?.parse().ok()?,
+                redis_tls_named_port: setting("REDIS_TLS_NAMED_PORT")?.parse().ok()?,
                 postgres_tls_port: setting("POSTGRES_TLS_PORT")?.parse().ok()?,
                 cluster_ports: setting("REDIS_CLUSTER_PORTS")?
                     .split(',')
