@@ -65,7 +65,10 @@ async fn redis_over_tls_checks_the_ca_and_presents_the_client_certificate() {
     assert!(error.contains("UnknownIssuer"), "another CA: {error}");
     // Without a CA file the system's roots are used, and none of them signed the server.
     let error = redis_refusal(redis(url.clone(), None)).await;
-    assert!(error.contains("UnknownIssuer"), "the system's roots: {error}");
+    assert!(
+        error.contains("UnknownIssuer"),
+        "the system's roots: {error}"
+    );
     // The server wants a client certificate.
     let error = redis_refusal(redis(url, Some(servers.tls("ca.pem", false)))).await;
     assert!(error.contains("redis"), "no client certificate: {error}");
