@@ -393,19 +393,29 @@ const REPLICATION_WINDOW: Duration = Duration::from_secs(1);
 
 /// Kills a primary of the Redis Cluster; returns it and its node's directory.
 fn kill_a_primary(servers: &support::TestServers) -> (u16, PathBuf) {
-    let nodes = redis_cli(servers.cluster_ports[0], &["cluster", "nodes"]);
-    let primaries: Vec<u16> = nodes
+    // A primary with slots and a replica in sync, so that the replica can take over.
+    let alive = servers
+        .cluster_ports
+        .iter()
+        .find(|port| redis_cli(**port, &["ping"]).contains("PONG"))
+        .expect("a node answers");
+    let nodes = redis_cli(*alive, &["cluster", "nodes"]);
+    let fields: Vec<Vec<&str>> = nodes
         .lines()
-        .filter(|line| line.contains("master") && !line.contains("fail") && line.contains('-'))
-        .filter_map(|line| {
-            line.split_whitespace()
-                .nth(1)?
-                .split(['@', ':'])
-                .nth(1)?
-                .parse()
-                .ok()
-        })
+        .map(|line| line.split_whitespace().collect())
+        .filter(|fields: &Vec<&str>| fields.len() >= 8 && !fields[2].contains("fail"))
         .collect();
+    let primaries: Vec<u16> = fields
+        .iter()
+        .filter(|node| node[2].contains("master") && node.len() > 8)
+        .filter(|node| {
+            fields.iter().any(|replica| {
+                replica[2].contains("slave") && replica[3] == node[0] && replica[7] == "connected"
+            })
+        })
+        .filter_map(|node| node[1].split(['@', ':']).nth(1)?.parse().ok())
+        .collect();
+    assert!(!primaries.is_empty(), "no primary has a replica:\n{nodes}");
     let victim = primaries[rand::random_range(0..primaries.len())];
     let node_dir = servers
         .tls_dir
@@ -434,7 +444,7 @@ async fn recover_the_cluster(servers: &support::TestServers, victim: u16, node_d
         .iter()
         .find(|port| **port != victim)
         .unwrap();
-    wait_for(Duration::from_secs(30), "a replica takes over", || {
+    let taken_over = || {
         redis_cli(survivor, &["cluster", "info"]).contains("cluster_state:ok")
             && !redis_cli(survivor, &["cluster", "nodes"])
                 .lines()
@@ -443,9 +453,19 @@ async fn recover_the_cluster(servers: &support::TestServers, victim: u16, node_d
                         && line.contains("master")
                         && !line.contains("fail")
                 })
-    })
-    .await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !taken_over() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Started again either way, so that a failed run leaves the cluster whole.
     run_command(node_dir.join("start").to_str().unwrap(), &[]);
+    assert!(
+        taken_over(),
+        "no replica took over from {victim} within 30 s"
+    );
+    // It rejoins (as a replica once it learns its slots moved); the next kill picks a
+    // primary whose replica is in sync.
     wait_for(Duration::from_secs(30), "the old primary rejoins", || {
         redis_cli(victim, &["cluster", "info"]).contains("cluster_state:ok")
     })
