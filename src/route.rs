@@ -294,19 +294,21 @@ impl RouteTable {
     }
 }
 
+/// Route tables built from YAML, for this module's tests and `config::resolve`'s.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::{Config, Overrides};
+pub(crate) mod fixtures {
     use std::path::Path;
 
-    fn table(yaml: &str) -> RouteTable {
+    use super::RouteTable;
+    use crate::config::{Config, Overrides};
+
+    pub(crate) fn table(yaml: &str) -> RouteTable {
         let text = format!("upstream: http://127.0.0.1:8080\n{yaml}");
         let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
         RouteTable::new(config.routes)
     }
 
-    const ROUTES: &str = r#"
+    pub(crate) const ROUTES: &str = r#"
 defaults:
   retention: 3d
   duplicate_response: { status: 202 }
@@ -324,6 +326,12 @@ routes:
     match: {}
     key: "{header:x-id}"
 "#;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{ROUTES, table};
+    use super::*;
 
     #[test]
     fn first_match_wins() {

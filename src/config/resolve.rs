@@ -180,36 +180,14 @@ fn default_replay_guard(key: &KeyTemplate, verify: Option<&Verify>) -> ReplayGua
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::time::Duration;
 
     use http::StatusCode;
 
     use super::*;
+    use crate::route::fixtures::{ROUTES, table};
     use crate::values::{EnvSecret, Secret};
     use crate::verify::{Secrets, StandardWebhooks};
-
-    fn table(yaml: &str) -> RouteTable {
-        let text = format!("upstream: http://127.0.0.1:8080\n{yaml}");
-        let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
-        RouteTable::new(config.routes)
-    }
-
-    const ROUTES: &str = r#"
-defaults:
-  retention: 3d
-  duplicate_response: { status: 202 }
-routes:
-  - name: exact
-    match: { method: POST, path: /hooks/a }
-    key: "{json:/id}"
-    retention: 1h
-  - name: prefix
-    match: { method: [post, PUT], path_prefix: /hooks/, host: Hooks.Example.com }
-    key: "{query:id}"
-    scope: shared
-    duplicate_response: { body: "dup" }
-"#;
 
     #[test]
     fn routes_inherit_field_by_field() {
