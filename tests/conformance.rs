@@ -560,3 +560,38 @@ async fn redis_cluster_workers_connections_share_one_store() {
         Err(error) => drop(unavailable("the Redis Cluster", error)),
     }
 }
+
+/// A value under a claim key that the proxy did not write (another program sharing the
+/// prefix, a hand edit, a cut-short value) is a store failure for that key, handled by
+/// `on_store_error`: never a panic, never read as absent (which would forward a duplicate).
+#[tokio::test]
+async fn redis_values_the_proxy_did_not_write_are_store_errors() {
+    let config = redis_config();
+    let store = match RedisStore::connect(&config, None).await {
+        Ok(store) => store,
+        Err(error) => return drop(unavailable("Redis", error)),
+    };
+    let client = redis::Client::open(support::REDIS_URL).unwrap();
+    let mut direct = client.get_multiplexed_async_connection().await.unwrap();
+    let run = format!("t:{:016x}:foreign", rand::random::<u64>());
+    let foreign: [&[u8]; 5] = [b"", b"x", b"f", b"d\xff\xff\xff", &[b'f'; 40]];
+    for (index, value) in foreign.into_iter().enumerate() {
+        let key = format!("{run}{index}");
+        redis::cmd("SET")
+            .arg(format!("{}{key}", config.prefix))
+            .arg(value)
+            .exec_async(&mut direct)
+            .await
+            .unwrap();
+        let claimed = store.claim(&key, BODY, LEASE).await;
+        assert!(
+            matches!(claimed, Err(StoreError::Backend(_))),
+            "{value:?}: {claimed:?}"
+        );
+        let inspected = store.inspect(&key).await;
+        assert!(
+            matches!(inspected, Err(StoreError::Backend(_))),
+            "{value:?}: {inspected:?}"
+        );
+    }
+}

@@ -1,15 +1,17 @@
 //! The shared claim store on Redis: every replica's proxy claims in the same Redis.
 //!
-//! One hash per key (`{prefix}{namespace}:{key}`), so every operation touches a single
-//! key and works on Redis Cluster (`cluster: true`: the cluster client follows `MOVED`,
-//! `ASK` and failovers). Each transition is one Lua script that checks the state and
-//! owner token and changes the hash atomically on the server. `rediss://` is TLS. Leases and
-//! retention are the key's native TTL: an expired lease or done record is simply gone,
-//! so there is nothing to sweep.
+//! One string value per key (`{prefix}{namespace}:{key}`), so every operation touches a
+//! single key and works on Redis Cluster (`cluster: true`: the cluster client follows
+//! `MOVED`, `ASK` and failovers). A claim is one native `SET ... NX PX ... GET`: it writes
+//! the in-flight record only where the key is absent and otherwise returns what is there.
+//! Finish, release and forget are short Lua scripts that check the owner token and change
+//! the key atomically on the server. `rediss://` is TLS. Leases and retention are the
+//! key's native TTL: an expired lease or done record is simply gone, so there is nothing
+//! to sweep.
 //!
-//! Hash fields: `s` state (`f` in flight, `d` done), `o` owner token, `c` claimed at,
-//! `l` lease end, `p` completed at, `e` expires at, `u` upstream status, `h` body
-//! SHA-256, and `rs`/`rt`/`rb` the recorded answer for `replay`.
+//! A value is a tag byte and postcard fields: in flight, `f`, the owner token (16 bytes)
+//! and [`Started`]; done, `d`, [`Finished`] and then the [`Started`] of its claim, which
+//! finish keeps from the in-flight value without reading it back to the proxy.
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,44 +21,32 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
+use serde::{Deserialize, Serialize};
 
 use super::tls;
 use super::{
     Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
-    KeyState, RecordedResponse, StoreError, Swept, SystemClock, millis, owned, within,
+    KeyState, Millis, RecordedResponse, StoreError, Swept, SystemClock, millis, owned, within,
 };
 use crate::config::RedisConfig;
 use crate::workers::{PerWorker, Workers};
 
-const CLAIM: &str = r"
-local state = redis.call('HGET', KEYS[1], 's')
-if state == 'd' then
-  return {'d', redis.call('HMGET', KEYS[1], 'c', 'p', 'e', 'u', 'h', 'rs', 'rt', 'rb')}
-end
-if state == 'f' then
-  return {'f', redis.call('HGET', KEYS[1], 'l')}
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', 'f', 'o', ARGV[1], 'c', ARGV[2], 'l', ARGV[3], 'h', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return {'c'}
-";
+/// The tag and owner token that open an in-flight value: `f` and 16 bytes.
+const OWNER_LEN: usize = 17;
 
+/// Becomes done if the value still opens with the caller's tag and token (ARGV[1]):
+/// ARGV[2] (`d` and the completion) followed by the claim's own fields, for ARGV[3] ms.
 const FINISH: &str = r"
-if redis.call('HGET', KEYS[1], 's') ~= 'f' or redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then
+local value = redis.call('GET', KEYS[1])
+if not value or string.sub(value, 1, 17) ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 's', 'd', 'p', ARGV[2], 'e', ARGV[3], 'u', ARGV[5])
-if ARGV[6] ~= '' then
-  redis.call('HSET', KEYS[1], 'rs', ARGV[6], 'rt', ARGV[7], 'rb', ARGV[8])
-end
-redis.call('HDEL', KEYS[1], 'o', 'l')
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[2] .. string.sub(value, 18), 'PX', ARGV[3])
 return 1
 ";
 
 const RELEASE: &str = r"
-if redis.call('HGET', KEYS[1], 's') == 'f' and redis.call('HGET', KEYS[1], 'o') == ARGV[1] then
+if redis.call('GETRANGE', KEYS[1], 0, 16) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
@@ -64,16 +54,77 @@ return 0
 ";
 
 const FORGET: &str = r"
-local state = redis.call('HGET', KEYS[1], 's')
-if state == 'd' then
+local tag = redis.call('GETRANGE', KEYS[1], 0, 0)
+if tag == 'd' then
   redis.call('DEL', KEYS[1])
   return 'removed'
 end
-if state == 'f' then
+if tag == 'f' then
   return 'in_flight'
 end
 return 'absent'
 ";
+
+/// What a claim writes, kept once the key is done.
+#[derive(Serialize, Deserialize)]
+struct Started {
+    claimed_at: Millis,
+    lease_until: Millis,
+    fingerprint: Fingerprint,
+}
+
+/// What a finish adds.
+#[derive(Serialize, Deserialize)]
+struct Finished {
+    completed_at: Millis,
+    expires_at: Millis,
+    upstream_status: u16,
+    response: Option<RecordedResponse>,
+}
+
+/// A value as read back.
+enum Stored {
+    InFlight(Started),
+    Done(DoneRecord),
+}
+
+impl Stored {
+    fn decode(value: &[u8]) -> Result<Stored, StoreError> {
+        let unreadable = |_| malformed("a claim record cannot be read");
+        match value.split_first() {
+            Some((b'f', rest)) if rest.len() >= OWNER_LEN - 1 => Ok(Stored::InFlight(
+                postcard::from_bytes(&rest[OWNER_LEN - 1..]).map_err(unreadable)?,
+            )),
+            Some((b'd', rest)) => {
+                let (finished, rest): (Finished, _) =
+                    postcard::take_from_bytes(rest).map_err(unreadable)?;
+                let started: Started = postcard::from_bytes(rest).map_err(unreadable)?;
+                Ok(Stored::Done(DoneRecord {
+                    claimed_at: started.claimed_at,
+                    completed_at: finished.completed_at,
+                    expires_at: finished.expires_at,
+                    upstream_status: finished.upstream_status,
+                    fingerprint: started.fingerprint,
+                    response: finished.response,
+                }))
+            }
+            _ => Err(malformed("a claim record has an unknown tag")),
+        }
+    }
+}
+
+/// The opening of an in-flight value: the tag and the owner's token.
+fn owner_prefix(token: u128) -> Vec<u8> {
+    let mut prefix = Vec::with_capacity(OWNER_LEN);
+    prefix.push(b'f');
+    prefix.extend_from_slice(&token.to_be_bytes());
+    prefix
+}
+
+/// Serializes into `out`; the types here always serialize.
+fn encode(value: &impl Serialize, out: Vec<u8>) -> Vec<u8> {
+    postcard::to_extend(value, out).expect("a claim record always serializes")
+}
 
 /// The Redis store.
 pub struct RedisStore {
@@ -84,7 +135,6 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     clock: Box<dyn Clock>,
-    claim: Script,
     finish: Script,
     release: Script,
     forget: Script,
@@ -93,12 +143,6 @@ pub struct RedisStore {
 impl From<redis::RedisError> for StoreError {
     fn from(error: redis::RedisError) -> StoreError {
         StoreError::caused("redis", &error)
-    }
-}
-
-impl From<redis::ParsingError> for StoreError {
-    fn from(error: redis::ParsingError) -> StoreError {
-        StoreError::of("redis", error)
     }
 }
 
@@ -237,7 +281,6 @@ impl RedisStore {
             prefix: config.prefix.clone(),
             timeout: config.timeout.0,
             clock: Box::new(SystemClock),
-            claim: Script::new(CLAIM),
             finish: Script::new(FINISH),
             release: Script::new(RELEASE),
             forget: Script::new(FORGET),
@@ -262,56 +305,6 @@ impl RedisStore {
     }
 }
 
-fn number(field: &Option<Vec<u8>>) -> Result<u64, StoreError> {
-    field
-        .as_deref()
-        .and_then(|bytes| std::str::from_utf8(bytes).ok())
-        .and_then(|text| text.parse().ok())
-        .ok_or_else(|| malformed("a claim record has a missing or malformed field"))
-}
-
-fn fingerprint(field: &Option<Vec<u8>>) -> Fingerprint {
-    field
-        .as_deref()
-        .and_then(|bytes| bytes.try_into().ok())
-        .unwrap_or([0; 32])
-}
-
-/// Builds a done record from the fields `c p e u h rs rt rb`, in that order.
-fn done_record(fields: &[Option<Vec<u8>>]) -> Result<DoneRecord, StoreError> {
-    let [
-        claimed,
-        completed,
-        expires,
-        status,
-        hash,
-        r_status,
-        r_type,
-        r_body,
-    ] = fields
-    else {
-        return Err(malformed("a done record has the wrong number of fields"));
-    };
-    let response = match r_status {
-        Some(_) => Some(RecordedResponse::read_back(
-            number(r_status)?,
-            r_type
-                .as_deref()
-                .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
-            r_body.clone(),
-        )),
-        None => None,
-    };
-    Ok(DoneRecord {
-        claimed_at: number(claimed)?,
-        completed_at: number(completed)?,
-        expires_at: number(expires)?,
-        upstream_status: u16::try_from(number(status)?).unwrap_or(0),
-        fingerprint: fingerprint(hash),
-        response,
-    })
-}
-
 #[async_trait]
 impl ClaimStore for RedisStore {
     async fn claim(
@@ -323,71 +316,50 @@ impl ClaimStore for RedisStore {
         let now = self.clock.now();
         let token: u128 = rand::random();
         let lease_ms = millis(lease).max(1);
-        let mut connection = self.connection();
-        let mut invocation = self.claim.key(self.key(key));
-        invocation
-            .arg(token.to_string())
-            .arg(now)
-            .arg(now.saturating_add(lease_ms))
-            .arg(fingerprint.as_slice())
-            .arg(lease_ms);
-        let answer: redis::Value = self
-            .bounded(invocation.invoke_async(&mut connection))
-            .await?;
-        let redis::Value::Array(parts) = answer else {
-            return Err(malformed("unexpected answer to a claim"));
+        let started = Started {
+            claimed_at: now,
+            lease_until: now.saturating_add(lease_ms),
+            fingerprint,
         };
-        let tag: String = parts
-            .first()
-            .map(redis::from_redis_value_ref)
-            .transpose()?
-            .unwrap_or_default();
-        match tag.as_str() {
-            "c" => Ok(ClaimOutcome::Claimed(Claim {
+        let value = encode(&started, owner_prefix(token));
+        let mut connection = self.connection();
+        // Written only where the key is absent; otherwise what is there comes back.
+        let mut claim = redis::cmd("SET");
+        claim
+            .arg(self.key(key))
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .arg("GET");
+        let found: Option<Vec<u8>> = self.bounded(claim.query_async(&mut connection)).await?;
+        match found.as_deref().map(Stored::decode).transpose()? {
+            None => Ok(ClaimOutcome::Claimed(Claim {
                 key: key.to_owned(),
                 token,
             })),
-            "f" => {
-                let lease_until: Option<Vec<u8>> =
-                    parts.get(1).map(redis::from_redis_value_ref).transpose()?;
-                Ok(ClaimOutcome::InFlight {
-                    lease_until: number(&lease_until).unwrap_or(now),
-                })
-            }
-            "d" => {
-                let fields: Vec<Option<Vec<u8>>> = parts
-                    .get(1)
-                    .map(redis::from_redis_value_ref)
-                    .transpose()?
-                    .unwrap_or_default();
-                Ok(ClaimOutcome::Done(done_record(&fields)?))
-            }
-            other => Err(malformed(&format!("unexpected claim state `{other}`"))),
+            Some(Stored::InFlight(started)) => Ok(ClaimOutcome::InFlight {
+                lease_until: started.lease_until,
+            }),
+            Some(Stored::Done(record)) => Ok(ClaimOutcome::Done(record)),
         }
     }
 
     async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
         let now = self.clock.now();
         let retention = millis(completion.retention).max(1);
-        let (status, content_type, body) = match &completion.response {
-            Some(recorded) => (
-                recorded.status.to_string(),
-                recorded.content_type.clone().unwrap_or_default(),
-                recorded.body.to_vec(),
-            ),
-            None => (String::new(), String::new(), Vec::new()),
+        let finished = Finished {
+            completed_at: now,
+            expires_at: now.saturating_add(retention),
+            upstream_status: completion.upstream_status,
+            response: completion.response,
         };
         let mut connection = self.connection();
         let mut invocation = self.finish.key(self.key(&claim.key));
         invocation
-            .arg(claim.token.to_string())
-            .arg(now)
-            .arg(now.saturating_add(retention))
-            .arg(retention)
-            .arg(completion.upstream_status)
-            .arg(status)
-            .arg(content_type)
-            .arg(body);
+            .arg(owner_prefix(claim.token))
+            .arg(encode(&finished, vec![b'd']))
+            .arg(retention);
         let finished: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
@@ -397,7 +369,7 @@ impl ClaimStore for RedisStore {
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
         let mut connection = self.connection();
         let mut invocation = self.release.key(self.key(&claim.key));
-        invocation.arg(claim.token.to_string());
+        invocation.arg(owner_prefix(claim.token));
         let released: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
@@ -406,21 +378,16 @@ impl ClaimStore for RedisStore {
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
         let mut connection = self.connection();
-        // The state, then the fields of a done record in `done_record`'s order, then the
-        // lease's end.
-        let fields = ["s", "c", "p", "e", "u", "h", "rs", "rt", "rb", "l"];
-        let values: Vec<Option<Vec<u8>>> = self
-            .bounded(connection.hmget(self.key(key), &fields[..]))
-            .await?;
-        match values[0].as_deref() {
-            Some(b"f") => Ok(Some(KeyState::InFlight {
-                claimed_at: number(&values[1])?,
-                lease_until: number(&values[9])?,
-                fingerprint: fingerprint(&values[5]),
-            })),
-            Some(b"d") => Ok(Some(KeyState::Done(done_record(&values[1..9])?))),
-            _ => Ok(None),
-        }
+        let value: Option<Vec<u8>> = self.bounded(connection.get(self.key(key))).await?;
+        Ok(match value.as_deref().map(Stored::decode).transpose()? {
+            None => None,
+            Some(Stored::InFlight(started)) => Some(KeyState::InFlight {
+                claimed_at: started.claimed_at,
+                lease_until: started.lease_until,
+                fingerprint: started.fingerprint,
+            }),
+            Some(Stored::Done(record)) => Some(KeyState::Done(record)),
+        })
     }
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
