@@ -531,6 +531,80 @@ async fn workers_connections_share_one_store(store: Arc<dyn ClaimStore>, workers
     ));
 }
 
+/// Two workers claim the same forty keys at once, in opposite orders, each worker many at
+/// a time (so the PostgreSQL store sends them in batches that share keys): a key done
+/// before stays done, one in flight stays in flight, and each absent key gets exactly one
+/// owner. No claim fails: batches that share keys must not deadlock.
+async fn overlapping_claims_from_two_workers(store: Arc<dyn ClaimStore>, workers: Workers) {
+    let run = format!("t:{:016x}:overlap", rand::random::<u64>());
+    let keys: Vec<String> = (0..40).map(|index| format!("{run}{index:02}")).collect();
+    for (index, key) in keys.iter().enumerate() {
+        match index % 3 {
+            0 => {
+                let ClaimOutcome::Claimed(claim) = store.claim(key, BODY, LEASE).await.unwrap()
+                else {
+                    panic!("{key} was absent");
+                };
+                store.finish(&claim, done(200)).await.unwrap();
+            }
+            1 => drop(store.claim(key, BODY, LEASE).await.unwrap()),
+            _ => {}
+        }
+    }
+    let claim_all = |worker: usize, mut order: Vec<String>| {
+        if worker == 1 {
+            order.reverse();
+        }
+        let store = Arc::clone(&store);
+        workers.run_on(worker, async move {
+            let mut claims = tokio::task::JoinSet::new();
+            for key in order {
+                let store = Arc::clone(&store);
+                claims.spawn(async move { (key.clone(), store.claim(&key, BODY, LEASE).await) });
+            }
+            claims.join_all().await
+        })
+    };
+    let (first, second) = tokio::join!(claim_all(0, keys.clone()), claim_all(1, keys.clone()));
+    let mut outcomes: std::collections::HashMap<String, Vec<ClaimOutcome>> = Default::default();
+    for (key, outcome) in first.unwrap().into_iter().chain(second.unwrap()) {
+        outcomes.entry(key).or_default().push(outcome.unwrap());
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let seen = &outcomes[key];
+        let count = |want: fn(&ClaimOutcome) -> bool| seen.iter().filter(|o| want(o)).count();
+        let (claimed, in_flight, done) = (
+            count(|o| matches!(o, ClaimOutcome::Claimed(_))),
+            count(|o| matches!(o, ClaimOutcome::InFlight { .. })),
+            count(|o| matches!(o, ClaimOutcome::Done(_))),
+        );
+        let expected = match index % 3 {
+            0 => (0, 0, 2),
+            1 => (0, 2, 0),
+            _ => (1, 1, 0),
+        };
+        assert_eq!((claimed, in_flight, done), expected, "{key}: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_overlapping_claims_from_two_workers() {
+    let workers = Workers::start(2).unwrap();
+    match RedisStore::connect(&redis_config(), Some(&workers)).await {
+        Ok(store) => overlapping_claims_from_two_workers(Arc::new(store), workers).await,
+        Err(error) => drop(unavailable("Redis", error)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_overlapping_claims_from_two_workers() {
+    let workers = Workers::start(2).unwrap();
+    match PostgresStore::connect(&postgres_config(), Some(&workers)).await {
+        Ok(store) => overlapping_claims_from_two_workers(Arc::new(store), workers).await,
+        Err(error) => drop(unavailable("PostgreSQL", error)),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_workers_connections_share_one_store() {
     let workers = Workers::start(2).unwrap();

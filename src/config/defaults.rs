@@ -73,7 +73,7 @@ pub fn server_timeout() -> HumanDuration {
 }
 
 pub fn postgres_pool_size() -> usize {
-    16
+    4
 }
 
 // A route's policy.

@@ -1,0 +1,613 @@
+//! The shared claim store on PostgreSQL: every replica's proxy claims in one table.
+//!
+//! One row per key. A claim is a single `INSERT ... ON CONFLICT DO UPDATE ... WHERE
+//! <the existing row has expired>`: it inserts a new key, takes over an expired lease
+//! or an expired done record, and leaves a live one alone, atomically. Finish and
+//! release are guarded by the owner token. `expires_at` is the lease's end while in
+//! flight and the retention's end once done; an index on it lets the sweeper delete only
+//! what has expired. Times come from the database's clock, which all replicas share.
+
+mod batch;
+
+use std::collections::HashSet;
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Hook, HookError, Object, Pool, PoolConfig, Runtime, Timeouts};
+use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use self::batch::{Batched, Queue};
+use super::tls;
+use super::{
+    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, KeyState,
+    Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
+};
+use crate::config::{PostgresConfig, SslMode, driver_url};
+use crate::workers::{PerWorker, Workers};
+
+/// The database's time in milliseconds since the Unix epoch.
+const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// How each connection plans. Every statement here finds its rows through an index, and
+/// is planned once: a batch's plan does not depend on how many keys it carries, and
+/// planning it again for each batch would cost more than running it. A cached plan is
+/// made with the table's size at that moment: made on a new, empty table it would scan
+/// the whole table, and keep doing so as the table grows, so such scans are ruled out.
+const PLANNING: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
+
+/// The statements, with the table name filled in once.
+struct Statements {
+    claim_many: String,
+    current: String,
+    finish_many: String,
+    release: String,
+    forget_done: String,
+    in_flight: String,
+    sweep: String,
+}
+
+impl Statements {
+    fn for_table(table: &str) -> Statements {
+        Statements {
+            claim_many: format!(
+                "WITH now AS (SELECT {NOW_MS} AS ms),
+                 wanted AS (
+                   SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[])
+                     WITH ORDINALITY AS w(key, owner, lease, body_sha256, position)),
+                 claimed AS (
+                   INSERT INTO {table} AS c (key, state, owner, claimed_at, expires_at, body_sha256)
+                   SELECT w.key, 'in_flight', w.owner, now.ms, now.ms + w.lease, w.body_sha256
+                   FROM wanted w, now
+                   ON CONFLICT (key) DO UPDATE SET
+                     state = 'in_flight', owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at,
+                     expires_at = EXCLUDED.expires_at, body_sha256 = EXCLUDED.body_sha256,
+                     completed_at = NULL, upstream_status = NULL, response_status = NULL,
+                     response_content_type = NULL, response_body = NULL
+                   WHERE c.expires_at <= EXCLUDED.claimed_at
+                   RETURNING c.key)
+                 SELECT w.key, claimed.key IS NOT NULL AS claimed, t.state, t.claimed_at,
+                        t.expires_at, t.completed_at, t.upstream_status, t.body_sha256,
+                        t.response_status, t.response_content_type, t.response_body,
+                        now.ms AS now
+                 FROM wanted w CROSS JOIN now
+                 LEFT JOIN claimed ON claimed.key = w.key
+                 LEFT JOIN {table} t ON t.key = w.key AND claimed.key IS NULL
+                 ORDER BY w.position"
+            ),
+            current: format!(
+                "SELECT state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
+                        response_status, response_content_type, response_body, {NOW_MS} AS now
+                 FROM {table} WHERE key = $1"
+            ),
+            finish_many: format!(
+                "UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
+                        expires_at = {NOW_MS} + f.retention, upstream_status = f.upstream_status,
+                        response_status = f.response_status,
+                        response_content_type = f.response_content_type,
+                        response_body = f.response_body, owner = NULL
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::int[],
+                             $6::text[], $7::bytea[])
+                   AS f(key, owner, retention, upstream_status, response_status,
+                        response_content_type, response_body)
+                 WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
+                 RETURNING t.key"
+            ),
+            release: format!(
+                "DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'"
+            ),
+            forget_done: format!(
+                "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
+            ),
+            in_flight: format!(
+                "SELECT 1 FROM {table} WHERE key = $1 AND state = 'in_flight' AND expires_at > {NOW_MS}"
+            ),
+            sweep: format!(
+                "DELETE FROM {table} WHERE key IN (
+                   SELECT key FROM {table} WHERE expires_at <= {NOW_MS}
+                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
+        }
+    }
+}
+
+/// The PostgreSQL store.
+pub struct PostgresStore {
+    /// A lane for callers outside the workers (the sweeper, the admin API), then one per
+    /// worker, each with its share of `pool_size`: a connection's task runs on the runtime
+    /// that opened it, so a worker that only ever uses its own lane never wakes another
+    /// thread for a reply.
+    lanes: PerWorker<Lane>,
+    timeout: Duration,
+    statements: Arc<Statements>,
+}
+
+/// One worker's connections, and its queues of claims and of done marks, each sent in
+/// batches (`batch.rs`).
+struct Lane {
+    pool: Pool,
+    claims: Queue<ClaimMany>,
+    finishes: Queue<FinishMany>,
+}
+
+impl Lane {
+    /// Starts the lane's queues on the current runtime.
+    fn start(pool: Pool, statements: &Arc<Statements>, timeout: Duration) -> Lane {
+        Lane {
+            claims: Queue::start(
+                pool.clone(),
+                ClaimMany {
+                    statements: Arc::clone(statements),
+                    timeout,
+                },
+            ),
+            finishes: Queue::start(
+                pool.clone(),
+                FinishMany {
+                    statements: Arc::clone(statements),
+                    timeout,
+                },
+            ),
+            pool,
+        }
+    }
+}
+
+/// A claim waiting for its batch.
+struct ClaimRequest {
+    key: String,
+    owner: String,
+    lease: i64,
+    fingerprint: Fingerprint,
+}
+
+/// What a claim in a batch found.
+enum Found {
+    Claimed,
+    Live(KeyState),
+    /// A live record stopped the insert but was gone, or not yet visible, when read.
+    Vanished,
+}
+
+/// Claims a batch of keys, and reads the live record of each key it could not claim, in
+/// one statement.
+struct ClaimMany {
+    statements: Arc<Statements>,
+    timeout: Duration,
+}
+
+#[async_trait]
+impl Batched for ClaimMany {
+    type Request = ClaimRequest;
+    type Answer = Found;
+
+    fn key(request: &ClaimRequest) -> &str {
+        &request.key
+    }
+
+    async fn run(
+        &self,
+        client: &Object,
+        requests: Vec<&ClaimRequest>,
+    ) -> Result<Vec<Found>, StoreError> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
+        let leases: Vec<i64> = requests.iter().map(|r| r.lease).collect();
+        let hashes: Vec<&[u8]> = requests.iter().map(|r| r.fingerprint.as_slice()).collect();
+        let rows = within("postgres", self.timeout, async {
+            let prepared = client.prepare_cached(&self.statements.claim_many).await?;
+            client
+                .query(&prepared, &[&keys, &owners, &leases, &hashes])
+                .await
+        })
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                if row.get("claimed") {
+                    Found::Claimed
+                } else {
+                    live_state(row).map_or(Found::Vanished, Found::Live)
+                }
+            })
+            .collect())
+    }
+}
+
+/// A done mark waiting for its batch.
+struct FinishRequest {
+    key: String,
+    owner: String,
+    retention: i64,
+    upstream_status: i32,
+    response_status: Option<i32>,
+    content_type: Option<String>,
+    body: Option<Bytes>,
+}
+
+/// Marks a batch of owned keys done in one statement; answers whether each was still its
+/// owner's.
+struct FinishMany {
+    statements: Arc<Statements>,
+    timeout: Duration,
+}
+
+#[async_trait]
+impl Batched for FinishMany {
+    type Request = FinishRequest;
+    type Answer = bool;
+
+    fn key(request: &FinishRequest) -> &str {
+        &request.key
+    }
+
+    async fn run(
+        &self,
+        client: &Object,
+        requests: Vec<&FinishRequest>,
+    ) -> Result<Vec<bool>, StoreError> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
+        let retentions: Vec<i64> = requests.iter().map(|r| r.retention).collect();
+        let statuses: Vec<i32> = requests.iter().map(|r| r.upstream_status).collect();
+        let response_statuses: Vec<Option<i32>> =
+            requests.iter().map(|r| r.response_status).collect();
+        let content_types: Vec<Option<&str>> =
+            requests.iter().map(|r| r.content_type.as_deref()).collect();
+        let bodies: Vec<Option<&[u8]>> = requests.iter().map(|r| r.body.as_deref()).collect();
+        let rows = within("postgres", self.timeout, async {
+            let prepared = client.prepare_cached(&self.statements.finish_many).await?;
+            client
+                .query(
+                    &prepared,
+                    &[
+                        &keys,
+                        &owners,
+                        &retentions,
+                        &statuses,
+                        &response_statuses,
+                        &content_types,
+                        &bodies,
+                    ],
+                )
+                .await
+        })
+        .await?;
+        // One request per key in a batch, so the key says which were finished.
+        let finished: HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
+        Ok(keys.iter().map(|key| finished.contains(*key)).collect())
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> StoreError {
+        StoreError::caused("postgres", &error)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::caused("postgres", &error)
+    }
+}
+
+/// A pool of at most `size` connections, opened when first needed, with TLS as `sslmode`
+/// says.
+fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
+    let mut pool_config = deadpool_postgres::Config::new();
+    pool_config.url = Some(driver_url(config.url.expose()));
+    let mut limits = PoolConfig::new(size);
+    limits.timeouts = Timeouts {
+        wait: Some(config.timeout.0),
+        create: Some(config.timeout.0),
+        recycle: Some(config.timeout.0),
+    };
+    pool_config.pool = Some(limits);
+    let invalid = |error: &dyn Display| format!("postgres URL {}: {error}", config.url.masked());
+    let builder = match config.ssl_mode {
+        SslMode::Disable => {
+            pool_config.ssl_mode = Some(deadpool_postgres::SslMode::Disable);
+            pool_config.builder(NoTls)
+        }
+        mode => {
+            // Never `prefer`: a server that will not speak TLS is refused, not used plain.
+            pool_config.ssl_mode = Some(deadpool_postgres::SslMode::Require);
+            let rustls = tls::postgres_config(mode, config.tls.as_ref())?;
+            pool_config.builder(MakeRustlsConnect::new(rustls))
+        }
+    };
+    builder
+        .map_err(|error| StoreError::Backend(invalid(&error)))?
+        .runtime(Runtime::Tokio1)
+        .post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                client
+                    .batch_execute(PLANNING)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
+        .build()
+        .map_err(|error| StoreError::Backend(invalid(&error)))
+}
+
+/// A time in milliseconds, as PostgreSQL's `bigint` holds it.
+fn signed(ms: Millis) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn unsigned(ms: i64) -> Millis {
+    u64::try_from(ms).unwrap_or(0)
+}
+
+impl PostgresStore {
+    /// Connects, and creates the claims table and its expiry index if they are missing.
+    /// With `workers`, deliveries on each worker draw from a pool of their own.
+    pub async fn connect(
+        config: &PostgresConfig,
+        workers: Option<&Workers>,
+    ) -> Result<PostgresStore, StoreError> {
+        let url = config.url.masked();
+        let statements = Arc::new(Statements::for_table(&config.table.0));
+        let timeout = config.timeout.0;
+        let mut each = Vec::new();
+        let outside_size = match workers {
+            None => config.pool_size,
+            Some(workers) => {
+                let share = config.pool_size.div_ceil(workers.count()).max(1);
+                for index in 0..workers.count() {
+                    let (pool, statements) = (pool(config, share)?, Arc::clone(&statements));
+                    let starting = async move { Lane::start(pool, &statements, timeout) };
+                    each.push(
+                        workers
+                            .run_on(index, starting)
+                            .await
+                            .map_err(|error| StoreError::of("postgres", error))?,
+                    );
+                }
+                1
+            }
+        };
+        let outside = Lane::start(pool(config, outside_size)?, &statements, timeout);
+        let store = PostgresStore {
+            lanes: PerWorker::new(outside, each),
+            timeout,
+            statements,
+        };
+        store
+            .create_table(&config.table.0)
+            .await
+            .map_err(|error| error.context(&format!("cannot prepare postgres at {url}")))?;
+        Ok(store)
+    }
+
+    async fn create_table(&self, table: &str) -> Result<(), StoreError> {
+        let mut client = self.lanes.get().pool.get().await?;
+        let transaction = client.transaction().await?;
+        // Replicas starting together would race on CREATE TABLE: one at a time.
+        transaction
+            .execute(
+                "SELECT pg_advisory_xact_lock(hashtext('dedupe-proxy schema'))",
+                &[],
+            )
+            .await?;
+        transaction
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {table} (
+                   key text PRIMARY KEY,
+                   state text NOT NULL CHECK (state IN ('in_flight', 'done')),
+                   owner text,
+                   claimed_at bigint NOT NULL,
+                   expires_at bigint NOT NULL,
+                   completed_at bigint,
+                   upstream_status integer,
+                   body_sha256 bytea NOT NULL,
+                   response_status integer,
+                   response_content_type text,
+                   response_body bytea
+                 );
+                 CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);"
+            ))
+            .await?;
+        Ok(transaction.commit().await?)
+    }
+
+    /// Runs `statement` with `params` (a cached prepared statement) within the timeout,
+    /// returning its rows.
+    async fn query(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        self.bounded(async {
+            let (client, prepared) = self.prepared(statement).await?;
+            Ok(client.query(&prepared, params).await?)
+        })
+        .await
+    }
+
+    /// Like [`PostgresStore::query`], returning how many rows it changed.
+    async fn execute(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        self.bounded(async {
+            let (client, prepared) = self.prepared(statement).await?;
+            Ok(client.execute(&prepared, params).await?)
+        })
+        .await
+    }
+
+    async fn prepared(
+        &self,
+        statement: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self.lanes.get().pool.get().await?;
+        let prepared = client.prepare_cached(statement).await?;
+        Ok((client, prepared))
+    }
+
+    async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        within("postgres", self.timeout, work).await
+    }
+
+    /// The live state of a key, read with the database's clock.
+    async fn current(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        let rows = self.query(&self.statements.current, &[&key]).await?;
+        Ok(rows.first().and_then(live_state))
+    }
+}
+
+/// The record in `row` (the columns of `Statements::current`), unless there is none or it
+/// has expired by the row's `now`.
+fn live_state(row: &tokio_postgres::Row) -> Option<KeyState> {
+    let (state, expires_at, now): (Option<String>, Option<i64>, i64) =
+        (row.get("state"), row.get("expires_at"), row.get("now"));
+    let (state, expires_at) = (state?, expires_at?);
+    if expires_at <= now {
+        return None;
+    }
+    let fingerprint: Fingerprint = row
+        .get::<_, Vec<u8>>("body_sha256")
+        .try_into()
+        .unwrap_or([0; 32]);
+    let claimed_at = unsigned(row.get("claimed_at"));
+    Some(match state.as_str() {
+        "in_flight" => KeyState::InFlight {
+            claimed_at,
+            lease_until: unsigned(expires_at),
+            fingerprint,
+        },
+        _ => {
+            let response = row.get::<_, Option<i32>>("response_status").map(|status| {
+                RecordedResponse::read_back(
+                    status,
+                    row.get("response_content_type"),
+                    row.get("response_body"),
+                )
+            });
+            KeyState::Done(DoneRecord {
+                claimed_at,
+                completed_at: unsigned(row.get::<_, Option<i64>>("completed_at").unwrap_or(0)),
+                expires_at: unsigned(expires_at),
+                upstream_status: u16::try_from(
+                    row.get::<_, Option<i32>>("upstream_status").unwrap_or(0),
+                )
+                .unwrap_or(0),
+                fingerprint,
+                response,
+            })
+        }
+    })
+}
+
+#[async_trait]
+impl ClaimStore for PostgresStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let lease = signed(millis(lease).max(1));
+        // A live record seen by the insert may be gone when read back: try again.
+        for _ in 0..8 {
+            let token: u128 = rand::random();
+            let request = ClaimRequest {
+                key: key.to_owned(),
+                owner: token.to_string(),
+                lease,
+                fingerprint,
+            };
+            match self.bounded(self.lanes.get().claims.call(request)).await? {
+                Found::Claimed => {
+                    return Ok(ClaimOutcome::Claimed(Claim {
+                        key: key.to_owned(),
+                        token,
+                    }));
+                }
+                Found::Live(KeyState::InFlight { lease_until, .. }) => {
+                    return Ok(ClaimOutcome::InFlight { lease_until });
+                }
+                Found::Live(KeyState::Done(record)) => return Ok(ClaimOutcome::Done(record)),
+                Found::Vanished => continue,
+            }
+        }
+        Err(StoreError::of(
+            "postgres",
+            "the claim kept changing under concurrent deliveries",
+        ))
+    }
+
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+        let recorded = completion.response;
+        let request = FinishRequest {
+            key: claim.key.clone(),
+            owner: claim.token.to_string(),
+            retention: signed(millis(completion.retention).max(1)),
+            upstream_status: i32::from(completion.upstream_status),
+            response_status: recorded.as_ref().map(|r| i32::from(r.status)),
+            content_type: recorded.as_ref().and_then(|r| r.content_type.clone()),
+            body: recorded.map(|r| r.body),
+        };
+        let finished = self
+            .bounded(self.lanes.get().finishes.call(request))
+            .await?;
+        owned(finished)
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        let owner = claim.token.to_string();
+        let deleted = self
+            .execute(&self.statements.release, &[&claim.key, &owner])
+            .await?;
+        owned(deleted == 1)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        self.current(key).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        if self.execute(&self.statements.forget_done, &[&key]).await? == 1 {
+            return Ok(Forgotten::Removed);
+        }
+        let in_flight = !self
+            .query(&self.statements.in_flight, &[&key])
+            .await?
+            .is_empty();
+        Ok(if in_flight {
+            Forgotten::InFlight
+        } else {
+            Forgotten::Absent
+        })
+    }
+
+    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let removed = self.execute(&self.statements.sweep, &[&limit]).await?;
+        let removed = usize::try_from(removed).unwrap_or(usize::MAX);
+        Ok(Swept {
+            examined: removed,
+            removed,
+        })
+    }
+
+    /// Durability is the database's (each statement commits).
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn done_keys(&self) -> Option<u64> {
+        None
+    }
+}
