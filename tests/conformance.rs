@@ -637,7 +637,8 @@ async fn redis_cluster_workers_connections_share_one_store() {
 
 /// A value under a claim key that the proxy did not write (another program sharing the
 /// prefix, a hand edit, a cut-short value) is a store failure for that key, handled by
-/// `on_store_error`: never a panic, never read as absent (which would forward a duplicate).
+/// `on_store_error`: never a panic, never read as absent (which would forward a duplicate),
+/// and `forget` leaves it alone.
 #[tokio::test]
 async fn redis_values_the_proxy_did_not_write_are_store_errors() {
     let config = redis_config();
@@ -648,6 +649,27 @@ async fn redis_values_the_proxy_did_not_write_are_store_errors() {
     let client = redis::Client::open(support::REDIS_URL).unwrap();
     let mut direct = client.get_multiplexed_async_connection().await.unwrap();
     let run = format!("t:{:016x}:foreign", rand::random::<u64>());
+    // A hash, as development builds before the string layout wrote.
+    let hash_key = format!("{run}hash");
+    redis::cmd("HSET")
+        .arg(format!("{}{hash_key}", config.prefix))
+        .arg("s")
+        .arg("d")
+        .exec_async(&mut direct)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.claim(&hash_key, BODY, LEASE).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.inspect(&hash_key).await,
+        Err(StoreError::Backend(_))
+    ));
+    assert!(matches!(
+        store.forget(&hash_key).await,
+        Err(StoreError::Backend(_))
+    ));
     let foreign: [&[u8]; 5] = [b"", b"x", b"f", b"d\xff\xff\xff", &[b'f'; 40]];
     for (index, value) in foreign.into_iter().enumerate() {
         let key = format!("{run}{index}");
@@ -667,5 +689,21 @@ async fn redis_values_the_proxy_did_not_write_are_store_errors() {
             matches!(inspected, Err(StoreError::Backend(_))),
             "{value:?}: {inspected:?}"
         );
+        if !value.starts_with(b"d") {
+            let forgotten = store.forget(&key).await;
+            assert!(
+                matches!(
+                    forgotten,
+                    Err(StoreError::Backend(_)) | Ok(Forgotten::InFlight)
+                ),
+                "{value:?}: {forgotten:?}"
+            );
+            let kept: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(format!("{}{key}", config.prefix))
+                .query_async(&mut direct)
+                .await
+                .unwrap();
+            assert_eq!(kept.as_deref(), Some(value), "forget left it alone");
+        }
     }
 }

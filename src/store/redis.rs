@@ -38,22 +38,28 @@ const OWNER_LEN: usize = 17;
 /// ARGV[2] (`d` and the completion) followed by the claim's own fields, for ARGV[3] ms.
 const FINISH: &str = r"
 local value = redis.call('GET', KEYS[1])
-if not value or string.sub(value, 1, 17) ~= ARGV[1] then
+if not value or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[2] .. string.sub(value, 18), 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[2] .. string.sub(value, #ARGV[1] + 1), 'PX', ARGV[3])
 return 1
 ";
 
+/// Deletes the key if its value opens with the caller's tag and token (ARGV[1]).
 const RELEASE: &str = r"
-if redis.call('GETRANGE', KEYS[1], 0, 16) == ARGV[1] then
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
 return 0
 ";
 
+/// Deletes a done key; reports an in-flight one, an absent one, or a value the proxy did
+/// not write (left alone).
 const FORGET: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 'absent'
+end
 local tag = redis.call('GETRANGE', KEYS[1], 0, 0)
 if tag == 'd' then
   redis.call('DEL', KEYS[1])
@@ -62,7 +68,7 @@ end
 if tag == 'f' then
   return 'in_flight'
 end
-return 'absent'
+return 'unknown'
 ";
 
 /// What a claim writes, kept once the key is done.
@@ -90,11 +96,16 @@ enum Stored {
 
 impl Stored {
     fn decode(value: &[u8]) -> Result<Stored, StoreError> {
-        let unreadable = |_| malformed("a claim record cannot be read");
+        fn unreadable<E>(_: E) -> StoreError {
+            malformed("a claim record is cut short or cannot be read")
+        }
         match value.split_first() {
-            Some((b'f', rest)) if rest.len() >= OWNER_LEN - 1 => Ok(Stored::InFlight(
-                postcard::from_bytes(&rest[OWNER_LEN - 1..]).map_err(unreadable)?,
-            )),
+            Some((b'f', rest)) => {
+                let started = rest.get(OWNER_LEN - 1..).ok_or_else(|| unreadable(()))?;
+                Ok(Stored::InFlight(
+                    postcard::from_bytes(started).map_err(unreadable)?,
+                ))
+            }
             Some((b'd', rest)) => {
                 let (finished, rest): (Finished, _) =
                     postcard::take_from_bytes(rest).map_err(unreadable)?;
@@ -255,6 +266,26 @@ impl Opener {
     }
 }
 
+/// Refuses a Redis that would fail every claim: `SET` with both `NX` and `GET` needs Redis
+/// 7.0. The probe key cannot be a store key (those hold a `:`) and lives a millisecond.
+async fn check_version(connection: &mut Link, config: &RedisConfig) -> Result<(), StoreError> {
+    let mut probe = redis::cmd("SET");
+    probe
+        .arg(format!("{}version-probe", config.prefix))
+        .arg("")
+        .arg("NX")
+        .arg("PX")
+        .arg(1)
+        .arg("GET");
+    let answer: redis::RedisResult<Option<Vec<u8>>> = probe.query_async(connection).await;
+    answer.map(drop).map_err(|error| {
+        StoreError::from(error).context(&format!(
+            "redis at {} refuses SET with NX and GET (dedupe-proxy needs Redis 7.0 or later)",
+            config.url.masked()
+        ))
+    })
+}
+
 impl RedisStore {
     /// Connects to Redis, once and once more on each of `workers`, and checks that it
     /// answers.
@@ -263,7 +294,8 @@ impl RedisStore {
         workers: Option<&Workers>,
     ) -> Result<RedisStore, StoreError> {
         let opener = Opener::new(config)?;
-        let outside = opener.clone().open(config.clone()).await?;
+        let mut outside = opener.clone().open(config.clone()).await?;
+        check_version(&mut outside, config).await?;
         let mut each = Vec::new();
         if let Some(workers) = workers {
             for index in 0..workers.count() {
@@ -321,7 +353,8 @@ impl ClaimStore for RedisStore {
             lease_until: now.saturating_add(lease_ms),
             fingerprint,
         };
-        let value = encode(&started, owner_prefix(token));
+        let opening = owner_prefix(token);
+        let value = encode(&started, opening.clone());
         let mut connection = self.connection();
         // Written only where the key is absent; otherwise what is there comes back.
         let mut claim = redis::cmd("SET");
@@ -333,6 +366,8 @@ impl ClaimStore for RedisStore {
             .arg(lease_ms)
             .arg("GET");
         let found: Option<Vec<u8>> = self.bounded(claim.query_async(&mut connection)).await?;
+        // A claim the client sent again (its first reply lost) finds its own value.
+        let found = found.filter(|value| !value.starts_with(&opening));
         match found.as_deref().map(Stored::decode).transpose()? {
             None => Ok(ClaimOutcome::Claimed(Claim {
                 key: key.to_owned(),
@@ -396,11 +431,12 @@ impl ClaimStore for RedisStore {
         let outcome: String = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
-        Ok(match outcome.as_str() {
-            "removed" => Forgotten::Removed,
-            "in_flight" => Forgotten::InFlight,
-            _ => Forgotten::Absent,
-        })
+        match outcome.as_str() {
+            "removed" => Ok(Forgotten::Removed),
+            "in_flight" => Ok(Forgotten::InFlight),
+            "absent" => Ok(Forgotten::Absent),
+            _ => Err(malformed("a claim record has an unknown tag")),
+        }
     }
 
     /// Redis expires leases and done records itself.

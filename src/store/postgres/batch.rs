@@ -6,8 +6,9 @@
 //! free connection of the worker's pool, then takes every job that arrived meanwhile (up
 //! to [`MAX_BATCH`]) and runs them on that connection in a task of their own, so that the
 //! pool bounds the statements in flight. With a free connection waiting, a lone job goes
-//! at once: batching costs no latency when there is nothing to batch. (`tokio`'s
-//! `recv_many` and deadpool do the queueing and pooling; what is left is the order below.)
+//! at once: batching costs no latency when there is nothing to batch. `tokio`'s
+//! `recv_many` and deadpool do the queueing and pooling; this module adds the order: keys
+//! sorted, and one request per key in a statement.
 
 use std::sync::Arc;
 
@@ -18,15 +19,15 @@ use tokio::sync::{mpsc, oneshot};
 use crate::store::StoreError;
 
 /// The most jobs one statement carries.
-pub const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 64;
 
 /// Jobs waiting for a statement, per queue; a caller beyond it waits for room.
-const QUEUE_ROOM: usize = 1024;
+const QUEUE_CAPACITY: usize = 1024;
 
 /// A request and where its answer goes.
-pub struct Job<Request, Answer> {
-    pub request: Request,
-    pub reply: oneshot::Sender<Result<Answer, StoreError>>,
+struct Job<Request, Answer> {
+    request: Request,
+    reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
 /// A statement that carries a batch of requests. One statement never carries two
@@ -41,6 +42,10 @@ pub trait Batched: Send + Sync + 'static {
     /// The key a request changes.
     fn key(request: &Self::Request) -> &str;
 
+    /// The answer for a later request of a key that `first` was answered for in the same
+    /// batch, when that answer settles it; `None` sends it in a statement of its own.
+    fn repeat(first: &Self::Request, answer: &Self::Answer) -> Option<Self::Answer>;
+
     /// Runs `requests` in one statement on `client`, answering each, in order.
     async fn run(
         &self,
@@ -51,15 +56,15 @@ pub trait Batched: Send + Sync + 'static {
 
 /// A queue of requests, run in batches by a [`Batched`] statement on connections of one
 /// pool.
-pub struct Queue<Statement: Batched> {
-    jobs: mpsc::Sender<Job<Statement::Request, Statement::Answer>>,
+pub struct Queue<B: Batched> {
+    jobs: mpsc::Sender<Job<B::Request, B::Answer>>,
 }
 
-impl<Statement: Batched> Queue<Statement> {
+impl<B: Batched> Queue<B> {
     /// Starts the queue's task on the current runtime.
-    pub fn start(pool: Pool, statement: Statement) -> Queue<Statement> {
+    pub fn start(pool: Pool, statement: B) -> Queue<B> {
         let statement = Arc::new(statement);
-        let (jobs, mut waiting) = mpsc::channel(QUEUE_ROOM);
+        let (jobs, mut waiting) = mpsc::channel(QUEUE_CAPACITY);
         tokio::spawn(async move {
             let mut batch = Vec::with_capacity(MAX_BATCH);
             while waiting.recv_many(&mut batch, MAX_BATCH).await > 0 {
@@ -84,7 +89,7 @@ impl<Statement: Batched> Queue<Statement> {
     }
 
     /// Queues `request` and waits for its answer.
-    pub async fn call(&self, request: Statement::Request) -> Result<Statement::Answer, StoreError> {
+    pub async fn call(&self, request: B::Request) -> Result<B::Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || StoreError::of("postgres", "the statement queue has stopped");
         self.jobs
@@ -96,40 +101,77 @@ impl<Statement: Batched> Queue<Statement> {
 }
 
 /// Runs `jobs` on `connection` in rounds of distinct keys, each round one statement.
-async fn run_rounds<Statement: Batched>(
-    statement: Arc<Statement>,
+async fn run_rounds<B: Batched>(
+    statement: Arc<B>,
     connection: Object,
-    mut jobs: Vec<Job<Statement::Request, Statement::Answer>>,
+    mut jobs: Vec<Job<B::Request, B::Answer>>,
 ) {
-    jobs.sort_by(|a, b| Statement::key(&a.request).cmp(Statement::key(&b.request)));
+    jobs.sort_by(|a, b| B::key(&a.request).cmp(B::key(&b.request)));
     while !jobs.is_empty() {
+        // A caller that gave up (its timeout, its sender gone) gets no claim it cannot use.
+        jobs.retain(|job| !job.reply.is_closed());
         // Sorted, so a key's repeats are neighbours: the first goes now, the others later.
         let (mut round, mut later) = (Vec::with_capacity(jobs.len()), Vec::new());
         for job in jobs {
-            let repeat = round.last().is_some_and(|last: &Job<_, _>| {
-                Statement::key(&last.request) == Statement::key(&job.request)
-            });
+            let repeat = round
+                .last()
+                .is_some_and(|last: &Job<_, _>| B::key(&last.request) == B::key(&job.request));
             if repeat {
                 later.push(job)
             } else {
                 round.push(job)
             }
         }
-        jobs = later;
         let requests = round.iter().map(|job| &job.request).collect();
-        match statement.run(&connection, requests).await {
+        jobs = match statement.run(&connection, requests).await {
             Ok(answers) if answers.len() == round.len() => {
+                let later = settle_repeats::<B>(&round, &answers, later);
                 for (job, answer) in round.into_iter().zip(answers) {
                     let _ = job.reply.send(Ok(answer));
                 }
+                later
             }
-            Ok(_) => fail(
-                round,
-                &StoreError::of("postgres", "a batch answered the wrong number of rows"),
-            ),
-            Err(error) => fail(round, &error),
+            Ok(_) => {
+                fail(
+                    round,
+                    &StoreError::of("postgres", "a batch answered the wrong number of rows"),
+                );
+                later
+            }
+            Err(error) => {
+                fail(round, &error);
+                later
+            }
+        };
+    }
+}
+
+/// Answers the repeats that their key's answer in `round` settles (a flood of one event
+/// ID costs one statement, not one each); returns the others, for a later round.
+fn settle_repeats<B: Batched>(
+    round: &[Job<B::Request, B::Answer>],
+    answers: &[B::Answer],
+    repeats: Vec<Job<B::Request, B::Answer>>,
+) -> Vec<Job<B::Request, B::Answer>> {
+    let mut unsettled = Vec::new();
+    let mut first = 0;
+    for job in repeats {
+        // Both sorted by key: walk `round` forward to the repeat's key.
+        while first < round.len() && B::key(&round[first].request) < B::key(&job.request) {
+            first += 1;
+        }
+        let settled = round
+            .get(first)
+            .filter(|earlier| B::key(&earlier.request) == B::key(&job.request))
+            .and_then(|earlier| B::repeat(&earlier.request, &answers[first]));
+        match settled {
+            Some(answer) => {
+                let _ = job.reply.send(Ok(answer));
+            }
+            None => unsettled.push(job),
         }
     }
+    unsettled
 }
 
 fn fail<Request, Answer>(jobs: Vec<Job<Request, Answer>>, error: &StoreError) {
@@ -149,7 +191,8 @@ mod tests {
     use super::*;
 
     /// A statement that runs `SELECT 1` for each round, records the round's keys and
-    /// answers each key's length; a round holding the key `fail` fails.
+    /// answers each key's length; a round holding the key `fail` fails. A repeat of a key
+    /// that starts with `same` is settled by its first answer, plus 1000.
     struct Recorded(Arc<Mutex<Vec<Vec<String>>>>);
 
     #[async_trait]
@@ -159,6 +202,10 @@ mod tests {
 
         fn key(request: &String) -> &str {
             request
+        }
+
+        fn repeat(first: &String, answer: &usize) -> Option<usize> {
+            first.starts_with("same").then_some(answer + 1000)
         }
 
         async fn run(
@@ -196,10 +243,12 @@ mod tests {
         }
     }
 
-    /// Queues `keys` at once while the pool's only connection is held, then lets it go.
+    /// Queues `keys` at once while the pool's only connection is held, then lets it go;
+    /// the callers of the keys in `abandoned` give up before that (their answer: `None`).
     async fn while_held(
         keys: &[&str],
-    ) -> Option<(Vec<Result<usize, StoreError>>, Vec<Vec<String>>)> {
+        abandoned: &[&str],
+    ) -> Option<(Vec<Option<Result<usize, StoreError>>>, Vec<Vec<String>>)> {
         let (pool, held) = held_pool().await?;
         let rounds = Arc::new(Mutex::new(Vec::new()));
         let queue = Arc::new(Queue::start(pool, Recorded(Arc::clone(&rounds))));
@@ -210,16 +259,24 @@ mod tests {
                 tokio::spawn(async move { queue.call(key).await })
             })
             .collect();
-        // Every call is queued, and the first waits for the connection, before it is free.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The test's runtime has one thread: every call task, queued before this one's
+        // timer, sends its request, and the queue task takes them and waits for the
+        // connection, before the sleep ends, however loaded the machine.
+        tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             rounds.lock().is_empty(),
             "nothing ran while the connection was held"
         );
+        for (key, call) in keys.iter().zip(&calls) {
+            if abandoned.contains(key) {
+                call.abort();
+            }
+        }
+        tokio::task::yield_now().await;
         drop(held);
         let mut answers = Vec::new();
         for call in calls {
-            answers.push(call.await.unwrap());
+            answers.push(call.await.ok());
         }
         let rounds = rounds.lock().clone();
         Some((answers, rounds))
@@ -228,10 +285,10 @@ mod tests {
     #[tokio::test]
     async fn waiting_requests_share_one_statement_in_key_order_with_repeats_apart() {
         let keys = ["k3", "k1", "k22", "k1", "k0", "k1"];
-        let Some((answers, rounds)) = while_held(&keys).await else {
+        let Some((answers, rounds)) = while_held(&keys, &[]).await else {
             return;
         };
-        let answers: Vec<usize> = answers.into_iter().map(Result::unwrap).collect();
+        let answers: Vec<usize> = answers.into_iter().map(|a| a.unwrap().unwrap()).collect();
         assert_eq!(
             answers,
             [2, 2, 3, 2, 2, 2],
@@ -246,14 +303,39 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_statement_fails_its_own_requests_only() {
-        let Some((answers, rounds)) = while_held(&["a", "fail", "a"]).await else {
+        let Some((answers, rounds)) = while_held(&["a", "fail", "a"], &[]).await else {
             return;
         };
         assert_eq!(rounds, [vec!["a", "fail"], vec!["a"]]);
         assert!(
-            matches!(&answers[0], Err(StoreError::Backend(text)) if text.contains("failed on purpose"))
+            matches!(&answers[0], Some(Err(StoreError::Backend(text))) if text.contains("failed on purpose"))
         );
-        assert!(matches!(&answers[1], Err(StoreError::Backend(_))));
-        assert_eq!(answers[2].as_ref().ok(), Some(&1), "the later round ran");
+        assert!(matches!(&answers[1], Some(Err(StoreError::Backend(_)))));
+        assert!(
+            matches!(&answers[2], Some(Ok(1))),
+            "the later round ran: {:?}",
+            answers[2]
+        );
+    }
+
+    #[tokio::test]
+    async fn repeats_that_the_first_answer_settles_take_no_statement() {
+        let keys = ["same1", "b", "same1", "same1"];
+        let Some((answers, rounds)) = while_held(&keys, &[]).await else {
+            return;
+        };
+        assert_eq!(rounds, [vec!["b", "same1"]], "one statement for all");
+        let answers: Vec<usize> = answers.into_iter().map(|a| a.unwrap().unwrap()).collect();
+        assert_eq!(answers, [5, 1, 1005, 1005]);
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_caller_gave_up_is_not_run() {
+        let Some((answers, rounds)) = while_held(&["kept", "gone"], &["gone"]).await else {
+            return;
+        };
+        assert_eq!(rounds, [vec!["kept"]]);
+        assert!(matches!(answers[0], Some(Ok(4))));
+        assert!(answers[1].is_none());
     }
 }

@@ -6,6 +6,7 @@
 //! release are guarded by the owner token. `expires_at` is the lease's end while in
 //! flight and the retention's end once done; an index on it lets the sweeper delete only
 //! what has expired. Times come from the database's clock, which all replicas share.
+//! Claims and done marks travel in batches, one statement for many (`batch.rs`).
 
 mod batch;
 
@@ -39,7 +40,7 @@ const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 /// planning it again for each batch would cost more than running it. A cached plan is
 /// made with the table's size at that moment: made on a new, empty table it would scan
 /// the whole table, and keep doing so as the table grows, so such scans are ruled out.
-const PLANNING: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
+const SESSION_SETTINGS: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
 
 /// The statements, with the table name filled in once.
 struct Statements {
@@ -162,13 +163,16 @@ impl Lane {
 struct ClaimRequest {
     key: String,
     owner: String,
-    lease: i64,
+    lease_ms: i64,
     fingerprint: Fingerprint,
 }
 
 /// What a claim in a batch found.
 enum Found {
-    Claimed,
+    /// Claimed, at the database's `now`.
+    Claimed {
+        now: i64,
+    },
     Live(KeyState),
     /// A live record stopped the insert but was gone, or not yet visible, when read.
     Vanished,
@@ -190,6 +194,20 @@ impl Batched for ClaimMany {
         &request.key
     }
 
+    /// A key claimed, or found live, by an earlier request of the batch is so for the
+    /// repeats too.
+    fn repeat(first: &ClaimRequest, answer: &Found) -> Option<Found> {
+        match answer {
+            Found::Claimed { now } => Some(Found::Live(KeyState::InFlight {
+                claimed_at: unsigned(*now),
+                lease_until: unsigned(now.saturating_add(first.lease_ms)),
+                fingerprint: first.fingerprint,
+            })),
+            Found::Live(state) => Some(Found::Live(state.clone())),
+            Found::Vanished => None,
+        }
+    }
+
     async fn run(
         &self,
         client: &Object,
@@ -197,7 +215,7 @@ impl Batched for ClaimMany {
     ) -> Result<Vec<Found>, StoreError> {
         let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
         let owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
-        let leases: Vec<i64> = requests.iter().map(|r| r.lease).collect();
+        let leases: Vec<i64> = requests.iter().map(|r| r.lease_ms).collect();
         let hashes: Vec<&[u8]> = requests.iter().map(|r| r.fingerprint.as_slice()).collect();
         let rows = within("postgres", self.timeout, async {
             let prepared = client.prepare_cached(&self.statements.claim_many).await?;
@@ -210,7 +228,9 @@ impl Batched for ClaimMany {
             .iter()
             .map(|row| {
                 if row.get("claimed") {
-                    Found::Claimed
+                    Found::Claimed {
+                        now: row.get("now"),
+                    }
                 } else {
                     live_state(row).map_or(Found::Vanished, Found::Live)
                 }
@@ -223,7 +243,7 @@ impl Batched for ClaimMany {
 struct FinishRequest {
     key: String,
     owner: String,
-    retention: i64,
+    retention_ms: i64,
     upstream_status: i32,
     response_status: Option<i32>,
     content_type: Option<String>,
@@ -246,6 +266,11 @@ impl Batched for FinishMany {
         &request.key
     }
 
+    /// Another owner's done mark for the same key needs its own statement.
+    fn repeat(_: &FinishRequest, _: &bool) -> Option<bool> {
+        None
+    }
+
     async fn run(
         &self,
         client: &Object,
@@ -253,7 +278,7 @@ impl Batched for FinishMany {
     ) -> Result<Vec<bool>, StoreError> {
         let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
         let owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
-        let retentions: Vec<i64> = requests.iter().map(|r| r.retention).collect();
+        let retentions: Vec<i64> = requests.iter().map(|r| r.retention_ms).collect();
         let statuses: Vec<i32> = requests.iter().map(|r| r.upstream_status).collect();
         let response_statuses: Vec<Option<i32>> =
             requests.iter().map(|r| r.response_status).collect();
@@ -327,7 +352,7 @@ fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
         .post_create(Hook::async_fn(|client, _| {
             Box::pin(async move {
                 client
-                    .batch_execute(PLANNING)
+                    .batch_execute(SESSION_SETTINGS)
                     .await
                     .map_err(HookError::Backend)
             })
@@ -467,8 +492,8 @@ impl PostgresStore {
     }
 }
 
-/// The record in `row` (the columns of `Statements::current`), unless there is none or it
-/// has expired by the row's `now`.
+/// The record in `row` (the columns `Statements::current` and `claim_many` both return),
+/// unless there is none or it has expired by the row's `now`.
 fn live_state(row: &tokio_postgres::Row) -> Option<KeyState> {
     let (state, expires_at, now): (Option<String>, Option<i64>, i64) =
         (row.get("state"), row.get("expires_at"), row.get("now"));
@@ -519,17 +544,18 @@ impl ClaimStore for PostgresStore {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let lease = signed(millis(lease).max(1));
-        // A live record seen by the insert may be gone when read back: try again.
+        // A live record that stopped the insert may be gone, or not yet visible, when the
+        // statement reads it: try again.
         for _ in 0..8 {
             let token: u128 = rand::random();
             let request = ClaimRequest {
                 key: key.to_owned(),
                 owner: token.to_string(),
-                lease,
+                lease_ms: lease,
                 fingerprint,
             };
             match self.bounded(self.lanes.get().claims.call(request)).await? {
-                Found::Claimed => {
+                Found::Claimed { .. } => {
                     return Ok(ClaimOutcome::Claimed(Claim {
                         key: key.to_owned(),
                         token,
@@ -553,7 +579,7 @@ impl ClaimStore for PostgresStore {
         let request = FinishRequest {
             key: claim.key.clone(),
             owner: claim.token.to_string(),
-            retention: signed(millis(completion.retention).max(1)),
+            retention_ms: signed(millis(completion.retention).max(1)),
             upstream_status: i32::from(completion.upstream_status),
             response_status: recorded.as_ref().map(|r| i32::from(r.status)),
             content_type: recorded.as_ref().and_then(|r| r.content_type.clone()),
