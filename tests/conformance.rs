@@ -492,6 +492,21 @@ conformance!(
     every_key_the_proxy_accepts_is_stored_apart,
 );
 
+/// A test of `$test` on a `$store` opened with two workers, skipped (or failed in CI) as
+/// `unavailable` says when its server is missing.
+macro_rules! on_two_workers {
+    ($name:ident, $test:ident, $store:ident, $config:expr, $what:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let workers = Workers::start(2).unwrap();
+            match $store::connect(&$config, Some(&workers)).await {
+                Ok(store) => $test(Arc::new(store), workers).await,
+                Err(error) => drop(unavailable($what, error)),
+            }
+        }
+    };
+}
+
 /// The shared stores give each worker a connection of its own: a claim made through one
 /// worker's connection is seen, finished and found done through another's and through the
 /// connection of callers outside the workers.
@@ -587,41 +602,37 @@ async fn overlapping_claims_from_two_workers(store: Arc<dyn ClaimStore>, workers
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_overlapping_claims_from_two_workers() {
-    let workers = Workers::start(2).unwrap();
-    match RedisStore::connect(&redis_config(), Some(&workers)).await {
-        Ok(store) => overlapping_claims_from_two_workers(Arc::new(store), workers).await,
-        Err(error) => drop(unavailable("Redis", error)),
-    }
-}
+on_two_workers!(
+    redis_overlapping_claims_from_two_workers,
+    overlapping_claims_from_two_workers,
+    RedisStore,
+    redis_config(),
+    "Redis"
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_overlapping_claims_from_two_workers() {
-    let workers = Workers::start(2).unwrap();
-    match PostgresStore::connect(&postgres_config(), Some(&workers)).await {
-        Ok(store) => overlapping_claims_from_two_workers(Arc::new(store), workers).await,
-        Err(error) => drop(unavailable("PostgreSQL", error)),
-    }
-}
+on_two_workers!(
+    postgres_overlapping_claims_from_two_workers,
+    overlapping_claims_from_two_workers,
+    PostgresStore,
+    postgres_config(),
+    "PostgreSQL"
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_workers_connections_share_one_store() {
-    let workers = Workers::start(2).unwrap();
-    match RedisStore::connect(&redis_config(), Some(&workers)).await {
-        Ok(store) => workers_connections_share_one_store(Arc::new(store), workers).await,
-        Err(error) => drop(unavailable("Redis", error)),
-    }
-}
+on_two_workers!(
+    redis_workers_connections_share_one_store,
+    workers_connections_share_one_store,
+    RedisStore,
+    redis_config(),
+    "Redis"
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_workers_connections_share_one_store() {
-    let workers = Workers::start(2).unwrap();
-    match PostgresStore::connect(&postgres_config(), Some(&workers)).await {
-        Ok(store) => workers_connections_share_one_store(Arc::new(store), workers).await,
-        Err(error) => drop(unavailable("PostgreSQL", error)),
-    }
-}
+on_two_workers!(
+    postgres_workers_connections_share_one_store,
+    workers_connections_share_one_store,
+    PostgresStore,
+    postgres_config(),
+    "PostgreSQL"
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_workers_connections_share_one_store() {

@@ -217,13 +217,8 @@ impl Batched for ClaimMany {
         let owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
         let leases: Vec<i64> = requests.iter().map(|r| r.lease_ms).collect();
         let hashes: Vec<&[u8]> = requests.iter().map(|r| r.fingerprint.as_slice()).collect();
-        let rows = within("postgres", self.timeout, async {
-            let prepared = client.prepare_cached(&self.statements.claim_many).await?;
-            client
-                .query(&prepared, &[&keys, &owners, &leases, &hashes])
-                .await
-        })
-        .await?;
+        let params: [&(dyn ToSql + Sync); 4] = [&keys, &owners, &leases, &hashes];
+        let rows = batch_query(client, &self.statements.claim_many, &params, self.timeout).await?;
         Ok(rows
             .iter()
             .map(|row| {
@@ -237,6 +232,20 @@ impl Batched for ClaimMany {
             })
             .collect())
     }
+}
+
+/// Runs a batch's statement (prepared once per connection) within `timeout`.
+async fn batch_query(
+    client: &Object,
+    statement: &str,
+    params: &[&(dyn ToSql + Sync)],
+    timeout: Duration,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    within("postgres", timeout, async {
+        let prepared = client.prepare_cached(statement).await?;
+        client.query(&prepared, params).await
+    })
+    .await
 }
 
 /// A done mark waiting for its batch.
@@ -285,24 +294,16 @@ impl Batched for FinishMany {
         let content_types: Vec<Option<&str>> =
             requests.iter().map(|r| r.content_type.as_deref()).collect();
         let bodies: Vec<Option<&[u8]>> = requests.iter().map(|r| r.body.as_deref()).collect();
-        let rows = within("postgres", self.timeout, async {
-            let prepared = client.prepare_cached(&self.statements.finish_many).await?;
-            client
-                .query(
-                    &prepared,
-                    &[
-                        &keys,
-                        &owners,
-                        &retentions,
-                        &statuses,
-                        &response_statuses,
-                        &content_types,
-                        &bodies,
-                    ],
-                )
-                .await
-        })
-        .await?;
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &keys,
+            &owners,
+            &retentions,
+            &statuses,
+            &response_statuses,
+            &content_types,
+            &bodies,
+        ];
+        let rows = batch_query(client, &self.statements.finish_many, &params, self.timeout).await?;
         // One request per key in a batch, so the key says which were finished.
         let finished: HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
         Ok(keys.iter().map(|key| finished.contains(*key)).collect())
