@@ -124,13 +124,27 @@ pub(super) fn decode(key: &[u8], bytes: &[u8], window: Window) -> Option<DoneRec
 mod tests {
     use super::*;
 
+    /// Opens `path`, waiting for the previous handle's flusher thread, which lets go of
+    /// the directory's lock a moment after the handle is dropped.
+    fn open_when_free(path: &std::path::Path) -> sled::Db {
+        for _ in 0..250 {
+            match sled::open(path) {
+                Err(error) if error.to_string().contains("could not acquire lock") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                opened => return opened.unwrap(),
+            }
+        }
+        panic!("{} stayed locked", path.display());
+    }
+
     #[test]
     fn a_new_directory_gets_a_salt_of_its_own_and_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
-        let first = salt(&sled::open(dir.path()).unwrap()).unwrap();
+        let first = salt(&open_when_free(dir.path())).unwrap();
         assert_eq!(first.len(), 16);
         assert_eq!(
-            salt(&sled::open(dir.path()).unwrap()).unwrap(),
+            salt(&open_when_free(dir.path())).unwrap(),
             first,
             "kept across opens"
         );
