@@ -58,6 +58,7 @@ pub mod target;
 pub mod upstream;
 pub mod values;
 pub mod verify;
+pub mod waiting;
 pub mod workers;
 
 use std::future::Future;
@@ -300,6 +301,7 @@ impl App {
     pub async fn shutdown(self) -> Result<(), StoreError> {
         let deadline = Instant::now() + self.shutdown_grace;
         self.admin.shutting_down();
+        self.proxy.stop_waiting();
         self.proxy_server.stop().await;
         self.proxy
             .drain(deadline.saturating_duration_since(Instant::now()))

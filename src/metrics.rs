@@ -87,6 +87,7 @@ pub struct Metrics {
     claims_released: Family<RouteReason, Counter>,
     store_errors: Counter,
     store_keys: Family<StateLabel, Gauge>,
+    waiting: Gauge,
     sweep_removed: Counter,
     payload_mismatch: Family<RouteLabel, Counter>,
     signatures_refused: Family<RouteReason, Counter>,
@@ -135,6 +136,12 @@ impl Metrics {
             "Keys in the store by state (done: records on disk, expired ones until swept)",
             store_keys.clone(),
         );
+        let waiting = Gauge::default();
+        registry.register(
+            "dedupe_waiting_deliveries",
+            "Deliveries waiting for the outcome of their key's delivery in flight (on_in_flight: wait)",
+            waiting.clone(),
+        );
         let sweep_removed = Counter::default();
         registry.register(
             "dedupe_sweep_removed",
@@ -169,6 +176,7 @@ impl Metrics {
             claims_released,
             store_errors,
             store_keys,
+            waiting,
             sweep_removed,
             payload_mismatch,
             signatures_refused,
@@ -281,6 +289,8 @@ impl Metrics {
     pub fn encode(&self, keys: KeyCounts) -> String {
         let gauge = |state| self.store_keys.get_or_create(&StateLabel { state }).clone();
         gauge("in_flight").set(i64::try_from(keys.in_flight).unwrap_or(i64::MAX));
+        self.waiting
+            .set(i64::try_from(keys.waiting).unwrap_or(i64::MAX));
         if let Some(done) = keys.done {
             gauge("done").set(i64::try_from(done).unwrap_or(i64::MAX));
         }
@@ -353,9 +363,11 @@ mod tests {
         metrics.reloaded(false);
         let text = metrics.encode(KeyCounts {
             in_flight: 2,
+            waiting: 3,
             done: Some(40),
         });
         for line in [
+            "dedupe_waiting_deliveries 3",
             r#"dedupe_requests_total{route="stripe",outcome="forwarded"} 2"#,
             r#"dedupe_requests_total{route="stripe",outcome="duplicate"} 1"#,
             r#"dedupe_requests_total{route="(unmatched)",outcome="unmatched"} 1"#,

@@ -8,7 +8,8 @@
 //!                               (400 / relay unkeyed)
 //!              ─▶ claim_and_forward: claim the key, and with replay_guard: body the body's hash
 //!                   ──done──▶ answer_duplicate (200, or 422 on a changed body)
-//!                   ──in flight──▶ 409 + Retry-After
+//!                   ──in flight──▶ 409 + Retry-After, or with `on_in_flight: wait`,
+//!                                  wait_for_outcome (then as done, or claimed)
 //!                   ──store error──▶ 503 + Retry-After (or relay unkeyed)
 //!              ▼
 //!           forward_claimed: in a task of its own, holding the request's place
@@ -40,7 +41,8 @@ use crate::key::{Delivery, KeyError};
 use crate::metrics::{Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
-    OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing, Unmatched,
+    OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing,
+    Unmatched,
 };
 use crate::server::RequestPermit;
 use crate::store::{
@@ -50,6 +52,7 @@ use crate::store::{
 use crate::target::{self, TargetError};
 use crate::upstream::{self, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
+use crate::waiting::{Announcing, Waiting, Woken};
 
 /// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
 /// answers without a `Content-Length`) stream through and are not replayed.
@@ -70,6 +73,9 @@ pub struct Proxy {
     /// slow the application's other pages are, or whoever asks for them.
     relay_places: Arc<Semaphore>,
     open_claims: ClaimRegistry,
+    /// Deliveries waiting for the outcome of their key (`on_in_flight: wait`), at most a
+    /// quarter of `limits.max_requests`.
+    waiting: Arc<Waiting>,
     metrics: Arc<Metrics>,
 }
 
@@ -83,14 +89,16 @@ impl Proxy {
     ) -> Proxy {
         let routing = config.routing();
         metrics.expect_routes(routing.table.names_and_checks());
+        let waiting = Arc::new(Waiting::new(config.limits.max_requests / 4));
         Proxy {
             routing: ArcSwap::from_pointee(routing),
             body_read_timeout: config.limits.body_read_timeout.0,
-            store,
+            store: Arc::new(Announcing::new(store, Arc::clone(&waiting))),
             upstream: Upstream::new(workers),
             forwards: TaskTracker::new(),
             relay_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
             open_claims: ClaimRegistry::default(),
+            waiting,
             metrics,
         }
     }
@@ -114,6 +122,7 @@ impl Proxy {
     pub fn key_counts(&self) -> crate::store::KeyCounts {
         crate::store::KeyCounts {
             in_flight: self.open_claims.lock().len(),
+            waiting: self.waiting.count(),
             done: self.store.done_keys(),
         }
     }
@@ -256,15 +265,60 @@ impl Proxy {
         match self.claim(route, key, fingerprint).await {
             Ok(Claiming::Claimed(open)) => self.forward_claimed(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
-            Ok(Claiming::InFlight) => {
-                let refusal = Refusal::InFlight {
-                    status: policy.in_flight_status,
-                    retry_after: policy.retry_after,
-                };
-                (DedupeStatus::InFlight, refusal.into_response())
+            Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
+                self.wait_for_outcome(route, key, fingerprint, request, permit)
+                    .await
             }
+            Ok(Claiming::InFlight) => in_flight(route),
             Err(error) => self.store_failed(route, error, request, permit).await,
         }
+    }
+
+    /// `on_in_flight: wait`: waits, within `in_flight_wait`, for the delivery that holds
+    /// the key to finish or release it, and answers as that outcome says: the duplicate
+    /// answer, or this delivery's own forward. Looks at the store again whenever this
+    /// process announces an outcome of the key (or its body), and every `RECHECK`.
+    async fn wait_for_outcome(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        key: &str,
+        fingerprint: Fingerprint,
+        request: Request<ProxyBody>,
+        permit: RequestPermit,
+    ) -> Answer {
+        let until = tokio::time::Instant::now() + route.policy.in_flight_wait;
+        let mut keys = vec![store_key(&route.namespace, key)];
+        if route.replay_guard != ReplayGuard::Off {
+            keys.push(body_key(&route.namespace, &fingerprint));
+        }
+        let Some(waiter) = self.waiting.register(keys) else {
+            return in_flight(route);
+        };
+        loop {
+            // Registered before this look: an outcome announced from now on wakes the wait.
+            match self.claim(route, key, fingerprint).await {
+                Ok(Claiming::Claimed(open)) => {
+                    drop(waiter);
+                    return self.forward_claimed(route, open, request, permit).await;
+                }
+                Ok(Claiming::Done(record)) => {
+                    return self.answer_duplicate(route, record, fingerprint);
+                }
+                Ok(Claiming::InFlight) => {}
+                Err(error) => {
+                    drop(waiter);
+                    return self.store_failed(route, error, request, permit).await;
+                }
+            }
+            if waiter.wait(until).await != Woken::Look {
+                return in_flight(route);
+            }
+        }
+    }
+
+    /// Ends every wait for an outcome with the in-flight answer, and starts no new one.
+    pub fn stop_waiting(&self) {
+        self.waiting.close();
     }
 
     /// The store could not claim: the delivery is forwarded unclaimed or refused, as the
@@ -541,6 +595,15 @@ impl Proxy {
             response::duplicate(&route.policy.duplicate_response, record.response),
         )
     }
+}
+
+/// The answer to a delivery whose key another delivery holds.
+fn in_flight(route: &Route) -> Answer {
+    let refusal = Refusal::InFlight {
+        status: route.policy.in_flight_status,
+        retry_after: route.policy.retry_after,
+    };
+    (DedupeStatus::InFlight, refusal.into_response())
 }
 
 /// Releases a delivery's claims so that a retry runs the work, counting why (once per

@@ -51,6 +51,9 @@ pub struct Policy {
     pub on_missing_key: OnMissingKey,
     pub on_store_error: OnStoreError,
     pub on_payload_mismatch: OnPayloadMismatch,
+    pub on_in_flight: OnInFlight,
+    #[serde(serialize_with = "as_written::duration")]
+    pub in_flight_wait: Duration,
     pub duplicate_response: DuplicateResponse,
     /// A 4xx or 5xx: the configuration refuses a success here.
     #[serde(serialize_with = "as_written::status")]
@@ -93,6 +96,17 @@ pub enum OnMissingKey {
     #[default]
     Reject,
     Forward,
+}
+
+/// `on_in_flight:`: what a delivery whose key another delivery holds gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnInFlight {
+    /// `in_flight_status` and `Retry-After` at once.
+    #[default]
+    Respond,
+    /// The first delivery's outcome, waited for up to `in_flight_wait`.
+    Wait,
 }
 
 /// `on_store_error:`.

@@ -455,15 +455,15 @@ async fn recover_the_cluster(servers: &support::TestServers, victim: u16, node_d
                 })
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !taken_over() && Instant::now() < deadline {
+    let mut took_over = taken_over();
+    while !took_over && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        took_over = taken_over();
     }
-    // Started again either way, so that a failed run leaves the cluster whole.
+    // Started again either way, so that a failed run leaves the cluster whole. Judged
+    // before: the restarted node calls itself a primary until it learns its slots moved.
     run_command(node_dir.join("start").to_str().unwrap(), &[]);
-    assert!(
-        taken_over(),
-        "no replica took over from {victim} within 30 s"
-    );
+    assert!(took_over, "no replica took over from {victim} within 30 s");
     // It rejoins (as a replica once it learns its slots moved); the next kill picks a
     // primary whose replica is in sync.
     wait_for(Duration::from_secs(30), "the old primary rejoins", || {

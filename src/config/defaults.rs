@@ -84,6 +84,10 @@ pub const MAX_BODY: u64 = 1 << 20;
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub const IN_FLIGHT_STATUS: StatusCode = StatusCode::CONFLICT;
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+/// Providers give up on an answer within about half a minute (Stripe 20 s, GitHub 10 s);
+/// a longer wait only holds a request's place.
+pub const IN_FLIGHT_WAIT_MAX: Duration = Duration::from_secs(60);
 pub const FORWARD_KEY_HEADER: bool = true;
 
 /// Any 2xx.

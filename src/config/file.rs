@@ -20,7 +20,9 @@ use super::store::{StoreConfig, store_section};
 use super::{AdminConfig, Limits, defaults};
 use crate::key::KeyTemplate;
 use crate::preset::Preset;
-use crate::route::{OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched};
+use crate::route::{
+    OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
+};
 use crate::values::{
     HeaderText, HumanDuration, Methods, Name, RefusalStatus, Size, StatusPattern, StatusValue,
     UpstreamUrl,
@@ -74,6 +76,8 @@ pub(super) struct RouteFile {
     pub(super) on_missing_key: Option<OnMissingKey>,
     pub(super) on_store_error: Option<OnStoreError>,
     pub(super) on_payload_mismatch: Option<OnPayloadMismatch>,
+    pub(super) on_in_flight: Option<OnInFlight>,
+    pub(super) in_flight_wait: Option<HumanDuration>,
     pub(super) duplicate_response: Option<DuplicateResponseFile>,
     pub(super) in_flight_status: Option<RefusalStatus>,
     pub(super) retry_after: Option<HumanDuration>,
@@ -110,11 +114,21 @@ impl RouteFile {
             ("retention", self.retention),
             ("lease", self.lease),
             ("upstream_timeout", self.upstream_timeout),
+            ("in_flight_wait", self.in_flight_wait),
         ];
         for (field, value) in positive {
             if value.is_some_and(|duration| duration.0.is_zero()) {
                 return Err(format!("`{field}` must be longer than zero"));
             }
+        }
+        if self
+            .in_flight_wait
+            .is_some_and(|wait| wait.0 > defaults::IN_FLIGHT_WAIT_MAX)
+        {
+            return Err(format!(
+                "`in_flight_wait` must be at most {} (a sender waits that long for an answer)",
+                humantime::format_duration(defaults::IN_FLIGHT_WAIT_MAX)
+            ));
         }
         if self.success_status.as_ref().is_some_and(Vec::is_empty) {
             return Err("`success_status` must list at least one status or class".into());

@@ -134,6 +134,12 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             &d.on_payload_mismatch,
             Default::default(),
         ),
+        on_in_flight: inherit(&own.on_in_flight, &d.on_in_flight, Default::default()),
+        in_flight_wait: duration(
+            &own.in_flight_wait,
+            &d.in_flight_wait,
+            defaults::IN_FLIGHT_WAIT,
+        ),
         duplicate_response: DuplicateResponse {
             status: own_dup
                 .status

@@ -1,0 +1,261 @@
+//! Deliveries waiting for the outcome of another delivery of their key
+//! (`on_in_flight: wait`): who waits on which store key, how many may, and the
+//! announcements that wake them when this process finishes or releases a key.
+//!
+//! A waiter is registered before it looks at the store again, and an announcement leaves
+//! a permit with every waiter of the key (`Notify::notify_one`), so an outcome that lands
+//! between the look and the wait still wakes it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{
+    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
+    Swept,
+};
+
+/// How often a waiter looks at the store again without an announcement: the outcome of a
+/// delivery on another replica of a shared store is not announced here.
+pub const RECHECK: Duration = Duration::from_millis(250);
+
+/// A waiter as its keys list it: its number, and how to wake it.
+type Registered = (u64, Arc<Notify>);
+
+/// The waiters of this process.
+pub struct Waiting {
+    by_key: Mutex<HashMap<String, Vec<Registered>>>,
+    /// Registered waiters, so that an announcement with none costs one atomic read.
+    registered: AtomicUsize,
+    places: Arc<Semaphore>,
+    next_id: AtomicU64,
+    closing: CancellationToken,
+}
+
+/// Why a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// An outcome was announced, or it is time to look again: look at the store.
+    Look,
+    /// The wait ran out.
+    TimedOut,
+    /// The proxy is shutting down.
+    Closing,
+}
+
+impl Waiting {
+    /// At most `places` deliveries wait at once.
+    pub fn new(places: usize) -> Waiting {
+        Waiting {
+            by_key: Mutex::new(HashMap::new()),
+            registered: AtomicUsize::new(0),
+            places: Arc::new(Semaphore::new(places.max(1))),
+            next_id: AtomicU64::new(0),
+            closing: CancellationToken::new(),
+        }
+    }
+
+    /// Registers a waiter on `keys`, or `None` when every place is taken or the proxy is
+    /// shutting down.
+    pub fn register(self: &Arc<Self>, keys: Vec<String>) -> Option<Waiter> {
+        if self.closing.is_cancelled() {
+            return None;
+        }
+        let place = Arc::clone(&self.places).try_acquire_owned().ok()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        let mut by_key = self.by_key.lock();
+        for key in &keys {
+            by_key
+                .entry(key.clone())
+                .or_default()
+                .push((id, Arc::clone(&wake)));
+        }
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        Some(Waiter {
+            waiting: Arc::clone(self),
+            id,
+            keys,
+            wake,
+            _place: place,
+        })
+    }
+
+    /// Wakes the waiters of `key`: its delivery finished or was released here.
+    pub fn announce(&self, key: &str) {
+        if self.registered.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(waiters) = self.by_key.lock().get(key) {
+            for (_, wake) in waiters {
+                wake.notify_one();
+            }
+        }
+    }
+
+    /// Ends every wait at once, and refuses new ones (shutdown).
+    pub fn close(&self) {
+        self.closing.cancel();
+    }
+
+    /// How many deliveries wait now.
+    pub fn count(&self) -> usize {
+        self.registered.load(Ordering::Relaxed)
+    }
+}
+
+/// One delivery's wait; dropping it (its sender hung up) removes it.
+pub struct Waiter {
+    waiting: Arc<Waiting>,
+    id: u64,
+    keys: Vec<String>,
+    wake: Arc<Notify>,
+    _place: OwnedSemaphorePermit,
+}
+
+impl Waiter {
+    /// Waits for an announcement of one of its keys, `RECHECK`, `until` or shutdown,
+    /// whichever comes first.
+    pub async fn wait(&self, until: Instant) -> Woken {
+        let recheck = (Instant::now() + RECHECK).min(until);
+        tokio::select! {
+            () = self.waiting.closing.cancelled() => Woken::Closing,
+            () = self.wake.notified() => Woken::Look,
+            () = tokio::time::sleep_until(recheck) => {
+                if recheck >= until { Woken::TimedOut } else { Woken::Look }
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut by_key = self.waiting.by_key.lock();
+        for key in &self.keys {
+            if let Some(waiters) = by_key.get_mut(key) {
+                waiters.retain(|(id, _)| *id != self.id);
+                if waiters.is_empty() {
+                    by_key.remove(key);
+                }
+            }
+        }
+        self.waiting.registered.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A claim store that announces each finish and release to this process's waiters, so
+/// that every path that settles a claim (the forward, a sender gone, shutdown) wakes them.
+pub struct Announcing {
+    store: Arc<dyn ClaimStore>,
+    waiting: Arc<Waiting>,
+}
+
+impl Announcing {
+    pub fn new(store: Arc<dyn ClaimStore>, waiting: Arc<Waiting>) -> Announcing {
+        Announcing { store, waiting }
+    }
+}
+
+#[async_trait]
+impl ClaimStore for Announcing {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.store.claim(key, fingerprint, lease).await
+    }
+
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+        let finished = self.store.finish(claim, completion).await;
+        self.waiting.announce(&claim.key);
+        finished
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        let released = self.store.release(claim).await;
+        self.waiting.announce(&claim.key);
+        released
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        self.store.inspect(key).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        self.store.forget(key).await
+    }
+
+    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
+        self.store.sweep(limit).await
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.store.flush().await
+    }
+
+    fn done_keys(&self) -> Option<u64> {
+        self.store.done_keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_announcement_wakes_the_waiters_of_its_key_only() {
+        let waiting = Arc::new(Waiting::new(8));
+        let a = waiting.register(keys(&["a", "body"])).unwrap();
+        let b = waiting.register(keys(&["b"])).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        // Announced before the wait began: the permit is kept.
+        waiting.announce("body");
+        assert_eq!(a.wait(until).await, Woken::Look);
+        let started = Instant::now();
+        assert_eq!(b.wait(until).await, Woken::Look, "only the recheck wakes b");
+        assert_eq!(started.elapsed(), RECHECK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_runs_out_at_its_deadline_and_ends_at_shutdown() {
+        let waiting = Arc::new(Waiting::new(8));
+        let waiter = waiting.register(keys(&["a"])).unwrap();
+        let until = Instant::now() + Duration::from_millis(100);
+        assert_eq!(waiter.wait(until).await, Woken::TimedOut);
+        waiting.close();
+        let later = Instant::now() + Duration::from_secs(10);
+        assert_eq!(waiter.wait(later).await, Woken::Closing);
+        assert!(waiting.register(keys(&["b"])).is_none(), "no new waits");
+    }
+
+    #[test]
+    fn waiters_are_bounded_and_dropping_one_frees_its_place_and_keys() {
+        let waiting = Arc::new(Waiting::new(2));
+        let first = waiting.register(keys(&["a"])).unwrap();
+        let _second = waiting.register(keys(&["a"])).unwrap();
+        assert!(waiting.register(keys(&["c"])).is_none(), "beyond the cap");
+        assert_eq!(waiting.count(), 2);
+        drop(first);
+        assert_eq!(waiting.count(), 1);
+        assert_eq!(waiting.by_key.lock()["a"].len(), 1);
+        let third = waiting.register(keys(&["c"])).unwrap();
+        drop(third);
+        assert!(
+            !waiting.by_key.lock().contains_key("c"),
+            "an empty key is removed"
+        );
+    }
+}

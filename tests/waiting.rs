@@ -1,0 +1,181 @@
+//! `on_in_flight: wait`: a delivery whose key another delivery holds waits for that
+//! delivery's outcome and answers with it: the duplicate answer when it is done, its own
+//! forward when it was released, the in-flight answer when the wait runs out, when too
+//! many already wait, or at shutdown. A waiter whose sender hangs up is dropped.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn waiting_route(extra: &str) -> String {
+    json_route(&format!("    on_in_flight: wait\n{extra}"))
+}
+
+/// How many deliveries wait now, from the admin metrics.
+async fn waiting(proxy: &Proxy) -> u64 {
+    let text = send(proxy.admin, "GET", "/metrics", &[], "").await.body;
+    text.lines()
+        .find_map(|line| line.strip_prefix("dedupe_waiting_deliveries "))
+        .expect("the metric is exposed")
+        .parse()
+        .unwrap()
+}
+
+async fn until_waiting(proxy: &Proxy, count: u64) {
+    for _ in 0..500 {
+        if waiting(proxy).await == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{count} deliveries never waited");
+}
+
+#[tokio::test]
+async fn a_duplicate_in_flight_gets_the_duplicate_answer_as_soon_as_the_first_is_done() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201)
+        .body("created")
+        .after(Duration::from_millis(600))]);
+    let proxy = Proxy::start(upstream.addr, &waiting_route("")).await;
+    let first = tokio::spawn(async move {
+        let reply = post_event(proxy.addr, "evt_1").await;
+        (reply, Instant::now())
+    });
+    upstream.wait_for_requests(1).await;
+    let second = post_event(proxy.addr, "evt_1").await;
+    let answered = Instant::now();
+    let (first, first_done) = first.await.unwrap();
+    assert_eq!((first.status, first.dedupe()), (201, "forwarded"));
+    assert_eq!(
+        (second.status, second.dedupe()),
+        (200, "duplicate"),
+        "{}",
+        second.body
+    );
+    assert_eq!(upstream.requests(), 1, "the work ran once");
+    // Woken by the outcome, not by the store being looked at again every 250 ms.
+    let late = answered.saturating_duration_since(first_done);
+    assert!(
+        late < Duration::from_millis(100),
+        "answered {late:?} after the first"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_duplicate_of_a_released_delivery_forwards_itself() {
+    let upstream = Upstream::start().await;
+    upstream.script([
+        Answer::status(500)
+            .body("boom")
+            .after(Duration::from_millis(400)),
+        Answer::status(201).body("second try"),
+    ]);
+    let proxy = Proxy::start(upstream.addr, &waiting_route("")).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let second = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(
+        (first.await.unwrap().status, second.status),
+        (500, 201),
+        "the first is relayed and released, the second runs the work"
+    );
+    assert_eq!(
+        (second.dedupe(), second.body.as_str()),
+        ("forwarded", "second try")
+    );
+    assert_eq!(upstream.requests(), 2);
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_gets_the_in_flight_answer() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
+    let route = waiting_route("    in_flight_wait: 300ms\n    retry_after: 7s\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let began = Instant::now();
+    let second = post_event(proxy.addr, "evt_1").await;
+    let waited = began.elapsed();
+    assert_eq!((second.status, second.dedupe()), (409, "in-flight"));
+    assert_eq!(second.header("retry-after"), Some("7"));
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_millis(1200),
+        "waited {waited:?}"
+    );
+    assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+    assert_eq!(upstream.requests(), 1);
+}
+
+#[tokio::test]
+async fn beyond_a_quarter_of_max_requests_duplicates_get_the_in_flight_answer_at_once() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
+    let route = format!(
+        "limits: {{ max_requests: 8 }}\n{}",
+        waiting_route("    in_flight_wait: 5s\n")
+    );
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let waiters: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(post_event(proxy.addr, "evt_1")))
+        .collect();
+    until_waiting(&proxy, 2).await;
+    let began = Instant::now();
+    let third = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((third.status, third.dedupe()), (409, "in-flight"));
+    assert!(
+        began.elapsed() < Duration::from_millis(500),
+        "not kept waiting"
+    );
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().dedupe(), "duplicate");
+    }
+    first.await.unwrap();
+    assert_eq!(waiting(&proxy).await, 0);
+}
+
+#[tokio::test]
+async fn a_waiter_whose_sender_hangs_up_is_dropped() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
+    let proxy = Proxy::start(upstream.addr, &waiting_route("    in_flight_wait: 10s\n")).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let gone = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    until_waiting(&proxy, 1).await;
+    gone.abort();
+    until_waiting(&proxy, 0).await;
+    assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+    assert_eq!(upstream.requests(), 1);
+}
+
+#[tokio::test]
+async fn shutdown_answers_the_waiters_at_once() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
+    let mut proxy = Proxy::start(upstream.addr, &waiting_route("    in_flight_wait: 30s\n")).await;
+    let addr = proxy.addr;
+    let first = tokio::spawn(post_event(addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let waiter = tokio::spawn(async move {
+        let reply = post_event(addr, "evt_1").await;
+        (reply, Instant::now())
+    });
+    until_waiting(&proxy, 1).await;
+    let began = Instant::now();
+    proxy.shutdown().await;
+    let (reply, answered) = waiter.await.unwrap();
+    assert_eq!((reply.status, reply.dedupe()), (409, "in-flight"));
+    assert!(
+        answered.saturating_duration_since(began) < Duration::from_millis(500),
+        "answered {:?} into the shutdown",
+        answered.saturating_duration_since(began)
+    );
+    assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+}
