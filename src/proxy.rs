@@ -52,7 +52,7 @@ use crate::store::{
 use crate::target::{self, TargetError};
 use crate::upstream::{self, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
-use crate::waiting::{Announcing, Waiting, Woken};
+use crate::waiting::{Waiting, Woken};
 
 /// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
 /// answers without a `Content-Length`) stream through and are not replayed.
@@ -93,7 +93,7 @@ impl Proxy {
         Proxy {
             routing: ArcSwap::from_pointee(routing),
             body_read_timeout: config.limits.body_read_timeout.0,
-            store: Arc::new(Announcing::new(store, Arc::clone(&waiting))),
+            store,
             upstream: Upstream::new(workers),
             forwards: TaskTracker::new(),
             relay_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
@@ -294,24 +294,31 @@ impl Proxy {
         let Some(waiter) = self.waiting.register(keys) else {
             return in_flight(route);
         };
+        let mut last_look = false;
         loop {
-            // Registered before this look: an outcome announced from now on wakes the wait.
+            // The first look repeats the claim that found the key in flight, on purpose:
+            // the waiter is registered now, so an outcome announced from here on wakes it.
             match self.claim(route, key, fingerprint).await {
                 Ok(Claiming::Claimed(open)) => {
+                    // A forward may take long: its place among the waiters goes back now.
                     drop(waiter);
                     return self.forward_claimed(route, open, request, permit).await;
                 }
                 Ok(Claiming::Done(record)) => {
                     return self.answer_duplicate(route, record, fingerprint);
                 }
+                Ok(Claiming::InFlight) if last_look => return in_flight(route),
                 Ok(Claiming::InFlight) => {}
                 Err(error) => {
                     drop(waiter);
                     return self.store_failed(route, error, request, permit).await;
                 }
             }
-            if waiter.wait(until).await != Woken::Look {
-                return in_flight(route);
+            match waiter.wait(until).await {
+                Woken::Look => {}
+                // One more look: an outcome may have landed on another replica since.
+                Woken::TimedOut => last_look = true,
+                Woken::Closing => return in_flight(route),
             }
         }
     }
@@ -484,12 +491,21 @@ impl Proxy {
                 self.metrics.store_error();
                 tracing::error!(%error, "upstream succeeded but the done mark was not recorded; a redelivery of this event would run again");
             }
+            self.waiting.announce(&claim.key);
         }
         response
     }
 
     async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
-        release_claims(&*self.store, &self.metrics, &route.name, claims, reason).await;
+        release_claims(
+            &*self.store,
+            &self.waiting,
+            &self.metrics,
+            &route.name,
+            claims,
+            reason,
+        )
+        .await;
     }
 
     /// A request no route matches: streamed through untouched, or refused.
@@ -562,6 +578,7 @@ impl Proxy {
         for (route, claims) in self.open_claims.take_all() {
             release_claims(
                 &*self.store,
+                &self.waiting,
                 &self.metrics,
                 &route,
                 &claims,
@@ -606,10 +623,11 @@ fn in_flight(route: &Route) -> Answer {
     (DedupeStatus::InFlight, refusal.into_response())
 }
 
-/// Releases a delivery's claims so that a retry runs the work, counting why (once per
-/// delivery).
+/// Releases a delivery's claims so that a retry (or a waiting duplicate) runs the work,
+/// counting why (once per delivery).
 async fn release_claims(
     store: &dyn ClaimStore,
+    waiting: &Waiting,
     metrics: &Metrics,
     route: &str,
     claims: &Claims,
@@ -626,6 +644,7 @@ async fn release_claims(
                 tracing::warn!(%error, reason = reason.as_str(), key = %claim.key, "claim not released; the key frees itself when its lease ends");
             }
         }
+        waiting.announce(&claim.key);
     }
     if released {
         metrics.released(route, reason);
@@ -787,6 +806,7 @@ impl ClaimRegistry {
             claims,
             route: route.name.clone(),
             store: Arc::clone(&proxy.store),
+            waiting: Arc::clone(&proxy.waiting),
             metrics: Arc::clone(&proxy.metrics),
             settled: false,
             if_dropped: ReleaseReason::Abandoned,
@@ -808,6 +828,7 @@ struct OpenClaim {
     claims: Claims,
     route: String,
     store: Arc<dyn ClaimStore>,
+    waiting: Arc<Waiting>,
     metrics: Arc<Metrics>,
     settled: bool,
     /// Why the claims are released if this is dropped unsettled.
@@ -827,7 +848,8 @@ impl OpenClaim {
         }
     }
 
-    /// Releases the claims without counting a release: nothing was forwarded.
+    /// Releases the claims without counting a release, or waking waiters: nothing was
+    /// forwarded, and what stopped it (the body's own claim) still stands.
     async fn give_back(mut self) {
         self.settled = true;
         self.registry.lock().remove(&self.claims.event.token);
@@ -851,12 +873,13 @@ impl Drop for OpenClaim {
             .remove(&self.claims.event.token)
             .is_some();
         if still_open && !self.settled {
-            let (store, metrics) = (Arc::clone(&self.store), Arc::clone(&self.metrics));
+            let (store, waiting) = (Arc::clone(&self.store), Arc::clone(&self.waiting));
+            let metrics = Arc::clone(&self.metrics);
             let (route, claims, reason) =
                 (self.route.clone(), self.claims.clone(), self.if_dropped);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release_claims(&*store, &metrics, &route, &claims, reason).await;
+                    release_claims(&*store, &waiting, &metrics, &route, &claims, reason).await;
                 });
             }
         }

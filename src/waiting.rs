@@ -1,6 +1,7 @@
 //! Deliveries waiting for the outcome of another delivery of their key
 //! (`on_in_flight: wait`): who waits on which store key, how many may, and the
-//! announcements that wake them when this process finishes or releases a key.
+//! announcements that wake them, which the proxy makes when it finishes or releases a
+//! key after a forward.
 //!
 //! A waiter is registered before it looks at the store again, and an announcement leaves
 //! a permit with every waiter of the key (`Notify::notify_one`), so an outcome that lands
@@ -11,16 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-use crate::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
-    Swept,
-};
 
 /// How often a waiter looks at the store again without an announcement: the outcome of a
 /// delivery on another replica of a shared store is not announced here.
@@ -78,7 +73,7 @@ impl Waiting {
                 .or_default()
                 .push((id, Arc::clone(&wake)));
         }
-        self.registered.fetch_add(1, Ordering::Relaxed);
+        self.registered.fetch_add(1, Ordering::SeqCst);
         Some(Waiter {
             waiting: Arc::clone(self),
             id,
@@ -90,7 +85,9 @@ impl Waiting {
 
     /// Wakes the waiters of `key`: its delivery finished or was released here.
     pub fn announce(&self, key: &str) {
-        if self.registered.load(Ordering::Relaxed) == 0 {
+        // SeqCst with the registration's increment: a waiter registered before its look at
+        // the store is seen here whenever the look could have missed this outcome.
+        if self.registered.load(Ordering::SeqCst) == 0 {
             return;
         }
         if let Some(waiters) = self.by_key.lock().get(key) {
@@ -146,64 +143,7 @@ impl Drop for Waiter {
                 }
             }
         }
-        self.waiting.registered.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A claim store that announces each finish and release to this process's waiters, so
-/// that every path that settles a claim (the forward, a sender gone, shutdown) wakes them.
-pub struct Announcing {
-    store: Arc<dyn ClaimStore>,
-    waiting: Arc<Waiting>,
-}
-
-impl Announcing {
-    pub fn new(store: Arc<dyn ClaimStore>, waiting: Arc<Waiting>) -> Announcing {
-        Announcing { store, waiting }
-    }
-}
-
-#[async_trait]
-impl ClaimStore for Announcing {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.store.claim(key, fingerprint, lease).await
-    }
-
-    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
-        let finished = self.store.finish(claim, completion).await;
-        self.waiting.announce(&claim.key);
-        finished
-    }
-
-    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
-        let released = self.store.release(claim).await;
-        self.waiting.announce(&claim.key);
-        released
-    }
-
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
-        self.store.inspect(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
-        self.store.forget(key).await
-    }
-
-    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
-        self.store.sweep(limit).await
-    }
-
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.store.flush().await
-    }
-
-    fn done_keys(&self) -> Option<u64> {
-        self.store.done_keys()
+        self.waiting.registered.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -3,16 +3,8 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dedupe_proxy::config::StoreConfig;
-use dedupe_proxy::store::sled::SledStore;
-use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
-    Swept,
-};
 use support::*;
 
 #[tokio::test]
@@ -506,95 +498,6 @@ async fn routes_with_one_scope_share_keys_and_others_do_not() {
     );
 }
 
-/// The real sled store, made to fail on demand.
-struct FailingStore {
-    inner: SledStore,
-    fail_claims: bool,
-    fail_finish: bool,
-    /// Answers the replay guard's body claims half a second late.
-    slow_body_claims: bool,
-}
-
-#[async_trait]
-impl ClaimStore for FailingStore {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        if self.fail_claims {
-            return Err(StoreError::Backend("injected claim failure".into()));
-        }
-        if self.slow_body_claims && key.contains("#body:") {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        self.inner.claim(key, fingerprint, lease).await
-    }
-    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
-        if self.fail_finish {
-            return Err(StoreError::Backend("injected finish failure".into()));
-        }
-        self.inner.finish(claim, completion).await
-    }
-    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
-        self.inner.release(claim).await
-    }
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
-        self.inner.inspect(key).await
-    }
-    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
-        self.inner.forget(key).await
-    }
-    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
-        self.inner.sweep(limit).await
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush().await
-    }
-    fn done_keys(&self) -> Option<u64> {
-        self.inner.done_keys()
-    }
-}
-
-async fn proxy_on_failing_store(
-    upstream: &Upstream,
-    extra: &str,
-    fail_claims: bool,
-    fail_finish: bool,
-) -> (dedupe_proxy::App, tempfile::TempDir) {
-    proxy_on_store(upstream, extra, |inner| FailingStore {
-        inner,
-        fail_claims,
-        fail_finish,
-        slow_body_claims: false,
-    })
-    .await
-}
-
-async fn proxy_on_store(
-    upstream: &Upstream,
-    extra: &str,
-    store: impl FnOnce(SledStore) -> FailingStore,
-) -> (dedupe_proxy::App, tempfile::TempDir) {
-    let data = tempfile::tempdir().unwrap();
-    let config = parse_config(&config_text(
-        upstream.addr,
-        &data.path().join("db"),
-        &json_route(extra),
-    ));
-    let StoreConfig::Sled(sled) = &config.store else {
-        panic!("sled expected")
-    };
-    let store = store(SledStore::open(sled).unwrap());
-    (
-        dedupe_proxy::start_with_store(config, Arc::new(store))
-            .await
-            .unwrap(),
-        data,
-    )
-}
-
 #[tokio::test]
 async fn store_failure_is_503_with_retry_after_and_forwards_nothing() {
     let upstream = Upstream::start().await;
@@ -717,13 +620,10 @@ async fn an_h2c_sender_is_served_and_forwarded_over_http_1_1() {
 async fn a_sender_gone_between_claim_and_forward_leaves_no_claim_behind() {
     use tokio::io::AsyncWriteExt;
     let upstream = Upstream::start().await;
-    let (app, _data) = proxy_on_store(&upstream, "    replay_guard: body\n", |inner| {
-        FailingStore {
-            inner,
-            fail_claims: false,
-            fail_finish: false,
-            slow_body_claims: true,
-        }
+    let routes = json_route("    replay_guard: body\n");
+    let (app, _data) = proxy_on_store(&upstream, &routes, |inner| FailingStore {
+        slow_body_claims: true,
+        ..FailingStore::new(inner)
     })
     .await;
     let body = r#"{"id":"evt_gone"}"#;

@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -178,4 +180,40 @@ async fn shutdown_answers_the_waiters_at_once() {
         answered.saturating_duration_since(began)
     );
     assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+}
+
+/// With the replay guard, a new ID for a body whose delivery is in flight waits for that
+/// delivery too, and looks at the store only when woken: the claim it gives back while
+/// the body is in flight must not wake it again (a loop of claims until the wait ran out).
+#[tokio::test]
+async fn a_new_id_for_a_body_in_flight_waits_for_it_without_looping() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(800))]);
+    let routes = "routes:\n  - name: hooks\n    match: { method: POST, path: /hooks }\n    key: \"{header:X-Event-Id}\"\n    replay_guard: body\n    on_in_flight: wait\n";
+    let claims = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&claims);
+    let (app, _data) = proxy_on_store(&upstream, routes, move |inner| FailingStore {
+        claims: counted,
+        ..FailingStore::new(inner)
+    })
+    .await;
+    let addr = app.proxy_addr;
+    let body = r#"{"id":"evt_1","amount":5}"#;
+    let first = tokio::spawn(send(addr, "POST", "/hooks", &[("x-event-id", "a")], body));
+    upstream.wait_for_requests(1).await;
+    let before = claims.load(Ordering::SeqCst);
+    let second = send(addr, "POST", "/hooks", &[("x-event-id", "b")], body).await;
+    assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+    assert_eq!(
+        (second.status, second.dedupe()),
+        (200, "duplicate"),
+        "{}",
+        second.body
+    );
+    assert_eq!(upstream.requests(), 1);
+    // Two claims per look (the event key, then the body); a look at once, about three
+    // rechecks in 800 ms, one on the outcome.
+    let looks = (claims.load(Ordering::SeqCst) - before) / 2;
+    assert!(looks <= 8, "{looks} looks at the store while waiting");
+    app.shutdown().await.unwrap();
 }

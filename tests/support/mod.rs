@@ -23,6 +23,14 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use async_trait::async_trait;
+use dedupe_proxy::config::StoreConfig;
+use dedupe_proxy::store::sled::SledStore;
+use dedupe_proxy::store::{
+    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
+    Swept,
+};
+
 // ---------------------------------------------------------------- the upstream
 
 /// One scripted answer of the test upstream.
@@ -640,4 +648,104 @@ impl TestServers {
             key_file: client.then(|| self.pem("client.key")),
         }
     }
+}
+
+// ---------------------------------------------------------------- a store to break
+
+/// The real sled store, made to fail on demand, counting the claims made of it.
+pub struct FailingStore {
+    pub inner: SledStore,
+    pub fail_claims: bool,
+    pub fail_finish: bool,
+    /// Answers the replay guard's body claims half a second late.
+    pub slow_body_claims: bool,
+    pub claims: Arc<AtomicUsize>,
+}
+
+impl FailingStore {
+    pub fn new(inner: SledStore) -> FailingStore {
+        FailingStore {
+            inner,
+            fail_claims: false,
+            fail_finish: false,
+            slow_body_claims: false,
+            claims: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl ClaimStore for FailingStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.fail_claims {
+            return Err(StoreError::Backend("injected claim failure".into()));
+        }
+        if self.slow_body_claims && key.contains("#body:") {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.inner.claim(key, fingerprint, lease).await
+    }
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+        if self.fail_finish {
+            return Err(StoreError::Backend("injected finish failure".into()));
+        }
+        self.inner.finish(claim, completion).await
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        self.inner.release(claim).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        self.inner.inspect(key).await
+    }
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        self.inner.forget(key).await
+    }
+    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
+        self.inner.sweep(limit).await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
+    }
+    fn done_keys(&self) -> Option<u64> {
+        self.inner.done_keys()
+    }
+}
+
+pub async fn proxy_on_failing_store(
+    upstream: &Upstream,
+    extra: &str,
+    fail_claims: bool,
+    fail_finish: bool,
+) -> (dedupe_proxy::App, tempfile::TempDir) {
+    proxy_on_store(upstream, &json_route(extra), |inner| FailingStore {
+        fail_claims,
+        fail_finish,
+        ..FailingStore::new(inner)
+    })
+    .await
+}
+
+pub async fn proxy_on_store(
+    upstream: &Upstream,
+    routes: &str,
+    store: impl FnOnce(SledStore) -> FailingStore,
+) -> (dedupe_proxy::App, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let config = parse_config(&config_text(upstream.addr, &data.path().join("db"), routes));
+    let StoreConfig::Sled(sled) = &config.store else {
+        panic!("sled expected")
+    };
+    let store = store(SledStore::open(sled).unwrap());
+    (
+        dedupe_proxy::start_with_store(config, Arc::new(store))
+            .await
+            .unwrap(),
+        data,
+    )
 }
