@@ -291,7 +291,7 @@ impl Proxy {
         if route.replay_guard != ReplayGuard::Off {
             keys.push(body_key(&route.namespace, &fingerprint));
         }
-        let Some(waiter) = self.waiting.register(keys) else {
+        let Some(mut waiter) = self.waiting.register(keys) else {
             return in_flight(route);
         };
         let mut last_look = false;
@@ -309,11 +309,18 @@ impl Proxy {
                 }
                 Ok(Claiming::InFlight) if last_look => return in_flight(route),
                 Ok(Claiming::InFlight) => {}
+                // The key was in flight: forwarding now (`on_store_error: forward`) could
+                // run the work twice. Look again later; the wait's end answers in flight.
                 Err(error) => {
-                    drop(waiter);
-                    return self.store_failed(route, error, request, permit).await;
+                    tracing::warn!(%error, "claim store failed while waiting for an outcome");
+                    self.metrics.store_error();
+                    if last_look {
+                        return in_flight(route);
+                    }
                 }
             }
+            // However a wake-up comes, the worker gets to run its other tasks in between.
+            tokio::task::coop::consume_budget().await;
             match waiter.wait(until).await {
                 Woken::Look => {}
                 // One more look: an outcome may have landed on another replica since.

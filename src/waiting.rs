@@ -17,9 +17,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How often a waiter looks at the store again without an announcement: the outcome of a
-/// delivery on another replica of a shared store is not announced here.
+/// How soon a waiter looks at the store again without an announcement (the outcome of a
+/// delivery on another replica of a shared store is not announced here), doubling after
+/// each look up to [`RECHECK_MAX`]: many waiters must not load a shared store. The
+/// configuration docs repeat both values.
 pub const RECHECK: Duration = Duration::from_millis(250);
+pub const RECHECK_MAX: Duration = Duration::from_secs(2);
 
 /// A waiter as its keys list it: its number, and how to wake it.
 type Registered = (u64, Arc<Notify>);
@@ -79,6 +82,7 @@ impl Waiting {
             id,
             keys,
             wake,
+            recheck: RECHECK,
             _place: place,
         })
     }
@@ -114,14 +118,17 @@ pub struct Waiter {
     id: u64,
     keys: Vec<String>,
     wake: Arc<Notify>,
+    /// The pause before the next look without an announcement.
+    recheck: Duration,
     _place: OwnedSemaphorePermit,
 }
 
 impl Waiter {
-    /// Waits for an announcement of one of its keys, `RECHECK`, `until` or shutdown,
-    /// whichever comes first.
-    pub async fn wait(&self, until: Instant) -> Woken {
-        let recheck = (Instant::now() + RECHECK).min(until);
+    /// Waits for an announcement of one of its keys, the next recheck, `until` or
+    /// shutdown, whichever comes first.
+    pub async fn wait(&mut self, until: Instant) -> Woken {
+        let recheck = (Instant::now() + self.recheck).min(until);
+        self.recheck = (self.recheck * 2).min(RECHECK_MAX);
         tokio::select! {
             () = self.waiting.closing.cancelled() => Woken::Closing,
             () = self.wake.notified() => Woken::Look,
@@ -158,8 +165,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_announcement_wakes_the_waiters_of_its_key_only() {
         let waiting = Arc::new(Waiting::new(8));
-        let a = waiting.register(keys(&["a", "body"])).unwrap();
-        let b = waiting.register(keys(&["b"])).unwrap();
+        let mut a = waiting.register(keys(&["a", "body"])).unwrap();
+        let mut b = waiting.register(keys(&["b"])).unwrap();
         let until = Instant::now() + Duration::from_secs(10);
         // Announced before the wait began: the permit is kept.
         waiting.announce("body");
@@ -167,12 +174,21 @@ mod tests {
         let started = Instant::now();
         assert_eq!(b.wait(until).await, Woken::Look, "only the recheck wakes b");
         assert_eq!(started.elapsed(), RECHECK);
+        for pause in [2, 4, 8, 8] {
+            let started = Instant::now();
+            assert_eq!(b.wait(until).await, Woken::Look);
+            assert_eq!(
+                started.elapsed(),
+                RECHECK * pause,
+                "backing off to RECHECK_MAX"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_wait_runs_out_at_its_deadline_and_ends_at_shutdown() {
         let waiting = Arc::new(Waiting::new(8));
-        let waiter = waiting.register(keys(&["a"])).unwrap();
+        let mut waiter = waiting.register(keys(&["a"])).unwrap();
         let until = Instant::now() + Duration::from_millis(100);
         assert_eq!(waiter.wait(until).await, Woken::TimedOut);
         waiting.close();

@@ -217,3 +217,29 @@ async fn a_new_id_for_a_body_in_flight_waits_for_it_without_looping() {
     assert!(looks <= 8, "{looks} looks at the store while waiting");
     app.shutdown().await.unwrap();
 }
+
+/// A store failing while a delivery waits must not forward it (`on_store_error: forward`
+/// would run the work a second time beside the first): it waits on, and gets the in-flight
+/// answer when the wait ends.
+#[tokio::test]
+async fn a_store_failing_during_the_wait_forwards_no_duplicate() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
+    let routes = json_route(
+        "    on_in_flight: wait\n    in_flight_wait: 600ms\n    on_store_error: forward\n",
+    );
+    // The first delivery's claim and the second's first claim succeed; the rest fail.
+    let (app, _data) = proxy_on_store(&upstream, &routes, |inner| FailingStore {
+        fail_claims_after: Some(2),
+        ..FailingStore::new(inner)
+    })
+    .await;
+    let addr = app.proxy_addr;
+    let first = tokio::spawn(post_event(addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let second = post_event(addr, "evt_1").await;
+    assert_eq!((second.status, second.dedupe()), (409, "in-flight"));
+    assert_eq!(upstream.requests(), 1, "nothing forwarded beside the first");
+    assert_eq!(first.await.unwrap().dedupe(), "forwarded");
+    app.shutdown().await.unwrap();
+}

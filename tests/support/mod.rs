@@ -656,6 +656,8 @@ impl TestServers {
 pub struct FailingStore {
     pub inner: SledStore,
     pub fail_claims: bool,
+    /// Fails every claim after this many.
+    pub fail_claims_after: Option<usize>,
     pub fail_finish: bool,
     /// Answers the replay guard's body claims half a second late.
     pub slow_body_claims: bool,
@@ -667,6 +669,7 @@ impl FailingStore {
         FailingStore {
             inner,
             fail_claims: false,
+            fail_claims_after: None,
             fail_finish: false,
             slow_body_claims: false,
             claims: Arc::default(),
@@ -682,8 +685,8 @@ impl ClaimStore for FailingStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        if self.fail_claims {
+        let earlier = self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.fail_claims || self.fail_claims_after.is_some_and(|after| earlier >= after) {
             return Err(StoreError::Backend("injected claim failure".into()));
         }
         if self.slow_body_claims && key.contains("#body:") {
