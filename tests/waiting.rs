@@ -243,3 +243,34 @@ async fn a_store_failing_during_the_wait_forwards_no_duplicate() {
     assert_eq!(first.await.unwrap().dedupe(), "forwarded");
     app.shutdown().await.unwrap();
 }
+
+/// When the first delivery is released, of several waiting duplicates exactly one claims
+/// the key and forwards; the others wait on for its outcome and get the duplicate answer.
+#[tokio::test]
+async fn of_several_waiters_of_a_released_delivery_one_forwards_and_the_others_get_its_outcome() {
+    let upstream = Upstream::start().await;
+    upstream.script([
+        Answer::status(500).after(Duration::from_millis(400)),
+        Answer::status(201)
+            .body("second try")
+            .after(Duration::from_millis(200)),
+    ]);
+    let proxy = Proxy::start(upstream.addr, &waiting_route("")).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(post_event(proxy.addr, "evt_1")))
+        .collect();
+    assert_eq!(first.await.unwrap().status, 500);
+    let mut outcomes = Vec::new();
+    for waiter in waiters {
+        outcomes.push(waiter.await.unwrap().dedupe().to_owned());
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, ["duplicate", "duplicate", "forwarded"]);
+    assert_eq!(
+        upstream.requests(),
+        2,
+        "the work ran once more, not three times"
+    );
+}
