@@ -46,8 +46,14 @@ pub fn redis_certificates(tls: Option<&TlsConfig>) -> redis::TlsCertificates {
 pub fn postgres_config(mode: SslMode, tls: Option<&TlsConfig>) -> Result<ClientConfig, StoreError> {
     let tls = tls.cloned().unwrap_or_default();
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
-        SslMode::Require if tls.ca_file.is_none() => Arc::new(AnyCertificate(provider())),
-        SslMode::Require | SslMode::VerifyCa => Arc::new(AnyName(web_pki(roots(&tls)?)?)),
+        SslMode::Require if tls.ca_file.is_none() => Arc::new(Lenient {
+            chain: None,
+            provider: provider(),
+        }),
+        SslMode::Require | SslMode::VerifyCa => Arc::new(Lenient {
+            chain: Some(web_pki(roots(&tls)?)?),
+            provider: provider(),
+        }),
         SslMode::VerifyFull | SslMode::Disable => web_pki(roots(&tls)?)?,
     };
     let builder = ClientConfig::builder_with_provider(provider())
@@ -100,12 +106,18 @@ fn web_pki(roots: RootCertStore) -> Result<Arc<WebPkiServerVerifier>, StoreError
         .map_err(failed)
 }
 
-/// `verify-ca`: the certificate must chain to the roots; its names are not compared with
-/// the host's.
+/// The checks `sslmode` asks for below `verify-full`: `verify-ca` (and `require` with a CA
+/// file, as libpq does it) wants a certificate that chains to the roots, whatever names it
+/// holds; `require` without a CA encrypts and takes whoever answers. The handshake's
+/// signatures are checked either way.
 #[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
+struct Lenient {
+    /// The roots' verifier, whose verdict on the names is ignored; `None`: no check.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -114,10 +126,10 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -131,7 +143,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -140,60 +153,13 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `require` without a CA, as libpq does it: the connection is encrypted, and the server
-/// is whoever answers (the handshake's signatures are still checked).
-#[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
