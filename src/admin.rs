@@ -20,15 +20,13 @@ use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, empty, full};
 use crate::config::AdminConfig;
-use crate::metrics::Metrics;
+use crate::metrics::{KeyCounts, Metrics};
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
 use crate::route::{ReplayGuard, Route, Routing};
 use crate::server::RequestPermit;
-use crate::store::{
-    ClaimStore, Forgotten, KeyCounts, KeyState, Millis, StoreError, body_key, store_key,
-};
+use crate::store::{ClaimStore, Forgotten, KeyState, Millis, StoreError, body_key, store_key};
 use crate::values::Secret;
 
 /// What the admin API serves once the store is open and the routes loaded.

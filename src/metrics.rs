@@ -11,7 +11,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::response::DedupeStatus;
-use crate::store::KeyCounts;
 use crate::verify::VerifyError;
 
 /// The `route` label of requests no route matched.
@@ -77,6 +76,15 @@ impl ReleaseReason {
             ReleaseReason::Abandoned => "abandoned",
         }
     }
+}
+
+/// The counts the gauges show as of a scrape: this process's claims in flight, its
+/// deliveries waiting on one, and the store's done records when it knows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    pub in_flight: usize,
+    pub waiting: usize,
+    pub done: Option<u64>,
 }
 
 /// The registry and its metrics; cheap to share behind an `Arc`.

@@ -38,7 +38,7 @@ use tracing::{Instrument, Span, field};
 use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::key::{Delivery, KeyError};
-use crate::metrics::{Metrics, ReleaseReason};
+use crate::metrics::{KeyCounts, Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
     OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing,
@@ -119,8 +119,8 @@ impl Proxy {
     }
 
     /// This process's claims being forwarded, and the store's done records.
-    pub fn key_counts(&self) -> crate::store::KeyCounts {
-        crate::store::KeyCounts {
+    pub fn key_counts(&self) -> KeyCounts {
+        KeyCounts {
             in_flight: self.open_claims.lock().len(),
             waiting: self.waiting.count(),
             done: self.store.done_keys(),

@@ -259,15 +259,6 @@ pub trait ClaimStore: Send + Sync + 'static {
     fn done_keys(&self) -> Option<u64>;
 }
 
-/// Keys by state, for the metrics: this process's claims in flight, its deliveries
-/// waiting on one, and the store's done records when it knows them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KeyCounts {
-    pub in_flight: usize,
-    pub waiting: usize,
-    pub done: Option<u64>,
-}
-
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Swept {
