@@ -90,6 +90,12 @@ impl Proxy {
         let routing = config.routing();
         metrics.expect_routes(routing.table.names_and_checks());
         let waiting = Arc::new(Waiting::new(config.limits.max_requests / 4));
+        let hearing = Arc::downgrade(&waiting);
+        store.hear_outcomes(Arc::new(move |key| {
+            if let Some(waiting) = hearing.upgrade() {
+                waiting.announce(key);
+            }
+        }));
         Proxy {
             routing: ArcSwap::from_pointee(routing),
             body_read_timeout: config.limits.body_read_timeout.0,
@@ -374,9 +380,11 @@ impl Proxy {
         fingerprint: Fingerprint,
     ) -> Result<Claiming, StoreError> {
         let lease = route.policy.lease;
+        // Other replicas' waiting duplicates learn of the outcome through the store.
+        let announce = route.policy.on_in_flight == OnInFlight::Wait;
         let event_key = store_key(&route.namespace, key);
         let event = match self.store.claim(&event_key, fingerprint, lease).await? {
-            ClaimOutcome::Claimed(claim) => claim,
+            ClaimOutcome::Claimed(claim) => Claim { announce, ..claim },
             ClaimOutcome::Done(record) => return Ok(Claiming::Done(record)),
             ClaimOutcome::InFlight { .. } => return Ok(Claiming::InFlight),
         };
@@ -387,7 +395,7 @@ impl Proxy {
         let body = body_key(&route.namespace, &fingerprint);
         let outcome = match self.store.claim(&body, fingerprint, lease).await {
             Ok(ClaimOutcome::Claimed(claim)) => {
-                open.add_body(claim);
+                open.add_body(Claim { announce, ..claim });
                 return Ok(Claiming::Claimed(open));
             }
             Ok(ClaimOutcome::Done(record)) => {

@@ -1,7 +1,7 @@
 //! Deliveries waiting for the outcome of another delivery of their key
 //! (`on_in_flight: wait`): who waits on which store key, how many may, and the
 //! announcements that wake them, which the proxy makes when it finishes or releases a
-//! key after a forward.
+//! key after a forward, and which a shared store passes on from the other replicas.
 //!
 //! A waiter is registered before it looks at the store again, and an announcement leaves
 //! a permit with every waiter of the key (`Notify::notify_one`), so an outcome that lands
@@ -17,8 +17,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How soon a waiter looks at the store again without an announcement (the outcome of a
-/// delivery on another replica of a shared store is not announced here), doubling after
+/// How soon a waiter looks at the store again without an announcement (a lease may end,
+/// or an announcement be lost while a shared store is out of reach), doubling after
 /// each look up to [`RECHECK_MAX`]: many waiters must not load a shared store. The
 /// configuration docs repeat both values.
 pub const RECHECK: Duration = Duration::from_millis(250);

@@ -223,6 +223,63 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap()
 }
 
+async fn announced(h: &Harness, name: &str) -> Claim {
+    Claim {
+        announce: true,
+        ..h.claimed(name).await
+    }
+}
+
+/// A finish or release of an announced claim is heard by whoever listens to the store
+/// (another replica); an unannounced one is not. The embedded store has no one to tell.
+async fn announced_outcomes_are_heard(h: Harness) {
+    let (tell, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    h.store.hear_outcomes(Arc::new(move |key: &str| {
+        let _ = tell.send(key.to_owned());
+    }));
+    let shared = h.clock.is_none();
+    if shared {
+        // The subscription starts in the background: announce until it hears.
+        let mut ready = false;
+        for attempt in 0..100 {
+            let probe = announced(&h, &format!("probe-{attempt}")).await;
+            h.store.release(&probe).await.unwrap();
+            if tokio::time::timeout(Duration::from_millis(50), heard.recv())
+                .await
+                .is_ok()
+            {
+                ready = true;
+                break;
+            }
+        }
+        assert!(ready, "no announcement was heard in 5 s");
+        while heard.try_recv().is_ok() {}
+    }
+    let quiet = h.claimed("quiet").await;
+    h.store.finish(&quiet, done(200)).await.unwrap();
+    let finished = announced(&h, "finished").await;
+    h.store.finish(&finished, done(200)).await.unwrap();
+    let released = announced(&h, "released").await;
+    h.store.release(&released).await.unwrap();
+    assert!(matches!(h.state("finished").await, Some(KeyState::Done(_))));
+    assert_eq!(h.state("released").await, None);
+    if shared {
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let key = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+                .await
+                .expect("both outcomes heard within 5 s")
+                .unwrap();
+            got.push(key);
+        }
+        // Announcements arrive in order, so the quiet finish would have come first.
+        assert_eq!(got, [h.key("finished"), h.key("released")]);
+    } else {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(heard.try_recv().is_err(), "the embedded store tells no one");
+    }
+}
+
 async fn claim_then_claim_again_is_in_flight(h: Harness) {
     h.claimed("k").await;
     let ClaimOutcome::InFlight { lease_until } =
@@ -480,6 +537,7 @@ macro_rules! conformance {
 }
 
 conformance!(
+    announced_outcomes_are_heard,
     claim_then_claim_again_is_in_flight,
     finish_records_done_and_duplicates_see_it,
     release_makes_the_key_claimable_again,

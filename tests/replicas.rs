@@ -6,7 +6,7 @@
 mod support;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::*;
 use tokio::task::JoinSet;
@@ -46,16 +46,20 @@ async fn drop_table(name: &str) {
         .unwrap();
 }
 
+/// The route's settings in most tests: a short lease.
+const SHORT_LEASE: &str = "    lease: 1s\n    upstream_timeout: 800ms\n    retention: 1m\n";
+
 fn write_replica_config(
     dir: &Path,
     name: &str,
     upstream: std::net::SocketAddr,
     store: &str,
+    route: &str,
 ) -> std::path::PathBuf {
     let path = dir.join(format!("{name}.yaml"));
     let text = format!(
         "listen: 127.0.0.1:0\nupstream: http://{upstream}\nadmin: {{ listen: 127.0.0.1:0 }}\n{store}\n{}",
-        json_route("    lease: 1s\n    upstream_timeout: 800ms\n    retention: 1m\n")
+        json_route(route)
     );
     std::fs::write(&path, text).unwrap();
     path
@@ -64,11 +68,12 @@ fn write_replica_config(
 async fn start_replicas(
     upstream: std::net::SocketAddr,
     store: &str,
+    route: &str,
 ) -> (Vec<Binary>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
-        let config = write_replica_config(dir.path(), name, upstream, store);
+        let config = write_replica_config(dir.path(), name, upstream, store, route);
         replicas.push(
             tokio::task::spawn_blocking(move || Binary::start(&config))
                 .await
@@ -84,7 +89,7 @@ async fn a_storm_across_three_replicas_runs_the_work_once(kind: &str) {
     };
     let upstream = Upstream::start().await;
     upstream.script([Answer::ok().after(Duration::from_millis(400))]);
-    let (replicas, _dir) = start_replicas(upstream.addr, &store).await;
+    let (replicas, _dir) = start_replicas(upstream.addr, &store, SHORT_LEASE).await;
     let mut storm = JoinSet::new();
     for delivery in 0..60 {
         let addr = replicas[delivery % 3].addr;
@@ -114,7 +119,7 @@ async fn a_killed_replica_leaves_the_event_to_another_after_the_lease(kind: &str
     let upstream = Upstream::start().await;
     // The first forward hangs until its proxy dies; the retry is answered at once.
     upstream.script([Answer::ok().after(Duration::from_secs(30))]);
-    let (mut replicas, _dir) = start_replicas(upstream.addr, &store).await;
+    let (mut replicas, _dir) = start_replicas(upstream.addr, &store, SHORT_LEASE).await;
     let holder = replicas[0].addr;
     let hung = tokio::spawn(async move {
         let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
@@ -153,6 +158,48 @@ async fn a_killed_replica_leaves_the_event_to_another_after_the_lease(kind: &str
         1,
         "{kind}: the killed forward never finished its work"
     );
+}
+
+async fn a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done(kind: &str) {
+    let Some(store) = shared_store(kind, "replicas_wait").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201).after(Duration::from_millis(1200))]);
+    let route = "    on_in_flight: wait\n    in_flight_wait: 10s\n    lease: 10s\n    upstream_timeout: 5s\n";
+    let (replicas, _dir) = start_replicas(upstream.addr, &store, route).await;
+    let first_replica = replicas[0].addr;
+    let first = tokio::spawn(async move {
+        let reply = post_event(first_replica, "evt_wait").await;
+        (reply, Instant::now())
+    });
+    upstream.wait_for_requests(1).await;
+    let second = post_event(replicas[1].addr, "evt_wait").await;
+    let answered = Instant::now();
+    let (first, first_done) = first.await.unwrap();
+    assert_eq!((first.status, first.dedupe()), (201, "forwarded"), "{kind}");
+    assert_eq!(
+        (second.status, second.dedupe()),
+        (200, "duplicate"),
+        "{kind}"
+    );
+    assert_eq!(upstream.executions("evt_wait"), 1, "{kind}");
+    // Told by the store, not by a recheck: those come 250, 750 and 1750 ms into the wait.
+    let late = answered.saturating_duration_since(first_done);
+    assert!(
+        late < Duration::from_millis(200),
+        "{kind}: answered {late:?} after the first"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done() {
+    a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done() {
+    a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done("postgres").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

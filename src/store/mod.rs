@@ -99,7 +99,24 @@ pub fn millis(duration: Duration) -> Millis {
 pub struct Claim {
     pub key: String,
     pub token: u128,
+    /// Whether a shared store tells the other replicas when this claim is finished or
+    /// released (for their waiting duplicates, `on_in_flight: wait`). Off unless the
+    /// caller turns it on: announcing costs the store work on every delivery.
+    pub announce: bool,
 }
+
+impl Claim {
+    fn new(key: &str, token: u128) -> Claim {
+        Claim {
+            key: key.to_owned(),
+            token,
+            announce: false,
+        }
+    }
+}
+
+/// Told the store key of each outcome another process announced (see [`Claim::announce`]).
+pub type Heard = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +266,14 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Removes expired records, looking at up to `limit` of them (or of their index
     /// entries).
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError>;
+
+    /// From now until the store is dropped, passes to `heard` the store key of every
+    /// outcome that another process announces through this store. Best effort: one missed
+    /// while the store is unreachable is not heard again. The embedded store is never
+    /// shared, so it hears nothing.
+    fn hear_outcomes(&self, heard: Heard) {
+        drop(heard);
+    }
 
     /// Writes everything to durable storage (at shutdown).
     async fn flush(&self) -> Result<(), StoreError>;

@@ -17,15 +17,17 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use super::tls;
 use super::{
-    Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
+    Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten, Heard,
     KeyState, Millis, RecordedResponse, StoreError, Swept, SystemClock, millis, owned, within,
 };
 use crate::config::RedisConfig;
@@ -36,19 +38,27 @@ const OWNER_LEN: usize = 17;
 
 /// Becomes done if the value still opens with the caller's tag and token (ARGV[1]):
 /// ARGV[2] (`d` and the completion) followed by the claim's own fields, for ARGV[3] ms.
+/// With ARGV[4], publishes the key on that channel.
 const FINISH: &str = r"
 local value = redis.call('GET', KEYS[1])
 if not value or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[2] .. string.sub(value, #ARGV[1] + 1), 'PX', ARGV[3])
+if ARGV[4] then
+  redis.call('PUBLISH', ARGV[4], KEYS[1])
+end
 return 1
 ";
 
-/// Deletes the key if its value opens with the caller's tag and token (ARGV[1]).
+/// Deletes the key if its value opens with the caller's tag and token (ARGV[1]). With
+/// ARGV[2], publishes the key on that channel.
 const RELEASE: &str = r"
 if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if ARGV[2] then
+    redis.call('PUBLISH', ARGV[2], KEYS[1])
+  end
   return 1
 end
 return 0
@@ -149,6 +159,19 @@ pub struct RedisStore {
     finish: Script,
     release: Script,
     forget: Script,
+    /// Where finishes and releases of announced claims are published: `{prefix}outcomes`.
+    outcomes_channel: String,
+    /// Clients for the subscription to that channel: the server, or each cluster node
+    /// named in the configuration (a published message reaches every node).
+    subscribers: Vec<redis::Client>,
+    /// Ends the subscription when the store is dropped.
+    stop_hearing: CancellationToken,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.stop_hearing.cancel();
+    }
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -232,6 +255,29 @@ impl Opener {
         client.map(Opener::Single).map_err(invalid)
     }
 
+    /// Clients of the server, or of each node the configuration names, for a
+    /// subscription: classic Pub/Sub messages reach every node of a cluster.
+    fn subscribers(config: &RedisConfig) -> Result<Vec<redis::Client>, StoreError> {
+        let nodes = config
+            .cluster
+            .then_some(&config.nodes)
+            .into_iter()
+            .flatten();
+        let urls = std::iter::once(config.url.expose()).chain(nodes.map(|node| node.expose()));
+        urls.map(|url| {
+            let client = if url.starts_with("rediss://") {
+                let certificates = tls::redis_certificates(config.tls.as_ref());
+                redis::Client::build_with_tls(url, certificates)
+            } else {
+                redis::Client::open(url)
+            };
+            client.map_err(|error| {
+                StoreError::Backend(format!("redis URL {}: {error}", config.url.masked()))
+            })
+        })
+        .collect()
+    }
+
     /// Opens a connection and checks that Redis answers.
     async fn open(self, config: RedisConfig) -> Result<Link, StoreError> {
         let (url, timeout) = (config.url.masked(), config.timeout.0);
@@ -286,6 +332,65 @@ async fn check_version(connection: &mut Link, config: &RedisConfig) -> Result<()
     })
 }
 
+/// How often the subscription's connection is checked: one that died without a word
+/// would otherwise leave waiters to their rechecks for good.
+const SUBSCRIPTION_CHECK: Duration = Duration::from_secs(30);
+
+/// Subscribes to `channel` and passes each store key published on it to `heard`, for
+/// ever: when the subscription ends (the server went away), the next client in
+/// `subscribers` subscribes again, after a pause that grows up to 5 s while none answers.
+async fn hear(
+    subscribers: Vec<redis::Client>,
+    channel: String,
+    prefix: String,
+    timeout: Duration,
+    heard: Heard,
+) {
+    let mut pause = Duration::from_millis(100);
+    for client in subscribers.iter().cycle() {
+        let subscribing = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            redis::RedisResult::Ok(pubsub)
+        };
+        match tokio::time::timeout(timeout, subscribing).await {
+            Ok(Ok(pubsub)) => {
+                pause = Duration::from_millis(100);
+                let (mut sink, mut messages) = pubsub.split();
+                let mut checks = tokio::time::interval(SUBSCRIPTION_CHECK);
+                checks.tick().await;
+                loop {
+                    tokio::select! {
+                        message = messages.next() => {
+                            let Some(message) = message else { break };
+                            if let Some(key) = message.get_payload_bytes().strip_prefix(prefix.as_bytes())
+                                && let Ok(key) = std::str::from_utf8(key)
+                            {
+                                heard(key);
+                            }
+                        }
+                        _ = checks.tick() => {
+                            let answer = tokio::time::timeout(timeout, sink.ping::<Value>()).await;
+                            if !matches!(answer, Ok(Ok(_))) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                tracing::warn!("the subscription to announced outcomes ended; subscribing again");
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot subscribe to announced outcomes; waiters look at the store again from time to time");
+            }
+            Err(_) => {
+                tracing::warn!("subscribing to announced outcomes took longer than {timeout:?}")
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
 impl RedisStore {
     /// Connects to Redis, once and once more on each of `workers`, and checks that it
     /// answers.
@@ -310,6 +415,9 @@ impl RedisStore {
         }
         Ok(RedisStore {
             connections: PerWorker::new(outside, each),
+            outcomes_channel: format!("{}outcomes", config.prefix),
+            subscribers: Opener::subscribers(config)?,
+            stop_hearing: CancellationToken::new(),
             prefix: config.prefix.clone(),
             timeout: config.timeout.0,
             clock: Box::new(SystemClock),
@@ -369,10 +477,7 @@ impl ClaimStore for RedisStore {
         // A claim the client sent again (its first reply lost) finds its own value.
         let found = found.filter(|value| !value.starts_with(&opening));
         match found.as_deref().map(Stored::decode).transpose()? {
-            None => Ok(ClaimOutcome::Claimed(Claim {
-                key: key.to_owned(),
-                token,
-            })),
+            None => Ok(ClaimOutcome::Claimed(Claim::new(key, token))),
             Some(Stored::InFlight(started)) => Ok(ClaimOutcome::InFlight {
                 lease_until: started.lease_until,
             }),
@@ -395,6 +500,9 @@ impl ClaimStore for RedisStore {
             .arg(owner_prefix(claim.token))
             .arg(encode(&finished, vec![b'd']))
             .arg(retention);
+        if claim.announce {
+            invocation.arg(&self.outcomes_channel);
+        }
         let finished: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
@@ -405,6 +513,9 @@ impl ClaimStore for RedisStore {
         let mut connection = self.connection();
         let mut invocation = self.release.key(self.key(&claim.key));
         invocation.arg(owner_prefix(claim.token));
+        if claim.announce {
+            invocation.arg(&self.outcomes_channel);
+        }
         let released: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
@@ -437,6 +548,18 @@ impl ClaimStore for RedisStore {
             "absent" => Ok(Forgotten::Absent),
             _ => Err(malformed("a claim record has an unknown tag")),
         }
+    }
+
+    fn hear_outcomes(&self, heard: Heard) {
+        let subscribers = self.subscribers.clone();
+        let (channel, prefix) = (self.outcomes_channel.clone(), self.prefix.clone());
+        let (stop, timeout) = (self.stop_hearing.clone(), self.timeout);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = hear(subscribers, channel, prefix, timeout, heard) => {}
+            }
+        });
     }
 
     /// Redis expires leases and done records itself.

@@ -179,12 +179,7 @@ impl SledStore {
             lease_until: now.saturating_add(millis(lease)),
             fingerprint,
         };
-        let claimed = || {
-            ClaimOutcome::Claimed(Claim {
-                key: key.to_owned(),
-                token: fresh.token,
-            })
-        };
+        let claimed = || ClaimOutcome::Claimed(Claim::new(key, fresh.token));
         // The shard lock is held until the lease is in place: nothing can claim or
         // finish this key in between.
         match self.leases.entry(key.to_owned()) {

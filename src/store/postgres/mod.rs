@@ -13,27 +13,38 @@ mod batch;
 use std::collections::HashSet;
 use std::fmt::Display;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Hook, HookError, Object, Pool, PoolConfig, Runtime, Timeouts};
-use tokio_postgres::NoTls;
+use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
 
 use self::batch::{Batched, Queue};
 use super::tls;
 use super::{
-    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, KeyState,
-    Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
+    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, Heard,
+    KeyState, Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
 };
 use crate::config::{PostgresConfig, SslMode, driver_url};
 use crate::workers::{PerWorker, Workers};
 
 /// The database's time in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// The channel on which finishes and releases of announced claims are notified, with
+/// the store key as the payload.
+const OUTCOMES: &str = "dedupe_proxy_outcomes";
+
+/// How often the connection that listens for outcomes is checked: a connection that died
+/// without a word would otherwise leave waiters to their rechecks for good.
+const LISTEN_CHECK: Duration = Duration::from_secs(30);
 
 /// How each connection plans. Every statement here finds its rows through an index, and
 /// is planned once: a batch's plan does not depend on how many keys it carries, and
@@ -87,20 +98,24 @@ impl Statements {
                  FROM {table} WHERE key = $1"
             ),
             finish_many: format!(
-                "UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
+                "WITH done AS (UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
                         expires_at = {NOW_MS} + f.retention, upstream_status = f.upstream_status,
                         response_status = f.response_status,
                         response_content_type = f.response_content_type,
                         response_body = f.response_body, owner = NULL
                  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::int[],
-                             $6::text[], $7::bytea[])
+                             $6::text[], $7::bytea[], $8::bool[])
                    AS f(key, owner, retention, upstream_status, response_status,
-                        response_content_type, response_body)
+                        response_content_type, response_body, announce)
                  WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
-                 RETURNING t.key"
+                 RETURNING t.key, f.announce)
+                 SELECT key, CASE WHEN announce THEN pg_notify('{OUTCOMES}', key) END FROM done"
             ),
             release: format!(
-                "DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'"
+                "WITH gone AS (
+                   DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+                   RETURNING key)
+                 SELECT key, CASE WHEN $3 THEN pg_notify('{OUTCOMES}', key) END FROM gone"
             ),
             forget_done: format!(
                 "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
@@ -126,6 +141,16 @@ pub struct PostgresStore {
     lanes: PerWorker<Lane>,
     timeout: Duration,
     statements: Arc<Statements>,
+    /// Where the connection that listens for announced outcomes goes, and how.
+    listener: (tokio_postgres::Config, Connector),
+    /// Ends the listening when the store is dropped.
+    stop_hearing: CancellationToken,
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.stop_hearing.cancel();
+    }
 }
 
 /// One worker's connections, and its queues of claims and of done marks, each sent in
@@ -257,6 +282,7 @@ struct FinishRequest {
     response_status: Option<i32>,
     content_type: Option<String>,
     body: Option<Bytes>,
+    announce: bool,
 }
 
 /// Marks a batch of owned keys done in one statement; answers whether each was still its
@@ -294,7 +320,8 @@ impl Batched for FinishMany {
         let content_types: Vec<Option<&str>> =
             requests.iter().map(|r| r.content_type.as_deref()).collect();
         let bodies: Vec<Option<&[u8]>> = requests.iter().map(|r| r.body.as_deref()).collect();
-        let params: [&(dyn ToSql + Sync); 7] = [
+        let announce: Vec<bool> = requests.iter().map(|r| r.announce).collect();
+        let params: [&(dyn ToSql + Sync); 8] = [
             &keys,
             &owners,
             &retentions,
@@ -302,6 +329,7 @@ impl Batched for FinishMany {
             &response_statuses,
             &content_types,
             &bodies,
+            &announce,
         ];
         let rows = batch_query(client, &self.statements.finish_many, &params, self.timeout).await?;
         // One request per key in a batch, so the key says which were finished.
@@ -322,33 +350,52 @@ impl From<deadpool_postgres::PoolError> for StoreError {
     }
 }
 
-/// A pool of at most `size` connections, opened when first needed, with TLS as `sslmode`
-/// says.
+/// The driver's settings for `config`, and how its connections speak TLS.
+fn driver(config: &PostgresConfig) -> Result<(deadpool_postgres::Config, Connector), StoreError> {
+    let mut driver = deadpool_postgres::Config::new();
+    driver.url = Some(driver_url(config.url.expose()));
+    let connector = match config.ssl_mode {
+        SslMode::Disable => {
+            driver.ssl_mode = Some(deadpool_postgres::SslMode::Disable);
+            Connector::Plain
+        }
+        mode => {
+            // Never `prefer`: a server that will not speak TLS is refused, not used plain.
+            driver.ssl_mode = Some(deadpool_postgres::SslMode::Require);
+            let rustls = tls::postgres_config(mode, config.tls.as_ref())?;
+            Connector::Tls(MakeRustlsConnect::new(rustls))
+        }
+    };
+    Ok((driver, connector))
+}
+
+/// How connections speak to the server: as `sslmode` says.
+#[derive(Clone)]
+enum Connector {
+    Plain,
+    Tls(MakeRustlsConnect),
+}
+
+fn invalid_url(config: &PostgresConfig, error: &dyn Display) -> StoreError {
+    StoreError::Backend(format!("postgres URL {}: {error}", config.url.masked()))
+}
+
+/// A pool of at most `size` connections, opened when first needed.
 fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
-    let mut pool_config = deadpool_postgres::Config::new();
-    pool_config.url = Some(driver_url(config.url.expose()));
+    let (mut driver, connector) = driver(config)?;
     let mut limits = PoolConfig::new(size);
     limits.timeouts = Timeouts {
         wait: Some(config.timeout.0),
         create: Some(config.timeout.0),
         recycle: Some(config.timeout.0),
     };
-    pool_config.pool = Some(limits);
-    let invalid = |error: &dyn Display| format!("postgres URL {}: {error}", config.url.masked());
-    let builder = match config.ssl_mode {
-        SslMode::Disable => {
-            pool_config.ssl_mode = Some(deadpool_postgres::SslMode::Disable);
-            pool_config.builder(NoTls)
-        }
-        mode => {
-            // Never `prefer`: a server that will not speak TLS is refused, not used plain.
-            pool_config.ssl_mode = Some(deadpool_postgres::SslMode::Require);
-            let rustls = tls::postgres_config(mode, config.tls.as_ref())?;
-            pool_config.builder(MakeRustlsConnect::new(rustls))
-        }
+    driver.pool = Some(limits);
+    let builder = match connector {
+        Connector::Plain => driver.builder(NoTls),
+        Connector::Tls(tls) => driver.builder(tls),
     };
     builder
-        .map_err(|error| StoreError::Backend(invalid(&error)))?
+        .map_err(|error| invalid_url(config, &error))?
         .runtime(Runtime::Tokio1)
         .post_create(Hook::async_fn(|client, _| {
             Box::pin(async move {
@@ -359,7 +406,77 @@ fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
             })
         }))
         .build()
-        .map_err(|error| StoreError::Backend(invalid(&error)))
+        .map_err(|error| invalid_url(config, &error))
+}
+
+/// Listens on [`OUTCOMES`] and passes each notified store key to `heard`, for ever: a
+/// connection that fails is opened again, after a pause that grows up to 5 s while the
+/// server does not answer.
+async fn hear(
+    server: tokio_postgres::Config,
+    connector: Connector,
+    timeout: Duration,
+    heard: Heard,
+) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let listened = match &connector {
+            Connector::Plain => listen(server.connect(NoTls), timeout, &heard, &mut pause).await,
+            Connector::Tls(tls) => {
+                listen(server.connect(tls.clone()), timeout, &heard, &mut pause).await
+            }
+        };
+        if let Err(error) = listened {
+            tracing::warn!(%error, "not listening for announced outcomes; waiters look at the store again from time to time");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection's `LISTEN`, until it fails. A connection makes progress only while it
+/// is polled, so its messages are read in the same loop that sends its statements.
+async fn listen<S, T>(
+    connecting: impl Future<
+        Output = Result<
+            (tokio_postgres::Client, tokio_postgres::Connection<S, T>),
+            tokio_postgres::Error,
+        >,
+    >,
+    timeout: Duration,
+    heard: &Heard,
+    pause: &mut Duration,
+) -> Result<(), StoreError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (client, mut connection) = within("postgres", timeout, connecting).await?;
+    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+    let listen = format!("LISTEN {OUTCOMES}");
+    let mut statement: Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + '_>> =
+        Box::pin(within("postgres", timeout, client.batch_execute(&listen)));
+    let mut checks = tokio::time::interval(LISTEN_CHECK);
+    checks.tick().await;
+    loop {
+        tokio::select! {
+            done = &mut statement => {
+                done?;
+                *pause = Duration::from_millis(100);
+                // Nothing to send until the next check.
+                statement = Box::pin(std::future::pending());
+            }
+            message = messages.next() => match message {
+                Some(Ok(AsyncMessage::Notification(notification))) => heard(notification.payload()),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error.into()),
+                None => return Err(StoreError::of("postgres", "the listening connection closed")),
+            },
+            _ = checks.tick() => {
+                statement = Box::pin(within("postgres", timeout, client.batch_execute("")));
+            }
+        }
+    }
 }
 
 /// A time in milliseconds, as PostgreSQL's `bigint` holds it.
@@ -400,10 +517,16 @@ impl PostgresStore {
             }
         };
         let outside = Lane::start(pool(config, outside_size)?, &statements, timeout);
+        let (driver, connector) = driver(config)?;
+        let server = driver
+            .get_pg_config()
+            .map_err(|error| invalid_url(config, &error))?;
         let store = PostgresStore {
             lanes: PerWorker::new(outside, each),
             timeout,
             statements,
+            listener: (server, connector),
+            stop_hearing: CancellationToken::new(),
         };
         store
             .create_table(&config.table.0)
@@ -557,10 +680,7 @@ impl ClaimStore for PostgresStore {
             };
             match self.bounded(self.lanes.get().claims.call(request)).await? {
                 Found::Claimed { .. } => {
-                    return Ok(ClaimOutcome::Claimed(Claim {
-                        key: key.to_owned(),
-                        token,
-                    }));
+                    return Ok(ClaimOutcome::Claimed(Claim::new(key, token)));
                 }
                 Found::Live(KeyState::InFlight { lease_until, .. }) => {
                     return Ok(ClaimOutcome::InFlight { lease_until });
@@ -585,6 +705,7 @@ impl ClaimStore for PostgresStore {
             response_status: recorded.as_ref().map(|r| i32::from(r.status)),
             content_type: recorded.as_ref().and_then(|r| r.content_type.clone()),
             body: recorded.map(|r| r.body),
+            announce: claim.announce,
         };
         let finished = self
             .bounded(self.lanes.get().finishes.call(request))
@@ -595,9 +716,12 @@ impl ClaimStore for PostgresStore {
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
         let owner = claim.token.to_string();
         let deleted = self
-            .execute(&self.statements.release, &[&claim.key, &owner])
+            .query(
+                &self.statements.release,
+                &[&claim.key, &owner, &claim.announce],
+            )
             .await?;
-        owned(deleted == 1)
+        owned(deleted.len() == 1)
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
@@ -627,6 +751,17 @@ impl ClaimStore for PostgresStore {
             examined: removed,
             removed,
         })
+    }
+
+    fn hear_outcomes(&self, heard: Heard) {
+        let (server, connector) = self.listener.clone();
+        let (stop, timeout) = (self.stop_hearing.clone(), self.timeout);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = hear(server, connector, timeout, heard) => {}
+            }
+        });
     }
 
     /// Durability is the database's (each statement commits).
