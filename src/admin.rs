@@ -1,5 +1,5 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
-//! and inspection and removal of keys. Kept on its own port (127.0.0.1 by default) so
+//! and keys: listed, inspected, forgotten, and held ones resolved. Kept on its own port (127.0.0.1 by default) so
 //! that providers never reach it.
 //!
 //! With `admin.token_env` set, every `/v1/*` request needs `Authorization: Bearer
@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use crate::body::{ProxyBody, empty, full};
+use crate::body::{self, ProxyBody, empty, full};
 use crate::config::AdminConfig;
 use crate::metrics::{KeyCounts, Metrics};
 use crate::proxy::Proxy;
@@ -26,7 +26,10 @@ use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
 use crate::route::{ReplayGuard, Route, Routing};
 use crate::server::RequestPermit;
-use crate::store::{ClaimStore, Forgotten, KeyState, Millis, StoreError, body_key, store_key};
+use crate::store::{
+    ClaimStore, Forgotten, KeyState, Millis, RESOLVED_STATUS, Resolution, StateFilter, StoreError,
+    body_key, store_key,
+};
 use crate::values::Secret;
 
 /// What the admin API serves once the store is open and the routes loaded.
@@ -111,6 +114,20 @@ impl Admin {
                 match (request.method(), path) {
                     (&Method::GET, "/v1/routes") => routes(serving),
                     (&Method::POST, "/v1/reload") => reload(serving).await,
+                    (&Method::GET, "/v1/keys") => list_keys(serving, request.uri().query()).await,
+                    (&Method::POST, path) if path.starts_with("/v1/keys/") => {
+                        let target = path
+                            .strip_prefix("/v1/keys/")
+                            .and_then(|rest| rest.strip_suffix("/resolve"))
+                            .and_then(|rest| rest.split_once('/'));
+                        match target {
+                            Some((route, key)) => {
+                                let (route, key) = (route.to_owned(), key.to_owned());
+                                resolve(serving, &route, &key, request).await
+                            }
+                            None => AdminRefusal::NotFound.into_response(),
+                        }
+                    }
                     _ => match path
                         .strip_prefix("/v1/keys/")
                         .and_then(|rest| rest.split_once('/'))
@@ -222,11 +239,157 @@ async fn key_request(
             }
             Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
             Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
+            Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
             Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
         },
         _ => AdminRefusal::MethodNotAllowed.into_response(),
     }
 }
+
+/// The most keys one page of `GET /v1/keys` lists, and how many without `limit`.
+const LIST_LIMIT_MAX: usize = 1000;
+const LIST_LIMIT_DEFAULT: usize = 100;
+
+/// `GET /v1/keys?route=R[&state=in_flight|done|held][&limit=N][&after=CURSOR]`: a page of
+/// a route's keys, and the cursor of the next page (`null` after the last).
+async fn list_keys(serving: &Serving, query: Option<&str>) -> Response<ProxyBody> {
+    let (mut route_name, mut state, mut limit, mut after) = (None, None, LIST_LIMIT_DEFAULT, None);
+    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let bad = |reason: String| AdminRefusal::BadRequest(reason).into_response();
+        match &*name {
+            "route" => route_name = Some(value.into_owned()),
+            "state" => match StateFilter::parse(&value) {
+                Some(filter) => state = Some(filter),
+                None => {
+                    return bad(format!(
+                        "state `{value}` is not one of in_flight, done, held"
+                    ));
+                }
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=LIST_LIMIT_MAX).contains(&n) => limit = n,
+                _ => return bad(format!("limit must be a number from 1 to {LIST_LIMIT_MAX}")),
+            },
+            "after" => after = Some(value.into_owned()),
+            other => return bad(format!("unknown query parameter `{other}`")),
+        }
+    }
+    let Some(route_name) = route_name else {
+        return AdminRefusal::BadRequest("`route` is required".into()).into_response();
+    };
+    let routing = serving.proxy.routing();
+    let Some(route) = routing.table.by_name(&route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name).into_response();
+    };
+    let store = serving.proxy.store();
+    let page = match store
+        .list(&route.namespace, state, after.as_deref(), limit)
+        .await
+    {
+        Ok(page) => page,
+        Err(StoreError::Unsupported(reason)) => {
+            return AdminRefusal::BadRequest(reason).into_response();
+        }
+        Err(failure) => {
+            return AdminRefusal::StoreUnavailable(failure.to_string()).into_response();
+        }
+    };
+    let namespace = format!("{}:", route.namespace);
+    let keys: Vec<_> = page
+        .keys
+        .iter()
+        .map(|(full_key, state)| {
+            let key = full_key.strip_prefix(&namespace).unwrap_or(full_key);
+            describe(&route_name, key, state)
+        })
+        .collect();
+    let body = json!({ "keys": keys, "next": page.next });
+    json_response(StatusCode::OK, body.to_string())
+}
+
+/// The largest body `POST .../resolve` reads.
+const RESOLVE_BODY_MAX: u64 = 1024;
+
+/// `POST /v1/keys/{route}/{key}/resolve` with `{"outcome":"done"}` (the work happened:
+/// duplicates get the duplicate answer) or `{"outcome":"release"}` (the next delivery runs
+/// it). Where a route of the key's scope guards against replays, the body the key held
+/// is resolved alike.
+async fn resolve(
+    serving: &Serving,
+    route_name: &str,
+    raw_key: &str,
+    request: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let routing = serving.proxy.routing();
+    let Some(route) = routing.table.by_name(route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
+    };
+    let (head, body) = request.into_parts();
+    let body = match body::read_limited(&head.headers, body, RESOLVE_BODY_MAX, RESOLVE_READ_TIMEOUT)
+        .await
+    {
+        Ok(body) => body,
+        Err(error) => return AdminRefusal::BadRequest(error.to_string()).into_response(),
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Asked {
+        outcome: String,
+    }
+    let resolution = match serde_json::from_slice::<Asked>(&body) {
+        Ok(asked) if asked.outcome == "done" => Resolution::Done {
+            retention: route.policy.retention,
+        },
+        Ok(asked) if asked.outcome == "release" => Resolution::Release,
+        _ => {
+            return AdminRefusal::BadRequest(
+                r#"the body must be {"outcome":"done"} or {"outcome":"release"}"#.into(),
+            )
+            .into_response();
+        }
+    };
+    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
+    let full_key = store_key(&route.namespace, &key);
+    let store = serving.proxy.store();
+    let resolved = async {
+        let held = store.inspect(&full_key).await?;
+        if !store.resolve(&full_key, resolution).await? {
+            return Ok(false);
+        }
+        let guarded = routing.table.routes().any(|other| {
+            other.namespace == route.namespace && other.replay_guard == ReplayGuard::Body
+        });
+        if guarded && let Some(KeyState::Held(record)) = held {
+            let body = body_key(&route.namespace, &record.fingerprint);
+            store.resolve(&body, resolution).await?;
+        }
+        Ok::<_, StoreError>(true)
+    };
+    match resolved.await {
+        Ok(true) => {
+            let outcome = match resolution {
+                Resolution::Done { .. } => "done",
+                Resolution::Release => "release",
+            };
+            tracing::info!(route = route_name, key = %key, outcome, "held key resolved through the admin API");
+            match store.inspect(&full_key).await {
+                Ok(Some(state)) => json_response(
+                    StatusCode::OK,
+                    describe(route_name, &key, &state).to_string(),
+                ),
+                _ => json_response(
+                    StatusCode::OK,
+                    json!({ "route": route_name, "key": key, "state": "absent" }).to_string(),
+                ),
+            }
+        }
+        Ok(false) => AdminRefusal::NotHeld.into_response(),
+        Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+    }
+}
+
+/// How long `POST .../resolve` waits for its (small) body.
+const RESOLVE_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Forgets a done key and, where a route of its scope guards against replays, the body it
 /// recorded: else a redelivery would still be that body's duplicate.
@@ -276,8 +439,21 @@ fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
             "claimed_at": timestamp(done.claimed_at),
             "completed_at": timestamp(done.completed_at),
             "expires_at": timestamp(done.expires_at),
-            "upstream_status": done.upstream_status,
+            // None when an operator resolved the key as done: no answer was seen.
+            "upstream_status": (done.upstream_status != RESOLVED_STATUS).then_some(done.upstream_status),
             "body_sha256": hex::encode(done.fingerprint),
+        }),
+        KeyState::Held(held) => json!({
+            "route": route,
+            "key": key,
+            "state": "held",
+            "claimed_at": timestamp(held.claimed_at),
+            "held_at": timestamp(held.held_at),
+            "completed_at": null,
+            "expires_at": timestamp(held.expires_at),
+            "upstream_status": null,
+            "held_because": held.reason.as_str(),
+            "body_sha256": hex::encode(held.fingerprint),
         }),
     }
 }

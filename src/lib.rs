@@ -114,6 +114,7 @@ pub struct App {
     proxy_server: Running,
     admin_server: Running,
     sweeper: JoinHandle<()>,
+    held_counter: JoinHandle<()>,
     /// Reloads on SIGHUP until shutdown.
     hangups: JoinHandle<()>,
     /// Reloads when the configuration file changes, while it lives.
@@ -187,6 +188,7 @@ async fn start_with(
         },
     );
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store), Arc::clone(&metrics)));
+    let held_counter = tokio::spawn(count_held_forever(Arc::clone(&proxy), Arc::clone(&metrics)));
     let (routes, source) = (config.routes.len(), config.source.clone());
     let shutdown_grace = config.shutdown_grace.0;
     let reloader = Arc::new(Reloader::new(config, Arc::clone(&proxy), metrics));
@@ -214,6 +216,7 @@ async fn start_with(
         proxy_server,
         admin_server,
         sweeper,
+        held_counter,
         hangups,
         _watcher: watcher,
         _workers: workers,
@@ -307,6 +310,7 @@ impl App {
             .drain(deadline.saturating_duration_since(Instant::now()))
             .await;
         self.sweeper.abort();
+        self.held_counter.abort();
         self.hangups.abort();
         let flushed = self.store.flush().await;
         self.admin_server.stop().await;
@@ -345,6 +349,32 @@ async fn sweep_forever(store: Arc<dyn ClaimStore>, metrics: Arc<Metrics>) {
             // A large backlog (a million keys expiring together) is swept at half of one
             // core at most, so that deliveries keep their latency meanwhile.
             tokio::time::sleep(started.elapsed()).await;
+        }
+    }
+}
+
+/// How often `dedupe_keys_held` is counted again.
+const COUNT_HELD_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps `dedupe_keys_held` current: counts the store's held keys every
+/// [`COUNT_HELD_EVERY`], for each route by its namespace.
+async fn count_held_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>) {
+    let mut ticks = tokio::time::interval(COUNT_HELD_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match proxy.store().count_held().await {
+            Ok(counts) => {
+                let counts: std::collections::HashMap<String, u64> = counts.into_iter().collect();
+                for route in proxy.routing().table.routes() {
+                    let held = counts.get(&route.namespace).copied().unwrap_or(0);
+                    metrics.keys_held(&route.name, held);
+                }
+            }
+            Err(error) => {
+                metrics.store_error();
+                tracing::warn!(%error, "counting the held keys failed");
+            }
         }
     }
 }

@@ -49,6 +49,8 @@ pub enum ReleaseReason {
     UpstreamStatus,
     UpstreamUnreachable,
     UpstreamTimeout,
+    /// The upstream closed the connection after the request went out.
+    UpstreamDropped,
     Shutdown,
     TaskFailed,
     /// The delivery was dropped after its claim, before its forward began (its sender
@@ -57,10 +59,11 @@ pub enum ReleaseReason {
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 6] = [
+    pub const ALL: [ReleaseReason; 7] = [
         ReleaseReason::UpstreamStatus,
         ReleaseReason::UpstreamUnreachable,
         ReleaseReason::UpstreamTimeout,
+        ReleaseReason::UpstreamDropped,
         ReleaseReason::Shutdown,
         ReleaseReason::TaskFailed,
         ReleaseReason::Abandoned,
@@ -71,6 +74,7 @@ impl ReleaseReason {
             ReleaseReason::UpstreamStatus => "upstream_status",
             ReleaseReason::UpstreamUnreachable => "upstream_unreachable",
             ReleaseReason::UpstreamTimeout => "upstream_timeout",
+            ReleaseReason::UpstreamDropped => "upstream_dropped",
             ReleaseReason::Shutdown => "shutdown",
             ReleaseReason::TaskFailed => "task_failed",
             ReleaseReason::Abandoned => "abandoned",
@@ -96,6 +100,7 @@ pub struct Metrics {
     store_errors: Counter,
     store_keys: Family<StateLabel, Gauge>,
     waiting: Gauge,
+    keys_held: Family<RouteLabel, Gauge>,
     sweep_removed: Counter,
     payload_mismatch: Family<RouteLabel, Counter>,
     signatures_refused: Family<RouteReason, Counter>,
@@ -150,6 +155,12 @@ impl Metrics {
             "Deliveries waiting for the outcome of their key's delivery in flight (on_in_flight: wait)",
             waiting.clone(),
         );
+        let keys_held = Family::<RouteLabel, Gauge>::default();
+        registry.register(
+            "dedupe_keys_held",
+            "Held keys (on_ambiguous: hold) in the store by route, counted every few seconds; each waits for an operator",
+            keys_held.clone(),
+        );
         let sweep_removed = Counter::default();
         registry.register(
             "dedupe_sweep_removed",
@@ -185,6 +196,7 @@ impl Metrics {
             store_errors,
             store_keys,
             waiting,
+            keys_held,
             sweep_removed,
             payload_mismatch,
             signatures_refused,
@@ -213,6 +225,7 @@ impl Metrics {
                 route: route.to_owned(),
             };
             let _ = self.payload_mismatch.get_or_create(&label);
+            let _ = self.keys_held.get_or_create(&label);
             let _ = self.upstream_duration.get_or_create(&label);
             if verifies {
                 for reason in VerifyError::CODES {
@@ -223,6 +236,16 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// The held keys of `route`, as the store last counted them.
+    pub fn keys_held(&self, route: &str, count: u64) {
+        let label = RouteLabel {
+            route: route.to_owned(),
+        };
+        self.keys_held
+            .get_or_create(&label)
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     pub fn delivery(&self, route: &str, outcome: DedupeStatus) {
@@ -318,9 +341,10 @@ mod tests {
             ReleaseReason::UpstreamStatus => 0,
             ReleaseReason::UpstreamUnreachable => 1,
             ReleaseReason::UpstreamTimeout => 2,
-            ReleaseReason::Shutdown => 3,
-            ReleaseReason::TaskFailed => 4,
-            ReleaseReason::Abandoned => 5,
+            ReleaseReason::UpstreamDropped => 3,
+            ReleaseReason::Shutdown => 4,
+            ReleaseReason::TaskFailed => 5,
+            ReleaseReason::Abandoned => 6,
         }
     }
 

@@ -41,13 +41,13 @@ use crate::key::{Delivery, KeyError};
 use crate::metrics::{KeyCounts, Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
-    OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing,
-    Unmatched,
+    OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route,
+    Routing, Unmatched,
 };
 use crate::server::RequestPermit;
 use crate::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, RecordedResponse,
-    StoreError, body_key, store_key,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint,
+    RecordedResponse, StoreError, body_key, store_key,
 };
 use crate::target::{self, TargetError};
 use crate::upstream::{self, Upstream, UpstreamError};
@@ -276,6 +276,7 @@ impl Proxy {
                     .await
             }
             Ok(Claiming::InFlight) => in_flight(route),
+            Ok(Claiming::Held) => held(route),
             Err(error) => self.store_failed(route, error, request, permit).await,
         }
     }
@@ -313,6 +314,7 @@ impl Proxy {
                 Ok(Claiming::Done(record)) => {
                     return self.answer_duplicate(route, record, fingerprint);
                 }
+                Ok(Claiming::Held) => return held(route),
                 Ok(Claiming::InFlight) if last_look => return in_flight(route),
                 Ok(Claiming::InFlight) => {}
                 // The key was in flight: forwarding now (`on_store_error: forward`) could
@@ -387,6 +389,7 @@ impl Proxy {
             ClaimOutcome::Claimed(claim) => Claim { announce, ..claim },
             ClaimOutcome::Done(record) => return Ok(Claiming::Done(record)),
             ClaimOutcome::InFlight { .. } => return Ok(Claiming::InFlight),
+            ClaimOutcome::Held(_) => return Ok(Claiming::Held),
         };
         let mut open = self.open_claims.hold(event, route, self);
         if route.replay_guard == ReplayGuard::Off {
@@ -403,6 +406,7 @@ impl Proxy {
                 Ok(Claiming::Done(record))
             }
             Ok(ClaimOutcome::InFlight { .. }) => Ok(Claiming::InFlight),
+            Ok(ClaimOutcome::Held(_)) => Ok(Claiming::Held),
             Err(error) => Err(error),
         };
         // The event key was claimed only to learn the body's fate: give it back unrecorded.
@@ -472,13 +476,45 @@ impl Proxy {
             }
             Err(error) => {
                 tracing::warn!(%error, "forward failed");
+                let ambiguity = ambiguity(&error);
                 let (reason, refusal) = failure(error);
-                self.release(route, open.claims(), reason).await;
-                (DedupeStatus::Released, refusal.into_response())
+                match ambiguity {
+                    Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
+                        let retention = route.policy.retention;
+                        self.hold(&route.name, retention, open.claims(), ambiguity)
+                            .await;
+                        (DedupeStatus::Held, refusal.into_response())
+                    }
+                    _ => {
+                        self.release(route, open.claims(), reason).await;
+                        (DedupeStatus::Released, refusal.into_response())
+                    }
+                }
             }
         };
         open.settle();
         outcome
+    }
+
+    /// `on_ambiguous: hold`: the application may have done the work, so nothing runs it
+    /// again until an operator resolves the key. If the hold cannot be written, the key
+    /// stays in flight until its lease ends, and then a redelivery runs it.
+    async fn hold(&self, route: &str, retention: Duration, claims: &Claims, ambiguity: Ambiguity) {
+        for claim in claims.iter() {
+            if let Err(error) = self.store.hold(claim, ambiguity, retention).await {
+                if matches!(error, StoreError::Backend(_)) {
+                    self.metrics.store_error();
+                }
+                tracing::error!(%error, key = %claim.key, "the key could not be held; when its lease ends a redelivery runs the work again");
+            }
+            self.waiting.announce(&claim.key);
+        }
+        tracing::warn!(
+            reason = ambiguity.as_str(),
+            route,
+            key = %claims.event.key,
+            "delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{{route}}/{{key}}/resolve)"
+        );
     }
 
     /// Marks the key (and a guarded body) done, then hands back the upstream's answer. If
@@ -590,7 +626,14 @@ impl Proxy {
                 "forwards still running when the shutdown grace ended"
             );
         }
+        let routing = self.routing();
         for (route, claims) in self.open_claims.take_all() {
+            let policy = routing.table.by_name(&route).map(|route| &route.policy);
+            if let Some(policy) = policy.filter(|p| p.on_ambiguous == OnAmbiguous::Hold) {
+                self.hold(&route, policy.retention, &claims, Ambiguity::Shutdown)
+                    .await;
+                continue;
+            }
             release_claims(
                 &*self.store,
                 &self.waiting,
@@ -636,6 +679,15 @@ fn in_flight(route: &Route) -> Answer {
         retry_after: route.policy.retry_after,
     };
     (DedupeStatus::InFlight, refusal.into_response())
+}
+
+/// The answer to a delivery whose key is held.
+fn held(route: &Route) -> Answer {
+    let refusal = Refusal::Held {
+        status: route.policy.in_flight_status,
+        retry_after: route.policy.retry_after,
+    };
+    (DedupeStatus::Held, refusal.into_response())
 }
 
 /// Releases a delivery's claims so that a retry (or a waiting duplicate) runs the work,
@@ -710,10 +762,21 @@ fn failure(error: UpstreamError) -> (ReleaseReason, Refusal) {
             ReleaseReason::UpstreamUnreachable,
             Refusal::UpstreamUnreachable,
         ),
+        UpstreamError::Dropped(_) => (ReleaseReason::UpstreamDropped, Refusal::UpstreamUnreachable),
         UpstreamError::Timeout(after) => (
             ReleaseReason::UpstreamTimeout,
             Refusal::UpstreamTimeout(after),
         ),
+    }
+}
+
+/// Whether a failed forward may have reached the application: a refused connection did
+/// not; a timeout, or a connection lost after the request went out, may have.
+fn ambiguity(error: &UpstreamError) -> Option<Ambiguity> {
+    match error {
+        UpstreamError::Unreachable(_) => None,
+        UpstreamError::Timeout(_) => Some(Ambiguity::UpstreamTimeout),
+        UpstreamError::Dropped(_) => Some(Ambiguity::UpstreamDropped),
     }
 }
 
@@ -747,6 +810,7 @@ enum Claiming {
     Claimed(OpenClaim),
     Done(DoneRecord),
     InFlight,
+    Held,
 }
 
 /// The claims one delivery holds: its event key's, and its body's when the route guards

@@ -33,10 +33,14 @@ pub enum DedupeStatus {
     Forwarded,
     /// Forwarded, the upstream failed, the claim was released for a retry.
     Released,
+    /// The key's forward may have run (`on_ambiguous: hold`): nothing runs it again until
+    /// an operator resolves it. Said to the delivery whose forward was ambiguous and to
+    /// every delivery of the key until then.
+    Held,
 }
 
 impl DedupeStatus {
-    pub const ALL: [DedupeStatus; 7] = [
+    pub const ALL: [DedupeStatus; 8] = [
         DedupeStatus::Rejected,
         DedupeStatus::Unkeyed,
         DedupeStatus::Unavailable,
@@ -44,6 +48,7 @@ impl DedupeStatus {
         DedupeStatus::InFlight,
         DedupeStatus::Forwarded,
         DedupeStatus::Released,
+        DedupeStatus::Held,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -55,6 +60,7 @@ impl DedupeStatus {
             DedupeStatus::InFlight => "in-flight",
             DedupeStatus::Forwarded => "forwarded",
             DedupeStatus::Released => "released",
+            DedupeStatus::Held => "held",
         }
     }
 }
@@ -85,6 +91,11 @@ pub enum Refusal {
         retry_after: Duration,
     },
     InFlight {
+        status: StatusCode,
+        retry_after: Duration,
+    },
+    /// The key is held (`on_ambiguous: hold`): answered like one in flight.
+    Held {
         status: StatusCode,
         retry_after: Duration,
     },
@@ -154,6 +165,11 @@ impl Refusal {
                 "in_flight",
                 "another delivery of this event is being processed; retry later".into(),
             ),
+            Refusal::Held { status, .. } => (
+                *status,
+                "held",
+                "an earlier delivery of this event may have been processed; it waits for an operator to resolve it".into(),
+            ),
             Refusal::PayloadMismatch => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "payload_mismatch",
@@ -198,9 +214,9 @@ impl Refusal {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Refusal::StoreUnavailable { retry_after } | Refusal::InFlight { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Refusal::StoreUnavailable { retry_after }
+            | Refusal::InFlight { retry_after, .. }
+            | Refusal::Held { retry_after, .. } => Some(*retry_after),
             Refusal::Overloaded | Refusal::TooManyConnections | Refusal::Closing => {
                 Some(Duration::from_secs(1))
             }
@@ -270,6 +286,12 @@ pub enum AdminRefusal {
     Absent,
     /// Forgetting a key in flight could run its event twice at once.
     InFlight,
+    /// A held key is resolved, not forgotten.
+    Held,
+    /// The key is not held, so there is nothing to resolve.
+    NotHeld,
+    /// The request is malformed (a query parameter, a resolution's body).
+    BadRequest(String),
     StoreUnavailable(String),
     InvalidConfig(String),
     MethodNotAllowed,
@@ -315,6 +337,21 @@ impl AdminRefusal {
                 "the key is being processed; forgetting it could run the event twice at once"
                     .into(),
             ),
+            AdminRefusal::Held => (
+                StatusCode::CONFLICT,
+                "held",
+                "the key is held; resolve it with POST .../resolve and {\"outcome\":\"done\"} or {\"outcome\":\"release\"}".into(),
+            ),
+            AdminRefusal::NotHeld => (
+                StatusCode::CONFLICT,
+                "not_held",
+                "the key is not held, so there is nothing to resolve".into(),
+            ),
+            AdminRefusal::BadRequest(reason) => (
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                reason.clone(),
+            ),
             AdminRefusal::StoreUnavailable(failure) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -328,7 +365,7 @@ impl AdminRefusal {
             AdminRefusal::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
-                "use GET or DELETE".into(),
+                "use GET or DELETE (or POST .../resolve for a held key)".into(),
             ),
             AdminRefusal::Internal(failure) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -437,6 +474,7 @@ mod tests {
             | Refusal::KeyTooLong(_)
             | Refusal::StoreUnavailable { .. }
             | Refusal::InFlight { .. }
+            | Refusal::Held { .. }
             | Refusal::PayloadMismatch
             | Refusal::UpstreamUnreachable
             | Refusal::UpstreamTimeout(_)
@@ -466,6 +504,10 @@ mod tests {
                 status: StatusCode::CONFLICT,
                 retry_after: second,
             },
+            Refusal::Held {
+                status: StatusCode::CONFLICT,
+                retry_after: second,
+            },
             Refusal::PayloadMismatch,
             Refusal::UpstreamUnreachable,
             Refusal::UpstreamTimeout(second),
@@ -490,6 +532,9 @@ mod tests {
             | AdminRefusal::NoSuchRoute(_)
             | AdminRefusal::Absent
             | AdminRefusal::InFlight
+            | AdminRefusal::Held
+            | AdminRefusal::NotHeld
+            | AdminRefusal::BadRequest(_)
             | AdminRefusal::StoreUnavailable(_)
             | AdminRefusal::InvalidConfig(_)
             | AdminRefusal::MethodNotAllowed
@@ -503,6 +548,9 @@ mod tests {
             AdminRefusal::NoSuchRoute(String::new()),
             AdminRefusal::Absent,
             AdminRefusal::InFlight,
+            AdminRefusal::Held,
+            AdminRefusal::NotHeld,
+            AdminRefusal::BadRequest(String::new()),
             AdminRefusal::StoreUnavailable(String::new()),
             AdminRefusal::InvalidConfig(String::new()),
             AdminRefusal::MethodNotAllowed,
@@ -571,6 +619,7 @@ mod tests {
             DedupeStatus::InFlight => 4,
             DedupeStatus::Forwarded => 5,
             DedupeStatus::Released => 6,
+            DedupeStatus::Held => 7,
         }
     }
 

@@ -54,6 +54,7 @@ pub struct Policy {
     pub on_in_flight: OnInFlight,
     #[serde(serialize_with = "as_written::duration")]
     pub in_flight_wait: Duration,
+    pub on_ambiguous: OnAmbiguous,
     pub duplicate_response: DuplicateResponse,
     /// A 4xx or 5xx: the configuration refuses a success here.
     #[serde(serialize_with = "as_written::status")]
@@ -107,6 +108,18 @@ pub enum OnInFlight {
     Respond,
     /// The first delivery's outcome, waited for up to `in_flight_wait`.
     Wait,
+}
+
+/// `on_ambiguous:`: what becomes of a key whose forward may or may not have run (the
+/// upstream timed out, or closed the connection after the request went out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAmbiguous {
+    /// Released: the provider's retry runs the work (at least once).
+    #[default]
+    Release,
+    /// Held until an operator resolves it: nothing runs the work again (at most once).
+    Hold,
 }
 
 /// `on_store_error:`.

@@ -1,7 +1,8 @@
 //! The way to the application: a pool of HTTP/1 connections per worker ([`pool`]), the
 //! rewriting of a sender's request into the upstream's (hop-by-hop headers dropped,
-//! `X-Forwarded-*` and `Dedupe-Key` set) and of the upstream's answer back, and the two
-//! ways a forward fails: unreachable (502) or too slow (504).
+//! `X-Forwarded-*` and `Dedupe-Key` set) and of the upstream's answer back, and the three
+//! ways a forward fails: unreachable (502), connection lost after the request went out
+//! (502), or too slow (504).
 
 mod pool;
 
@@ -44,6 +45,10 @@ pub enum UpstreamError {
     Unreachable(String),
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
+    /// The connection failed after the request went out, before an answer: the
+    /// application may have done the work.
+    #[error("upstream closed the connection before answering: {0}")]
+    Dropped(String),
 }
 
 /// The connections that carry every forward, a pool per worker: a connection is driven

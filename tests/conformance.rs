@@ -21,8 +21,8 @@ use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
-    RecordedResponse, StoreError,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
+    RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError,
 };
 use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 use dedupe_proxy::workers::{self, Workers};
@@ -280,6 +280,274 @@ async fn announced_outcomes_are_heard(h: Harness) {
     }
 }
 
+/// Holds a claim of `name` (claimed with a short lease, which a hold outlasts).
+async fn held(h: &Harness, name: &str, retention: Duration) -> Claim {
+    let claim = h.claimed_for(name, SHORT_LEASE).await;
+    h.store
+        .hold(&claim, Ambiguity::UpstreamTimeout, retention)
+        .await
+        .unwrap();
+    claim
+}
+
+async fn a_held_key_stops_every_claim_until_an_operator_resolves_it(h: Harness) {
+    let claim = h.claimed_for("k", SHORT_LEASE).await;
+    let impostor = Claim {
+        token: claim.token ^ 1,
+        ..claim.clone()
+    };
+    assert!(matches!(
+        h.store
+            .hold(&impostor, Ambiguity::UpstreamDropped, RETENTION)
+            .await,
+        Err(StoreError::NotOwner)
+    ));
+    h.store
+        .hold(&claim, Ambiguity::UpstreamDropped, RETENTION)
+        .await
+        .unwrap();
+    // The lease's end frees nothing: a hold lasts until resolved (or its retention ends).
+    h.pass(SHORT_LEASE + Duration::from_millis(100)).await;
+    let ClaimOutcome::Held(record) = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap() else {
+        panic!("held expected");
+    };
+    assert_eq!(record.reason, Ambiguity::UpstreamDropped);
+    assert_eq!(record.fingerprint, BODY);
+    assert!(record.expires_at >= record.held_at + millis(RETENTION));
+    assert_eq!(h.state("k").await, Some(KeyState::Held(record)));
+    // Neither its late owner nor a forget undoes a hold.
+    assert!(matches!(
+        h.store.finish(&claim, done(200)).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(
+        h.store.release(&claim).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert_eq!(h.store.forget(&h.key("k")).await.unwrap(), Forgotten::Held);
+    h.store.sweep(10_000).await.unwrap();
+    assert!(matches!(h.state("k").await, Some(KeyState::Held(_))));
+
+    let resolution = Resolution::Done {
+        retention: RETENTION,
+    };
+    assert!(h.store.resolve(&h.key("k"), resolution).await.unwrap());
+    let ClaimOutcome::Done(done_record) = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap()
+    else {
+        panic!("done expected");
+    };
+    assert_eq!(done_record.upstream_status, RESOLVED_STATUS);
+    assert_eq!(done_record.fingerprint, BODY);
+    assert!(
+        !h.store.resolve(&h.key("k"), resolution).await.unwrap(),
+        "a done key is not held"
+    );
+}
+
+async fn a_held_key_released_by_an_operator_runs_again(h: Harness) {
+    held(&h, "k", RETENTION).await;
+    assert!(
+        !h.store
+            .resolve(&h.key("other"), Resolution::Release)
+            .await
+            .unwrap()
+    );
+    let in_flight = h.claimed("other").await;
+    assert!(
+        !h.store
+            .resolve(&h.key("other"), Resolution::Release)
+            .await
+            .unwrap(),
+        "an in-flight key is not held"
+    );
+    h.store.release(&in_flight).await.unwrap();
+    assert!(
+        h.store
+            .resolve(&h.key("k"), Resolution::Release)
+            .await
+            .unwrap()
+    );
+    assert_eq!(h.state("k").await, None);
+    h.claimed("k").await;
+}
+
+async fn a_held_key_expires_with_its_retention(h: Harness) {
+    held(&h, "k", SHORT_RETENTION).await;
+    h.pass(SHORT_RETENTION / 4).await;
+    assert!(matches!(
+        h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap(),
+        ClaimOutcome::Held(_)
+    ));
+    h.pass(SHORT_RETENTION).await;
+    assert_eq!(h.state("k").await, None);
+    assert!(
+        !h.store
+            .resolve(&h.key("k"), Resolution::Release)
+            .await
+            .unwrap()
+    );
+    h.store.sweep(10_000).await.unwrap();
+    h.claimed("k").await;
+    // The sweep leaves the new claim alone.
+    h.store.sweep(10_000).await.unwrap();
+    assert!(matches!(
+        h.state("k").await,
+        Some(KeyState::InFlight { .. })
+    ));
+}
+
+/// A namespace of this test's own (the key of a shared store's run in it).
+fn own_namespace(h: &Harness, name: &str) -> String {
+    format!("{name}{}", h.run.trim_end_matches(':'))
+}
+
+async fn listing_pages_through_a_namespace_by_state(h: Harness) {
+    let namespace = own_namespace(&h, "list");
+    let key = |name: &str| format!("{namespace}:{name}");
+    let claim = |name: &'static str| {
+        let store = Arc::clone(&h.store);
+        let full = key(name);
+        async move {
+            match store.claim(&full, BODY, LEASE).await.unwrap() {
+                ClaimOutcome::Claimed(claim) => claim,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    for name in ["a", "b", "c"] {
+        claim(name).await;
+    }
+    for name in ["d", "e"] {
+        let done_claim = claim(name).await;
+        h.store.finish(&done_claim, done(200)).await.unwrap();
+    }
+    for name in ["f", "g", "h", "i"] {
+        let held_claim = claim(name).await;
+        h.store
+            .hold(&held_claim, Ambiguity::UpstreamTimeout, RETENTION)
+            .await
+            .unwrap();
+    }
+    // Another namespace, and a body key of this one, are never listed.
+    let outside = h
+        .store
+        .claim(&format!("{namespace}x:a"), BODY, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(outside, ClaimOutcome::Claimed(_)));
+    let body = h
+        .store
+        .claim(&format!("{namespace}#body:00"), BODY, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(body, ClaimOutcome::Claimed(_)));
+
+    let all_of = |state: Option<StateFilter>| {
+        let store = Arc::clone(&h.store);
+        let namespace = namespace.clone();
+        async move {
+            let (mut keys, mut after, mut pages) = (Vec::new(), None::<String>, 0);
+            loop {
+                let page = store.list(&namespace, state, after.as_deref(), 2).await?;
+                assert!(page.keys.len() <= 2);
+                for (key, found) in &page.keys {
+                    if let Some(state) = state {
+                        assert!(state.admits(found), "{key}: {found:?}");
+                    }
+                    keys.push(key.clone());
+                }
+                pages += 1;
+                assert!(pages < 50, "the listing never ends");
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+            }
+            keys.sort();
+            Ok::<_, StoreError>(keys)
+        }
+    };
+    let names = |names: &[&str]| names.iter().map(|name| key(name)).collect::<Vec<_>>();
+    assert_eq!(
+        all_of(Some(StateFilter::Held)).await.unwrap(),
+        names(&["f", "g", "h", "i"])
+    );
+    assert_eq!(
+        all_of(Some(StateFilter::InFlight)).await.unwrap(),
+        names(&["a", "b", "c"])
+    );
+    if h.clock.is_some() {
+        // The embedded store keeps done keys by their hash only.
+        assert!(matches!(
+            all_of(Some(StateFilter::Done)).await,
+            Err(StoreError::Unsupported(_))
+        ));
+        assert_eq!(
+            all_of(None).await.unwrap(),
+            names(&["a", "b", "c", "f", "g", "h", "i"])
+        );
+    } else {
+        assert_eq!(
+            all_of(Some(StateFilter::Done)).await.unwrap(),
+            names(&["d", "e"])
+        );
+        assert_eq!(
+            all_of(None).await.unwrap(),
+            names(&["a", "b", "c", "d", "e", "f", "g", "h", "i"])
+        );
+    }
+}
+
+async fn held_keys_are_counted_by_namespace(h: Harness) {
+    let (one, two) = (own_namespace(&h, "countone"), own_namespace(&h, "counttwo"));
+    for (namespace, name) in [(&one, "a"), (&one, "b"), (&two, "a")] {
+        let full = format!("{namespace}:{name}");
+        let ClaimOutcome::Claimed(claim) = h.store.claim(&full, BODY, LEASE).await.unwrap() else {
+            panic!("claimed expected");
+        };
+        h.store
+            .hold(&claim, Ambiguity::UpstreamTimeout, RETENTION)
+            .await
+            .unwrap();
+    }
+    let ClaimOutcome::Claimed(body) = h
+        .store
+        .claim(&format!("{one}#body:00"), BODY, LEASE)
+        .await
+        .unwrap()
+    else {
+        panic!("claimed expected");
+    };
+    h.store
+        .hold(&body, Ambiguity::UpstreamTimeout, RETENTION)
+        .await
+        .unwrap();
+    let count = |namespace: &str, counts: &[(String, u64)]| {
+        counts
+            .iter()
+            .find(|(found, _)| found == namespace)
+            .map_or(0, |(_, count)| *count)
+    };
+    let counts = h.store.count_held().await.unwrap();
+    assert_eq!(
+        (count(&one, &counts), count(&two, &counts)),
+        (2, 1),
+        "{counts:?}"
+    );
+    assert!(
+        h.store
+            .resolve(&format!("{one}:a"), Resolution::Release)
+            .await
+            .unwrap()
+    );
+    let counts = h.store.count_held().await.unwrap();
+    assert_eq!(
+        (count(&one, &counts), count(&two, &counts)),
+        (1, 1),
+        "{counts:?}"
+    );
+}
+
 async fn claim_then_claim_again_is_in_flight(h: Harness) {
     h.claimed("k").await;
     let ClaimOutcome::InFlight { lease_until } =
@@ -453,7 +721,7 @@ async fn concurrent_claims_of_one_key_give_exactly_one_owner(h: Harness) {
             match outcome.unwrap() {
                 ClaimOutcome::Claimed(_) => owners += 1,
                 ClaimOutcome::InFlight { .. } => {}
-                ClaimOutcome::Done(_) => panic!("nothing finished"),
+                ClaimOutcome::Done(_) | ClaimOutcome::Held(_) => panic!("nothing finished"),
             }
         }
         assert_eq!(owners, 1, "round {round}");
@@ -538,6 +806,11 @@ macro_rules! conformance {
 
 conformance!(
     announced_outcomes_are_heard,
+    a_held_key_stops_every_claim_until_an_operator_resolves_it,
+    a_held_key_released_by_an_operator_runs_again,
+    a_held_key_expires_with_its_retention,
+    listing_pages_through_a_namespace_by_state,
+    held_keys_are_counted_by_namespace,
     claim_then_claim_again_is_in_flight,
     finish_records_done_and_duplicates_see_it,
     release_makes_the_key_claimable_again,
@@ -775,4 +1048,53 @@ async fn redis_values_the_proxy_did_not_write_are_store_errors() {
             assert_eq!(kept.as_deref(), Some(value), "forget left it alone");
         }
     }
+}
+
+/// A table made before `held` existed (two states, no `hold_reason`) is brought up to date
+/// at start, its records kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_table_from_before_held_keys_takes_them() {
+    if !support::service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let (client, connection) =
+        tokio_postgres::connect(support::POSTGRES_URL, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "DROP TABLE IF EXISTS dedupe_before_held;
+             CREATE TABLE dedupe_before_held (
+               key text PRIMARY KEY,
+               state text NOT NULL CHECK (state IN ('in_flight', 'done')),
+               owner text,
+               claimed_at bigint NOT NULL,
+               expires_at bigint NOT NULL,
+               completed_at bigint,
+               upstream_status integer,
+               body_sha256 bytea NOT NULL,
+               response_status integer,
+               response_content_type text,
+               response_body bytea
+             );
+             INSERT INTO dedupe_before_held VALUES
+               ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', NULL, NULL, NULL);",
+        )
+        .await
+        .unwrap();
+    let config = PostgresConfig {
+        table: TableName("dedupe_before_held".into()),
+        ..postgres_config()
+    };
+    let store = PostgresStore::connect(&config, None).await.unwrap();
+    let Some(KeyState::Done(old)) = store.inspect("t:old").await.unwrap() else {
+        panic!("the old record is kept");
+    };
+    assert_eq!(old.upstream_status, 201);
+    let h = Harness::shared(Arc::new(store));
+    held(&h, "k", RETENTION).await;
+    assert!(matches!(h.state("k").await, Some(KeyState::Held(_))));
+    // A second start finds it up to date.
+    drop(PostgresStore::connect(&config, None).await.unwrap());
 }

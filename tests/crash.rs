@@ -231,3 +231,35 @@ async fn sighup_does_not_kill_the_proxy() {
     proxy.signal("TERM");
     assert_eq!(proxy.wait(Duration::from_secs(10)).code(), Some(0));
 }
+
+/// Under `on_ambiguous: hold`, a forward still running when the shutdown grace ends may
+/// have done its work: its key is held (and logged), not released, and stays held across
+/// the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_hold_a_forward_cut_short_by_shutdown_stays_held_across_the_restart() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_secs(5))]);
+    let dir = tempfile::tempdir().unwrap();
+    let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 10s\n");
+    let config = write_config(
+        &dir,
+        upstream.addr,
+        &format!("shutdown_grace: 300ms\n{route}"),
+    );
+    let mut proxy = Binary::start(&config);
+    let _sender = tokio::spawn(post_event_fallible(proxy.addr, "evt_cut"));
+    upstream.wait_for_requests(1).await;
+    proxy.signal("TERM");
+    assert!(proxy.wait(Duration::from_secs(5)).success());
+    let logged = proxy
+        .log_entry("delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{route}/{key}/resolve)")
+        .unwrap_or_else(|| panic!("no log line: {}", proxy.log_text()));
+    assert_eq!(logged["fields"]["reason"], "shutdown", "{logged}");
+    assert_eq!(logged["fields"]["route"], "hooks", "{logged}");
+    assert_eq!(logged["fields"]["key"], "hooks:evt_cut", "{logged}");
+
+    let restarted = Binary::start(&config);
+    let retry = post_event(restarted.addr, "evt_cut").await;
+    assert_eq!((retry.status, retry.dedupe()), (409, "held"));
+    assert_eq!(upstream.requests(), 1);
+}

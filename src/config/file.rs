@@ -21,7 +21,7 @@ use super::{AdminConfig, Limits, defaults};
 use crate::key::KeyTemplate;
 use crate::preset::Preset;
 use crate::route::{
-    OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
+    OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
 };
 use crate::values::{
     HeaderText, HumanDuration, Methods, Name, RefusalStatus, Size, StatusPattern, StatusValue,
@@ -78,6 +78,7 @@ pub(super) struct RouteFile {
     pub(super) on_payload_mismatch: Option<OnPayloadMismatch>,
     pub(super) on_in_flight: Option<OnInFlight>,
     pub(super) in_flight_wait: Option<HumanDuration>,
+    pub(super) on_ambiguous: Option<OnAmbiguous>,
     pub(super) duplicate_response: Option<DuplicateResponseFile>,
     pub(super) in_flight_status: Option<RefusalStatus>,
     pub(super) retry_after: Option<HumanDuration>,

@@ -140,6 +140,7 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             &d.in_flight_wait,
             defaults::IN_FLIGHT_WAIT,
         ),
+        on_ambiguous: inherit(&own.on_ambiguous, &d.on_ambiguous, Default::default()),
         duplicate_response: DuplicateResponse {
             status: own_dup
                 .status

@@ -2,15 +2,17 @@
 //! forwarded. [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded
 //! backend, `redis` and `postgres` the shared ones (with `tls` toward them).
 //!
-//! A key is absent, `in_flight` (an owner holds it until its lease ends) or `done` (until
-//! its retention ends). Transitions:
+//! A key is absent, `in_flight` (an owner holds it until its lease ends), `done` (until
+//! its retention ends) or `held` (its forward's outcome is unknown: until an operator
+//! resolves it, or its retention ends). Transitions:
 //!
 //! ```text
 //!   absent ──claim──▶ in_flight ──finish (owner, upstream success)──▶ done
-//!     ▲                 │  │                                          │
-//!     └──release (owner)┘  └─lease expired: the next claim takes over │
-//!     ▲                                                               │
-//!     └──────────────────────── retention expired ────────────────────┘
+//!     ▲                 │  │  │                                        │ ▲
+//!     └──release (owner)┘  │  └─hold (owner, outcome unknown)─▶ held ──┼─┘ resolve: done
+//!     ▲                    └─lease expired: the next claim takes over  │ │
+//!     ├──────────────────────── resolve: release ◀─────────────────────┼─┘
+//!     └──────────────────────── retention expired ─────────────────────┘
 //! ```
 //!
 //! Only the owner named by a [`Claim`]'s token can finish or release it, so a late owner
@@ -127,6 +129,100 @@ pub enum ClaimOutcome {
     InFlight { lease_until: Millis },
     /// The key was handled already.
     Done(DoneRecord),
+    /// The key's forward may have run; nothing runs it again until an operator resolves it.
+    Held(HeldRecord),
+}
+
+/// Why a forward's outcome is unknown: the application may or may not have done the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ambiguity {
+    /// No answer within `upstream_timeout`.
+    UpstreamTimeout,
+    /// The connection closed after the request went out, before an answer.
+    UpstreamDropped,
+    /// The proxy shut down while the forward was under way.
+    Shutdown,
+}
+
+impl Ambiguity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ambiguity::UpstreamTimeout => "upstream_timeout",
+            Ambiguity::UpstreamDropped => "upstream_dropped",
+            Ambiguity::Shutdown => "shutdown",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Ambiguity> {
+        [
+            Ambiguity::UpstreamTimeout,
+            Ambiguity::UpstreamDropped,
+            Ambiguity::Shutdown,
+        ]
+        .into_iter()
+        .find(|reason| reason.as_str() == text)
+    }
+}
+
+/// The record of a held key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldRecord {
+    pub claimed_at: Millis,
+    pub held_at: Millis,
+    pub expires_at: Millis,
+    pub fingerprint: Fingerprint,
+    pub reason: Ambiguity,
+}
+
+/// How an operator resolves a held key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The work happened: the key is done for `retention`, with no recorded answer and
+    /// [`RESOLVED_STATUS`] as the app's status.
+    Done { retention: Duration },
+    /// The work did not happen: the key is absent, and the next delivery runs it.
+    Release,
+}
+
+/// The app's status in the done record of a key an operator resolved as done: no answer
+/// from the app was seen.
+pub const RESOLVED_STATUS: u16 = 0;
+
+/// Which keys a listing shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFilter {
+    InFlight,
+    Done,
+    Held,
+}
+
+impl StateFilter {
+    pub fn parse(text: &str) -> Option<StateFilter> {
+        match text {
+            "in_flight" => Some(StateFilter::InFlight),
+            "done" => Some(StateFilter::Done),
+            "held" => Some(StateFilter::Held),
+            _ => None,
+        }
+    }
+
+    pub fn admits(self, state: &KeyState) -> bool {
+        matches!(
+            (self, state),
+            (StateFilter::InFlight, KeyState::InFlight { .. })
+                | (StateFilter::Done, KeyState::Done(_))
+                | (StateFilter::Held, KeyState::Held(_))
+        )
+    }
+}
+
+/// One page of a listing: live keys of a namespace, in the store's order, and where the
+/// next page starts (none after the last).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// Store keys and their states.
+    pub keys: Vec<(String, KeyState)>,
+    pub next: Option<String>,
 }
 
 /// The record of a key whose upstream answered success.
@@ -174,6 +270,7 @@ pub enum KeyState {
         fingerprint: Fingerprint,
     },
     Done(DoneRecord),
+    Held(HeldRecord),
 }
 
 /// How a finished claim is recorded.
@@ -193,6 +290,9 @@ pub enum StoreError {
     /// The backend could not be reached or failed; follow `on_store_error`.
     #[error("store failure: {0}")]
     Backend(String),
+    /// This backend cannot do what was asked (an operator's request, never a delivery's).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl StoreError {
@@ -256,11 +356,38 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Gives up the claim, so that the next delivery is forwarded.
     async fn release(&self, claim: &Claim) -> Result<(), StoreError>;
 
+    /// Holds the claimed key for `retention`: its forward may have run, so no delivery
+    /// runs it again until [`ClaimStore::resolve`]. As durable as a finish.
+    async fn hold(
+        &self,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// Resolves a held key. Returns whether it was held (and is now resolved); any other
+    /// key is left alone.
+    async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError>;
+
+    /// Up to `limit` live keys of `namespace` (store keys `<namespace>:...`), in `state`
+    /// if given, starting after the cursor `after` (a page's `next`).
+    async fn list(
+        &self,
+        namespace: &str,
+        state: Option<StateFilter>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError>;
+
+    /// How many live held keys each namespace has (those with none left out), for
+    /// `dedupe_keys_held`. Body keys (`replay_guard`) are not counted.
+    async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError>;
+
     /// The live state of a key; expired records read as absent.
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError>;
 
     /// Forgets a done key so that a replay runs the work again. Returns whether a done
-    /// record was removed; an in-flight key is left alone.
+    /// record was removed; an in-flight or held key is left alone.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError>;
 
     /// Removes expired records, looking at up to `limit` of them (or of their index
@@ -317,6 +444,34 @@ pub async fn open(
     }
 }
 
+/// The namespace of an event's store key; `None` for a body key.
+fn event_namespace(store_key: &str) -> Option<&str> {
+    let (namespace, _) = store_key.split_once(':')?;
+    (!namespace.contains('#')).then_some(namespace)
+}
+
+/// Counts by namespace, from the store keys of held keys.
+fn count_by_namespace<'k>(held: impl IntoIterator<Item = &'k str>) -> Vec<(String, u64)> {
+    let mut counts = std::collections::BTreeMap::<String, u64>::new();
+    for namespace in held.into_iter().filter_map(event_namespace) {
+        *counts.entry(namespace.to_owned()).or_default() += 1;
+    }
+    counts.into_iter().collect()
+}
+
+/// The first `limit` of `found` (sorted by store key) as a page, the next one starting
+/// after its last key when more remain.
+fn page(mut found: Vec<(String, KeyState)>, limit: usize) -> Page {
+    let next = (found.len() > limit).then(|| {
+        found.truncate(limit);
+        found.last().map(|(key, _)| key.clone())
+    });
+    Page {
+        keys: found,
+        next: next.flatten(),
+    }
+}
+
 /// `Ok` when an owner-guarded change took effect, `NotOwner` when it matched nothing
 /// (the claim was taken over, released or forgotten meanwhile).
 fn owned(changed: bool) -> Result<(), StoreError> {
@@ -334,4 +489,6 @@ pub enum Forgotten {
     Absent,
     /// The key is in flight; forgetting it would let a second delivery run alongside.
     InFlight,
+    /// The key is held: an operator resolves it instead.
+    Held,
 }

@@ -13,6 +13,8 @@
 //! and [`Started`]; done, `d`, [`Finished`] and then the [`Started`] of its claim, which
 //! finish keeps from the in-flight value without reading it back to the proxy.
 
+mod listing;
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -27,8 +29,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::tls;
 use super::{
-    Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten, Heard,
-    KeyState, Millis, RecordedResponse, StoreError, Swept, SystemClock, millis, owned, within,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint,
+    Forgotten, Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse,
+    Resolution, StateFilter, StoreError, Swept, SystemClock, count_by_namespace, millis, owned,
+    within,
 };
 use crate::config::RedisConfig;
 use crate::workers::{PerWorker, Workers};
@@ -36,10 +40,10 @@ use crate::workers::{PerWorker, Workers};
 /// The tag and owner token that open an in-flight value: `f` and 16 bytes.
 const OWNER_LEN: usize = 17;
 
-/// Becomes done if the value still opens with the caller's tag and token (ARGV[1]):
-/// ARGV[2] (`d` and the completion) followed by the claim's own fields, for ARGV[3] ms.
-/// With ARGV[4], publishes the key on that channel.
-const FINISH: &str = r"
+/// Settles a claim if the value still opens with the caller's tag and token (ARGV[1]):
+/// becomes ARGV[2] (`d` and the completion, or `h` and the hold) followed by the claim's
+/// own fields, for ARGV[3] ms. With ARGV[4], publishes the key on that channel.
+const SETTLE: &str = r"
 local value = redis.call('GET', KEYS[1])
 if not value or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then
   return 0
@@ -64,8 +68,8 @@ end
 return 0
 ";
 
-/// Deletes a done key; reports an in-flight one, an absent one, or a value the proxy did
-/// not write (left alone).
+/// Deletes a done key; reports an in-flight or held one, an absent one, or a value the
+/// proxy did not write (left alone).
 const FORGET: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'absent'
@@ -78,7 +82,24 @@ end
 if tag == 'f' then
   return 'in_flight'
 end
+if tag == 'h' then
+  return 'held'
+end
 return 'unknown'
+";
+
+/// Replaces the value if it is still ARGV[1]: by ARGV[2] for ARGV[3] ms, or deletes the
+/// key when ARGV[2] is empty.
+const REPLACE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return 1
 ";
 
 /// What a claim writes, kept once the key is done.
@@ -98,10 +119,34 @@ struct Finished {
     response: Option<RecordedResponse>,
 }
 
+/// What a hold adds.
+#[derive(Serialize, Deserialize)]
+struct Holding {
+    held_at: Millis,
+    expires_at: Millis,
+    reason: Ambiguity,
+}
+
 /// A value as read back.
 enum Stored {
     InFlight(Started),
     Done(DoneRecord),
+    /// A held key, and the claim's fields as they are encoded.
+    Held(HeldRecord, Vec<u8>),
+}
+
+impl Stored {
+    fn state(self) -> KeyState {
+        match self {
+            Stored::InFlight(started) => KeyState::InFlight {
+                claimed_at: started.claimed_at,
+                lease_until: started.lease_until,
+                fingerprint: started.fingerprint,
+            },
+            Stored::Done(record) => KeyState::Done(record),
+            Stored::Held(record, _) => KeyState::Held(record),
+        }
+    }
 }
 
 impl Stored {
@@ -128,6 +173,19 @@ impl Stored {
                     fingerprint: started.fingerprint,
                     response: finished.response,
                 }))
+            }
+            Some((b'h', rest)) => {
+                let (holding, claim): (Holding, _) =
+                    postcard::take_from_bytes(rest).map_err(unreadable)?;
+                let started: Started = postcard::from_bytes(claim).map_err(unreadable)?;
+                let record = HeldRecord {
+                    claimed_at: started.claimed_at,
+                    held_at: holding.held_at,
+                    expires_at: holding.expires_at,
+                    fingerprint: started.fingerprint,
+                    reason: holding.reason,
+                };
+                Ok(Stored::Held(record, claim.to_vec()))
             }
             _ => Err(malformed("a claim record has an unknown tag")),
         }
@@ -156,9 +214,10 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     clock: Box<dyn Clock>,
-    finish: Script,
+    settle: Script,
     release: Script,
     forget: Script,
+    replace: Script,
     /// Where finishes and releases of announced claims are published: `{prefix}outcomes`.
     outcomes_channel: String,
     /// Clients for the subscription to that channel: the server, or each cluster node
@@ -421,9 +480,10 @@ impl RedisStore {
             prefix: config.prefix.clone(),
             timeout: config.timeout.0,
             clock: Box::new(SystemClock),
-            finish: Script::new(FINISH),
+            settle: Script::new(SETTLE),
             release: Script::new(RELEASE),
             forget: Script::new(FORGET),
+            replace: Script::new(REPLACE),
         })
     }
 
@@ -434,6 +494,39 @@ impl RedisStore {
 
     fn key(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
+    }
+
+    /// The set of the store keys that are (or are about to be) held, for counting them:
+    /// `<prefix>held`, which no store key can be, having no `:`.
+    fn held_index(&self) -> String {
+        format!("{}held", self.prefix)
+    }
+
+    /// Replaces an owned in-flight value by `opening` followed by the claim's fields, for
+    /// `ttl` ms, announcing it if the claim says so.
+    async fn settle(&self, claim: &Claim, opening: Vec<u8>, ttl: Millis) -> Result<(), StoreError> {
+        let mut connection = self.connection();
+        let mut invocation = self.settle.key(self.key(&claim.key));
+        invocation
+            .arg(owner_prefix(claim.token))
+            .arg(opening)
+            .arg(ttl);
+        if claim.announce {
+            invocation.arg(&self.outcomes_channel);
+        }
+        let settled: i64 = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        owned(settled == 1)
+    }
+
+    /// The decoded value of a key, and its bytes.
+    async fn read(&self, key: &str) -> Result<Option<(Stored, Vec<u8>)>, StoreError> {
+        let mut connection = self.connection();
+        let value: Option<Vec<u8>> = self.bounded(connection.get(self.key(key))).await?;
+        value
+            .map(|value| Ok((Stored::decode(&value)?, value)))
+            .transpose()
     }
 
     /// Runs a Redis call with the configured timeout.
@@ -482,6 +575,7 @@ impl ClaimStore for RedisStore {
                 lease_until: started.lease_until,
             }),
             Some(Stored::Done(record)) => Ok(ClaimOutcome::Done(record)),
+            Some(Stored::Held(record, _)) => Ok(ClaimOutcome::Held(record)),
         }
     }
 
@@ -494,19 +588,8 @@ impl ClaimStore for RedisStore {
             upstream_status: completion.upstream_status,
             response: completion.response,
         };
-        let mut connection = self.connection();
-        let mut invocation = self.finish.key(self.key(&claim.key));
-        invocation
-            .arg(owner_prefix(claim.token))
-            .arg(encode(&finished, vec![b'd']))
-            .arg(retention);
-        if claim.announce {
-            invocation.arg(&self.outcomes_channel);
-        }
-        let finished: i64 = self
-            .bounded(invocation.invoke_async(&mut connection))
-            .await?;
-        owned(finished == 1)
+        self.settle(claim, encode(&finished, vec![b'd']), retention)
+            .await
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -522,18 +605,95 @@ impl ClaimStore for RedisStore {
         owned(released == 1)
     }
 
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+    async fn hold(
+        &self,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let retention = millis(retention).max(1);
+        let holding = Holding {
+            held_at: now,
+            expires_at: now.saturating_add(retention),
+            reason,
+        };
+        // Listed first, so that no held key is missing from the list; a listed key that
+        // did not become held is dropped from it when counted.
         let mut connection = self.connection();
-        let value: Option<Vec<u8>> = self.bounded(connection.get(self.key(key))).await?;
-        Ok(match value.as_deref().map(Stored::decode).transpose()? {
-            None => None,
-            Some(Stored::InFlight(started)) => Some(KeyState::InFlight {
-                claimed_at: started.claimed_at,
-                lease_until: started.lease_until,
-                fingerprint: started.fingerprint,
-            }),
-            Some(Stored::Done(record)) => Some(KeyState::Done(record)),
-        })
+        let _: i64 = self
+            .bounded(connection.sadd(self.held_index(), &claim.key))
+            .await?;
+        self.settle(claim, encode(&holding, vec![b'h']), retention)
+            .await
+    }
+
+    async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
+        let Some((Stored::Held(_, claim), value)) = self.read(key).await? else {
+            return Ok(false);
+        };
+        let (replacement, ttl) = match resolution {
+            Resolution::Release => (Vec::new(), 1),
+            Resolution::Done { retention } => {
+                let now = self.clock.now();
+                let retention = millis(retention).max(1);
+                let finished = Finished {
+                    completed_at: now,
+                    expires_at: now.saturating_add(retention),
+                    upstream_status: RESOLVED_STATUS,
+                    response: None,
+                };
+                let mut done = encode(&finished, vec![b'd']);
+                done.extend_from_slice(&claim);
+                (done, retention)
+            }
+        };
+        let mut connection = self.connection();
+        let mut invocation = self.replace.key(self.key(key));
+        invocation.arg(value).arg(replacement).arg(ttl);
+        let replaced: i64 = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        if replaced == 1 {
+            let _: i64 = self
+                .bounded(connection.srem(self.held_index(), key))
+                .await?;
+        }
+        Ok(replaced == 1)
+    }
+
+    async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut connection = self.connection();
+        let listed: Vec<String> = self.bounded(connection.smembers(self.held_index())).await?;
+        let mut held = Vec::new();
+        for key in listed {
+            match self.read(&key).await {
+                Ok(Some((Stored::Held(..), _))) => held.push(key),
+                // Resolved, expired, or never held (its hold failed): no longer listed.
+                Ok(None | Some((Stored::Done(_), _))) => {
+                    let _: i64 = self
+                        .bounded(connection.srem(self.held_index(), &key))
+                        .await?;
+                }
+                // In flight again (a hold on its way, or taken over after it expired).
+                Ok(Some((Stored::InFlight(_), _))) | Err(_) => {}
+            }
+        }
+        Ok(count_by_namespace(held.iter().map(String::as_str)))
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        state: Option<StateFilter>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        listing::list(self, namespace, state, after, limit).await
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        Ok(self.read(key).await?.map(|(stored, _)| stored.state()))
     }
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
@@ -545,6 +705,7 @@ impl ClaimStore for RedisStore {
         match outcome.as_str() {
             "removed" => Ok(Forgotten::Removed),
             "in_flight" => Ok(Forgotten::InFlight),
+            "held" => Ok(Forgotten::Held),
             "absent" => Ok(Forgotten::Absent),
             _ => Err(malformed("a claim record has an unknown tag")),
         }

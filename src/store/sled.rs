@@ -8,6 +8,9 @@
 //!   shard lock, so two claims of one key give exactly one owner, and a finish writes the
 //!   done record before it drops the lease under that same lock, so no claim can slip
 //!   between them.
+//! - **Held keys** (`on_ambiguous: hold`) are few and must survive a restart: each is a
+//!   record in the `held` tree, under its store key, and in the same map as the leases, so
+//!   that a claim sees it under the same shard lock at no extra cost.
 //! - **Done records** are filed by when they expire, one sled tree per window of time,
 //!   with a Bloom filter per tree in memory ([`epochs`]). The sweep empties and drops the
 //!   trees whose window has passed, reading nothing else.
@@ -32,10 +35,45 @@ use tokio::sync::oneshot;
 
 use self::epochs::{Epochs, RecordKey};
 use super::{
-    Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint, Forgotten,
-    KeyState, Millis, StoreError, Swept, SystemClock, millis,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint,
+    Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, Resolution, StateFilter,
+    StoreError, Swept, SystemClock, count_by_namespace, millis, page,
 };
 use crate::config::{Durability, SledConfig};
+
+/// A key that is neither absent nor done, as the map in memory holds it.
+#[derive(Debug, Clone)]
+enum OpenKey {
+    InFlight(Lease),
+    Held(HeldRecord),
+}
+
+impl OpenKey {
+    fn live(&self, now: Millis) -> bool {
+        match self {
+            OpenKey::InFlight(lease) => lease.lease_until > now,
+            OpenKey::Held(held) => held.expires_at > now,
+        }
+    }
+
+    fn state(&self) -> KeyState {
+        match self {
+            OpenKey::InFlight(lease) => KeyState::InFlight {
+                claimed_at: lease.claimed_at,
+                lease_until: lease.lease_until,
+                fingerprint: lease.fingerprint,
+            },
+            OpenKey::Held(held) => KeyState::Held(held.clone()),
+        }
+    }
+
+    fn owned_by(&self, token: u128) -> Option<&Lease> {
+        match self {
+            OpenKey::InFlight(lease) if lease.token == token => Some(lease),
+            _ => None,
+        }
+    }
+}
 
 /// An in-flight claim.
 #[derive(Debug, Clone)]
@@ -54,10 +92,11 @@ impl From<sled::Error> for StoreError {
     }
 }
 
-/// An open database: its done records and, with `fsync`, the flusher.
+/// An open database: its done records, its held keys and, with `fsync`, the flusher.
 struct OpenDatabase {
     db: sled::Db,
     epochs: Epochs,
+    held: sled::Tree,
     flusher: Option<GroupFlusher>,
 }
 
@@ -86,13 +125,42 @@ impl OpenDatabase {
         indexing.start().map_err(|error| {
             StoreError::Backend(format!("cannot start indexing the done records: {error}"))
         })?;
+        let held = db.open_tree("held")?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
         Ok(OpenDatabase {
             db,
             epochs,
+            held,
             flusher,
         })
+    }
+
+    /// The held keys on disk that have not expired.
+    fn held_keys(&self, now: Millis) -> Result<Vec<(String, HeldRecord)>, StoreError> {
+        let mut live = Vec::new();
+        for entry in &self.held {
+            let (key, value) = entry?;
+            let (Ok(key), Ok(record)) = (
+                String::from_utf8(key.to_vec()),
+                postcard::from_bytes::<HeldRecord>(&value),
+            ) else {
+                tracing::error!("an unreadable held key in the store is ignored");
+                continue;
+            };
+            if record.expires_at > now {
+                live.push((key, record));
+            }
+        }
+        Ok(live)
+    }
+
+    /// Makes the writes so far durable, with `fsync`.
+    async fn settle(&self) -> Result<(), StoreError> {
+        match &self.flusher {
+            Some(flusher) => flusher.flush().await,
+            None => Ok(()),
+        }
     }
 
     /// The done record stored under `key`, if it has one that has not expired.
@@ -108,7 +176,8 @@ type Slot = RwLock<Option<Arc<OpenDatabase>>>;
 pub struct SledStore {
     config: SledConfig,
     database: Arc<Slot>,
-    leases: DashMap<String, Lease>,
+    /// In-flight and held keys.
+    open_keys: DashMap<String, OpenKey>,
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
 }
@@ -124,10 +193,14 @@ impl SledStore {
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
         let database = OpenDatabase::open(config)?;
+        let open_keys = DashMap::new();
+        for (key, held) in database.held_keys(clock.now())? {
+            open_keys.insert(key, OpenKey::Held(held));
+        }
         Ok(SledStore {
             config: config.clone(),
             database: Arc::new(RwLock::new(Some(Arc::new(database)))),
-            leases: DashMap::new(),
+            open_keys,
             next_token: AtomicU64::new(rand::random()),
             clock,
         })
@@ -182,19 +255,23 @@ impl SledStore {
         let claimed = || ClaimOutcome::Claimed(Claim::new(key, fresh.token));
         // The shard lock is held until the lease is in place: nothing can claim or
         // finish this key in between.
-        match self.leases.entry(key.to_owned()) {
-            Entry::Occupied(held) if held.get().lease_until > now => Ok(ClaimOutcome::InFlight {
-                lease_until: held.get().lease_until,
+        match self.open_keys.entry(key.to_owned()) {
+            Entry::Occupied(open) if open.get().live(now) => Ok(match open.get() {
+                OpenKey::InFlight(lease) => ClaimOutcome::InFlight {
+                    lease_until: lease.lease_until,
+                },
+                OpenKey::Held(held) => ClaimOutcome::Held(held.clone()),
             }),
-            Entry::Occupied(mut expired) => {
-                // Its owner outlived its lease: a new owner takes over.
-                expired.insert(fresh.clone());
+            Entry::Occupied(mut ended) => {
+                // Its owner outlived its lease (or a hold its retention): a new owner
+                // takes over.
+                ended.insert(OpenKey::InFlight(fresh.clone()));
                 Ok(claimed())
             }
             Entry::Vacant(vacant) => match database.live_done(&fresh.record_key, now)? {
                 Some(done) => Ok(ClaimOutcome::Done(done)),
                 None => {
-                    vacant.insert(fresh.clone());
+                    vacant.insert(OpenKey::InFlight(fresh.clone()));
                     Ok(claimed())
                 }
             },
@@ -207,9 +284,11 @@ impl SledStore {
         claim: &Claim,
         completion: &Completion,
     ) -> Result<(), StoreError> {
-        match self.leases.entry(claim.key.clone()) {
-            Entry::Occupied(held) if held.get().token == claim.token => {
-                let lease = held.get();
+        match self.open_keys.entry(claim.key.clone()) {
+            Entry::Occupied(open) if open.get().owned_by(claim.token).is_some() => {
+                let Some(lease) = open.get().owned_by(claim.token) else {
+                    return Err(StoreError::NotOwner);
+                };
                 let now = self.clock.now();
                 let done = DoneRecord {
                     claimed_at: lease.claimed_at,
@@ -223,18 +302,103 @@ impl SledStore {
                 database
                     .epochs
                     .put(&lease.record_key, &done, millis(completion.retention))?;
-                held.remove();
+                open.remove();
                 Ok(())
             }
             _ => Err(StoreError::NotOwner),
         }
     }
 
-    /// Removes leases that have ended without their owner settling them.
-    fn drop_ended_leases(&self, now: Millis) -> usize {
-        let before = self.leases.len();
-        self.leases.retain(|_, lease| lease.lease_until > now);
-        before.saturating_sub(self.leases.len())
+    fn hold_on(
+        &self,
+        database: &OpenDatabase,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        match self.open_keys.entry(claim.key.clone()) {
+            Entry::Occupied(mut open) => {
+                let Some(lease) = open.get().owned_by(claim.token) else {
+                    return Err(StoreError::NotOwner);
+                };
+                let now = self.clock.now();
+                let held = HeldRecord {
+                    claimed_at: lease.claimed_at,
+                    held_at: now,
+                    expires_at: now.saturating_add(millis(retention)),
+                    fingerprint: lease.fingerprint,
+                    reason,
+                };
+                let encoded =
+                    postcard::to_stdvec(&held).map_err(|error| StoreError::of("sled", error))?;
+                // On failure the lease stays until it ends, as with a finish.
+                database.held.insert(claim.key.as_bytes(), encoded)?;
+                open.insert(OpenKey::Held(held));
+                Ok(())
+            }
+            Entry::Vacant(_) => Err(StoreError::NotOwner),
+        }
+    }
+
+    fn resolve_on(
+        &self,
+        database: &OpenDatabase,
+        key: &str,
+        resolution: Resolution,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let Entry::Occupied(open) = self.open_keys.entry(key.to_owned()) else {
+            return Ok(false);
+        };
+        let OpenKey::Held(held) = open.get() else {
+            return Ok(false);
+        };
+        if held.expires_at <= now {
+            return Ok(false);
+        }
+        if let Resolution::Done { retention } = resolution {
+            let done = DoneRecord {
+                claimed_at: held.claimed_at,
+                completed_at: now,
+                expires_at: now.saturating_add(millis(retention)),
+                upstream_status: RESOLVED_STATUS,
+                fingerprint: held.fingerprint,
+                response: None,
+            };
+            // The done record first: a claim between the two writes sees the hold.
+            let record_key = database.epochs.record_key(key);
+            database.epochs.put(&record_key, &done, millis(retention))?;
+        }
+        database.held.remove(key.as_bytes())?;
+        open.remove();
+        Ok(true)
+    }
+
+    /// Removes leases that have ended without their owner settling them, and holds whose
+    /// retention has ended (from the disk too).
+    fn drop_ended(&self, database: &OpenDatabase, now: Millis) -> Result<usize, StoreError> {
+        let mut ended_holds = Vec::new();
+        let before = self.open_keys.len();
+        self.open_keys.retain(|key, open| {
+            let live = open.live(now);
+            if !live && matches!(open, OpenKey::Held(_)) {
+                ended_holds.push(key.clone());
+            }
+            live
+        });
+        for key in ended_holds {
+            // Unless held again meanwhile (a new claim took the key over).
+            if let Some(value) = database.held.get(key.as_bytes())?
+                && postcard::from_bytes::<HeldRecord>(&value)
+                    .map_or(true, |held| held.expires_at <= now)
+            {
+                let _ =
+                    database
+                        .held
+                        .compare_and_swap(key.as_bytes(), Some(value), None::<&[u8]>)?;
+            }
+        }
+        Ok(before.saturating_sub(self.open_keys.len()))
     }
 }
 
@@ -283,32 +447,93 @@ impl ClaimStore for SledStore {
 
     async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
         let database = self.database()?;
-        let finished = self.finish_on(&database, claim, &completion);
-        let finished = match (&finished, &database.flusher) {
-            (Ok(()), Some(flusher)) => flusher.flush().await,
-            _ => finished,
+        let finished = match self.finish_on(&database, claim, &completion) {
+            Ok(()) => database.settle().await,
+            failed => failed,
         };
         self.reopen_if_failed(&database, finished)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
         match self
-            .leases
-            .remove_if(&claim.key, |_, lease| lease.token == claim.token)
+            .open_keys
+            .remove_if(&claim.key, |_, open| open.owned_by(claim.token).is_some())
         {
             Some(_) => Ok(()),
             None => Err(StoreError::NotOwner),
         }
     }
 
+    async fn hold(
+        &self,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let database = self.database()?;
+        let held = self.hold_on(&database, claim, reason, retention);
+        let held = match held {
+            Ok(()) => database.settle().await,
+            failed => failed,
+        };
+        self.reopen_if_failed(&database, held)
+    }
+
+    async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
+        let database = self.database()?;
+        let resolved = match self.resolve_on(&database, key, resolution) {
+            Ok(true) => database.settle().await.map(|()| true),
+            other => other,
+        };
+        self.reopen_if_failed(&database, resolved)
+    }
+
+    /// Done keys are filed by a hash of their key, so only in-flight and held keys are
+    /// listed here.
+    async fn list(
+        &self,
+        namespace: &str,
+        state: Option<StateFilter>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        if state == Some(StateFilter::Done) {
+            return Err(StoreError::Unsupported(
+                "the embedded store files done keys by a hash of the key, so it cannot list them; look a key up by name instead".into(),
+            ));
+        }
+        let now = self.clock.now();
+        let prefix = format!("{namespace}:");
+        let mut found: Vec<(String, KeyState)> = self
+            .open_keys
+            .iter()
+            .filter(|open| {
+                open.key().starts_with(&prefix)
+                    && after.is_none_or(|after| open.key().as_str() > after)
+                    && open.value().live(now)
+            })
+            .map(|open| (open.key().clone(), open.value().state()))
+            .filter(|(_, found)| state.is_none_or(|state| state.admits(found)))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(page(found, limit))
+    }
+
+    async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let now = self.clock.now();
+        let held: Vec<String> = self
+            .open_keys
+            .iter()
+            .filter(|open| matches!(open.value(), OpenKey::Held(_)) && open.live(now))
+            .map(|open| open.key().clone())
+            .collect();
+        Ok(count_by_namespace(held.iter().map(String::as_str)))
+    }
+
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
         let now = self.clock.now();
-        if let Some(lease) = self.leases.get(key).filter(|lease| lease.lease_until > now) {
-            return Ok(Some(KeyState::InFlight {
-                claimed_at: lease.claimed_at,
-                lease_until: lease.lease_until,
-                fingerprint: lease.fingerprint,
-            }));
+        if let Some(open) = self.open_keys.get(key).filter(|open| open.live(now)) {
+            return Ok(Some(open.state()));
         }
         let database = self.database()?;
         let done = database.live_done(&database.epochs.record_key(key), now);
@@ -317,12 +542,15 @@ impl ClaimStore for SledStore {
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         let now = self.clock.now();
-        if self
-            .leases
+        match self
+            .open_keys
             .get(key)
-            .is_some_and(|lease| lease.lease_until > now)
+            .filter(|open| open.live(now))
+            .as_deref()
         {
-            return Ok(Forgotten::InFlight);
+            Some(OpenKey::InFlight(_)) => return Ok(Forgotten::InFlight),
+            Some(OpenKey::Held(_)) => return Ok(Forgotten::Held),
+            None => {}
         }
         let database = self.database()?;
         let removed = database
@@ -341,8 +569,9 @@ impl ClaimStore for SledStore {
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
         let now = self.clock.now();
-        let ended = self.drop_ended_leases(now);
         let database = self.database()?;
+        let ended = self.drop_ended(&database, now);
+        let ended = self.reopen_if_failed(&database, ended)?;
         let worker = Arc::clone(&database);
         let swept = tokio::task::spawn_blocking(move || worker.epochs.sweep(now, limit))
             .await

@@ -104,7 +104,11 @@ impl Pool {
                         reused = false;
                         sender = connect(address).await?;
                     }
-                    _ => return Err(UpstreamError::Unreachable(describe(&error.into_error()))),
+                    Some(_) => {
+                        return Err(UpstreamError::Unreachable(describe(&error.into_error())));
+                    }
+                    // hyper gives the request back only when none of it was written.
+                    None => return Err(UpstreamError::Dropped(describe(&error.into_error()))),
                 },
             }
         }
@@ -348,6 +352,32 @@ mod tests {
         drop(connection);
         let failed = pool.exchange(&address, closed, false, request()).await;
         assert!(matches!(failed, Err(UpstreamError::Unreachable(_))));
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_after_the_request_went_out_is_told_apart() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address: Arc<str> = listener.local_addr().unwrap().to_string().into();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            // The whole request arrives; the connection closes without an answer.
+            let _ = read_request_head(&mut stream).await;
+        });
+        let pool = Pool::default();
+        let failed = pool.send(&address, request()).await;
+        assert!(
+            matches!(failed, Err(UpstreamError::Dropped(_))),
+            "{failed:?}"
+        );
+    }
+
+    async fn read_request_head(stream: &mut TcpStream) -> Vec<u8> {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        head
     }
 
     #[tokio::test]

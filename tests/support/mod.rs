@@ -27,8 +27,8 @@ use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, StoreError,
-    Swept,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, Page,
+    Resolution, StateFilter, StoreError, Swept,
 };
 
 // ---------------------------------------------------------------- the upstream
@@ -702,6 +702,29 @@ impl ClaimStore for FailingStore {
     }
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
         self.inner.release(claim).await
+    }
+    async fn hold(
+        &self,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.hold(claim, reason, retention).await
+    }
+    async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
+        self.inner.resolve(key, resolution).await
+    }
+    async fn list(
+        &self,
+        namespace: &str,
+        state: Option<StateFilter>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        self.inner.list(namespace, state, after, limit).await
+    }
+    async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.count_held().await
     }
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
         self.inner.inspect(key).await

@@ -29,14 +29,19 @@ use tokio_util::sync::CancellationToken;
 use self::batch::{Batched, Queue};
 use super::tls;
 use super::{
-    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten, Heard,
-    KeyState, Millis, RecordedResponse, StoreError, Swept, millis, owned, within,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten,
+    Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse, Resolution,
+    StateFilter, StoreError, Swept, count_by_namespace, millis, owned, page, within,
 };
 use crate::config::{PostgresConfig, SslMode, driver_url};
 use crate::workers::{PerWorker, Workers};
 
 /// The database's time in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// The columns of a record, as [`live_state`] reads them.
+const RECORD: &str = "state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
+                      response_status, response_content_type, response_body, hold_reason";
 
 /// The channel on which finishes and releases of announced claims are notified, with
 /// the store key as the payload.
@@ -59,8 +64,13 @@ struct Statements {
     current: String,
     finish_many: String,
     release: String,
+    hold: String,
+    resolve_done: String,
+    resolve_release: String,
+    list: String,
     forget_done: String,
-    in_flight: String,
+    count_held: String,
+    live_state: String,
     sweep: String,
 }
 
@@ -80,22 +90,41 @@ impl Statements {
                      state = 'in_flight', owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at,
                      expires_at = EXCLUDED.expires_at, body_sha256 = EXCLUDED.body_sha256,
                      completed_at = NULL, upstream_status = NULL, response_status = NULL,
-                     response_content_type = NULL, response_body = NULL
+                     response_content_type = NULL, response_body = NULL, hold_reason = NULL
                    WHERE c.expires_at <= EXCLUDED.claimed_at
                    RETURNING c.key)
                  SELECT w.key, claimed.key IS NOT NULL AS claimed, t.state, t.claimed_at,
                         t.expires_at, t.completed_at, t.upstream_status, t.body_sha256,
                         t.response_status, t.response_content_type, t.response_body,
-                        now.ms AS now
+                        t.hold_reason, now.ms AS now
                  FROM wanted w CROSS JOIN now
                  LEFT JOIN claimed ON claimed.key = w.key
                  LEFT JOIN {table} t ON t.key = w.key AND claimed.key IS NULL
                  ORDER BY w.position"
             ),
-            current: format!(
-                "SELECT state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
-                        response_status, response_content_type, response_body, {NOW_MS} AS now
-                 FROM {table} WHERE key = $1"
+            current: format!("SELECT {RECORD}, {NOW_MS} AS now FROM {table} WHERE key = $1"),
+            hold: format!(
+                "WITH held AS (
+                   UPDATE {table} SET state = 'held', owner = NULL, completed_at = {NOW_MS},
+                          expires_at = {NOW_MS} + $3, hold_reason = $4
+                   WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+                   RETURNING key)
+                 SELECT key, CASE WHEN $5 THEN pg_notify('{OUTCOMES}', key) END FROM held"
+            ),
+            resolve_done: format!(
+                "UPDATE {table} SET state = 'done', completed_at = {NOW_MS},
+                        expires_at = {NOW_MS} + $2, upstream_status = {RESOLVED_STATUS},
+                        hold_reason = NULL
+                 WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
+            ),
+            resolve_release: format!(
+                "DELETE FROM {table} WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
+            ),
+            list: format!(
+                "SELECT key, {RECORD}, {NOW_MS} AS now FROM {table}
+                 WHERE starts_with(key, $1) AND key > $2 AND expires_at > {NOW_MS}
+                   AND ($3::text IS NULL OR state = $3)
+                 ORDER BY key LIMIT $4"
             ),
             finish_many: format!(
                 "WITH done AS (UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
@@ -120,8 +149,11 @@ impl Statements {
             forget_done: format!(
                 "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
             ),
-            in_flight: format!(
-                "SELECT 1 FROM {table} WHERE key = $1 AND state = 'in_flight' AND expires_at > {NOW_MS}"
+            count_held: format!(
+                "SELECT key FROM {table} WHERE state = 'held' AND expires_at > {NOW_MS}"
+            ),
+            live_state: format!(
+                "SELECT state FROM {table} WHERE key = $1 AND expires_at > {NOW_MS}"
             ),
             sweep: format!(
                 "DELETE FROM {table} WHERE key IN (
@@ -549,7 +581,8 @@ impl PostgresStore {
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {table} (
                    key text PRIMARY KEY,
-                   state text NOT NULL CHECK (state IN ('in_flight', 'done')),
+                   state text NOT NULL CONSTRAINT dedupe_claim_state
+                     CHECK (state IN ('in_flight', 'done', 'held')),
                    owner text,
                    claimed_at bigint NOT NULL,
                    expires_at bigint NOT NULL,
@@ -558,9 +591,33 @@ impl PostgresStore {
                    body_sha256 bytea NOT NULL,
                    response_status integer,
                    response_content_type text,
-                   response_body bytea
+                   response_body bytea,
+                   hold_reason text
                  );
-                 CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);"
+                 CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);
+                 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS hold_reason text;
+                 CREATE INDEX IF NOT EXISTS {table}_held ON {table} (key) WHERE state = 'held';"
+            ))
+            .await?;
+        // A table made before `held` existed allows two states only: its check gives way
+        // (NOT VALID: every row it holds passes the new one, and none need be read).
+        transaction
+            .batch_execute(&format!(
+                "DO $$
+                 DECLARE old record;
+                 BEGIN
+                   IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                                  WHERE conrelid = '{table}'::regclass
+                                    AND conname = 'dedupe_claim_state') THEN
+                     FOR old IN SELECT conname FROM pg_constraint
+                                WHERE conrelid = '{table}'::regclass AND contype = 'c'
+                                  AND pg_get_constraintdef(oid) LIKE '%in_flight%' LOOP
+                       EXECUTE format('ALTER TABLE {table} DROP CONSTRAINT %I', old.conname);
+                     END LOOP;
+                     ALTER TABLE {table} ADD CONSTRAINT dedupe_claim_state
+                       CHECK (state IN ('in_flight', 'done', 'held')) NOT VALID;
+                   END IF;
+                 END $$;"
             ))
             .await?;
         Ok(transaction.commit().await?)
@@ -636,6 +693,17 @@ fn live_state(row: &tokio_postgres::Row) -> Option<KeyState> {
             lease_until: unsigned(expires_at),
             fingerprint,
         },
+        "held" => KeyState::Held(HeldRecord {
+            claimed_at,
+            held_at: unsigned(row.get::<_, Option<i64>>("completed_at").unwrap_or(0)),
+            expires_at: unsigned(expires_at),
+            fingerprint,
+            reason: row
+                .get::<_, Option<String>>("hold_reason")
+                .as_deref()
+                .and_then(Ambiguity::parse)
+                .unwrap_or(Ambiguity::UpstreamTimeout),
+        }),
         _ => {
             let response = row.get::<_, Option<i32>>("response_status").map(|status| {
                 RecordedResponse::read_back(
@@ -686,6 +754,7 @@ impl ClaimStore for PostgresStore {
                     return Ok(ClaimOutcome::InFlight { lease_until });
                 }
                 Found::Live(KeyState::Done(record)) => return Ok(ClaimOutcome::Done(record)),
+                Found::Live(KeyState::Held(record)) => return Ok(ClaimOutcome::Held(record)),
                 Found::Vanished => continue,
             }
         }
@@ -728,19 +797,83 @@ impl ClaimStore for PostgresStore {
         self.current(key).await
     }
 
+    async fn hold(
+        &self,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let owner = claim.token.to_string();
+        let retention = signed(millis(retention).max(1));
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &claim.key,
+            &owner,
+            &retention,
+            &reason.as_str(),
+            &claim.announce,
+        ];
+        let held = self.query(&self.statements.hold, &params).await?;
+        owned(held.len() == 1)
+    }
+
+    async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
+        let changed = match resolution {
+            Resolution::Done { retention } => {
+                let retention = signed(millis(retention).max(1));
+                self.execute(&self.statements.resolve_done, &[&key, &retention])
+                    .await?
+            }
+            Resolution::Release => {
+                self.execute(&self.statements.resolve_release, &[&key])
+                    .await?
+            }
+        };
+        Ok(changed == 1)
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        state: Option<StateFilter>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let prefix = format!("{namespace}:");
+        let state = state.map(|state| match state {
+            StateFilter::InFlight => "in_flight",
+            StateFilter::Done => "done",
+            StateFilter::Held => "held",
+        });
+        // One more than asked for, to know whether a next page exists.
+        let wanted = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
+        let after = after.unwrap_or("");
+        let params: [&(dyn ToSql + Sync); 4] = [&prefix, &after, &state, &wanted];
+        let rows = self.query(&self.statements.list, &params).await?;
+        let found = rows
+            .iter()
+            .filter_map(|row| Some((row.get::<_, String>("key"), live_state(row)?)))
+            .collect();
+        Ok(page(found, limit))
+    }
+
+    async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let rows = self.query(&self.statements.count_held, &[]).await?;
+        let keys: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+        Ok(count_by_namespace(keys.iter().map(String::as_str)))
+    }
+
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         if self.execute(&self.statements.forget_done, &[&key]).await? == 1 {
             return Ok(Forgotten::Removed);
         }
-        let in_flight = !self
-            .query(&self.statements.in_flight, &[&key])
-            .await?
-            .is_empty();
-        Ok(if in_flight {
-            Forgotten::InFlight
-        } else {
-            Forgotten::Absent
-        })
+        let rows = self.query(&self.statements.live_state, &[&key]).await?;
+        Ok(
+            match rows.first().map(|row| row.get::<_, String>(0)).as_deref() {
+                Some("in_flight") => Forgotten::InFlight,
+                Some("held") => Forgotten::Held,
+                _ => Forgotten::Absent,
+            },
+        )
     }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {

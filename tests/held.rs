@@ -1,0 +1,326 @@
+//! `on_ambiguous: hold`: a forward whose outcome is unknown (the app timed out, or closed
+//! the connection after the request went out) holds its key, so nothing runs the event
+//! again until an operator resolves it through the admin API; a refused connection or any
+//! answer from the app keeps the release. Listing keys by state, the `dedupe_keys_held`
+//! gauge and the log line an alert can fire on.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+fn holding_route(extra: &str) -> String {
+    json_route(&format!(
+        "    on_ambiguous: hold\n    upstream_timeout: 300ms\n    retry_after: 9s\n{extra}"
+    ))
+}
+
+async fn admin(proxy: &Proxy, method: &str, path: &str, body: &str) -> Reply {
+    send(proxy.admin, method, path, &[], body.to_owned()).await
+}
+
+async fn held_gauge(proxy: &Proxy) -> Option<u64> {
+    let text = admin(proxy, "GET", "/metrics", "").await.body;
+    text.lines()
+        .find_map(|line| line.strip_prefix(r#"dedupe_keys_held{route="hooks"} "#))
+        .map(|value| value.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_timed_out_forward_is_held_until_an_operator_says_it_was_done() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
+    let proxy = Proxy::start(upstream.addr, &holding_route("")).await;
+
+    let first = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(
+        (first.status, first.dedupe()),
+        (504, "held"),
+        "{}",
+        first.body
+    );
+    assert_eq!(upstream.requests(), 1, "the app got the request");
+
+    // The provider's retries are not forwarded while the key is held.
+    for _ in 0..3 {
+        let retry = post_event(proxy.addr, "evt_1").await;
+        assert_eq!((retry.status, retry.dedupe()), (409, "held"));
+        assert_eq!(retry.header("retry-after"), Some("9"));
+        assert_eq!(retry.json()["error"], "held");
+    }
+    assert_eq!(upstream.requests(), 1);
+
+    let key = admin(&proxy, "GET", "/v1/keys/hooks/evt_1", "").await;
+    assert_eq!(key.json()["state"], "held", "{}", key.body);
+    assert_eq!(key.json()["held_because"], "upstream_timeout");
+    let listed = admin(&proxy, "GET", "/v1/keys?route=hooks&state=held", "").await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.json()["keys"][0]["key"], "evt_1");
+    assert_eq!(listed.json()["keys"].as_array().unwrap().len(), 1);
+    assert_eq!(listed.json()["next"], serde_json::Value::Null);
+    eventually(
+        Duration::from_secs(5),
+        "the gauge counts the held key",
+        || async { held_gauge(&proxy).await == Some(1) },
+    )
+    .await;
+    let forget = admin(&proxy, "DELETE", "/v1/keys/hooks/evt_1", "").await;
+    assert_eq!(
+        (forget.status, forget.json()["error"].as_str()),
+        (409, Some("held"))
+    );
+
+    let resolved = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/hooks/evt_1/resolve",
+        r#"{"outcome":"done"}"#,
+    )
+    .await;
+    assert_eq!(resolved.status, 200, "{}", resolved.body);
+    assert_eq!(resolved.json()["state"], "done");
+    assert_eq!(resolved.json()["upstream_status"], serde_json::Value::Null);
+    let retry = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((retry.status, retry.dedupe()), (200, "duplicate"));
+    assert_eq!(upstream.requests(), 1, "run once, never again");
+    eventually(
+        Duration::from_secs(5),
+        "the gauge drops to zero",
+        || async { held_gauge(&proxy).await == Some(0) },
+    )
+    .await;
+    let again = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/hooks/evt_1/resolve",
+        r#"{"outcome":"release"}"#,
+    )
+    .await;
+    assert_eq!(
+        (again.status, again.json()["error"].as_str()),
+        (409, Some("not_held"))
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_app_drops_after_the_request_is_held_and_released_by_hand() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::abort(), Answer::status(201)]);
+    let proxy = Proxy::start(upstream.addr, &holding_route("")).await;
+    let first = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(
+        (first.status, first.dedupe()),
+        (502, "held"),
+        "{}",
+        first.body
+    );
+    let key = admin(&proxy, "GET", "/v1/keys/hooks/evt_1", "").await;
+    assert_eq!(
+        key.json()["held_because"],
+        "upstream_dropped",
+        "{}",
+        key.body
+    );
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "held");
+
+    let released = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/hooks/evt_1/resolve",
+        r#"{"outcome":"release"}"#,
+    )
+    .await;
+    assert_eq!(
+        (released.status, released.json()["state"].as_str()),
+        (200, Some("absent")),
+        "{}",
+        released.body
+    );
+    let retry = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((retry.status, retry.dedupe()), (201, "forwarded"));
+    assert_eq!(upstream.requests(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_connection_or_an_app_answer_is_never_held() {
+    // Nothing listens: the request cannot have reached the app.
+    let dead = dead_address().await;
+    let proxy = Proxy::start(dead, &holding_route("")).await;
+    let refused = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((refused.status, refused.dedupe()), (502, "released"));
+    let upstream = Upstream::start_on(dead).await;
+    upstream.script([Answer::status(500), Answer::status(201)]);
+    let failed = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((failed.status, failed.dedupe()), (500, "released"));
+    let retry = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((retry.status, retry.dedupe()), (201, "forwarded"));
+}
+
+#[tokio::test]
+async fn without_hold_an_ambiguous_forward_is_released_as_before() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
+    let route = json_route("    upstream_timeout: 300ms\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    let first = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((first.status, first.dedupe()), (504, "released"));
+    let retry = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(retry.dedupe(), "forwarded");
+}
+
+#[tokio::test]
+async fn a_duplicate_waiting_on_a_key_that_becomes_held_gets_the_held_answer_at_once() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
+    let route = holding_route("    on_in_flight: wait\n    in_flight_wait: 10s\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_1"));
+    upstream.wait_for_requests(1).await;
+    let started = std::time::Instant::now();
+    let second = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((second.status, second.dedupe()), (409, "held"));
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(first.await.unwrap().dedupe(), "held");
+}
+
+#[tokio::test]
+async fn with_the_replay_guard_the_body_is_held_and_resolved_with_its_key() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
+    let route = holding_route("    replay_guard: body\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    let body = r#"{"id":"evt_1","type":"test"}"#;
+    let first = post_json(proxy.addr, "/hooks", body).await;
+    assert_eq!(first.dedupe(), "held");
+    // The same body under a new ID is held too: it may be the same event replayed.
+    let replayed = post_json(proxy.addr, "/hooks", r#"{"id":"evt_2","type":"test"}"#).await;
+    assert_eq!(
+        replayed.dedupe(),
+        "forwarded",
+        "another body is another event"
+    );
+    let same_body = send(
+        proxy.addr,
+        "POST",
+        "/hooks?x=1",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert_eq!(same_body.dedupe(), "held");
+    let resolved = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/hooks/evt_1/resolve",
+        r#"{"outcome":"done"}"#,
+    )
+    .await;
+    assert_eq!(resolved.status, 200, "{}", resolved.body);
+    assert_eq!(
+        post_json(proxy.addr, "/hooks", body).await.dedupe(),
+        "duplicate"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_api_refuses_malformed_listings_and_resolutions() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &holding_route("")).await;
+    for (path, error) in [
+        ("/v1/keys", "bad_request"),
+        ("/v1/keys?route=hooks&state=gone", "bad_request"),
+        ("/v1/keys?route=hooks&limit=0", "bad_request"),
+        ("/v1/keys?route=hooks&limit=1001", "bad_request"),
+        ("/v1/keys?route=hooks&limit=-1", "bad_request"),
+        ("/v1/keys?route=hooks&colour=red", "bad_request"),
+        ("/v1/keys?route=nope", "no_such_route"),
+        ("/v1/keys?route=hooks&state=done", "bad_request"),
+    ] {
+        let reply = admin(&proxy, "GET", path, "").await;
+        assert_eq!(reply.json()["error"], error, "{path}: {}", reply.body);
+    }
+    let held = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(held.dedupe(), "forwarded");
+    for body in [
+        "",
+        "{}",
+        r#"{"outcome":"maybe"}"#,
+        r#"{"outcome":"done","x":1}"#,
+        "[1]",
+    ] {
+        let reply = admin(&proxy, "POST", "/v1/keys/hooks/evt_1/resolve", body).await;
+        assert_eq!(
+            (reply.status, reply.json()["error"].as_str()),
+            (400, Some("bad_request")),
+            "{body}"
+        );
+    }
+    let huge = "x".repeat(10_000);
+    let reply = admin(&proxy, "POST", "/v1/keys/hooks/evt_1/resolve", &huge).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let reply = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/hooks/evt_1/resolve",
+        r#"{"outcome":"done"}"#,
+    )
+    .await;
+    assert_eq!(reply.json()["error"], "not_held", "a done key is not held");
+    let reply = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/nope/evt_1/resolve",
+        r#"{"outcome":"done"}"#,
+    )
+    .await;
+    assert_eq!(reply.json()["error"], "no_such_route");
+}
+
+#[tokio::test]
+async fn keys_are_listed_a_page_at_a_time() {
+    let upstream = Upstream::start().await;
+    upstream.script([
+        Answer::ok().after(Duration::from_secs(2)),
+        Answer::ok().after(Duration::from_secs(2)),
+        Answer::ok().after(Duration::from_secs(2)),
+    ]);
+    let route = json_route("    upstream_timeout: 5s\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    let mut deliveries = Vec::new();
+    for id in ["evt_c", "evt_a", "evt_b"] {
+        deliveries.push(tokio::spawn(post_event(proxy.addr, id)));
+    }
+    upstream.wait_for_requests(3).await;
+    let first = admin(
+        &proxy,
+        "GET",
+        "/v1/keys?route=hooks&state=in_flight&limit=2",
+        "",
+    )
+    .await;
+    let keys: Vec<_> = first.json()["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys, ["evt_a", "evt_b"], "{}", first.body);
+    let next = first.json()["next"].as_str().unwrap().to_owned();
+    let path = format!("/v1/keys?route=hooks&limit=2&after={}", percent(&next));
+    let second = admin(&proxy, "GET", &path, "").await;
+    assert_eq!(second.json()["keys"][0]["key"], "evt_c", "{}", second.body);
+    assert_eq!(second.json()["keys"][0]["state"], "in_flight");
+    assert_eq!(second.json()["next"], serde_json::Value::Null);
+    for delivery in deliveries {
+        delivery.await.unwrap();
+    }
+}
+
+fn percent(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
