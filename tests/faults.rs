@@ -13,6 +13,12 @@
 //! immediate mode (a crash and recovery), each several times while the proxy keeps
 //! running.
 //!
+//! One run holds ambiguous forwards (`on_ambiguous: hold`) and stops the proxy with
+//! SIGTERM only: the provider stops retrying an event once it is told `held`, the run
+//! checks that every event is acknowledged or held and none ran twice, then resolves each
+//! held key as an operator would (done if the app did the work, else release) and
+//! delivers those events again.
+//!
 //! It prints one line per run and passes only if no event is lost (acknowledged without
 //! its work done) and every event is acknowledged; with `durability: fsync`, extra
 //! executions stay within what was in flight at the kills plus the stalls the proxy gave
@@ -61,6 +67,8 @@ struct Faults {
     /// Chance that it stalls past the proxy's timeout, then does the work anyway.
     stall: f64,
     kills: usize,
+    /// `on_ambiguous: hold`, and every stop a SIGTERM.
+    hold: bool,
 }
 
 // ------------------------------------------------------------------ the flaky upstream
@@ -154,6 +162,8 @@ async fn start_upstream(faults: Faults) -> (SocketAddr, Arc<Upstream>) {
 #[derive(Default)]
 struct Provider {
     acknowledged: Mutex<HashSet<String>>,
+    /// Events the proxy answered `held` (under `on_ambiguous: hold`): not retried.
+    held: Mutex<HashSet<String>>,
     /// When each event was first acknowledged.
     acknowledged_at: Mutex<HashMap<String, Instant>>,
     /// Requests under way, by event.
@@ -185,7 +195,16 @@ impl Provider {
                     tokio::time::timeout(Duration::from_secs(10), client.request(request)).await;
                 if let Ok(Ok(response)) = sent {
                     acknowledged = response.status().is_success();
+                    let held = response
+                        .headers()
+                        .get("dedupe-status")
+                        .is_some_and(|status| status == "held");
                     let _ = response.into_body().collect().await;
+                    if held {
+                        self.end(id);
+                        self.held.lock().unwrap().insert(id.to_owned());
+                        return;
+                    }
                 }
             }
             self.end(id);
@@ -272,6 +291,10 @@ struct Report {
     late_completions: usize,
     /// Extra executions of events that were neither in flight at a kill nor stalled.
     unexplained: usize,
+    /// Events left held (resolved by hand and delivered again at the end of the run).
+    held: usize,
+    /// Events that ran more than once (checked under `hold`, where none may).
+    run_twice: usize,
     seconds: f64,
 }
 
@@ -284,7 +307,7 @@ impl Report {
 
     fn line(&self) -> String {
         format!(
-            "faults: store={} events={} deliveries={} acknowledged={} kills={} (sigterm {}) lost={} unacknowledged={} extra_executions={} bound={} (in flight at kills {}, stalls given up {}) beyond_bound={} in {:.1}s",
+            "faults: store={} events={} deliveries={} acknowledged={} kills={} (sigterm {}) lost={} unacknowledged={} extra_executions={} bound={} (in flight at kills {}, stalls given up {}) beyond_bound={} held={} run_twice={} in {:.1}s",
             self.store,
             self.events,
             self.deliveries,
@@ -298,6 +321,8 @@ impl Report {
             self.in_flight_at_kills,
             self.late_completions,
             self.unexplained,
+            self.held,
+            self.run_twice,
             self.seconds
         )
     }
@@ -340,7 +365,7 @@ fn store_section(dir: &Path, store: &str) -> String {
     }
 }
 
-fn write_config(dir: &Path, upstream: SocketAddr, store: &str) -> PathBuf {
+fn write_config(dir: &Path, upstream: SocketAddr, store: &str, hold: bool) -> PathBuf {
     let path = dir.join("config.yaml");
     // A shared store keeps a killed proxy's claims until their lease ends: keep it short.
     let lease = if store.starts_with("redis") || store.starts_with("postgres") {
@@ -361,9 +386,11 @@ routes:
     upstream_timeout: {}ms
     lease: {lease}
     retention: 10m
+    on_ambiguous: {}
 ",
         store_section(dir, store),
-        UPSTREAM_TIMEOUT.as_millis()
+        UPSTREAM_TIMEOUT.as_millis(),
+        if hold { "hold" } else { "release" }
     );
     std::fs::write(&path, text).unwrap();
     path
@@ -544,7 +571,7 @@ async fn run_killing(
     let started = Instant::now();
     let (upstream_addr, upstream) = start_upstream(faults).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), upstream_addr, store);
+    let config = write_config(dir.path(), upstream_addr, store, faults.hold);
     let mut proxy = start_binary(config.clone()).await;
     let address = Arc::new(RwLock::new(Some(proxy.addr)));
 
@@ -624,7 +651,7 @@ async fn run_killing(
     }
     while kills_done.load(Ordering::SeqCst) < faults.kills {
         tokio::time::sleep(Duration::from_millis(rand::random_range(50..350))).await;
-        let graceful = rand::random_bool(0.25);
+        let graceful = faults.hold || rand::random_bool(0.25);
         *address.write().unwrap() = None;
         for id in provider.outstanding.lock().unwrap().keys() {
             *at_kills.entry(id.clone()).or_default() += 1;
@@ -655,8 +682,30 @@ async fn run_killing(
     for worker in workers {
         tokio::time::timeout(Duration::from_secs(600), worker)
             .await
-            .expect("every event is acknowledged in the end")
+            .expect("every event is acknowledged (or held) in the end")
             .unwrap();
+    }
+    let held = provider.held.lock().unwrap().clone();
+    let mut run_twice = 0;
+    let mut to_resolve = held.clone();
+    for round in 0.. {
+        if !faults.hold || to_resolve.is_empty() {
+            break;
+        }
+        assert!(round < 20, "events kept being held: {to_resolve:?}");
+        // The work of a stalled forward lands after the proxy gave up on it.
+        tokio::time::sleep(STALL * 2).await;
+        let executions = upstream.executions.lock().unwrap().clone();
+        if round == 0 {
+            run_twice = executions.values().filter(|count| **count > 1).count();
+        }
+        resolve_held_keys(&proxy, &provider, &to_resolve, &executions).await;
+        provider.held.lock().unwrap().clear();
+        // Delivered again; a new ambiguous forward holds an event again.
+        for id in &to_resolve {
+            provider.deliver(&client, &address, id).await;
+        }
+        to_resolve = provider.held.lock().unwrap().clone();
     }
     proxy.signal("TERM");
     let exit = tokio::task::spawn_blocking(move || proxy.wait(Duration::from_secs(20)))
@@ -695,8 +744,59 @@ async fn run_killing(
         in_flight_at_kills: at_kills.values().sum(),
         late_completions: late.values().sum(),
         unexplained,
+        held: held.len(),
+        run_twice,
         seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// As an operator would: lists the held keys through the admin API (they must be the
+/// events the provider was told `held`), and resolves each as done if the app did the
+/// work, else releases it.
+async fn resolve_held_keys(
+    proxy: &Binary,
+    provider: &Provider,
+    held: &HashSet<String>,
+    executions: &HashMap<String, usize>,
+) {
+    let mut listed = HashSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = "/v1/keys?route=hooks&state=held&limit=50".to_owned();
+        if let Some(after) = &after {
+            path.push_str(&format!("&after={}", percent(after)));
+        }
+        let page = support::send(proxy.admin, "GET", &path, &[], "")
+            .await
+            .json();
+        for key in page["keys"].as_array().unwrap() {
+            listed.insert(key["key"].as_str().unwrap().to_owned());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        &listed, held,
+        "the held keys listed are the events told `held`"
+    );
+    for id in held {
+        assert!(
+            !provider.acknowledged.lock().unwrap().contains(id),
+            "{id} was acknowledged and held"
+        );
+        let done = executions.get(id).copied().unwrap_or(0) > 0;
+        let outcome = if done { "done" } else { "release" };
+        let path = format!("/v1/keys/hooks/{id}/resolve");
+        let body = format!(r#"{{"outcome":"{outcome}"}}"#);
+        let resolved = support::send(proxy.admin, "POST", &path, &[], body).await;
+        assert_eq!(resolved.status, 200, "{id}: {}", resolved.body);
+    }
+}
+
+fn percent(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// Prints the run's line past the test harness's capture, so that CI logs show it.
@@ -713,6 +813,7 @@ fn sized_faults() -> (usize, usize, Faults) {
         reset: 0.03,
         stall: 0.02,
         kills: env_number("FAULTS_KILLS", 20),
+        hold: false,
     };
     (events, senders, faults)
 }
@@ -759,6 +860,7 @@ async fn without_kills_or_stalls_no_work_is_done_twice() {
         reset: 0.05,
         stall: 0.0,
         kills: 0,
+        hold: false,
     };
     let report = run("batched", events, senders, faults).await;
     show(&report);
@@ -768,6 +870,28 @@ async fn without_kills_or_stalls_no_work_is_done_twice() {
         "{}",
         report.line()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_hold_every_event_is_acknowledged_or_held_and_none_runs_twice() {
+    let (events, senders, faults) = sized_faults();
+    let faults = Faults {
+        hold: true,
+        kills: faults.kills / 4,
+        ..faults
+    };
+    let report = run("fsync", events, senders, faults).await;
+    show(&report);
+    assert!(
+        report.held > 0,
+        "the faults held some events: {}",
+        report.line()
+    );
+    assert_eq!(report.run_twice, 0, "{}", report.line());
+    // Once resolved by hand and delivered again, every event is acknowledged, and ran once.
+    assert_eq!(report.lost, 0, "{}", report.line());
+    assert_eq!(report.unacknowledged, 0, "{}", report.line());
+    assert_eq!(report.extra, 0, "{}", report.line());
 }
 
 /// The store's outages, against the TLS PostgreSQL and the Redis Cluster: `FAULTS_OUTAGES`

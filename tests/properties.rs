@@ -1,7 +1,9 @@
 //! Property tests. The claim state machine: any interleaving of claim, finish, release,
-//! lease expiry, sweep and restart agrees with a reference model of the claim states in
-//! `docs/contract.md`, so only the owner finishes, a key is done only after its owner
-//! finished it, and never two owners hold a key inside a lease; the sweep never removes more than
+//! hold, resolve, lease expiry, sweep and restart agrees with a reference model of the
+//! claim states in `docs/contract.md`, so only the owner finishes or holds, a key is done
+//! only after its owner finished it (or an operator resolved its hold), a held key stays
+//! held across restarts until resolved or expired, and never two owners hold a key inside
+//! a lease; the sweep never removes more than
 //! has expired, and in the end removes every expired record. And the parsers (key templates, key
 //! extraction, configuration) never panic on any input.
 //!
@@ -16,7 +18,8 @@ use dedupe_proxy::config::{Config, Durability, Overrides, SledConfig};
 use dedupe_proxy::key::{Delivery, KeyError, KeyTemplate, MAX_KEY_BYTES};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, Resolution,
+    StoreError,
 };
 use proptest::prelude::*;
 
@@ -24,10 +27,29 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Claim { key: usize, lease_ms: u64 },
-    Finish { handle: usize, retention_ms: u64 },
-    Release { handle: usize },
-    Advance { ms: u64 },
+    Claim {
+        key: usize,
+        lease_ms: u64,
+    },
+    Finish {
+        handle: usize,
+        retention_ms: u64,
+    },
+    Release {
+        handle: usize,
+    },
+    Hold {
+        handle: usize,
+        retention_ms: u64,
+    },
+    Resolve {
+        key: usize,
+        done: bool,
+        retention_ms: u64,
+    },
+    Advance {
+        ms: u64,
+    },
     Sweep,
     Restart,
 }
@@ -37,6 +59,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..3usize, 200..1500u64).prop_map(|(key, lease_ms)| Op::Claim { key, lease_ms }),
         3 => (0..16usize, 500..3000u64).prop_map(|(handle, retention_ms)| Op::Finish { handle, retention_ms }),
         2 => (0..16usize).prop_map(|handle| Op::Release { handle }),
+        2 => (0..16usize, 500..3000u64).prop_map(|(handle, retention_ms)| Op::Hold { handle, retention_ms }),
+        1 => (0..3usize, any::<bool>(), 500..3000u64)
+            .prop_map(|(key, done, retention_ms)| Op::Resolve { key, done, retention_ms }),
         3 => (0..2000u64).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Sweep),
         1 => Just(Op::Restart),
@@ -50,6 +75,7 @@ struct Model {
     /// (owner token, lease end)
     lease: Option<(u128, u64)>,
     done_until: Option<u64>,
+    held_until: Option<u64>,
 }
 
 const KEYS: [&str; 3] = ["a:1", "a:2", "b:1"];
@@ -95,22 +121,27 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .unwrap();
                 let entry = model.get_mut(key).unwrap();
                 let live_lease = entry.lease.filter(|(_, until)| *until > now);
+                let live_held = entry.held_until.filter(|until| *until > now);
                 let live_done = entry.done_until.filter(|until| *until > now);
-                match (live_lease, live_done, outcome) {
-                    (Some((_, until)), _, ClaimOutcome::InFlight { lease_until }) => {
+                match (live_lease, live_held, live_done, outcome) {
+                    (Some((_, until)), _, _, ClaimOutcome::InFlight { lease_until }) => {
                         prop_assert_eq!(until, lease_until)
                     }
-                    (None, Some(until), ClaimOutcome::Done(record)) => {
+                    (None, Some(until), _, ClaimOutcome::Held(record)) => {
                         prop_assert_eq!(until, record.expires_at)
                     }
-                    (None, None, ClaimOutcome::Claimed(claim)) => {
+                    (None, None, Some(until), ClaimOutcome::Done(record)) => {
+                        prop_assert_eq!(until, record.expires_at)
+                    }
+                    (None, None, None, ClaimOutcome::Claimed(claim)) => {
                         entry.lease = Some((claim.token, now + lease_ms));
+                        entry.held_until = None;
                         handles.push(claim);
                     }
-                    (lease, done, outcome) => {
+                    (lease, held, done, outcome) => {
                         prop_assert!(
                             false,
-                            "{key}: lease {lease:?}, done {done:?}, store {outcome:?}"
+                            "{key}: lease {lease:?}, held {held:?}, done {done:?}, store {outcome:?}"
                         )
                     }
                 }
@@ -157,7 +188,58 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Err(error) => prop_assert!(false, "{error}"),
                 }
             }
-            Op::Finish { .. } | Op::Release { .. } => {}
+            Op::Hold {
+                handle,
+                retention_ms,
+            } if !handles.is_empty() => {
+                let claim = handles[handle % handles.len()].clone();
+                let entry = model.get_mut(claim.key.as_str()).unwrap();
+                let owner = entry.lease.is_some_and(|(token, _)| token == claim.token);
+                let retention = Duration::from_millis(retention_ms);
+                match store
+                    .hold(&claim, Ambiguity::UpstreamTimeout, retention)
+                    .await
+                {
+                    Ok(()) => {
+                        prop_assert!(owner, "a non-owner held {}", claim.key);
+                        entry.lease = None;
+                        entry.held_until = Some(now + retention_ms);
+                    }
+                    Err(StoreError::NotOwner) => {
+                        prop_assert!(!owner, "the owner was refused on {}", claim.key)
+                    }
+                    Err(error) => prop_assert!(false, "{error}"),
+                }
+            }
+            Op::Resolve {
+                key,
+                done,
+                retention_ms,
+            } => {
+                let key = KEYS[key];
+                let entry = model.get_mut(key).unwrap();
+                let held = entry.lease.is_none_or(|(_, until)| until <= now)
+                    && entry.held_until.is_some_and(|until| until > now);
+                let resolution = if done {
+                    Resolution::Done {
+                        retention: Duration::from_millis(retention_ms),
+                    }
+                } else {
+                    Resolution::Release
+                };
+                let resolved = store.resolve(key, resolution).await.unwrap();
+                prop_assert_eq!(resolved, held, "{} resolved", key);
+                if resolved {
+                    entry.held_until = None;
+                    if done {
+                        if entry.done_until.is_some_and(|until| until <= now) {
+                            ended += 1; // the expired record is replaced
+                        }
+                        entry.done_until = Some(now + retention_ms);
+                    }
+                }
+            }
+            Op::Finish { .. } | Op::Release { .. } | Op::Hold { .. } => {}
             Op::Advance { ms } => {
                 clock.advance(Duration::from_millis(ms));
                 now += ms;
@@ -172,6 +254,10 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         entry.done_until = None;
                         ended += 1;
                     }
+                    if entry.held_until.is_some_and(|until| until <= now) {
+                        entry.held_until = None;
+                        ended += 1;
+                    }
                 }
                 swept_total += store.sweep(10_000).await.unwrap().removed;
                 prop_assert!(
@@ -184,20 +270,30 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Restart => {
                 drop(store);
                 store = open(&path, &clock);
-                // A new process holds no claims: the old ones are released.
+                // A new process holds no claims: the old ones are released. Held keys stay.
                 for entry in model.values_mut() {
                     entry.lease = None;
+                    if entry.held_until.is_some_and(|until| until <= now) {
+                        entry.held_until = None;
+                    }
                 }
             }
         }
         // The store agrees with the model on who holds each key: one owner at most.
         for key in KEYS {
-            let held = model[key].lease.is_some_and(|(_, until)| until > now);
-            let done = !held && model[key].done_until.is_some_and(|until| until > now);
+            let leased = model[key].lease.is_some_and(|(_, until)| until > now);
+            let held = !leased && model[key].held_until.is_some_and(|until| until > now);
+            let done = !leased && !held && model[key].done_until.is_some_and(|until| until > now);
             let state = store.inspect(key).await.unwrap();
             prop_assert_eq!(
-                held,
+                leased,
                 matches!(state, Some(KeyState::InFlight { .. })),
+                "{} in flight",
+                key
+            );
+            prop_assert_eq!(
+                held,
+                matches!(state, Some(KeyState::Held(_))),
                 "{} held",
                 key
             );

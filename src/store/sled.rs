@@ -136,12 +136,12 @@ impl OpenDatabase {
         })
     }
 
-    /// The held keys on disk that have not expired.
+    /// The held keys on disk that have not expired; the expired ones are removed.
     fn held_keys(&self, now: Millis) -> Result<Vec<(String, HeldRecord)>, StoreError> {
         let mut live = Vec::new();
         for entry in &self.held {
             let (key, value) = entry?;
-            let (Ok(key), Ok(record)) = (
+            let (Ok(text), Ok(record)) = (
                 String::from_utf8(key.to_vec()),
                 postcard::from_bytes::<HeldRecord>(&value),
             ) else {
@@ -149,7 +149,9 @@ impl OpenDatabase {
                 continue;
             };
             if record.expires_at > now {
-                live.push((key, record));
+                live.push((text, record));
+            } else {
+                self.held.remove(key)?;
             }
         }
         Ok(live)
@@ -265,7 +267,9 @@ impl SledStore {
             Entry::Occupied(mut ended) => {
                 // Its owner outlived its lease (or a hold its retention): a new owner
                 // takes over.
-                ended.insert(OpenKey::InFlight(fresh.clone()));
+                if let OpenKey::Held(_) = ended.insert(OpenKey::InFlight(fresh.clone())) {
+                    database.held.remove(key.as_bytes())?;
+                }
                 Ok(claimed())
             }
             Entry::Vacant(vacant) => match database.live_done(&fresh.record_key, now)? {
