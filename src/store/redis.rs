@@ -391,6 +391,9 @@ async fn check_version(connection: &mut Link, config: &RedisConfig) -> Result<()
     })
 }
 
+/// The most held keys `count_held` reads (each is one `GET`).
+const HELD_COUNTED_MAX: usize = 10_000;
+
 /// How often the subscription's connection is checked: one that died without a word
 /// would otherwise leave waiters to their rechecks for good.
 const SUBSCRIPTION_CHECK: Duration = Duration::from_secs(30);
@@ -664,7 +667,25 @@ impl ClaimStore for RedisStore {
 
     async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let mut connection = self.connection();
-        let listed: Vec<String> = self.bounded(connection.smembers(self.held_index())).await?;
+        let mut listed: Vec<String> = Vec::new();
+        let mut cursor = 0u64;
+        // Bounded, whatever the set holds: beyond that many the count stops growing.
+        while listed.len() < HELD_COUNTED_MAX {
+            let mut scan = redis::cmd("SSCAN");
+            scan.arg(self.held_index())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, members): (String, Vec<String>) =
+                self.bounded(scan.query_async(&mut connection)).await?;
+            listed.extend(members);
+            cursor = next.parse().unwrap_or(0);
+            if cursor == 0 {
+                break;
+            }
+        }
+        listed.sort();
+        listed.dedup();
         let mut held = Vec::new();
         for key in listed {
             match self.read(&key).await {

@@ -31,7 +31,7 @@ use super::tls;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten,
     Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse, Resolution,
-    StateFilter, StoreError, Swept, count_by_namespace, millis, owned, page, within,
+    StateFilter, StoreError, Swept, millis, owned, page, within,
 };
 use crate::config::{PostgresConfig, SslMode, driver_url};
 use crate::workers::{PerWorker, Workers};
@@ -150,7 +150,8 @@ impl Statements {
                 "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
             ),
             count_held: format!(
-                "SELECT key FROM {table} WHERE state = 'held' AND expires_at > {NOW_MS}"
+                "SELECT split_part(key, ':', 1) AS namespace, count(*) AS held FROM {table}
+                 WHERE state = 'held' AND expires_at > {NOW_MS} GROUP BY 1"
             ),
             live_state: format!(
                 "SELECT state FROM {table} WHERE key = $1 AND expires_at > {NOW_MS}"
@@ -858,8 +859,13 @@ impl ClaimStore for PostgresStore {
 
     async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let rows = self.query(&self.statements.count_held, &[]).await?;
-        let keys: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
-        Ok(count_by_namespace(keys.iter().map(String::as_str)))
+        Ok(rows
+            .iter()
+            .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1)))
+            // Body keys' namespaces hold `#`.
+            .filter(|(namespace, _)| !namespace.contains('#'))
+            .map(|(namespace, held)| (namespace, u64::try_from(held).unwrap_or(0)))
+            .collect())
     }
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
