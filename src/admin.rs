@@ -1,6 +1,6 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
-//! and keys: listed, inspected, forgotten, and held ones resolved. Kept on its own port (127.0.0.1 by default) so
-//! that providers never reach it.
+//! and keys: listed, inspected, forgotten, and held ones resolved. Kept on its own port
+//! (127.0.0.1 by default) so that providers never reach it.
 //!
 //! With `admin.token_env` set, every `/v1/*` request needs `Authorization: Bearer
 //! <token>`, compared in constant time; health, readiness and metrics stay open for
@@ -287,7 +287,7 @@ async fn list_keys(serving: &Serving, query: Option<&str>) -> Response<ProxyBody
         .await
     {
         Ok(page) => page,
-        Err(StoreError::Unsupported(reason)) => {
+        Err(StoreError::BadRequest(reason)) => {
             return AdminRefusal::BadRequest(reason).into_response();
         }
         Err(failure) => {
@@ -352,18 +352,18 @@ async fn resolve(
     let full_key = store_key(&route.namespace, &key);
     let store = serving.proxy.store();
     let resolved = async {
-        let held = store.inspect(&full_key).await?;
-        if !store.resolve(&full_key, resolution).await? {
+        let Some(KeyState::Held(held)) = store.inspect(&full_key).await? else {
             return Ok(false);
-        }
+        };
+        // The body first: resolved alone, it could not be reached again through its key.
         let guarded = routing.table.routes().any(|other| {
             other.namespace == route.namespace && other.replay_guard == ReplayGuard::Body
         });
-        if guarded && let Some(KeyState::Held(record)) = held {
-            let body = body_key(&route.namespace, &record.fingerprint);
+        if guarded {
+            let body = body_key(&route.namespace, &held.fingerprint);
             store.resolve(&body, resolution).await?;
         }
-        Ok::<_, StoreError>(true)
+        store.resolve(&full_key, resolution).await
     };
     match resolved.await {
         Ok(true) => {

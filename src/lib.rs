@@ -17,8 +17,9 @@
 //!   providers.
 //! - [`proxy`] is the lifecycle of one delivery: match, check (read, verify, key), claim,
 //!   forward, finish.
-//! - [`store`] holds claims: absent → in_flight → done, atomically, owner-checked, on
-//!   sled (embedded) or shared by replicas on Redis or PostgreSQL.
+//! - [`store`] holds claims: absent → in_flight → done (or held, for an operator),
+//!   atomically, owner-checked, on sled (embedded) or shared by replicas on Redis or
+//!   PostgreSQL; [`waiting`] keeps the duplicates that wait for an outcome.
 //! - [`upstream`] holds the pooled clients, one per worker; [`response`] writes every
 //!   answer the proxy makes.
 //! - [`server`] accepts connections within [`config::Limits`] and hands each to one of
@@ -30,9 +31,12 @@
 //!
 //! A delivery on a matched route has its body read (bounded), its signature checked, its
 //! key extracted and claimed. Only an unclaimed key is forwarded, in a task that outlives
-//! the sender's connection. An upstream success marks the key done before the sender hears of it; any
-//! failure releases the claim so the provider's retry runs the work. A done key's
-//! duplicate is answered at once; an in-flight key's gets 409 and `Retry-After`.
+//! the sender's connection. An upstream success marks the key done before the sender
+//! hears of it; any failure releases the claim so the provider's retry runs the work
+//! (with `on_ambiguous: hold`, a failure after which the app may have done the work holds
+//! the key for an operator instead). A done key's duplicate is answered at once; an
+//! in-flight or held key's gets 409 and `Retry-After`. The background tasks sweep expired
+//! records and count held keys.
 //!
 //! [`start`] brings the proxy up and returns an [`App`]; [`App::shutdown`] drains it.
 //! [`run`] does both around a shutdown signal, for the binary.
@@ -354,7 +358,7 @@ async fn sweep_forever(store: Arc<dyn ClaimStore>, metrics: Arc<Metrics>) {
 }
 
 /// How often `dedupe_keys_held` is counted again.
-const COUNT_HELD_EVERY: Duration = Duration::from_secs(2);
+const COUNT_HELD_EVERY: Duration = Duration::from_secs(5);
 
 /// Keeps `dedupe_keys_held` current: counts the store's held keys every
 /// [`COUNT_HELD_EVERY`], for each route by its namespace.

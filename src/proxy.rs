@@ -9,12 +9,15 @@
 //!              ─▶ claim_and_forward: claim the key, and with replay_guard: body the body's hash
 //!                   ──done──▶ answer_duplicate (200, or 422 on a changed body)
 //!                   ──in flight──▶ 409 + Retry-After, or with `on_in_flight: wait`,
-//!                                  wait_for_outcome (then as done, or claimed)
+//!                                  wait_for_outcome (then as done, held, or claimed)
+//!                   ──held──▶ 409 + Retry-After (held)
 //!                   ──store error──▶ 503 + Retry-After (or relay unkeyed)
 //!              ▼
 //!           forward_claimed: in a task of its own, holding the request's place
 //!              ─▶ upstream success ─▶ record_success (done, then answer)
 //!              ─▶ upstream failure, 502, 504 ─▶ release, then answer
+//!              ─▶ with `on_ambiguous: hold`, 504 or a connection lost after the request
+//!                 ─▶ hold, then answer
 //! ```
 //!
 //! Every answer on a matched route carries `Dedupe-Status`, added in one place (`handle`).
@@ -22,6 +25,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -391,7 +395,7 @@ impl Proxy {
             ClaimOutcome::InFlight { .. } => return Ok(Claiming::InFlight),
             ClaimOutcome::Held(_) => return Ok(Claiming::Held),
         };
-        let mut open = self.open_claims.hold(event, route, self);
+        let mut open = self.open_claims.register(event, route, self);
         if route.replay_guard == ReplayGuard::Off {
             return Ok(Claiming::Claimed(open));
         }
@@ -456,6 +460,7 @@ impl Proxy {
                 &route.upstream.address,
                 request,
                 route.policy.upstream_timeout,
+                &open.dispatched,
             )
             .await;
         let elapsed = started.elapsed().as_secs_f64();
@@ -481,9 +486,15 @@ impl Proxy {
                 match ambiguity {
                     Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
                         let retention = route.policy.retention;
-                        self.hold(&route.name, retention, open.claims(), ambiguity)
+                        let held = self
+                            .hold(&route.name, retention, open.claims(), ambiguity)
                             .await;
-                        (DedupeStatus::Held, refusal.into_response())
+                        let status = if held {
+                            DedupeStatus::Held
+                        } else {
+                            DedupeStatus::Released
+                        };
+                        (status, refusal.into_response())
                     }
                     _ => {
                         self.release(route, open.claims(), reason).await;
@@ -497,24 +508,50 @@ impl Proxy {
     }
 
     /// `on_ambiguous: hold`: the application may have done the work, so nothing runs it
-    /// again until an operator resolves the key. If the hold cannot be written, the key
-    /// stays in flight until its lease ends, and then a redelivery runs it.
-    async fn hold(&self, route: &str, retention: Duration, claims: &Claims, ambiguity: Ambiguity) {
-        for claim in claims.iter() {
-            if let Err(error) = self.store.hold(claim, ambiguity, retention).await {
+    /// again until an operator resolves the key. Returns whether the event's key is held.
+    /// If its hold cannot be written, the key stays in flight until its lease ends (then a
+    /// redelivery runs the work), and a guarded body is released rather than held alone,
+    /// where no operator could reach it.
+    async fn hold(
+        &self,
+        route: &str,
+        retention: Duration,
+        claims: &Claims,
+        ambiguity: Ambiguity,
+    ) -> bool {
+        let held = self.hold_one(&claims.event, retention, ambiguity).await;
+        if let Some(body) = &claims.body {
+            if held {
+                self.hold_one(body, retention, ambiguity).await;
+            } else if let Err(error) = self.store.release(body).await {
+                tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
+            }
+            self.waiting.announce(&body.key);
+        }
+        if held {
+            tracing::warn!(
+                reason = ambiguity.as_str(),
+                route,
+                key = %claims.event.key,
+                "delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{{route}}/{{key}}/resolve)"
+            );
+        }
+        held
+    }
+
+    async fn hold_one(&self, claim: &Claim, retention: Duration, ambiguity: Ambiguity) -> bool {
+        let held = match self.store.hold(claim, ambiguity, retention).await {
+            Ok(()) => true,
+            Err(error) => {
                 if matches!(error, StoreError::Backend(_)) {
                     self.metrics.store_error();
                 }
                 tracing::error!(%error, key = %claim.key, "the key could not be held; when its lease ends a redelivery runs the work again");
+                false
             }
-            self.waiting.announce(&claim.key);
-        }
-        tracing::warn!(
-            reason = ambiguity.as_str(),
-            route,
-            key = %claims.event.key,
-            "delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{{route}}/{{key}}/resolve)"
-        );
+        };
+        self.waiting.announce(&claim.key);
+        held
     }
 
     /// Marks the key (and a guarded body) done, then hands back the upstream's answer. If
@@ -600,7 +637,7 @@ impl Proxy {
         let place = RelayPlace::keep(permit, timeout);
         let sent = self
             .upstream
-            .send(&upstream.address, request, timeout)
+            .send(&upstream.address, request, timeout, &AtomicBool::new(false))
             .await;
         place.answered();
         match sent {
@@ -614,7 +651,8 @@ impl Proxy {
     }
 
     /// Waits up to `grace` for forward tasks to finish, then releases the claims of those
-    /// still running, so that the provider's retry is forwarded at once after a restart.
+    /// still running, so that the provider's retry is forwarded at once after a restart;
+    /// on a route with `on_ambiguous: hold`, those whose request went out are held.
     pub async fn drain(&self, grace: Duration) {
         self.forwards.close();
         if tokio::time::timeout(grace, self.forwards.wait())
@@ -627,12 +665,22 @@ impl Proxy {
             );
         }
         let routing = self.routing();
-        for (route, claims) in self.open_claims.take_all() {
+        for Registered {
+            route,
+            claims,
+            dispatched,
+        } in self.open_claims.take_all()
+        {
             let policy = routing.table.by_name(&route).map(|route| &route.policy);
-            if let Some(policy) = policy.filter(|p| p.on_ambiguous == OnAmbiguous::Hold) {
-                self.hold(&route, policy.retention, &claims, Ambiguity::Shutdown)
-                    .await;
-                continue;
+            let holds = policy.filter(|policy| policy.on_ambiguous == OnAmbiguous::Hold);
+            if let Some(policy) = holds.filter(|_| dispatched.load(Ordering::SeqCst)) {
+                let retention = policy.retention;
+                if self
+                    .hold(&route, retention, &claims, Ambiguity::Shutdown)
+                    .await
+                {
+                    continue;
+                }
             }
             release_claims(
                 &*self.store,
@@ -869,20 +917,35 @@ fn unix_now() -> i64 {
     i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }
 
-/// Claims whose forward is under way, with their route's name. Shutdown releases the
-/// ones still open when its grace ends; a delivery dropped before it settles its claims
-/// (its sender left before the forward began, or the forward task died) releases its own.
+/// Claims whose forward is under way, with their route's name. Shutdown releases (or
+/// holds) the ones still open when its grace ends; a delivery dropped before it settles
+/// its claims (its sender left before the forward began, or the forward task died)
+/// releases its own.
 #[derive(Clone, Default)]
-struct ClaimRegistry(Arc<Mutex<HashMap<u128, (String, Claims)>>>);
+struct ClaimRegistry(Arc<Mutex<HashMap<u128, Registered>>>);
+
+/// An open claim as the registry keeps it.
+struct Registered {
+    route: String,
+    claims: Claims,
+    /// Whether its request went to the app (see `Upstream::send`).
+    dispatched: Arc<AtomicBool>,
+}
 
 impl ClaimRegistry {
-    fn hold(&self, event: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
+    fn register(&self, event: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
         let claims = Claims { event, body: None };
-        self.lock()
-            .insert(claims.event.token, (route.name.clone(), claims.clone()));
+        let dispatched = Arc::new(AtomicBool::new(false));
+        let registered = Registered {
+            route: route.name.clone(),
+            claims: claims.clone(),
+            dispatched: Arc::clone(&dispatched),
+        };
+        self.lock().insert(claims.event.token, registered);
         OpenClaim {
             registry: self.clone(),
             claims,
+            dispatched,
             route: route.name.clone(),
             store: Arc::clone(&proxy.store),
             waiting: Arc::clone(&proxy.waiting),
@@ -892,11 +955,11 @@ impl ClaimRegistry {
         }
     }
 
-    fn take_all(&self) -> Vec<(String, Claims)> {
+    fn take_all(&self) -> Vec<Registered> {
         self.lock().drain().map(|(_, open)| open).collect()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u128, (String, Claims)>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u128, Registered>> {
         self.0.lock()
     }
 }
@@ -905,6 +968,8 @@ impl ClaimRegistry {
 struct OpenClaim {
     registry: ClaimRegistry,
     claims: Claims,
+    /// Set once its request went to the app.
+    dispatched: Arc<AtomicBool>,
     route: String,
     store: Arc<dyn ClaimStore>,
     waiting: Arc<Waiting>,
@@ -922,8 +987,8 @@ impl OpenClaim {
     /// Adds the body's claim (a route that guards against replays).
     fn add_body(&mut self, body: Claim) {
         self.claims.body = Some(body);
-        if let Some((_, held)) = self.registry.lock().get_mut(&self.claims.event.token) {
-            held.body.clone_from(&self.claims.body);
+        if let Some(registered) = self.registry.lock().get_mut(&self.claims.event.token) {
+            registered.claims.body.clone_from(&self.claims.body);
         }
     }
 

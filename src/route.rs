@@ -247,17 +247,31 @@ fn split_port(host: &str) -> (&str, Option<&str>) {
 }
 
 impl Route {
-    /// A setting that is valid but probably a mistake, worth a line in the log.
-    pub fn warning(&self) -> Option<String> {
+    /// Settings that are valid but probably mistakes, each worth a line in the log.
+    pub fn warnings(&self) -> Vec<String> {
         let policy = &self.policy;
-        (policy.lease <= policy.upstream_timeout).then(|| {
-            format!(
-                "route `{}`: lease ({}) is not longer than upstream_timeout ({}); a retry may be forwarded while a slow first delivery still runs",
+        let holds = policy.on_ambiguous == OnAmbiguous::Hold;
+        let mut warnings = Vec::new();
+        if policy.lease <= policy.upstream_timeout {
+            let and_hold = if holds {
+                ", so on_ambiguous: hold cannot keep it from running twice"
+            } else {
+                ""
+            };
+            warnings.push(format!(
+                "route `{}`: lease ({}) is not longer than upstream_timeout ({}); a retry may be forwarded while a slow first delivery still runs{and_hold}",
                 self.name,
                 humantime::format_duration(policy.lease),
                 humantime::format_duration(policy.upstream_timeout)
-            )
-        })
+            ));
+        }
+        if holds && policy.on_store_error == OnStoreError::Forward {
+            warnings.push(format!(
+                "route `{}`: on_store_error: forward sends deliveries unclaimed while the store fails, so on_ambiguous: hold cannot keep them from running twice",
+                self.name
+            ));
+        }
+        warnings
     }
 
     /// Whether the upstream's status counts as success for this route.

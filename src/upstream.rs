@@ -8,6 +8,7 @@ mod pool;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::header::{CONNECTION, HOST, HeaderName};
@@ -68,16 +69,24 @@ impl Upstream {
 
     /// Sends `request` (made by [`outbound`]) to the upstream at `address` (its
     /// [`UpstreamUrl::address`]) and waits at most `timeout` for the answer's head.
+    /// `dispatched` is set once the request is handed to a connection: from then on the
+    /// application may see it, so a timeout is [`UpstreamError::Timeout`]; before, the
+    /// time went in connecting, and it is [`UpstreamError::Unreachable`].
     pub async fn send(
         &self,
         address: &Arc<str>,
         request: Request<ProxyBody>,
         timeout: Duration,
+        dispatched: &AtomicBool,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let pool = self.pools.get();
-        tokio::time::timeout(timeout, pool.send(address, request))
-            .await
-            .unwrap_or(Err(UpstreamError::Timeout(timeout)))
+        match tokio::time::timeout(timeout, pool.send(address, request, dispatched)).await {
+            Ok(answer) => answer,
+            Err(_) if dispatched.load(Ordering::SeqCst) => Err(UpstreamError::Timeout(timeout)),
+            Err(_) => Err(UpstreamError::Unreachable(format!(
+                "no connection to {address} within {timeout:?}"
+            ))),
+        }
     }
 }
 

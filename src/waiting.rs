@@ -1,7 +1,8 @@
 //! Deliveries waiting for the outcome of another delivery of their key
 //! (`on_in_flight: wait`): who waits on which store key, how many may, and the
-//! announcements that wake them, which the proxy makes when it finishes or releases a
-//! key after a forward, and which a shared store passes on from the other replicas.
+//! announcements that wake them, which the proxy makes when it finishes, releases or
+//! holds a key after a forward, and which a shared store passes on from the other
+//! replicas.
 //!
 //! A waiter is registered before it looks at the store again, and an announcement leaves
 //! a permit with every waiter of the key (`Notify::notify_one`), so an outcome that lands

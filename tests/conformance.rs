@@ -1,7 +1,8 @@
 //! The claim-store contract ("Claim states" in `docs/contract.md`), one suite run unchanged
 //! against sled, Redis, PostgreSQL, Redis over mutual TLS, a six-node Redis Cluster and a
-//! TLS-only PostgreSQL (`verify-full`): every transition, owner checks, lease takeover,
-//! retention expiry, the recorded answer, and concurrent claims from many tasks.
+//! TLS-only PostgreSQL (`verify-full`): every transition (hold and resolve too), owner
+//! checks, lease takeover, retention expiry, the recorded answer, concurrent claims from
+//! many tasks, listing a namespace by state, counting held keys, and announced outcomes.
 //!
 //! Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, database `test`) are real
 //! servers, and `tests/servers` starts the TLS ones and the cluster; without them these
@@ -347,7 +348,7 @@ async fn a_held_key_stops_every_claim_until_an_operator_resolves_it(h: Harness) 
     );
 }
 
-async fn a_held_key_released_by_an_operator_runs_again(h: Harness) {
+async fn only_a_held_key_is_resolved_and_a_released_one_runs_again(h: Harness) {
     held(&h, "k", RETENTION).await;
     assert!(
         !h.store
@@ -399,7 +400,7 @@ async fn a_held_key_expires_with_its_retention(h: Harness) {
     ));
 }
 
-/// A namespace of this test's own (the key of a shared store's run in it).
+/// A namespace no other test or run uses: `name` and, on a shared store, this run's id.
 fn own_namespace(h: &Harness, name: &str) -> String {
     format!("{name}{}", h.run.trim_end_matches(':'))
 }
@@ -483,7 +484,7 @@ async fn listing_pages_through_a_namespace_by_state(h: Harness) {
         // The embedded store keeps done keys by their hash only.
         assert!(matches!(
             all_of(Some(StateFilter::Done)).await,
-            Err(StoreError::Unsupported(_))
+            Err(StoreError::BadRequest(_))
         ));
         assert_eq!(
             all_of(None).await.unwrap(),
@@ -810,7 +811,7 @@ macro_rules! conformance {
 conformance!(
     announced_outcomes_are_heard,
     a_held_key_stops_every_claim_until_an_operator_resolves_it,
-    a_held_key_released_by_an_operator_runs_again,
+    only_a_held_key_is_resolved_and_a_released_one_runs_again,
     a_held_key_expires_with_its_retention,
     listing_pages_through_a_namespace_by_state,
     held_keys_are_counted_by_namespace,
@@ -1056,7 +1057,7 @@ async fn redis_values_the_proxy_did_not_write_are_store_errors() {
 /// A table made before `held` existed (two states, no `hold_reason`) is brought up to date
 /// at start, its records kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_table_from_before_held_keys_takes_them() {
+async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_records() {
     if !support::service_available("PostgreSQL", 5432).await {
         return;
     }

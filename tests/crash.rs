@@ -263,3 +263,43 @@ async fn with_hold_a_forward_cut_short_by_shutdown_stays_held_across_the_restart
     assert_eq!((retry.status, retry.dedupe()), (409, "held"));
     assert_eq!(upstream.requests(), 1);
 }
+
+/// Under `on_ambiguous: hold`, a forward cut short by the shutdown before its request went
+/// out (the app never took the connection) cannot have done the work: released, not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_hold_a_forward_still_connecting_at_shutdown_is_released() {
+    let (app_addr, _guard) = unanswering_address().await;
+    let data = tempfile::tempdir().unwrap();
+    let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 10s\n");
+    let config = parse_config(&config_text(
+        app_addr,
+        &data.path().join("db"),
+        &format!("shutdown_grace: 300ms\n{route}"),
+    ));
+    let StoreConfig::Sled(sled) = &config.store else {
+        panic!("sled expected")
+    };
+    let store = Arc::new(SledStore::open(sled).unwrap());
+    let app = dedupe_proxy::start_with_store(config, store.clone())
+        .await
+        .unwrap();
+    let _sender = tokio::spawn(post_event_fallible(app.proxy_addr, "evt_connecting"));
+    eventually(
+        Duration::from_secs(5),
+        "the delivery is claimed",
+        || async {
+            store
+                .inspect("hooks:evt_connecting")
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    app.shutdown().await.unwrap();
+    assert_eq!(
+        store.inspect("hooks:evt_connecting").await.unwrap(),
+        None,
+        "released at shutdown, not held"
+    );
+}

@@ -764,7 +764,7 @@ async fn resolve_held_keys(
     loop {
         let mut path = "/v1/keys?route=hooks&state=held&limit=50".to_owned();
         if let Some(after) = &after {
-            path.push_str(&format!("&after={}", percent(after)));
+            path.push_str(&format!("&after={}", support::percent(after)));
         }
         let page = support::send(proxy.admin, "GET", &path, &[], "")
             .await
@@ -793,10 +793,6 @@ async fn resolve_held_keys(
         let resolved = support::send(proxy.admin, "POST", &path, &[], body).await;
         assert_eq!(resolved.status, 200, "{id}: {}", resolved.body);
     }
-}
-
-fn percent(text: &str) -> String {
-    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// Prints the run's line past the test harness's capture, so that CI logs show it.

@@ -192,27 +192,22 @@ async fn a_duplicate_waiting_on_a_key_that_becomes_held_gets_the_held_answer_at_
 async fn with_the_replay_guard_the_body_is_held_and_resolved_with_its_key() {
     let upstream = Upstream::start().await;
     upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
-    let route = holding_route("    replay_guard: body\n");
-    let proxy = Proxy::start(upstream.addr, &route).await;
-    let body = r#"{"id":"evt_1","type":"test"}"#;
-    let first = post_json(proxy.addr, "/hooks", body).await;
-    assert_eq!(first.dedupe(), "held");
-    // The same body under a new ID is held too: it may be the same event replayed.
-    let replayed = post_json(proxy.addr, "/hooks", r#"{"id":"evt_2","type":"test"}"#).await;
+    // Keyed on a header, so that the same body can come under another key.
+    let route = "routes:\n  - name: hooks\n    match: { method: POST, path: /hooks }\n    key: \"{header:x-event-id}\"\n    replay_guard: body\n    on_ambiguous: hold\n    upstream_timeout: 300ms\n";
+    let proxy = Proxy::start(upstream.addr, route).await;
+    let deliver = |id: &'static str, body: &'static str| {
+        let addr = proxy.addr;
+        async move { send(addr, "POST", "/hooks", &[("x-event-id", id)], body).await }
+    };
+    let body = r#"{"type":"charge"}"#;
+    assert_eq!(deliver("evt_1", body).await.dedupe(), "held");
+    // The same body under a new key is held too: it may be the same event replayed.
+    let replayed = deliver("evt_2", body).await;
+    assert_eq!((replayed.status, replayed.dedupe()), (409, "held"));
     assert_eq!(
-        replayed.dedupe(),
-        "forwarded",
-        "another body is another event"
+        deliver("evt_3", r#"{"type":"refund"}"#).await.dedupe(),
+        "forwarded"
     );
-    let same_body = send(
-        proxy.addr,
-        "POST",
-        "/hooks?x=1",
-        &[("content-type", "application/json")],
-        body,
-    )
-    .await;
-    assert_eq!(same_body.dedupe(), "held");
     let resolved = admin(
         &proxy,
         "POST",
@@ -221,10 +216,10 @@ async fn with_the_replay_guard_the_body_is_held_and_resolved_with_its_key() {
     )
     .await;
     assert_eq!(resolved.status, 200, "{}", resolved.body);
-    assert_eq!(
-        post_json(proxy.addr, "/hooks", body).await.dedupe(),
-        "duplicate"
-    );
+    // Resolved with its key: the body is done too, so a new key for it is its duplicate.
+    assert_eq!(deliver("evt_4", body).await.dedupe(), "duplicate");
+    assert_eq!(deliver("evt_1", body).await.dedupe(), "duplicate");
+    assert_eq!(upstream.requests(), 2);
 }
 
 #[tokio::test]
@@ -244,8 +239,8 @@ async fn the_admin_api_refuses_malformed_listings_and_resolutions() {
         let reply = admin(&proxy, "GET", path, "").await;
         assert_eq!(reply.json()["error"], error, "{path}: {}", reply.body);
     }
-    let held = post_event(proxy.addr, "evt_1").await;
-    assert_eq!(held.dedupe(), "forwarded");
+    let done = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(done.dedupe(), "forwarded");
     for body in [
         "",
         "{}",
@@ -321,6 +316,48 @@ async fn keys_are_listed_a_page_at_a_time() {
     }
 }
 
-fn percent(text: &str) -> String {
-    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+#[tokio::test]
+async fn a_timeout_spent_connecting_is_released_not_held() {
+    // The app never accepts the connection: the request cannot have reached it.
+    let (app, _guard) = unanswering_address().await;
+    let proxy = Proxy::start(app, &holding_route("")).await;
+    let first = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(
+        (first.status, first.dedupe()),
+        (502, "released"),
+        "{}",
+        first.body
+    );
+    let key = admin(&proxy, "GET", "/v1/keys/hooks/evt_1", "").await;
+    assert_eq!(key.status, 404, "{}", key.body);
+}
+
+#[tokio::test]
+async fn a_hold_the_store_cannot_write_is_not_reported_as_held() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
+    let routes = "routes:\n  - name: hooks\n    match: { method: POST, path: /hooks }\n    key: \"{header:x-event-id}\"\n    replay_guard: body\n    on_ambiguous: hold\n    upstream_timeout: 300ms\n";
+    let (app, _data) = proxy_on_store(&upstream, routes, |inner| FailingStore {
+        fail_hold: true,
+        ..FailingStore::new(inner)
+    })
+    .await;
+    let deliver = |id: &'static str| {
+        let addr = app.proxy_addr;
+        async move { send(addr, "POST", "/hooks", &[("x-event-id", id)], "same body").await }
+    };
+    let first = deliver("evt_1").await;
+    assert_eq!(
+        (first.status, first.dedupe()),
+        (504, "released"),
+        "{}",
+        first.body
+    );
+    // The key stays in flight until its lease ends...
+    assert_eq!(deliver("evt_1").await.dedupe(), "in-flight");
+    let key = send(app.admin_addr, "GET", "/v1/keys/hooks/evt_1", &[], "").await;
+    assert_eq!(key.json()["state"], "in_flight", "{}", key.body);
+    // ...and its body was released, not held alone where no operator could reach it.
+    assert_eq!(deliver("evt_2").await.dedupe(), "forwarded");
+    app.shutdown().await.unwrap();
 }

@@ -1,7 +1,9 @@
 //! Several replicas sharing one store: three proxy processes in front of one upstream,
 //! on Redis and then on PostgreSQL. A storm spread across them runs the work once; a
 //! replica killed while it holds a claim leaves the event to another replica after the
-//! lease. (Skipped locally without the servers; a failure in CI.)
+//! lease; a duplicate waiting on one replica (`on_in_flight: wait`) is answered as soon as
+//! the first delivery ends on another. (Skipped locally without the servers; a failure in
+//! CI.)
 
 mod support;
 

@@ -24,7 +24,7 @@ impl ConfigFile {
             .into_iter()
             .map(|route| resolve_route(route, &self.defaults, &upstream))
             .collect();
-        let mut warnings: Vec<String> = routes.iter().filter_map(Route::warning).collect();
+        let mut warnings: Vec<String> = routes.iter().flat_map(Route::warnings).collect();
         if self.unmatched == Unmatched::Forward {
             warnings.extend(routes.iter().filter_map(|route| {
                 let host = route.matcher.host()?;
@@ -226,6 +226,18 @@ mod tests {
         let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
         assert_eq!(config.warnings.len(), 1);
         assert!(config.warnings[0].contains("lease (10s)"));
+        assert!(!config.warnings[0].contains("hold"));
+    }
+
+    #[test]
+    fn a_hold_that_cannot_keep_its_promise_is_warned_about() {
+        let text = "upstream: http://127.0.0.1:8080\nroutes:\n  - name: a\n    match: {}\n    key: \"{json:/id}\"\n    on_ambiguous: hold\n    lease: 10s\n    on_store_error: forward\n";
+        let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+        assert!(
+            config.warnings[0].contains("on_ambiguous: hold cannot keep it from running twice")
+        );
+        assert!(config.warnings[1].contains("on_store_error: forward"));
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //!     └──────────────────────── retention expired ─────────────────────┘
 //! ```
 //!
-//! Only the owner named by a [`Claim`]'s token can finish or release it, so a late owner
-//! whose lease was taken over cannot overwrite the new owner's claim.
+//! Only the owner named by a [`Claim`]'s token can finish, release or hold it, so a late
+//! owner whose lease was taken over cannot overwrite the new owner's claim. Only an
+//! operator resolves a held key.
 
 pub mod postgres;
 pub mod redis;
@@ -101,8 +102,8 @@ pub fn millis(duration: Duration) -> Millis {
 pub struct Claim {
     pub key: String,
     pub token: u128,
-    /// Whether a shared store tells the other replicas when this claim is finished or
-    /// released (for their waiting duplicates, `on_in_flight: wait`). Off unless the
+    /// Whether a shared store tells the other replicas when this claim is finished,
+    /// released or held (for their waiting duplicates, `on_in_flight: wait`). Off unless the
     /// caller turns it on: announcing costs the store work on every delivery.
     pub announce: bool,
 }
@@ -290,9 +291,10 @@ pub enum StoreError {
     /// The backend could not be reached or failed; follow `on_store_error`.
     #[error("store failure: {0}")]
     Backend(String),
-    /// This backend cannot do what was asked (an operator's request, never a delivery's).
+    /// An operator's request this backend cannot answer: a malformed cursor, or a
+    /// listing it cannot make. Never a delivery's.
     #[error("{0}")]
-    Unsupported(String),
+    BadRequest(String),
 }
 
 impl StoreError {

@@ -1,17 +1,23 @@
 //! The shared claim store on Redis: every replica's proxy claims in the same Redis.
 //!
-//! One string value per key (`{prefix}{namespace}:{key}`), so every operation touches a
+//! One string value per key (`{prefix}{namespace}:{key}`), so every transition touches a
 //! single key and works on Redis Cluster (`cluster: true`: the cluster client follows
 //! `MOVED`, `ASK` and failovers). A claim is one native `SET ... NX PX ... GET`: it writes
 //! the in-flight record only where the key is absent and otherwise returns what is there.
-//! Finish, release and forget are short Lua scripts that check the owner token and change
-//! the key atomically on the server. `rediss://` is TLS. Leases and retention are the
-//! key's native TTL: an expired lease or done record is simply gone, so there is nothing
-//! to sweep.
+//! Finish and hold (`SETTLE`), release and forget are short Lua scripts that check the
+//! owner token (or the tag) and change the key atomically on the server; resolve replaces
+//! a held value only if it is still the one read (`REPLACE`). `rediss://` is TLS. Leases
+//! and retention are the key's native TTL: an expired lease or record is simply gone, so
+//! there is nothing to sweep.
 //!
 //! A value is a tag byte and postcard fields: in flight, `f`, the owner token (16 bytes)
-//! and [`Started`]; done, `d`, [`Finished`] and then the [`Started`] of its claim, which
-//! finish keeps from the in-flight value without reading it back to the proxy.
+//! and [`Started`]; done, `d`, [`Finished`] and then the [`Started`] of its claim; held,
+//! `h`, [`Holding`] and then the [`Started`]: finish and hold keep it from the in-flight
+//! value without reading it back to the proxy. Held keys are also listed in the set
+//! `{prefix}held`, which the count of held keys reads.
+//!
+//! The outcomes of claims made with `announce` are published on `{prefix}outcomes`, to
+//! which each store subscribes ([`hear`]); `listing` pages through a namespace's keys.
 
 mod listing;
 
@@ -147,9 +153,7 @@ impl Stored {
             Stored::Held(record, _) => KeyState::Held(record),
         }
     }
-}
 
-impl Stored {
     fn decode(value: &[u8]) -> Result<Stored, StoreError> {
         fn unreadable<E>(_: E) -> StoreError {
             malformed("a claim record is cut short or cannot be read")
@@ -417,7 +421,6 @@ async fn hear(
         };
         match tokio::time::timeout(timeout, subscribing).await {
             Ok(Ok(pubsub)) => {
-                pause = Duration::from_millis(100);
                 let (mut sink, mut messages) = pubsub.split();
                 let mut checks = tokio::time::interval(SUBSCRIPTION_CHECK);
                 checks.tick().await;
@@ -436,6 +439,9 @@ async fn hear(
                             if !matches!(answer, Ok(Ok(_))) {
                                 break;
                             }
+                            // Held for a while: a server that drops it at once is not
+                            // subscribed to again at once.
+                            pause = Duration::from_millis(100);
                         }
                     }
                 }
@@ -621,14 +627,18 @@ impl ClaimStore for RedisStore {
             expires_at: now.saturating_add(retention),
             reason,
         };
-        // Listed first, so that no held key is missing from the list; a listed key that
-        // did not become held is dropped from it when counted.
-        let mut connection = self.connection();
-        let _: i64 = self
-            .bounded(connection.sadd(self.held_index(), &claim.key))
-            .await?;
         self.settle(claim, encode(&holding, vec![b'h']), retention)
-            .await
+            .await?;
+        // The count's list is another key (on a cluster, maybe another node): its failure
+        // must not fail the hold, which stands; the key is then missing from the count.
+        let mut connection = self.connection();
+        let listed: Result<i64, _> = self
+            .bounded(connection.sadd(self.held_index(), &claim.key))
+            .await;
+        if let Err(error) = listed {
+            tracing::warn!(%error, key = %claim.key, "a held key is missing from dedupe_keys_held");
+        }
+        Ok(())
     }
 
     async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
@@ -658,9 +668,8 @@ impl ClaimStore for RedisStore {
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
         if replaced == 1 {
-            let _: i64 = self
-                .bounded(connection.srem(self.held_index(), key))
-                .await?;
+            // Best effort: the count drops a member that is no longer held by itself.
+            let _: Result<i64, _> = self.bounded(connection.srem(self.held_index(), key)).await;
         }
         Ok(replaced == 1)
     }

@@ -1,4 +1,4 @@
-//! The embedded claim store: in-flight leases in memory, done records in sled.
+//! The embedded claim store: in-flight leases in memory, done records and held keys in sled.
 //!
 //! - **Leases** (in-flight claims) live in a sharded map in memory. sled locks its data
 //!   directory, so no other process can hold a claim on these keys, and a claim left by a
@@ -158,7 +158,7 @@ impl OpenDatabase {
     }
 
     /// Makes the writes so far durable, with `fsync`.
-    async fn settle(&self) -> Result<(), StoreError> {
+    async fn make_durable(&self) -> Result<(), StoreError> {
         match &self.flusher {
             Some(flusher) => flusher.flush().await,
             None => Ok(()),
@@ -289,7 +289,7 @@ impl SledStore {
         completion: &Completion,
     ) -> Result<(), StoreError> {
         match self.open_keys.entry(claim.key.clone()) {
-            Entry::Occupied(open) if open.get().owned_by(claim.token).is_some() => {
+            Entry::Occupied(open) => {
                 let Some(lease) = open.get().owned_by(claim.token) else {
                     return Err(StoreError::NotOwner);
                 };
@@ -452,7 +452,7 @@ impl ClaimStore for SledStore {
     async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
         let database = self.database()?;
         let finished = match self.finish_on(&database, claim, &completion) {
-            Ok(()) => database.settle().await,
+            Ok(()) => database.make_durable().await,
             failed => failed,
         };
         self.reopen_if_failed(&database, finished)
@@ -477,7 +477,7 @@ impl ClaimStore for SledStore {
         let database = self.database()?;
         let held = self.hold_on(&database, claim, reason, retention);
         let held = match held {
-            Ok(()) => database.settle().await,
+            Ok(()) => database.make_durable().await,
             failed => failed,
         };
         self.reopen_if_failed(&database, held)
@@ -486,7 +486,7 @@ impl ClaimStore for SledStore {
     async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
         let database = self.database()?;
         let resolved = match self.resolve_on(&database, key, resolution) {
-            Ok(true) => database.settle().await.map(|()| true),
+            Ok(true) => database.make_durable().await.map(|()| true),
             other => other,
         };
         self.reopen_if_failed(&database, resolved)
@@ -502,7 +502,7 @@ impl ClaimStore for SledStore {
         limit: usize,
     ) -> Result<Page, StoreError> {
         if state == Some(StateFilter::Done) {
-            return Err(StoreError::Unsupported(
+            return Err(StoreError::BadRequest(
                 "the embedded store files done keys by a hash of the key, so it cannot list them; look a key up by name instead".into(),
             ));
         }

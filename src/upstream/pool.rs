@@ -6,6 +6,7 @@
 //! mutex on a pool shared by all origins, a task per request to put the connection back,
 //! and an absolute URI to parse: this costs less CPU per delivery.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -69,16 +70,22 @@ impl Connections {
 
 impl Pool {
     /// Sends `request` (in origin form, with its `Host`) to the upstream at `address`.
+    /// Sets `dispatched` while the request is with a connection (see `Upstream::send`).
     pub async fn send(
         &self,
         address: &Arc<str>,
         request: Request<ProxyBody>,
+        dispatched: &AtomicBool,
     ) -> Result<Response<Incoming>, UpstreamError> {
         match self.take_free(address) {
-            Some(sender) => self.exchange(address, sender, true, request).await,
+            Some(sender) => {
+                self.exchange(address, sender, true, request, dispatched)
+                    .await
+            }
             None => {
                 let sender = connect(address).await?;
-                self.exchange(address, sender, false, request).await
+                self.exchange(address, sender, false, request, dispatched)
+                    .await
             }
         }
     }
@@ -91,8 +98,10 @@ impl Pool {
         mut sender: SendRequest<ProxyBody>,
         mut reused: bool,
         mut request: Request<ProxyBody>,
+        dispatched: &AtomicBool,
     ) -> Result<Response<Incoming>, UpstreamError> {
         loop {
+            dispatched.store(true, Ordering::SeqCst);
             let answer = sender.try_send_request(request);
             // Back in the pool at once: it is free again when this exchange ends.
             self.put(address, sender);
@@ -100,6 +109,7 @@ impl Pool {
                 Ok(response) => return Ok(response),
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => {
+                        dispatched.store(false, Ordering::SeqCst);
                         request = unsent;
                         reused = false;
                         sender = connect(address).await?;
@@ -268,9 +278,15 @@ mod tests {
         let (address, accepted) = upstream(Upstream::HoldsFirst).await;
         let pool = Pool::default();
         // The first answer never ends: its connection stays busy.
-        let first = pool.send(&address, request()).await.unwrap();
+        let first = pool
+            .send(&address, request(), &AtomicBool::default())
+            .await
+            .unwrap();
         for _ in 0..5 {
-            let next = pool.send(&address, request()).await.unwrap();
+            let next = pool
+                .send(&address, request(), &AtomicBool::default())
+                .await
+                .unwrap();
             assert_eq!(connection_number(next).await, "1");
             tokio::task::yield_now().await;
         }
@@ -288,9 +304,19 @@ mod tests {
         let (one, _) = upstream(Upstream::KeepsAlive).await;
         let (two, accepted_by_two) = upstream(Upstream::KeepsAlive).await;
         let pool = Pool::default();
-        connection_number(pool.send(&one, request()).await.unwrap()).await;
+        connection_number(
+            pool.send(&one, request(), &AtomicBool::default())
+                .await
+                .unwrap(),
+        )
+        .await;
         tokio::task::yield_now().await;
-        connection_number(pool.send(&two, request()).await.unwrap()).await;
+        connection_number(
+            pool.send(&two, request(), &AtomicBool::default())
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(
             accepted_by_two.load(Ordering::SeqCst),
             1,
@@ -302,11 +328,21 @@ mod tests {
     async fn idle_connections_are_closed_after_the_idle_timeout() {
         let (address, accepted) = upstream(Upstream::KeepsAlive).await;
         let pool = Pool::default();
-        connection_number(pool.send(&address, request()).await.unwrap()).await;
+        connection_number(
+            pool.send(&address, request(), &AtomicBool::default())
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(pool.open(), 1);
         tokio::time::sleep(IDLE_TIMEOUT * 3).await;
         assert_eq!(pool.open(), 0, "closed without a new request");
-        connection_number(pool.send(&address, request()).await.unwrap()).await;
+        connection_number(
+            pool.send(&address, request(), &AtomicBool::default())
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "a new connection");
     }
 
@@ -314,12 +350,20 @@ mod tests {
     async fn a_connection_idle_too_long_is_not_reused_before_the_reaper_drops_it() {
         let (address, accepted) = upstream(Upstream::KeepsAlive).await;
         let pool = Pool::default();
-        connection_number(pool.send(&address, request()).await.unwrap()).await;
+        connection_number(
+            pool.send(&address, request(), &AtomicBool::default())
+                .await
+                .unwrap(),
+        )
+        .await;
         tokio::task::yield_now().await;
         // As if it had idled past the timeout; the reaper's first round is a second away.
         pool.shared.lock().open[0].last_sent =
             Instant::now().checked_sub(IDLE_TIMEOUT * 2).unwrap();
-        let next = pool.send(&address, request()).await.unwrap();
+        let next = pool
+            .send(&address, request(), &AtomicBool::default())
+            .await
+            .unwrap();
         assert_eq!(
             connection_number(next).await,
             "1",
@@ -337,7 +381,7 @@ mod tests {
         let (closed, connection) = http1::handshake(TokioIo::new(stream)).await.unwrap();
         drop(connection);
         let answer = pool
-            .exchange(&address, closed, true, request())
+            .exchange(&address, closed, true, request(), &AtomicBool::default())
             .await
             .unwrap();
         assert_eq!(
@@ -350,7 +394,9 @@ mod tests {
         let stream = TcpStream::connect(&*address).await.unwrap();
         let (closed, connection) = http1::handshake(TokioIo::new(stream)).await.unwrap();
         drop(connection);
-        let failed = pool.exchange(&address, closed, false, request()).await;
+        let failed = pool
+            .exchange(&address, closed, false, request(), &AtomicBool::default())
+            .await;
         assert!(matches!(failed, Err(UpstreamError::Unreachable(_))));
     }
 
@@ -364,7 +410,7 @@ mod tests {
             let _ = read_request_head(&mut stream).await;
         });
         let pool = Pool::default();
-        let failed = pool.send(&address, request()).await;
+        let failed = pool.send(&address, request(), &AtomicBool::default()).await;
         assert!(
             matches!(failed, Err(UpstreamError::Dropped(_))),
             "{failed:?}"
@@ -386,7 +432,9 @@ mod tests {
         let address: Arc<str> = listener.local_addr().unwrap().to_string().into();
         drop(listener);
         let pool = Pool::default();
-        let Err(UpstreamError::Unreachable(text)) = pool.send(&address, request()).await else {
+        let Err(UpstreamError::Unreachable(text)) =
+            pool.send(&address, request(), &AtomicBool::default()).await
+        else {
             panic!("expected an unreachable upstream");
         };
         assert!(text.contains(&*address), "{text}");

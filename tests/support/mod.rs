@@ -247,6 +247,17 @@ pub async fn dead_address() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
+/// An address where a connection is never made: a listener whose one-place backlog a
+/// first connection fills, so that the kernel drops later handshakes. Keep the guard.
+pub async fn unanswering_address() -> (SocketAddr, (TcpListener, tokio::net::TcpStream)) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let filler = tokio::net::TcpStream::connect(addr).await.unwrap();
+    (addr, (listener, filler))
+}
+
 // ---------------------------------------------------------------- the proxy
 
 /// The configuration text for a proxy on port 0 in front of `upstream`, storing in `data`.
@@ -372,6 +383,11 @@ pub async fn post_json(addr: SocketAddr, path: &str, body: &str) -> Reply {
         body.to_owned(),
     )
     .await
+}
+
+/// `text` percent-encoded for a URL's query or path.
+pub fn percent(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// Polls `check` every 20 ms until it holds, or panics after `limit`.
@@ -659,6 +675,7 @@ pub struct FailingStore {
     /// Fails every claim after this many.
     pub fail_claims_after: Option<usize>,
     pub fail_finish: bool,
+    pub fail_hold: bool,
     /// Answers the replay guard's body claims half a second late.
     pub slow_body_claims: bool,
     pub claims: Arc<AtomicUsize>,
@@ -671,6 +688,7 @@ impl FailingStore {
             fail_claims: false,
             fail_claims_after: None,
             fail_finish: false,
+            fail_hold: false,
             slow_body_claims: false,
             claims: Arc::default(),
         }
@@ -709,6 +727,9 @@ impl ClaimStore for FailingStore {
         reason: Ambiguity,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        if self.fail_hold {
+            return Err(StoreError::Backend("injected hold failure".into()));
+        }
         self.inner.hold(claim, reason, retention).await
     }
     async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {

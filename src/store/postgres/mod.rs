@@ -2,11 +2,14 @@
 //!
 //! One row per key. A claim is a single `INSERT ... ON CONFLICT DO UPDATE ... WHERE
 //! <the existing row has expired>`: it inserts a new key, takes over an expired lease
-//! or an expired done record, and leaves a live one alone, atomically. Finish and
-//! release are guarded by the owner token. `expires_at` is the lease's end while in
-//! flight and the retention's end once done; an index on it lets the sweeper delete only
-//! what has expired. Times come from the database's clock, which all replicas share.
-//! Claims and done marks travel in batches, one statement for many (`batch.rs`).
+//! or an expired done (or held) record, and leaves a live one alone, atomically. Finish,
+//! release and hold are guarded by the owner token; resolve changes only a live held row.
+//! `expires_at` is the lease's end while in flight and the retention's end once done or
+//! held; an index on it lets the sweeper delete only what has expired, and a partial one
+//! finds the held keys. Times come from the database's clock, which all replicas share.
+//! Claims and done marks travel in batches, one statement for many (`batch.rs`). The
+//! outcomes of claims made with `announce` are notified on `<table>_outcomes`, on which
+//! each store keeps one connection listening ([`hear`]).
 
 mod batch;
 
@@ -43,9 +46,18 @@ const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 const RECORD: &str = "state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
                       response_status, response_content_type, response_body, hold_reason";
 
-/// The channel on which finishes and releases of announced claims are notified, with
-/// the store key as the payload.
-const OUTCOMES: &str = "dedupe_proxy_outcomes";
+/// The columns of a record as a listing reads them: without the recorded answer, which a
+/// listing does not show (a page could otherwise carry 1000 answers of 64 KiB).
+const LISTED: &str = "state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
+                      NULL::integer AS response_status, NULL::text AS response_content_type,
+                      NULL::bytea AS response_body, hold_reason";
+
+/// The channel on which the outcomes (finish, release, hold) of announced claims in
+/// `table` are notified, with the store key as the payload: `<table>_outcomes`, the table
+/// name cut to fit PostgreSQL's 63-byte names.
+fn outcomes_channel(table: &str) -> String {
+    format!("{}_outcomes", &table[..table.len().min(54)])
+}
 
 /// How often the connection that listens for outcomes is checked: a connection that died
 /// without a word would otherwise leave waiters to their rechecks for good.
@@ -68,14 +80,16 @@ struct Statements {
     resolve_done: String,
     resolve_release: String,
     list: String,
+    list_held: String,
     forget_done: String,
     count_held: String,
-    live_state: String,
+    state_of: String,
     sweep: String,
 }
 
 impl Statements {
     fn for_table(table: &str) -> Statements {
+        let channel = outcomes_channel(table);
         Statements {
             claim_many: format!(
                 "WITH now AS (SELECT {NOW_MS} AS ms),
@@ -109,7 +123,7 @@ impl Statements {
                           expires_at = {NOW_MS} + $3, hold_reason = $4
                    WHERE key = $1 AND owner = $2 AND state = 'in_flight'
                    RETURNING key)
-                 SELECT key, CASE WHEN $5 THEN pg_notify('{OUTCOMES}', key) END FROM held"
+                 SELECT key, CASE WHEN $5 THEN pg_notify('{channel}', key) END FROM held"
             ),
             resolve_done: format!(
                 "UPDATE {table} SET state = 'done', completed_at = {NOW_MS},
@@ -120,11 +134,21 @@ impl Statements {
             resolve_release: format!(
                 "DELETE FROM {table} WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
             ),
+            // A key that starts with the namespace's prefix sorts at or after it in any
+            // collation, so the walk of the key's index begins there.
             list: format!(
-                "SELECT key, {RECORD}, {NOW_MS} AS now FROM {table}
-                 WHERE starts_with(key, $1) AND key > $2 AND expires_at > {NOW_MS}
-                   AND ($3::text IS NULL OR state = $3)
+                "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
+                 WHERE starts_with(key, $1) AND key >= $1 AND key > $2
+                   AND expires_at > {NOW_MS} AND ($3::text IS NULL OR state = $3)
                  ORDER BY key LIMIT $4"
+            ),
+            // Held keys alone, through their partial index (the generic plan of `list`
+            // cannot know that `$3` is 'held').
+            list_held: format!(
+                "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
+                 WHERE state = 'held' AND starts_with(key, $1) AND key >= $1 AND key > $2
+                   AND expires_at > {NOW_MS}
+                 ORDER BY key LIMIT $3"
             ),
             finish_many: format!(
                 "WITH done AS (UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
@@ -138,13 +162,13 @@ impl Statements {
                         response_content_type, response_body, announce)
                  WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
                  RETURNING t.key, f.announce)
-                 SELECT key, CASE WHEN announce THEN pg_notify('{OUTCOMES}', key) END FROM done"
+                 SELECT key, CASE WHEN announce THEN pg_notify('{channel}', key) END FROM done"
             ),
             release: format!(
                 "WITH gone AS (
                    DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'
                    RETURNING key)
-                 SELECT key, CASE WHEN $3 THEN pg_notify('{OUTCOMES}', key) END FROM gone"
+                 SELECT key, CASE WHEN $3 THEN pg_notify('{channel}', key) END FROM gone"
             ),
             forget_done: format!(
                 "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
@@ -153,9 +177,7 @@ impl Statements {
                 "SELECT split_part(key, ':', 1) AS namespace, count(*) AS held FROM {table}
                  WHERE state = 'held' AND expires_at > {NOW_MS} GROUP BY 1"
             ),
-            live_state: format!(
-                "SELECT state FROM {table} WHERE key = $1 AND expires_at > {NOW_MS}"
-            ),
+            state_of: format!("SELECT state FROM {table} WHERE key = $1 AND expires_at > {NOW_MS}"),
             sweep: format!(
                 "DELETE FROM {table} WHERE key IN (
                    SELECT key FROM {table} WHERE expires_at <= {NOW_MS}
@@ -174,8 +196,7 @@ pub struct PostgresStore {
     lanes: PerWorker<Lane>,
     timeout: Duration,
     statements: Arc<Statements>,
-    /// Where the connection that listens for announced outcomes goes, and how.
-    listener: (tokio_postgres::Config, Connector),
+    listener: Listener,
     /// Ends the listening when the store is dropped.
     stop_hearing: CancellationToken,
 }
@@ -442,21 +463,26 @@ fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
         .map_err(|error| invalid_url(config, &error))
 }
 
-/// Listens on [`OUTCOMES`] and passes each notified store key to `heard`, for ever: a
-/// connection that fails is opened again, after a pause that grows up to 5 s while the
-/// server does not answer.
-async fn hear(
+/// Where the connection that listens for announced outcomes goes, and what it listens on.
+#[derive(Clone)]
+struct Listener {
     server: tokio_postgres::Config,
     connector: Connector,
+    channel: String,
     timeout: Duration,
-    heard: Heard,
-) {
+}
+
+/// Listens on the outcomes channel and passes each notified store key to `heard`, for
+/// ever: a connection that fails is opened again, after a pause that grows up to 5 s
+/// while the server does not answer.
+async fn hear(listener: Listener, heard: Heard) {
     let mut pause = Duration::from_millis(100);
     loop {
-        let listened = match &connector {
-            Connector::Plain => listen(server.connect(NoTls), timeout, &heard, &mut pause).await,
+        let server = &listener.server;
+        let listened = match &listener.connector {
+            Connector::Plain => listen(server.connect(NoTls), &listener, &heard, &mut pause).await,
             Connector::Tls(tls) => {
-                listen(server.connect(tls.clone()), timeout, &heard, &mut pause).await
+                listen(server.connect(tls.clone()), &listener, &heard, &mut pause).await
             }
         };
         if let Err(error) = listened {
@@ -476,7 +502,7 @@ async fn listen<S, T>(
             tokio_postgres::Error,
         >,
     >,
-    timeout: Duration,
+    listener: &Listener,
     heard: &Heard,
     pause: &mut Duration,
 ) -> Result<(), StoreError>
@@ -484,18 +510,25 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    let timeout = listener.timeout;
     let (client, mut connection) = within("postgres", timeout, connecting).await?;
     let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-    let listen = format!("LISTEN {OUTCOMES}");
+    let listen = format!("LISTEN {}", listener.channel);
     let mut statement: Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + '_>> =
         Box::pin(within("postgres", timeout, client.batch_execute(&listen)));
     let mut checks = tokio::time::interval(LISTEN_CHECK);
     checks.tick().await;
+    let mut listening = false;
     loop {
         tokio::select! {
             done = &mut statement => {
                 done?;
-                *pause = Duration::from_millis(100);
+                // Past a check, the connection has held for a while: a server that drops
+                // it at once is not connected to again at once.
+                if listening {
+                    *pause = Duration::from_millis(100);
+                }
+                listening = true;
                 // Nothing to send until the next check.
                 statement = Box::pin(std::future::pending());
             }
@@ -558,7 +591,12 @@ impl PostgresStore {
             lanes: PerWorker::new(outside, each),
             timeout,
             statements,
-            listener: (server, connector),
+            listener: Listener {
+                server,
+                connector,
+                channel: outcomes_channel(&config.table.0),
+                timeout,
+            },
             stop_hearing: CancellationToken::new(),
         };
         store
@@ -568,14 +606,18 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// Creates the claims table, or brings one made by an earlier version up to date. A
+    /// table that is up to date is not locked: each change runs only where it is missing,
+    /// and waits at most 10 s for the table's lock (then the start fails, to be tried
+    /// again) rather than hold every replica's claims up behind it.
     async fn create_table(&self, table: &str) -> Result<(), StoreError> {
         let mut client = self.lanes.get().pool.get().await?;
         let transaction = client.transaction().await?;
         // Replicas starting together would race on CREATE TABLE: one at a time.
         transaction
-            .execute(
-                "SELECT pg_advisory_xact_lock(hashtext('dedupe-proxy schema'))",
-                &[],
+            .batch_execute(
+                "SELECT pg_advisory_xact_lock(hashtext('dedupe-proxy schema'));
+                 SET LOCAL lock_timeout = '10s';",
             )
             .await?;
         transaction
@@ -594,19 +636,24 @@ impl PostgresStore {
                    response_content_type text,
                    response_body bytea,
                    hold_reason text
-                 );
-                 CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);
-                 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS hold_reason text;
-                 CREATE INDEX IF NOT EXISTS {table}_held ON {table} (key) WHERE state = 'held';"
+                 )"
             ))
             .await?;
-        // A table made before `held` existed allows two states only: its check gives way
-        // (NOT VALID: every row it holds passes the new one, and none need be read).
+        // A table made before `held` existed has no `hold_reason` and allows two states:
+        // its check gives way (NOT VALID: every row passes the new one, none is read).
         transaction
             .batch_execute(&format!(
                 "DO $$
                  DECLARE old record;
                  BEGIN
+                   IF to_regclass('{table}_expires_at') IS NULL THEN
+                     CREATE INDEX {table}_expires_at ON {table} (expires_at);
+                   END IF;
+                   IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                                  WHERE attrelid = '{table}'::regclass
+                                    AND attname = 'hold_reason' AND NOT attisdropped) THEN
+                     ALTER TABLE {table} ADD COLUMN hold_reason text;
+                   END IF;
                    IF NOT EXISTS (SELECT 1 FROM pg_constraint
                                   WHERE conrelid = '{table}'::regclass
                                     AND conname = 'dedupe_claim_state') THEN
@@ -621,7 +668,60 @@ impl PostgresStore {
                  END $$;"
             ))
             .await?;
-        Ok(transaction.commit().await?)
+        transaction.commit().await?;
+        self.create_held_index(&client, table).await
+    }
+
+    /// The partial index of held keys. On a table that has rows it is built without
+    /// blocking writes (`CONCURRENTLY`, which cannot run in a transaction), under a
+    /// session lock so that replicas starting together build it once; a build that
+    /// failed half-way left an invalid index, made again.
+    async fn create_held_index(
+        &self,
+        client: &deadpool_postgres::Object,
+        table: &str,
+    ) -> Result<(), StoreError> {
+        let valid = format!(
+            "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass('{table}_held')"
+        );
+        if client
+            .query(&valid, &[])
+            .await?
+            .first()
+            .is_some_and(|row| row.get(0))
+        {
+            return Ok(());
+        }
+        client
+            .batch_execute("SELECT pg_advisory_lock(hashtext('dedupe-proxy held index'))")
+            .await?;
+        let built = async {
+            match client
+                .query(&valid, &[])
+                .await?
+                .first()
+                .map(|row| row.get::<_, bool>(0))
+            {
+                Some(true) => return Ok(()),
+                Some(false) => {
+                    client
+                        .batch_execute(&format!("DROP INDEX CONCURRENTLY {table}_held"))
+                        .await?;
+                }
+                None => {}
+            }
+            client
+                .batch_execute(&format!(
+                    "CREATE INDEX CONCURRENTLY {table}_held ON {table} (key) WHERE state = 'held'"
+                ))
+                .await
+        }
+        .await;
+        let unlocked = client
+            .batch_execute("SELECT pg_advisory_unlock(hashtext('dedupe-proxy held index'))")
+            .await;
+        built?;
+        Ok(unlocked?)
     }
 
     /// Runs `statement` with `params` (a cached prepared statement) within the timeout,
@@ -848,8 +948,13 @@ impl ClaimStore for PostgresStore {
         // One more than asked for, to know whether a next page exists.
         let wanted = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
         let after = after.unwrap_or("");
-        let params: [&(dyn ToSql + Sync); 4] = [&prefix, &after, &state, &wanted];
-        let rows = self.query(&self.statements.list, &params).await?;
+        let rows = if state == Some("held") {
+            let params: [&(dyn ToSql + Sync); 3] = [&prefix, &after, &wanted];
+            self.query(&self.statements.list_held, &params).await?
+        } else {
+            let params: [&(dyn ToSql + Sync); 4] = [&prefix, &after, &state, &wanted];
+            self.query(&self.statements.list, &params).await?
+        };
         let found = rows
             .iter()
             .filter_map(|row| Some((row.get::<_, String>("key"), live_state(row)?)))
@@ -872,7 +977,7 @@ impl ClaimStore for PostgresStore {
         if self.execute(&self.statements.forget_done, &[&key]).await? == 1 {
             return Ok(Forgotten::Removed);
         }
-        let rows = self.query(&self.statements.live_state, &[&key]).await?;
+        let rows = self.query(&self.statements.state_of, &[&key]).await?;
         Ok(
             match rows.first().map(|row| row.get::<_, String>(0)).as_deref() {
                 Some("in_flight") => Forgotten::InFlight,
@@ -893,12 +998,11 @@ impl ClaimStore for PostgresStore {
     }
 
     fn hear_outcomes(&self, heard: Heard) {
-        let (server, connector) = self.listener.clone();
-        let (stop, timeout) = (self.stop_hearing.clone(), self.timeout);
+        let (listener, stop) = (self.listener.clone(), self.stop_hearing.clone());
         tokio::spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = hear(server, connector, timeout, heard) => {}
+                () = hear(listener, heard) => {}
             }
         });
     }

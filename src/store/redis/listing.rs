@@ -74,7 +74,7 @@ pub(super) async fn list(
 ) -> Result<Page, StoreError> {
     let mut cursor = match after {
         Some(text) => Cursor::decode(text)
-            .ok_or_else(|| StoreError::Unsupported(format!("`{text}` is not a listing cursor")))?,
+            .ok_or_else(|| StoreError::BadRequest(format!("`{text}` is not a listing cursor")))?,
         None => Cursor::default(),
     };
     let mut connection = store.connection();
