@@ -20,6 +20,13 @@ async fn admin(proxy: &Proxy, method: &str, path: &str, body: &str) -> Reply {
     send(proxy.admin, method, path, &[], body.to_owned()).await
 }
 
+/// `POST /v1/keys/hooks/{key}/resolve` with `{"outcome": outcome}`.
+async fn resolve(proxy: &Proxy, key: &str, outcome: &str) -> Reply {
+    let path = format!("/v1/keys/hooks/{key}/resolve");
+    let body = format!(r#"{{"outcome":"{outcome}"}}"#);
+    admin(proxy, "POST", &path, &body).await
+}
+
 async fn held_gauge(proxy: &Proxy) -> Option<u64> {
     let text = admin(proxy, "GET", "/metrics", "").await.body;
     text.lines()
@@ -71,13 +78,7 @@ async fn a_timed_out_forward_is_held_until_an_operator_says_it_was_done() {
         (409, Some("held"))
     );
 
-    let resolved = admin(
-        &proxy,
-        "POST",
-        "/v1/keys/hooks/evt_1/resolve",
-        r#"{"outcome":"done"}"#,
-    )
-    .await;
+    let resolved = resolve(&proxy, "evt_1", "done").await;
     assert_eq!(resolved.status, 200, "{}", resolved.body);
     assert_eq!(resolved.json()["state"], "done");
     assert_eq!(resolved.json()["upstream_status"], serde_json::Value::Null);
@@ -90,13 +91,7 @@ async fn a_timed_out_forward_is_held_until_an_operator_says_it_was_done() {
         || async { held_gauge(&proxy).await == Some(0) },
     )
     .await;
-    let again = admin(
-        &proxy,
-        "POST",
-        "/v1/keys/hooks/evt_1/resolve",
-        r#"{"outcome":"release"}"#,
-    )
-    .await;
+    let again = resolve(&proxy, "evt_1", "release").await;
     assert_eq!(
         (again.status, again.json()["error"].as_str()),
         (409, Some("not_held"))
@@ -124,13 +119,7 @@ async fn a_connection_the_app_drops_after_the_request_is_held_and_released_by_ha
     );
     assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "held");
 
-    let released = admin(
-        &proxy,
-        "POST",
-        "/v1/keys/hooks/evt_1/resolve",
-        r#"{"outcome":"release"}"#,
-    )
-    .await;
+    let released = resolve(&proxy, "evt_1", "release").await;
     assert_eq!(
         (released.status, released.json()["state"].as_str()),
         (200, Some("absent")),
@@ -208,13 +197,7 @@ async fn with_the_replay_guard_the_body_is_held_and_resolved_with_its_key() {
         deliver("evt_3", r#"{"type":"refund"}"#).await.dedupe(),
         "forwarded"
     );
-    let resolved = admin(
-        &proxy,
-        "POST",
-        "/v1/keys/hooks/evt_1/resolve",
-        r#"{"outcome":"done"}"#,
-    )
-    .await;
+    let resolved = resolve(&proxy, "evt_1", "done").await;
     assert_eq!(resolved.status, 200, "{}", resolved.body);
     // Resolved with its key: the body is done too, so a new key for it is its duplicate.
     assert_eq!(deliver("evt_4", body).await.dedupe(), "duplicate");
@@ -258,13 +241,7 @@ async fn the_admin_api_refuses_malformed_listings_and_resolutions() {
     let huge = "x".repeat(10_000);
     let reply = admin(&proxy, "POST", "/v1/keys/hooks/evt_1/resolve", &huge).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
-    let reply = admin(
-        &proxy,
-        "POST",
-        "/v1/keys/hooks/evt_1/resolve",
-        r#"{"outcome":"done"}"#,
-    )
-    .await;
+    let reply = resolve(&proxy, "evt_1", "done").await;
     assert_eq!(reply.json()["error"], "not_held", "a done key is not held");
     let reply = admin(
         &proxy,
