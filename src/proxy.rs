@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use bytes::Bytes;
+use http::HeaderName;
+use http::header::CONTENT_LENGTH;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -58,9 +60,10 @@ use crate::upstream::{self, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
 use crate::waiting::{Waiting, Woken};
 
-/// The largest upstream answer kept for `duplicate_response.replay`. Larger answers (or
-/// answers without a `Content-Length`) stream through and are not replayed.
-pub const REPLAY_BODY_LIMIT: u64 = 64 * 1024;
+/// The largest upstream answer kept for `duplicate_response.replay`: its body and the
+/// headers recorded with it. Larger answers (or answers without a `Content-Length`)
+/// stream through and are not replayed.
+pub const REPLAY_RECORD_LIMIT: u64 = 64 * 1024;
 
 /// The proxy service: shared by every connection.
 pub struct Proxy {
@@ -565,7 +568,8 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let upstream_status = response.status().as_u16();
         let (response, recorded) = if route.policy.duplicate_response.replay {
-            keep_for_replay(response, route.policy.upstream_timeout).await
+            let replayed = &route.policy.duplicate_response.replay_headers;
+            keep_for_replay(response, replayed, route.policy.upstream_timeout).await
         } else {
             (upstream::inbound(response), None)
         };
@@ -875,17 +879,34 @@ impl Claims {
     }
 }
 
-/// Buffers a small upstream answer so that duplicates can be answered with it; a large
-/// or unsized one streams through and is not kept.
+/// Buffers a small upstream answer so that duplicates can be answered with it, with the
+/// headers `replay_headers` names; a large or unsized one streams through and is not
+/// kept. Small means its body and those headers within [`REPLAY_RECORD_LIMIT`].
 async fn keep_for_replay(
     response: Response<Incoming>,
+    replay_headers: &[HeaderName],
     timeout: Duration,
 ) -> (Response<ProxyBody>, Option<RecordedResponse>) {
+    let headers: Vec<(String, Bytes)> = replay_headers
+        .iter()
+        .flat_map(|name| {
+            response.headers().get_all(name).iter().map(move |value| {
+                (
+                    name.as_str().to_owned(),
+                    Bytes::copy_from_slice(value.as_bytes()),
+                )
+            })
+        })
+        .collect();
+    let headers_size: u64 = headers
+        .iter()
+        .map(|(name, value)| (name.len() + value.len()) as u64)
+        .sum();
     let small = response
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|length| length <= REPLAY_BODY_LIMIT);
+        .is_some_and(|length| length.saturating_add(headers_size) <= REPLAY_RECORD_LIMIT);
     if !small {
         return (upstream::inbound(response), None);
     }
@@ -899,11 +920,7 @@ async fn keep_for_replay(
     };
     let recorded = RecordedResponse {
         status: head.status.as_u16(),
-        content_type: head
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned),
+        headers,
         body: body.clone(),
     };
     (Response::from_parts(head, body::full(body)), Some(recorded))

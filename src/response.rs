@@ -425,27 +425,35 @@ pub fn duplicate(
     configured: &DuplicateResponse,
     recorded: Option<RecordedResponse>,
 ) -> Response<ProxyBody> {
-    let replayed = recorded.filter(|_| configured.replay).and_then(|recorded| {
-        let status = StatusCode::from_u16(recorded.status).ok()?;
-        let content_type = recorded
-            .content_type
-            .and_then(|value| HeaderValue::from_str(&value).ok());
-        Some((status, content_type, recorded.body))
-    });
-    let (status, content_type, body) = replayed.unwrap_or_else(|| {
-        (
-            configured.status,
-            Some(configured.content_type.clone()),
-            configured.body.clone(),
-        )
-    });
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    if let Some(content_type) = content_type {
-        response.headers_mut().insert(CONTENT_TYPE, content_type);
+    let Some(recorded) = recorded.filter(|_| configured.replay) else {
+        let mut response = Response::new(full(configured.body.clone()));
+        *response.status_mut() = configured.status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, configured.content_type.clone());
+        return response;
+    };
+    let mut response = Response::new(full(recorded.body));
+    *response.status_mut() = StatusCode::from_u16(recorded.status).unwrap_or(StatusCode::OK);
+    let headers = response.headers_mut();
+    for (name, value) in recorded.headers {
+        // Recorded by the proxy from valid headers; anything else is left out.
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            headers.append(name, value);
+        }
     }
+    headers.insert(
+        IDEMPOTENT_REPLAYED.clone(),
+        HeaderValue::from_static("true"),
+    );
     response
 }
+
+/// Marks a replayed answer, as Stripe's API does, besides `Dedupe-Status: duplicate`.
+pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 #[cfg(test)]
 mod tests {

@@ -75,6 +75,9 @@ pub struct DuplicateResponse {
     pub content_type: HeaderValue,
     /// Answer with the upstream's recorded answer when the store holds one.
     pub replay: bool,
+    /// The app's headers recorded with its answer and replayed.
+    #[serde(serialize_with = "as_written::header_names")]
+    pub replay_headers: Vec<http::HeaderName>,
 }
 
 fn serialize_body<S: serde::Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {

@@ -102,6 +102,13 @@ pub mod as_written {
     pub fn header<S: Serializer>(value: &HeaderValue, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(&HeaderText(value.clone()))
     }
+
+    pub fn header_names<S: Serializer>(
+        names: &[http::HeaderName],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(names.iter().map(http::HeaderName::as_str))
+    }
 }
 
 /// A duration written like `500ms`, `30s`, `5m`, `72h` or `7d`.
@@ -422,6 +429,48 @@ impl fmt::Display for HeaderText {
 }
 
 string_value!(HeaderText, "a header value");
+
+/// A header `duplicate_response.replay_headers` names: a valid name, kept lowercase. The
+/// headers that describe one connection, `content-length` (the proxy writes the body's),
+/// and the proxy's own headers cannot be replayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayHeader(pub http::HeaderName);
+
+impl FromStr for ReplayHeader {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let name = http::HeaderName::from_str(text)
+            .map_err(|_| format!("`{text}` is not a valid header name"))?;
+        const NEVER: [&str; 11] = [
+            "connection",
+            "proxy-connection",
+            "keep-alive",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "content-length",
+            "dedupe-status",
+            "dedupe-key",
+            "idempotent-replayed",
+        ];
+        if NEVER.contains(&name.as_str()) {
+            return Err(format!(
+                "`{text}` cannot be replayed: it describes one connection or message, or the proxy writes it"
+            ));
+        }
+        Ok(ReplayHeader(name))
+    }
+}
+
+impl fmt::Display for ReplayHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.as_str())
+    }
+}
+
+string_value!(ReplayHeader, "a header name");
 
 /// A PEM file named in the configuration (a CA, a client certificate or its key), read as
 /// the file is parsed, so that a missing or unreadable one is reported at its line. It

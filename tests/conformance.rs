@@ -694,21 +694,38 @@ async fn forget_removes_done_keys_but_not_in_flight_ones(h: Harness) {
 }
 
 async fn the_recorded_answer_is_kept_for_replay(h: Harness) {
-    let claim = h.claimed("k").await;
-    let response = RecordedResponse {
-        status: 201,
-        content_type: Some("application/json".into()),
-        body: Bytes::from_static(b"{\"order\":1}"),
-    };
-    let completion = Completion {
-        response: Some(response.clone()),
-        ..done(201)
-    };
-    h.store.finish(&claim, completion).await.unwrap();
-    let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap() else {
-        panic!("done expected");
-    };
-    assert_eq!(record.response, Some(response));
+    let header =
+        |name: &str, value: &'static str| (name.to_owned(), Bytes::from_static(value.as_bytes()));
+    for (name, headers) in [
+        ("plain", vec![header("content-type", "application/json")]),
+        ("none", vec![]),
+        (
+            "full",
+            vec![
+                header("content-type", "application/json"),
+                header("location", "/orders/1"),
+                header("set-cookie", "a=1"),
+                header("set-cookie", "b=2"),
+            ],
+        ),
+    ] {
+        let claim = h.claimed(name).await;
+        let response = RecordedResponse {
+            status: 201,
+            headers,
+            body: Bytes::from_static(b"{\"order\":1}"),
+        };
+        let completion = Completion {
+            response: Some(response.clone()),
+            ..done(201)
+        };
+        h.store.finish(&claim, completion).await.unwrap();
+        let outcome = h.store.claim(&h.key(name), BODY, LEASE).await.unwrap();
+        let ClaimOutcome::Done(record) = outcome else {
+            panic!("done expected");
+        };
+        assert_eq!(record.response, Some(response), "{name}");
+    }
 }
 
 async fn concurrent_claims_of_one_key_give_exactly_one_owner(h: Harness) {
@@ -1083,7 +1100,7 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
                response_body bytea
              );
              INSERT INTO dedupe_before_held VALUES
-               ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', NULL, NULL, NULL);",
+               ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', 201, 'text/plain', '\\x6869');",
         )
         .await
         .unwrap();
@@ -1096,6 +1113,15 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
         panic!("the old record is kept");
     };
     assert_eq!(old.upstream_status, 201);
+    let replayed = old.response.expect("its answer is kept");
+    assert_eq!(
+        (replayed.status, replayed.headers, replayed.body),
+        (
+            201,
+            vec![("content-type".to_owned(), Bytes::from_static(b"text/plain"))],
+            Bytes::from_static(b"hi")
+        )
+    );
     let h = Harness::shared(Arc::new(store));
     held(&h, "k", RETENTION).await;
     assert!(matches!(h.state("k").await, Some(KeyState::Held(_))));

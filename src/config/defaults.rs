@@ -99,3 +99,12 @@ pub const DUPLICATE_STATUS: StatusCode = StatusCode::OK;
 pub const DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
 pub const DUPLICATE_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/json");
 pub const DUPLICATE_REPLAY: bool = false;
+/// The app's headers a replay repeats unless `replay_headers` says otherwise: what a
+/// client needs to read the answer and find what it created, never a cookie.
+pub const REPLAY_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-location",
+    "location",
+    "etag",
+    "cache-control",
+];

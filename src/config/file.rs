@@ -24,8 +24,8 @@ use crate::route::{
     OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
 };
 use crate::values::{
-    HeaderText, HumanDuration, Methods, Name, RefusalStatus, Size, StatusPattern, StatusValue,
-    UpstreamUrl,
+    HeaderText, HumanDuration, Methods, Name, RefusalStatus, ReplayHeader, Size, StatusPattern,
+    StatusValue, UpstreamUrl,
 };
 use crate::verify::VerifySetting;
 
@@ -93,8 +93,10 @@ pub(super) struct DuplicateResponseFile {
     pub(super) status: Option<StatusValue>,
     pub(super) body: Option<String>,
     pub(super) content_type: Option<HeaderText>,
-    /// Answer with the upstream's recorded status, content type and body instead.
+    /// Answer with the upstream's recorded status, headers and body instead.
     pub(super) replay: Option<bool>,
+    /// The app's headers recorded and replayed.
+    pub(super) replay_headers: Option<Vec<ReplayHeader>>,
 }
 
 /// `match:`.

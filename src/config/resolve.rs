@@ -161,6 +161,19 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
                 &default_dup.replay,
                 defaults::DUPLICATE_REPLAY,
             ),
+            replay_headers: own_dup
+                .replay_headers
+                .as_ref()
+                .or(default_dup.replay_headers.as_ref())
+                .map_or_else(
+                    || {
+                        defaults::REPLAY_HEADERS
+                            .iter()
+                            .map(|name| http::HeaderName::from_static(name))
+                            .collect()
+                    },
+                    |names| names.iter().map(|name| name.0.clone()).collect(),
+                ),
         },
         in_flight_status: own
             .in_flight_status

@@ -235,29 +235,239 @@ pub struct DoneRecord {
     pub upstream_status: u16,
     pub fingerprint: Fingerprint,
     /// The upstream's answer, kept for `duplicate_response.replay`.
+    #[serde(with = "recorded_response")]
     pub response: Option<RecordedResponse>,
 }
 
 /// An upstream answer kept to replay to duplicates.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedResponse {
     pub status: u16,
-    pub content_type: Option<String>,
+    /// The headers `duplicate_response.replay_headers` names, with lowercase names, in the
+    /// order the app sent them (a name may come more than once).
+    pub headers: Vec<(String, Bytes)>,
     pub body: Bytes,
 }
 
 impl RecordedResponse {
     /// An answer as a shared store gives it back: a status it cannot have written reads
-    /// as 200, an empty content type as none.
+    /// as 200; without recorded headers, the content type alone (a record of an earlier
+    /// version), an empty one as none.
     fn read_back(
         status: impl TryInto<u16>,
+        headers: Option<Vec<u8>>,
         content_type: Option<String>,
         body: Option<Vec<u8>>,
     ) -> RecordedResponse {
+        let headers = match headers.map(|bytes| postcard::from_bytes(&bytes)) {
+            Some(Ok(headers)) => headers,
+            _ => content_type_only(content_type),
+        };
         RecordedResponse {
             status: status.try_into().unwrap_or(200),
-            content_type: content_type.filter(|text| !text.is_empty()),
+            headers,
             body: body.unwrap_or_default().into(),
+        }
+    }
+
+    /// The recorded headers, encoded as PostgreSQL keeps them.
+    fn encoded_headers(&self) -> Vec<u8> {
+        postcard::to_stdvec(&self.headers).expect("headers always serialize")
+    }
+
+    /// Its content type, for the stores' older readers.
+    fn content_type(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name == "content-type")
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    }
+}
+
+fn content_type_only(content_type: Option<String>) -> Vec<(String, Bytes)> {
+    content_type
+        .filter(|text| !text.is_empty())
+        .map(|text| ("content-type".to_owned(), Bytes::from(text)))
+        .into_iter()
+        .collect()
+}
+
+/// How a record's `Option<RecordedResponse>` is written with postcard: as the `Option`
+/// earlier versions wrote (0: none; 1: status, content type, body) when the answer kept
+/// no header but its content type, so that those versions still read it, else as 2:
+/// status, headers, body. Every earlier record reads.
+pub mod recorded_response {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{RecordedResponse, content_type_only};
+
+    #[derive(Serialize, Deserialize)]
+    enum Written {
+        None,
+        WithContentType {
+            status: u16,
+            content_type: Option<String>,
+            body: Bytes,
+        },
+        WithHeaders {
+            status: u16,
+            headers: Vec<(String, Bytes)>,
+            body: Bytes,
+        },
+    }
+
+    pub fn serialize<S: Serializer>(
+        value: &Option<RecordedResponse>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let written = match value {
+            None => Written::None,
+            Some(recorded)
+                if recorded
+                    .headers
+                    .iter()
+                    .all(|(name, _)| name == "content-type")
+                    && recorded.headers.len() <= 1 =>
+            {
+                Written::WithContentType {
+                    status: recorded.status,
+                    content_type: recorded.content_type().map(str::to_owned),
+                    body: recorded.body.clone(),
+                }
+            }
+            Some(recorded) => Written::WithHeaders {
+                status: recorded.status,
+                headers: recorded.headers.clone(),
+                body: recorded.body.clone(),
+            },
+        };
+        written.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<RecordedResponse>, D::Error> {
+        Ok(match Written::deserialize(deserializer)? {
+            Written::None => None,
+            Written::WithContentType {
+                status,
+                content_type,
+                body,
+            } => Some(RecordedResponse {
+                status,
+                headers: content_type_only(content_type),
+                body,
+            }),
+            Written::WithHeaders {
+                status,
+                headers,
+                body,
+            } => Some(RecordedResponse {
+                status,
+                headers,
+                body,
+            }),
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The record of an answer as versions before `replay_headers` wrote it.
+        #[derive(Serialize)]
+        struct Earlier {
+            status: u16,
+            content_type: Option<String>,
+            body: Bytes,
+        }
+
+        #[derive(Serialize, Deserialize, Debug, PartialEq)]
+        struct Record {
+            #[serde(with = "super")]
+            response: Option<RecordedResponse>,
+            after: u8,
+        }
+
+        #[derive(Serialize)]
+        struct EarlierRecord {
+            response: Option<Earlier>,
+            after: u8,
+        }
+
+        fn answer(headers: &[(&str, &str)]) -> RecordedResponse {
+            RecordedResponse {
+                status: 201,
+                headers: headers
+                    .iter()
+                    .map(|(name, value)| ((*name).to_owned(), Bytes::from(value.to_string())))
+                    .collect(),
+                body: Bytes::from_static(b"{}"),
+            }
+        }
+
+        #[test]
+        fn records_of_earlier_versions_still_read() {
+            for (response, expected) in [
+                (None, None),
+                (
+                    Some(Earlier {
+                        status: 201,
+                        content_type: Some("application/json".into()),
+                        body: Bytes::from_static(b"{}"),
+                    }),
+                    Some(answer(&[("content-type", "application/json")])),
+                ),
+                (
+                    Some(Earlier {
+                        status: 201,
+                        content_type: None,
+                        body: Bytes::from_static(b"{}"),
+                    }),
+                    Some(answer(&[])),
+                ),
+            ] {
+                let bytes = postcard::to_stdvec(&EarlierRecord { response, after: 7 }).unwrap();
+                let read: Record = postcard::from_bytes(&bytes).unwrap();
+                assert_eq!(
+                    read,
+                    Record {
+                        response: expected,
+                        after: 7
+                    }
+                );
+            }
+        }
+
+        #[test]
+        fn an_answer_with_its_content_type_alone_is_written_as_earlier_versions_wrote_it() {
+            let plain = Record {
+                response: Some(answer(&[("content-type", "text/plain")])),
+                after: 7,
+            };
+            let earlier = EarlierRecord {
+                response: Some(Earlier {
+                    status: 201,
+                    content_type: Some("text/plain".into()),
+                    body: Bytes::from_static(b"{}"),
+                }),
+                after: 7,
+            };
+            assert_eq!(
+                postcard::to_stdvec(&plain).unwrap(),
+                postcard::to_stdvec(&earlier).unwrap()
+            );
+            let full = Record {
+                response: Some(answer(&[
+                    ("content-type", "text/plain"),
+                    ("set-cookie", "a=1"),
+                    ("set-cookie", "b=2"),
+                ])),
+                after: 7,
+            };
+            let bytes = postcard::to_stdvec(&full).unwrap();
+            assert_eq!(postcard::from_bytes::<Record>(&bytes).unwrap(), full);
         }
     }
 }

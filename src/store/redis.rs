@@ -122,6 +122,7 @@ struct Finished {
     completed_at: Millis,
     expires_at: Millis,
     upstream_status: u16,
+    #[serde(with = "crate::store::recorded_response")]
     response: Option<RecordedResponse>,
 }
 

@@ -44,13 +44,14 @@ const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// The columns of a record, as [`live_state`] reads them.
 const RECORD: &str = "state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
-                      response_status, response_content_type, response_body, hold_reason";
+                      response_status, response_content_type, response_body, response_headers,
+                      hold_reason";
 
 /// The columns of a record as a listing reads them: without the recorded answer, which a
 /// listing does not show (a page could otherwise carry 1000 answers of 64 KiB).
 const LISTED: &str = "state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
                       NULL::integer AS response_status, NULL::text AS response_content_type,
-                      NULL::bytea AS response_body, hold_reason";
+                      NULL::bytea AS response_body, NULL::bytea AS response_headers, hold_reason";
 
 /// The channel on which the outcomes (finish, release, hold) of announced claims in
 /// `table` are notified, with the store key as the payload: `<table>_outcomes`, the table
@@ -104,13 +105,14 @@ impl Statements {
                      state = 'in_flight', owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at,
                      expires_at = EXCLUDED.expires_at, body_sha256 = EXCLUDED.body_sha256,
                      completed_at = NULL, upstream_status = NULL, response_status = NULL,
-                     response_content_type = NULL, response_body = NULL, hold_reason = NULL
+                     response_content_type = NULL, response_body = NULL, response_headers = NULL,
+                     hold_reason = NULL
                    WHERE c.expires_at <= EXCLUDED.claimed_at
                    RETURNING c.key)
                  SELECT w.key, claimed.key IS NOT NULL AS claimed, t.state, t.claimed_at,
                         t.expires_at, t.completed_at, t.upstream_status, t.body_sha256,
                         t.response_status, t.response_content_type, t.response_body,
-                        t.hold_reason, now.ms AS now
+                        t.response_headers, t.hold_reason, now.ms AS now
                  FROM wanted w CROSS JOIN now
                  LEFT JOIN claimed ON claimed.key = w.key
                  LEFT JOIN {table} t ON t.key = w.key AND claimed.key IS NULL
@@ -155,11 +157,12 @@ impl Statements {
                         expires_at = {NOW_MS} + f.retention, upstream_status = f.upstream_status,
                         response_status = f.response_status,
                         response_content_type = f.response_content_type,
-                        response_body = f.response_body, owner = NULL
+                        response_body = f.response_body,
+                        response_headers = f.response_headers, owner = NULL
                  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::int[],
-                             $6::text[], $7::bytea[], $8::bool[])
+                             $6::text[], $7::bytea[], $8::bool[], $9::bytea[])
                    AS f(key, owner, retention, upstream_status, response_status,
-                        response_content_type, response_body, announce)
+                        response_content_type, response_body, announce, response_headers)
                  WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
                  RETURNING t.key, f.announce)
                  SELECT key, CASE WHEN announce THEN pg_notify('{channel}', key) END FROM done"
@@ -336,6 +339,7 @@ struct FinishRequest {
     response_status: Option<i32>,
     content_type: Option<String>,
     body: Option<Bytes>,
+    headers: Option<Vec<u8>>,
     announce: bool,
 }
 
@@ -375,7 +379,8 @@ impl Batched for FinishMany {
             requests.iter().map(|r| r.content_type.as_deref()).collect();
         let bodies: Vec<Option<&[u8]>> = requests.iter().map(|r| r.body.as_deref()).collect();
         let announce: Vec<bool> = requests.iter().map(|r| r.announce).collect();
-        let params: [&(dyn ToSql + Sync); 8] = [
+        let headers: Vec<Option<&[u8]>> = requests.iter().map(|r| r.headers.as_deref()).collect();
+        let params: [&(dyn ToSql + Sync); 9] = [
             &keys,
             &owners,
             &retentions,
@@ -384,6 +389,7 @@ impl Batched for FinishMany {
             &content_types,
             &bodies,
             &announce,
+            &headers,
         ];
         let rows = batch_query(client, &self.statements.finish_many, &params, self.timeout).await?;
         // One request per key in a batch, so the key says which were finished.
@@ -635,6 +641,7 @@ impl PostgresStore {
                    response_status integer,
                    response_content_type text,
                    response_body bytea,
+                   response_headers bytea,
                    hold_reason text
                  )"
             ))
@@ -653,6 +660,11 @@ impl PostgresStore {
                                   WHERE attrelid = '{table}'::regclass
                                     AND attname = 'hold_reason' AND NOT attisdropped) THEN
                      ALTER TABLE {table} ADD COLUMN hold_reason text;
+                   END IF;
+                   IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                                  WHERE attrelid = '{table}'::regclass
+                                    AND attname = 'response_headers' AND NOT attisdropped) THEN
+                     ALTER TABLE {table} ADD COLUMN response_headers bytea;
                    END IF;
                    IF NOT EXISTS (SELECT 1 FROM pg_constraint
                                   WHERE conrelid = '{table}'::regclass
@@ -809,6 +821,7 @@ fn live_state(row: &tokio_postgres::Row) -> Option<KeyState> {
             let response = row.get::<_, Option<i32>>("response_status").map(|status| {
                 RecordedResponse::read_back(
                     status,
+                    row.get("response_headers"),
                     row.get("response_content_type"),
                     row.get("response_body"),
                 )
@@ -873,7 +886,10 @@ impl ClaimStore for PostgresStore {
             retention_ms: signed(millis(completion.retention).max(1)),
             upstream_status: i32::from(completion.upstream_status),
             response_status: recorded.as_ref().map(|r| i32::from(r.status)),
-            content_type: recorded.as_ref().and_then(|r| r.content_type.clone()),
+            content_type: recorded
+                .as_ref()
+                .and_then(|r| r.content_type().map(str::to_owned)),
+            headers: recorded.as_ref().map(RecordedResponse::encoded_headers),
             body: recorded.map(|r| r.body),
             announce: claim.announce,
         };

@@ -513,7 +513,10 @@ mod tests {
         let replayed = |body: &'static [u8]| DoneRecord {
             response: Some(RecordedResponse {
                 status: 200,
-                content_type: Some("application/json".into()),
+                headers: vec![(
+                    "content-type".into(),
+                    bytes::Bytes::from_static(b"application/json"),
+                )],
                 body: bytes::Bytes::from_static(body),
             }),
             ..done(200)

@@ -62,6 +62,7 @@ struct Stored {
     took: Millis,
     upstream_status: u16,
     fingerprint: Fingerprint,
+    #[serde(with = "crate::store::recorded_response")]
     response: Option<RecordedResponse>,
 }
 
@@ -173,7 +174,10 @@ mod tests {
             fingerprint: [9; 32],
             response: Some(RecordedResponse {
                 status: 202,
-                content_type: Some("application/json".into()),
+                headers: vec![(
+                    "content-type".into(),
+                    bytes::Bytes::from_static(b"application/json"),
+                )],
                 body: bytes::Bytes::from_static(b"{}"),
             }),
         };
