@@ -34,6 +34,9 @@ enum Part {
         tokens: Vec<String>,
     },
     Header(HeaderName),
+    /// A header whose value is a Structured Field string (RFC 9651), such as
+    /// `Idempotency-Key: "abc"`: the string inside the quotes.
+    SfString(HeaderName),
     Query(String),
     /// A field of an `application/x-www-form-urlencoded` body.
     Form(String),
@@ -45,6 +48,7 @@ impl Part {
             Part::Literal(text) => text.clone(),
             Part::Json { pointer, .. } => format!("{{json:{pointer}}}"),
             Part::Header(name) => format!("{{header:{name}}}"),
+            Part::SfString(name) => format!("{{sf-string:{name}}}"),
             Part::Query(name) => format!("{{query:{name}}}"),
             Part::Form(name) => format!("{{form:{name}}}"),
         }
@@ -136,6 +140,9 @@ fn parse_part(inner: &str) -> Result<Part, TemplateError> {
         "header" => HeaderName::from_str(name)
             .map(Part::Header)
             .map_err(|_| TemplateError::BadHeader(name.to_owned())),
+        "sf-string" => HeaderName::from_str(name)
+            .map(Part::SfString)
+            .map_err(|_| TemplateError::BadHeader(name.to_owned())),
         "query" => Ok(Part::Query(name.to_owned())),
         "form" => Ok(Part::Form(name.to_owned())),
         _ => Err(TemplateError::UnknownKind(inner.to_owned())),
@@ -173,7 +180,7 @@ impl KeyTemplate {
     /// request that no body signature covers.
     pub fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
         self.parts.iter().any(|part| match part {
-            Part::Header(name) => !signed.contains(&name.as_str()),
+            Part::Header(name) | Part::SfString(name) => !signed.contains(&name.as_str()),
             Part::Query(_) => true,
             Part::Literal(_) | Part::Json { .. } | Part::Form(_) => false,
         })
@@ -198,6 +205,20 @@ impl KeyTemplate {
                         .to_str()
                         .map_err(|_| missing("header is not visible ASCII"))?;
                     key.push_str(usable(value).map_err(missing)?);
+                }
+                Part::SfString(name) => {
+                    let value = delivery
+                        .headers
+                        .get(name)
+                        .ok_or_else(|| missing("header absent"))?;
+                    let item = sfv::Parser::new(value.as_bytes())
+                        .parse::<sfv::Item>()
+                        .map_err(|_| missing("header is not a Structured Field string"))?;
+                    let text = item
+                        .bare_item
+                        .as_string()
+                        .ok_or_else(|| missing("header is not a quoted Structured Field string"))?;
+                    key.push_str(usable(text.as_str()).map_err(missing)?);
                 }
                 Part::Query(name) => {
                     let query = delivery.query.unwrap_or("").as_bytes();
@@ -285,6 +306,34 @@ mod tests {
 
     fn template(text: &str) -> KeyTemplate {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_structured_field_string_is_read_from_inside_its_quotes() {
+        let key = |value: &str| {
+            extract(
+                "{sf-string:Idempotency-Key}",
+                &[("idempotency-key", value)],
+                None,
+                "",
+            )
+        };
+        assert_eq!(key(r#""8e03978e-40d5""#), Ok("8e03978e-40d5".into()));
+        assert_eq!(key(r#""say \"hi\"""#), Ok(r#"say "hi""#.into()));
+        assert_eq!(
+            key(r#""abc";p=1"#),
+            Ok("abc".into()),
+            "parameters are allowed"
+        );
+        for bad in ["abc", r#""abc"#, "1", "?1", r#""""#, r#""a" "b""#, ":YWJj:"] {
+            assert!(
+                matches!(key(bad), Err(KeyError::Missing { .. })),
+                "{bad}: {:?}",
+                key(bad)
+            );
+        }
+        let absent = extract("{sf-string:Idempotency-Key}", &[], None, "");
+        assert!(matches!(absent, Err(KeyError::Missing { .. })));
     }
 
     fn extract(

@@ -19,6 +19,9 @@ pub enum Preset {
     Slack,
     Twilio,
     Paddle,
+    /// Not a provider: a route in front of your own API, keyed by the client's
+    /// `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header).
+    IdempotencyKey,
 }
 
 impl Preset {
@@ -38,6 +41,8 @@ impl Preset {
             Preset::Twilio => "{header:I-Twilio-Idempotency-Token}",
             // The event's ID, not the per-delivery notification ID.
             Preset::Paddle => "{json:/event_id}",
+            // A Structured Field string: `Idempotency-Key: "8e03978e-40d5"`.
+            Preset::IdempotencyKey => "{sf-string:Idempotency-Key}",
         };
         template.parse().expect("preset templates are valid")
     }
@@ -55,6 +60,8 @@ impl Preset {
             // Twilio signs the full public URL, which a proxy behind an ingress cannot
             // know for sure; its check is left to the application.
             Preset::Twilio => None,
+            // Your clients authenticate to your API as they always do.
+            Preset::IdempotencyKey => None,
         }
     }
 
@@ -75,7 +82,9 @@ impl Preset {
             }
             Preset::Slack => Verify::Slack(Slack::preset(secrets)),
             Preset::Paddle => Verify::Paddle(Paddle::preset(secrets)),
-            Preset::Twilio => unreachable!("Twilio has no secret variable"),
+            Preset::Twilio | Preset::IdempotencyKey => {
+                unreachable!("no secret variable")
+            }
         };
         Ok(Some(verify))
     }
@@ -90,6 +99,7 @@ impl Preset {
             Preset::Slack => "slack",
             Preset::Twilio => "twilio",
             Preset::Paddle => "paddle",
+            Preset::IdempotencyKey => "idempotency_key",
         }
     }
 }
@@ -109,6 +119,7 @@ mod tests {
             Preset::Slack,
             Preset::Twilio,
             Preset::Paddle,
+            Preset::IdempotencyKey,
         ] {
             let key = preset.key().to_string();
             assert!(key.starts_with('{'), "{key}");

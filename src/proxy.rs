@@ -47,8 +47,8 @@ use crate::key::{Delivery, KeyError};
 use crate::metrics::{KeyCounts, Metrics, ReleaseReason};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
-    OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route,
-    Routing, Unmatched,
+    FingerprintScope, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
+    ReplayGuard, Route, Routing, Unmatched,
 };
 use crate::server::RequestPermit;
 use crate::store::{
@@ -179,6 +179,11 @@ impl Proxy {
             );
         });
         self.metrics.delivery(&route.name, outcome);
+        let response = if route.policy.problem_details {
+            response::as_problem(response)
+        } else {
+            response
+        };
         response::tag(response, outcome)
     }
 
@@ -252,7 +257,7 @@ impl Proxy {
         };
         Span::current().record("key", key.as_str());
 
-        let fingerprint: Fingerprint = Sha256::digest(&body).into();
+        let fingerprint = fingerprint(policy.fingerprint, &head, &body);
         // Built before the claim, so that a request that cannot be forwarded claims nothing.
         let key_header = policy.forward_key_header.then_some(key.as_str());
         let request =
@@ -924,6 +929,26 @@ async fn keep_for_replay(
         body: body.clone(),
     };
     (Response::from_parts(head, body::full(body)), Some(recorded))
+}
+
+/// The hash a duplicate's is compared with: of the body, or of the method, the path and
+/// the body (each length-prefixed, so that no two requests share their bytes).
+fn fingerprint(scope: FingerprintScope, head: &http::request::Parts, body: &[u8]) -> Fingerprint {
+    match scope {
+        FingerprintScope::Body => Sha256::digest(body).into(),
+        FingerprintScope::Request => {
+            let mut hash = Sha256::new();
+            for part in [
+                head.method.as_str().as_bytes(),
+                head.uri.path().as_bytes(),
+                body,
+            ] {
+                hash.update((part.len() as u64).to_be_bytes());
+                hash.update(part);
+            }
+            hash.finalize().into()
+        }
+    }
 }
 
 /// The Unix time in seconds, for signature timestamps.

@@ -226,13 +226,14 @@ impl Refusal {
 
     /// The answer: its status, `{"error","detail"}` JSON body and `Retry-After`.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let (status, body) = self.status_and_body();
-        let mut response = json_response(status, body);
+        let (status, code, detail) = self.parts();
+        let mut response = json_response(status, error_body(code, &detail));
         if let Some(after) = self.retry_after() {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, retry_after_value(after));
         }
+        response.extensions_mut().insert(Written { code, detail });
         response
     }
 
@@ -265,6 +266,39 @@ impl Refusal {
         let (status, code, detail) = self.parts();
         (status, error_body(code, &detail))
     }
+}
+
+/// What the proxy wrote itself, kept with a refusal's response (never sent) so that a
+/// route can write it another way: [`as_problem`].
+#[derive(Clone, Debug)]
+struct Written {
+    code: &'static str,
+    detail: String,
+}
+
+/// A refusal the proxy wrote, as an RFC 9457 problem (`application/problem+json`), for the
+/// routes of the `idempotency_key` preset; any other response passes unchanged. The
+/// problem's `type` is `about:blank` (its `title` the status's phrase), and `code` is the
+/// refusal's usual error code.
+pub fn as_problem(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
+    let Some(written) = response.extensions_mut().remove::<Written>() else {
+        return response;
+    };
+    let status = response.status();
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": written.detail,
+        "code": written.code,
+    });
+    let (mut head, _) = response.into_parts();
+    head.headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    head.headers.remove(http::header::CONTENT_LENGTH);
+    Response::from_parts(head, full(body.to_string()))
 }
 
 /// The `{"error","detail"}` body of every refusal.

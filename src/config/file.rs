@@ -150,6 +150,16 @@ impl RouteFile {
         if self.verify.is_none() {
             self.verify = preset.verify()?.map(VerifySetting::On);
         }
+        if preset == Preset::IdempotencyKey {
+            // The draft's answers: the same key with another request is 422, a completed
+            // key is answered with the first response.
+            self.on_payload_mismatch
+                .get_or_insert(OnPayloadMismatch::Reject);
+            self.duplicate_response
+                .get_or_insert_with(DuplicateResponseFile::default)
+                .replay
+                .get_or_insert(true);
+        }
         Ok(())
     }
 

@@ -10,8 +10,10 @@ use bytes::Bytes;
 use super::file::{ConfigFile, DuplicateResponseFile, MatchFile, RouteFile};
 use super::{Config, Overrides, defaults};
 use crate::key::KeyTemplate;
+use crate::preset::Preset;
 use crate::route::{
-    DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing, Unmatched,
+    DuplicateResponse, FingerprintScope, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing,
+    Unmatched,
 };
 use crate::values::{HumanDuration, Name, Size, UpstreamUrl};
 use crate::verify::{Verify, VerifySetting};
@@ -185,6 +187,12 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             &d.forward_key_header,
             defaults::FORWARD_KEY_HEADER,
         ),
+        fingerprint: if own.preset == Some(Preset::IdempotencyKey) {
+            FingerprintScope::Request
+        } else {
+            FingerprintScope::Body
+        },
+        problem_details: own.preset == Some(Preset::IdempotencyKey),
     }
 }
 
