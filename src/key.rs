@@ -14,6 +14,7 @@ use std::str::FromStr;
 
 use http::HeaderMap;
 use http::header::HeaderName;
+use sha2::{Digest, Sha256};
 
 /// The longest key the proxy accepts, in bytes, after the template is filled in.
 pub const MAX_KEY_BYTES: usize = 512;
@@ -37,6 +38,9 @@ enum Part {
     /// A header whose value is a Structured Field string (RFC 9651), such as
     /// `Idempotency-Key: "abc"`: the string inside the quotes.
     SfString(HeaderName),
+    /// A header's value hashed (the first 16 bytes of its SHA-256, in hex): who sent the
+    /// request (`Authorization`), in the key without the credential itself.
+    HeaderHash(HeaderName),
     Query(String),
     /// A field of an `application/x-www-form-urlencoded` body.
     Form(String),
@@ -49,6 +53,7 @@ impl Part {
             Part::Json { pointer, .. } => format!("{{json:{pointer}}}"),
             Part::Header(name) => format!("{{header:{name}}}"),
             Part::SfString(name) => format!("{{sf-string:{name}}}"),
+            Part::HeaderHash(name) => format!("{{header-hash:{name}}}"),
             Part::Query(name) => format!("{{query:{name}}}"),
             Part::Form(name) => format!("{{form:{name}}}"),
         }
@@ -62,7 +67,9 @@ pub enum TemplateError {
     Unclosed,
     #[error("unmatched `}}` in key template (write `}}}}` for a literal brace)")]
     UnmatchedClose,
-    #[error("`{{{0}}}` is not a key part: use json:, header:, query: or form:")]
+    #[error(
+        "`{{{0}}}` is not a key part: use json:, header:, sf-string:, header-hash:, query: or form:"
+    )]
     UnknownKind(String),
     #[error("`{{{0}:}}` needs a name after the colon")]
     EmptyName(String),
@@ -71,7 +78,7 @@ pub enum TemplateError {
     #[error("`{0}` is not a valid header name")]
     BadHeader(String),
     #[error(
-        "a key template needs at least one {{json:..}}, {{header:..}}, {{query:..}} or {{form:..}} part; literal text alone would give every event the same key"
+        "a key template needs at least one {{json:..}}, {{header:..}}, {{sf-string:..}}, {{header-hash:..}}, {{query:..}} or {{form:..}} part; literal text alone would give every event the same key"
     )]
     NoParts,
 }
@@ -143,6 +150,9 @@ fn parse_part(inner: &str) -> Result<Part, TemplateError> {
         "sf-string" => HeaderName::from_str(name)
             .map(Part::SfString)
             .map_err(|_| TemplateError::BadHeader(name.to_owned())),
+        "header-hash" => HeaderName::from_str(name)
+            .map(Part::HeaderHash)
+            .map_err(|_| TemplateError::BadHeader(name.to_owned())),
         "query" => Ok(Part::Query(name.to_owned())),
         "form" => Ok(Part::Form(name.to_owned())),
         _ => Err(TemplateError::UnknownKind(inner.to_owned())),
@@ -180,7 +190,9 @@ impl KeyTemplate {
     /// request that no body signature covers.
     pub fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
         self.parts.iter().any(|part| match part {
-            Part::Header(name) | Part::SfString(name) => !signed.contains(&name.as_str()),
+            Part::Header(name) | Part::SfString(name) | Part::HeaderHash(name) => {
+                !signed.contains(&name.as_str())
+            }
             Part::Query(_) => true,
             Part::Literal(_) | Part::Json { .. } | Part::Form(_) => false,
         })
@@ -207,11 +219,14 @@ impl KeyTemplate {
                     key.push_str(usable(value).map_err(missing)?);
                 }
                 Part::SfString(name) => {
-                    let value = delivery
-                        .headers
-                        .get(name)
-                        .ok_or_else(|| missing("header absent"))?;
-                    let item = sfv::Parser::new(value.as_bytes())
+                    // Several lines of one field are one value, joined by commas: two
+                    // keys are not a string, as the application would see.
+                    let mut lines = delivery.headers.get_all(name).iter();
+                    let first = lines.next().ok_or_else(|| missing("header absent"))?;
+                    if lines.next().is_some() {
+                        return Err(missing("header appears more than once"));
+                    }
+                    let item = sfv::Parser::new(first.as_bytes())
                         .parse::<sfv::Item>()
                         .map_err(|_| missing("header is not a Structured Field string"))?;
                     let text = item
@@ -219,6 +234,18 @@ impl KeyTemplate {
                         .as_string()
                         .ok_or_else(|| missing("header is not a quoted Structured Field string"))?;
                     key.push_str(usable(text.as_str()).map_err(missing)?);
+                }
+                Part::HeaderHash(name) => {
+                    let mut hash = Sha256::new();
+                    let mut lines = delivery.headers.get_all(name).iter().peekable();
+                    if lines.peek().is_none() {
+                        return Err(missing("header absent"));
+                    }
+                    for line in lines {
+                        hash.update((line.len() as u64).to_be_bytes());
+                        hash.update(line.as_bytes());
+                    }
+                    key.push_str(&hex::encode(&hash.finalize()[..16]));
                 }
                 Part::Query(name) => {
                     let query = delivery.query.unwrap_or("").as_bytes();
@@ -306,6 +333,37 @@ mod tests {
 
     fn template(text: &str) -> KeyTemplate {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn two_lines_of_a_structured_field_are_no_string() {
+        let key = extract(
+            "{sf-string:Idempotency-Key}",
+            &[("idempotency-key", "\"a\""), ("idempotency-key", "\"b\"")],
+            None,
+            "",
+        );
+        assert!(matches!(key, Err(KeyError::Missing { .. })), "{key:?}");
+    }
+
+    #[test]
+    fn a_hashed_header_tells_senders_apart_without_showing_the_value() {
+        let key = |auth: &str| {
+            extract(
+                "{header-hash:Authorization}:k",
+                &[("authorization", auth)],
+                None,
+                "",
+            )
+            .unwrap()
+        };
+        let alice = key("Bearer alice-secret");
+        assert_eq!(alice.len(), 32 + 2);
+        assert!(!alice.contains("alice"));
+        assert_eq!(alice, key("Bearer alice-secret"), "stable");
+        assert_ne!(alice, key("Bearer bob-secret"));
+        let absent = extract("{header-hash:Authorization}", &[], None, "");
+        assert!(matches!(absent, Err(KeyError::Missing { .. })));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Presets: a known provider's event key and signature check in one line of YAML
-//! (`preset: stripe`). A route's own `key` and `verify` win over the preset's; the
-//! preset's check reads the provider's usual secret variable, and `verify: none` turns it
-//! off. Sources are in `docs/configuration.md`.
+//! (`preset: stripe`), or (`idempotency_key`) what a route in front of your own API needs:
+//! its key, fingerprint, answers and error format. A route's own settings win over the
+//! preset's; a provider preset's check reads the provider's usual secret variable, and
+//! `verify: none` turns it off. Sources are in `docs/configuration.md`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::key::KeyTemplate;
+use crate::route::FingerprintScope;
 use crate::verify::{Github, Paddle, Secrets, Shopify, Slack, StandardWebhooks, Stripe, Verify};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -41,8 +43,10 @@ impl Preset {
             Preset::Twilio => "{header:I-Twilio-Idempotency-Token}",
             // The event's ID, not the per-delivery notification ID.
             Preset::Paddle => "{json:/event_id}",
-            // A Structured Field string: `Idempotency-Key: "8e03978e-40d5"`.
-            Preset::IdempotencyKey => "{sf-string:Idempotency-Key}",
+            // The client (its credential, hashed), then its key, a Structured Field
+            // string (`Idempotency-Key: "8e03978e-40d5"`): one client cannot read or
+            // block another's answer by sending its key.
+            Preset::IdempotencyKey => "{header-hash:Authorization}:{sf-string:Idempotency-Key}",
         };
         template.parse().expect("preset templates are valid")
     }
@@ -87,6 +91,21 @@ impl Preset {
             }
         };
         Ok(Some(verify))
+    }
+
+    /// What a duplicate's fingerprint covers: the request, for a client of an API, who
+    /// may send the same key with another one; the body, for a provider's redelivery.
+    pub fn fingerprint_scope(self) -> FingerprintScope {
+        match self {
+            Preset::IdempotencyKey => FingerprintScope::Request,
+            _ => FingerprintScope::Body,
+        }
+    }
+
+    /// Whether the proxy's refusals are RFC 9457 problems: what an API's clients expect
+    /// (the draft's examples), where a webhook provider reads only the status.
+    pub fn problem_details(self) -> bool {
+        self == Preset::IdempotencyKey
     }
 
     fn name(self) -> &'static str {

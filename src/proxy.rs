@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::HeaderName;
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -892,8 +892,14 @@ async fn keep_for_replay(
     replay_headers: &[HeaderName],
     timeout: Duration,
 ) -> (Response<ProxyBody>, Option<RecordedResponse>) {
+    // As the sender gets it: the headers that describe the connection are gone.
+    let response = upstream::inbound(response);
+    // The body is kept as the app encoded it, so its encoding goes with it, listed or not.
+    let unlisted_encoding =
+        (!replay_headers.contains(&CONTENT_ENCODING)).then_some(&CONTENT_ENCODING);
     let headers: Vec<(String, Bytes)> = replay_headers
         .iter()
+        .chain(unlisted_encoding)
         .flat_map(|name| {
             response.headers().get_all(name).iter().map(move |value| {
                 (
@@ -913,9 +919,9 @@ async fn keep_for_replay(
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
         .is_some_and(|length| length.saturating_add(headers_size) <= REPLAY_RECORD_LIMIT);
     if !small {
-        return (upstream::inbound(response), None);
+        return (response, None);
     }
-    let (head, body) = upstream::inbound(response).into_parts();
+    let (head, body) = response.into_parts();
     let body = match tokio::time::timeout(timeout, body.collect()).await {
         Ok(Ok(collected)) => collected.to_bytes(),
         _ => {
@@ -931,18 +937,19 @@ async fn keep_for_replay(
     (Response::from_parts(head, body::full(body)), Some(recorded))
 }
 
-/// The hash a duplicate's is compared with: of the body, or of the method, the path and
-/// the body (each length-prefixed, so that no two requests share their bytes).
+/// The hash a duplicate's is compared with: of the body, or of the method, the target
+/// (path and query, as sent) and the body, each length-prefixed, so that no two requests
+/// share their bytes.
 fn fingerprint(scope: FingerprintScope, head: &http::request::Parts, body: &[u8]) -> Fingerprint {
     match scope {
         FingerprintScope::Body => Sha256::digest(body).into(),
         FingerprintScope::Request => {
             let mut hash = Sha256::new();
-            for part in [
-                head.method.as_str().as_bytes(),
-                head.uri.path().as_bytes(),
-                body,
-            ] {
+            let target = head
+                .uri
+                .path_and_query()
+                .map_or("/", |target| target.as_str());
+            for part in [head.method.as_str().as_bytes(), target.as_bytes(), body] {
                 hash.update((part.len() as u64).to_be_bytes());
                 hash.update(part);
             }

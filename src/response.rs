@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{BodyError, ProxyBody, full};
@@ -173,7 +173,7 @@ impl Refusal {
             Refusal::PayloadMismatch => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "payload_mismatch",
-                "this event key was already processed with a different body".into(),
+                "this key was already processed with a different request (its body; with the idempotency_key preset, its method, target or body)".into(),
             ),
             Refusal::UpstreamUnreachable => (
                 StatusCode::BAD_GATEWAY,
@@ -233,7 +233,9 @@ impl Refusal {
                 .headers_mut()
                 .insert(RETRY_AFTER, retry_after_value(after));
         }
-        response.extensions_mut().insert(Written { code, detail });
+        response
+            .extensions_mut()
+            .insert(RefusalParts { code, detail });
         response
     }
 
@@ -271,7 +273,7 @@ impl Refusal {
 /// What the proxy wrote itself, kept with a refusal's response (never sent) so that a
 /// route can write it another way: [`as_problem`].
 #[derive(Clone, Debug)]
-struct Written {
+struct RefusalParts {
     code: &'static str,
     detail: String,
 }
@@ -281,7 +283,7 @@ struct Written {
 /// problem's `type` is `about:blank` (its `title` the status's phrase), and `code` is the
 /// refusal's usual error code.
 pub fn as_problem(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
-    let Some(written) = response.extensions_mut().remove::<Written>() else {
+    let Some(written) = response.extensions_mut().remove::<RefusalParts>() else {
         return response;
     };
     let status = response.status();
@@ -471,11 +473,16 @@ pub fn duplicate(
     *response.status_mut() = StatusCode::from_u16(recorded.status).unwrap_or(StatusCode::OK);
     let headers = response.headers_mut();
     for (name, value) in recorded.headers {
-        // Recorded by the proxy from valid headers; anything else is left out.
-        if let (Ok(name), Ok(value)) = (
+        // Recorded by the proxy from valid headers; anything else is left out, as is a
+        // header `replay_headers` no longer names (taking a cookie off the list stops
+        // the ones already recorded too). The body's encoding always goes with it.
+        let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_maybe_shared(value),
-        ) {
+        ) else {
+            continue;
+        };
+        if name == CONTENT_ENCODING || configured.replay_headers.contains(&name) {
             headers.append(name, value);
         }
     }

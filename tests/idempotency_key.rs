@@ -10,6 +10,22 @@ use std::time::Duration;
 
 use support::*;
 
+/// Whether Python's `requests` is there (`tests/setup` installs it); CI must have it.
+fn requests_installed() -> bool {
+    let installed = Command::new("python3")
+        .args(["-c", "import requests"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "CI must install requests (tests/setup)"
+        );
+        eprintln!("skipped: Python's requests is not installed (run tests/setup)");
+    }
+    installed
+}
+
 const ROUTE: &str = "routes:\n  - name: orders\n    match: { method: POST, path_prefix: /orders }\n    preset: idempotency_key\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,10 +37,16 @@ async fn a_client_sending_the_same_request_twice_gets_one_order() {
             .header("content-type", "application/json")
             .header("location", "/orders/1"),
         Answer::status(201)
+            .body(r#"{"order":"mallory"}"#)
+            .header("content-type", "application/json"),
+        Answer::status(201)
             .body(r#"{"order":2}"#)
             .header("content-type", "application/json")
             .after(Duration::from_millis(500)),
     ]);
+    if !requests_installed() {
+        return;
+    }
     let proxy = Proxy::start(upstream.addr, ROUTE).await;
     let base = format!("http://{}", proxy.addr);
     let script = concat!(
@@ -63,6 +85,7 @@ async fn a_client_sending_the_same_request_twice_gets_one_order() {
     for (name, expected, code) in [
         ("other_body", 422, "payload_mismatch"),
         ("other_path", 422, "payload_mismatch"),
+        ("other_query", 422, "payload_mismatch"),
         ("no_key", 400, "missing_key"),
         ("unquoted", 400, "missing_key"),
     ] {
@@ -81,6 +104,11 @@ async fn a_client_sending_the_same_request_twice_gets_one_order() {
         );
     }
 
+    // Keys are the client's own: another client's request under the same key runs.
+    assert_eq!(status("other_client"), 201);
+    assert_eq!(seen["other_client"]["json"]["order"], "mallory");
+    assert_eq!(seen["other_client"]["replayed"], serde_json::Value::Null);
+
     // Two at once: one runs, the other is told it is in progress.
     assert_eq!((status("together_0"), status("together_1")), (201, 409));
     assert_eq!(
@@ -88,7 +116,7 @@ async fn a_client_sending_the_same_request_twice_gets_one_order() {
         "application/problem+json"
     );
     assert_eq!(seen["together_1"]["json"]["code"], "in_flight");
-    assert_eq!(upstream.requests(), 2, "one order per key");
+    assert_eq!(upstream.requests(), 3, "one order per client's key");
 }
 
 #[tokio::test]
@@ -97,7 +125,10 @@ async fn the_routes_endpoint_states_how_long_a_key_is_kept() {
     let proxy = Proxy::start(upstream.addr, ROUTE).await;
     let routes = send(proxy.admin, "GET", "/v1/routes", &[], "").await.json();
     let policy = &routes["routes"][0];
-    assert_eq!(policy["key"], "{sf-string:Idempotency-Key}", "{routes}");
+    assert_eq!(
+        policy["key"], "{header-hash:Authorization}:{sf-string:Idempotency-Key}",
+        "{routes}"
+    );
     // The draft asks a server to publish how long it keeps a key.
     assert_eq!(policy["retention"], "7days", "{routes}");
     assert_eq!(policy["fingerprint"], "request");

@@ -122,3 +122,23 @@ async fn an_answer_over_64_kib_with_its_recorded_headers_is_not_kept() {
     assert_eq!(kept.header("etag"), Some("\"small\""));
     assert_eq!(kept.header("idempotent-replayed"), Some("true"));
 }
+
+#[tokio::test]
+async fn a_compressed_answer_is_replayed_with_its_encoding_listed_or_not() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201)
+        .body("compressed bytes")
+        .header("content-encoding", "gzip")
+        .header("content-type", "application/json")]);
+    let route = replaying_route(", replay_headers: [content-type]");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    post_event(proxy.addr, "evt_1").await;
+    let replay = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.header("content-encoding"),
+        Some("gzip"),
+        "the body's encoding"
+    );
+    assert_eq!(replay.body, "compressed bytes");
+}

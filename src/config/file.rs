@@ -152,13 +152,23 @@ impl RouteFile {
         }
         if preset == Preset::IdempotencyKey {
             // The draft's answers: the same key with another request is 422, a completed
-            // key is answered with the first response.
+            // key is answered with the first response. Set on the route, so that
+            // `defaults:` (written for webhook routes) cannot turn on the body guard,
+            // which would answer a second identical request under a new key as the
+            // first, or replay a cookie to another client.
             self.on_payload_mismatch
                 .get_or_insert(OnPayloadMismatch::Reject);
-            self.duplicate_response
-                .get_or_insert_with(DuplicateResponseFile::default)
-                .replay
-                .get_or_insert(true);
+            self.replay_guard.get_or_insert(ReplayGuard::Off);
+            let duplicate = self
+                .duplicate_response
+                .get_or_insert_with(DuplicateResponseFile::default);
+            duplicate.replay.get_or_insert(true);
+            duplicate.replay_headers.get_or_insert_with(|| {
+                defaults::REPLAY_HEADERS
+                    .iter()
+                    .map(|name| ReplayHeader(http::HeaderName::from_static(name)))
+                    .collect()
+            });
         }
         Ok(())
     }

@@ -187,12 +187,10 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             &d.forward_key_header,
             defaults::FORWARD_KEY_HEADER,
         ),
-        fingerprint: if own.preset == Some(Preset::IdempotencyKey) {
-            FingerprintScope::Request
-        } else {
-            FingerprintScope::Body
-        },
-        problem_details: own.preset == Some(Preset::IdempotencyKey),
+        fingerprint: own
+            .preset
+            .map_or(FingerprintScope::Body, Preset::fingerprint_scope),
+        problem_details: own.preset.is_some_and(Preset::problem_details),
     }
 }
 

@@ -259,20 +259,24 @@ impl RecordedResponse {
         content_type: Option<String>,
         body: Option<Vec<u8>>,
     ) -> RecordedResponse {
-        let headers = match headers.map(|bytes| postcard::from_bytes(&bytes)) {
-            Some(Ok(headers)) => headers,
+        let body: Bytes = body.unwrap_or_default().into();
+        let headers = match headers.map(|bytes| postcard::from_bytes::<(u64, _)>(&bytes)) {
+            Some(Ok((length, headers))) if length == body.len() as u64 => headers,
             _ => content_type_only(content_type),
         };
         RecordedResponse {
             status: status.try_into().unwrap_or(200),
             headers,
-            body: body.unwrap_or_default().into(),
+            body,
         }
     }
 
-    /// The recorded headers, encoded as PostgreSQL keeps them.
+    /// The recorded headers, encoded as PostgreSQL keeps them: with the body's length,
+    /// so that headers left in a row by an earlier version (which does not clear them when
+    /// it writes another answer) are not replayed with another answer's body.
     fn encoded_headers(&self) -> Vec<u8> {
-        postcard::to_stdvec(&self.headers).expect("headers always serialize")
+        let length = self.body.len() as u64;
+        postcard::to_stdvec(&(length, &self.headers)).expect("headers always serialize")
     }
 
     /// Its content type, for the stores' older readers.
@@ -303,7 +307,7 @@ pub mod recorded_response {
     use super::{RecordedResponse, content_type_only};
 
     #[derive(Serialize, Deserialize)]
-    enum Written {
+    enum StoredAnswer {
         None,
         WithContentType {
             status: u16,
@@ -322,21 +326,18 @@ pub mod recorded_response {
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
         let written = match value {
-            None => Written::None,
+            None => StoredAnswer::None,
             Some(recorded)
-                if recorded
-                    .headers
-                    .iter()
-                    .all(|(name, _)| name == "content-type")
-                    && recorded.headers.len() <= 1 =>
+                if recorded.headers.is_empty()
+                    || (recorded.headers.len() == 1 && recorded.content_type().is_some()) =>
             {
-                Written::WithContentType {
+                StoredAnswer::WithContentType {
                     status: recorded.status,
                     content_type: recorded.content_type().map(str::to_owned),
                     body: recorded.body.clone(),
                 }
             }
-            Some(recorded) => Written::WithHeaders {
+            Some(recorded) => StoredAnswer::WithHeaders {
                 status: recorded.status,
                 headers: recorded.headers.clone(),
                 body: recorded.body.clone(),
@@ -348,9 +349,9 @@ pub mod recorded_response {
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<RecordedResponse>, D::Error> {
-        Ok(match Written::deserialize(deserializer)? {
-            Written::None => None,
-            Written::WithContentType {
+        Ok(match StoredAnswer::deserialize(deserializer)? {
+            StoredAnswer::None => None,
+            StoredAnswer::WithContentType {
                 status,
                 content_type,
                 body,
@@ -359,7 +360,7 @@ pub mod recorded_response {
                 headers: content_type_only(content_type),
                 body,
             }),
-            Written::WithHeaders {
+            StoredAnswer::WithHeaders {
                 status,
                 headers,
                 body,
@@ -383,6 +384,7 @@ pub mod recorded_response {
             body: Bytes,
         }
 
+        /// A record with a field after its answer, which must still read.
         #[derive(Serialize, Deserialize, Debug, PartialEq)]
         struct Record {
             #[serde(with = "super")]
@@ -438,6 +440,26 @@ pub mod recorded_response {
                     }
                 );
             }
+        }
+
+        #[test]
+        fn headers_a_row_kept_from_another_answer_are_not_replayed() {
+            let answer = answer(&[("location", "/orders/1")]);
+            let blob = answer.encoded_headers();
+            let read = |body: &[u8]| {
+                RecordedResponse::read_back(
+                    201,
+                    Some(blob.clone()),
+                    Some("text/plain".into()),
+                    Some(body.to_vec()),
+                )
+            };
+            assert_eq!(read(b"{}").headers, answer.headers, "its own body");
+            assert_eq!(
+                read(b"another answer").headers,
+                [("content-type".to_owned(), Bytes::from_static(b"text/plain"))],
+                "another body: the row's content type alone"
+            );
         }
 
         #[test]

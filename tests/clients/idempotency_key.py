@@ -1,6 +1,6 @@
 """A client of an API behind the `idempotency_key` preset, as a user would write it with
-`requests`: the same POST twice, with another body, another path, no key, an unquoted
-key, and two at once. Prints what it saw as JSON for tests/idempotency_key.rs to judge."""
+`requests`: the same POST twice, with another body, path or query, from another client,
+with no key, an unquoted key, and two at once. Prints what it saw as JSON for tests/idempotency_key.rs to judge."""
 
 import json
 import sys
@@ -24,8 +24,10 @@ def observe(name, response):
     }
 
 
-def post(path, key, body):
-    headers = {} if key is None else {"Idempotency-Key": key}
+def post(path, key, body, client="alice"):
+    headers = {"Authorization": f"Bearer {client}-token"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
     return requests.post(base + path, json=body, headers=headers, timeout=10)
 
 
@@ -33,6 +35,9 @@ observe("first", post("/orders", '"order-1"', {"amount": 10}))
 observe("again", post("/orders", '"order-1"', {"amount": 10}))
 observe("other_body", post("/orders", '"order-1"', {"amount": 11}))
 observe("other_path", post("/orders/rush", '"order-1"', {"amount": 10}))
+observe("other_query", post("/orders?dry_run=1", '"order-1"', {"amount": 10}))
+# Another client with the same key: its own request, never the first client's answer.
+observe("other_client", post("/orders", '"order-1"', {"amount": 10}, client="mallory"))
 observe("no_key", post("/orders", None, {"amount": 10}))
 observe("unquoted", post("/orders", "order-1", {"amount": 10}))
 
