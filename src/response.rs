@@ -1,6 +1,8 @@
 //! The answers the proxy writes itself, in one place: every refusal's status, JSON error
-//! body and `Retry-After` (the proxy's and the admin API's), the duplicate answer, and the
-//! `Dedupe-Status` header that says what happened to a delivery.
+//! body and `Retry-After` (the proxy's and the admin API's), the same refusals as RFC 9457
+//! problems (`as_problem`, for the `idempotency_key` preset), the duplicate answer (a
+//! replay marked `Idempotent-Replayed`), and the `Dedupe-Status` header that says what
+//! happened to a delivery.
 
 use std::time::Duration;
 

@@ -40,7 +40,8 @@ use crate::workers::Workers;
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
 
-/// A SHA-256 digest of a delivery's body.
+/// A SHA-256 digest of a delivery's body (with the `idempotency_key` preset, of its
+/// method, target and body): what a duplicate's is compared with.
 pub type Fingerprint = [u8; 32];
 
 /// The full store key of an event: its route's namespace and its extracted key.
