@@ -27,6 +27,20 @@ impl ConfigFile {
             .map(|route| resolve_route(route, &self.defaults, &upstream))
             .collect();
         let mut warnings: Vec<String> = routes.iter().flat_map(Route::warnings).collect();
+        // An API's clients choose their keys: sharing a scope with a webhook route would let
+        // one plant a provider's event ID, whose real delivery would then be a duplicate.
+        for (index, api) in routes.iter().enumerate() {
+            let mixed = routes.iter().skip(index + 1).find(|other| {
+                other.namespace == api.namespace
+                    && other.policy.fingerprint != api.policy.fingerprint
+            });
+            if let Some(other) = mixed {
+                warnings.push(format!(
+                    "routes `{}` and `{}` share the scope `{}`, but only one is keyed by its clients (idempotency_key): a client could send a key the other route's events use",
+                    api.name, other.name, api.namespace
+                ));
+            }
+        }
         if self.unmatched == Unmatched::Forward {
             warnings.extend(routes.iter().filter_map(|route| {
                 let host = route.matcher.host()?;
@@ -246,6 +260,14 @@ mod tests {
         assert_eq!(config.warnings.len(), 1);
         assert!(config.warnings[0].contains("lease (10s)"));
         assert!(!config.warnings[0].contains("hold"));
+    }
+
+    #[test]
+    fn an_api_route_sharing_a_scope_with_a_webhook_route_is_warned_about() {
+        let text = "upstream: http://127.0.0.1:8080\nroutes:\n  - name: api\n    match: { path: /api }\n    preset: idempotency_key\n    scope: shared\n  - name: hooks\n    match: { path: /hooks }\n    key: \"{json:/id}\"\n    scope: shared\n";
+        let config = Config::parse(text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        assert!(config.warnings[0].contains("share the scope `shared`"));
     }
 
     #[test]
