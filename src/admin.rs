@@ -335,26 +335,34 @@ async fn resolve(
     #[serde(deny_unknown_fields)]
     struct Asked {
         outcome: String,
+        /// The hold the operator looked into, as the admin API showed its `held_at`: a key
+        /// held again since (its hold expired, and another delivery was held) is left alone.
+        held_at: Option<String>,
     }
-    let resolution = match serde_json::from_slice::<Asked>(&body) {
-        Ok(asked) if asked.outcome == "done" => Resolution::Done {
+    let asked = serde_json::from_slice::<Asked>(&body).ok();
+    let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
+        Some("done") => Resolution::Done {
             retention: route.policy.retention,
         },
-        Ok(asked) if asked.outcome == "release" => Resolution::Release,
+        Some("release") => Resolution::Release,
         _ => {
             return AdminRefusal::BadRequest(
-                r#"the body must be {"outcome":"done"} or {"outcome":"release"}"#.into(),
+                r#"the body must be {"outcome":"done"} or {"outcome":"release"}, with "held_at" if wanted"#.into(),
             )
             .into_response();
         }
     };
+    let expected_hold = asked.and_then(|asked| asked.held_at);
     let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
     let store = serving.proxy.store();
     let resolved = async {
         let Some(KeyState::Held(held)) = store.inspect(&full_key).await? else {
-            return Ok(false);
+            return Ok(Resolved::NotHeld);
         };
+        if expected_hold.is_some_and(|expected| expected != timestamp(held.held_at)) {
+            return Ok(Resolved::HeldAgain);
+        }
         // The body first: resolved alone, it could not be reached again through its key.
         let guarded = routing.table.routes().any(|other| {
             other.namespace == route.namespace && other.replay_guard == ReplayGuard::Body
@@ -363,10 +371,14 @@ async fn resolve(
             let body = body_key(&route.namespace, &held.fingerprint);
             store.resolve(&body, resolution).await?;
         }
-        store.resolve(&full_key, resolution).await
+        Ok::<_, StoreError>(if store.resolve(&full_key, resolution).await? {
+            Resolved::Resolved
+        } else {
+            Resolved::NotHeld
+        })
     };
     match resolved.await {
-        Ok(true) => {
+        Ok(Resolved::Resolved) => {
             let outcome = match resolution {
                 Resolution::Done { .. } => "done",
                 Resolution::Release => "release",
@@ -383,9 +395,18 @@ async fn resolve(
                 ),
             }
         }
-        Ok(false) => AdminRefusal::NotHeld.into_response(),
+        Ok(Resolved::NotHeld) => AdminRefusal::NotHeld.into_response(),
+        Ok(Resolved::HeldAgain) => AdminRefusal::HeldAgain.into_response(),
         Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
     }
+}
+
+/// What a resolution did.
+enum Resolved {
+    Resolved,
+    NotHeld,
+    /// Held, but not by the hold the operator named.
+    HeldAgain,
 }
 
 /// How long `POST .../resolve` waits for its (small) body.

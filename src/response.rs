@@ -328,6 +328,8 @@ pub enum AdminRefusal {
     Held,
     /// The key is not held, so there is nothing to resolve.
     NotHeld,
+    /// The key is held, but not since the `held_at` the resolution named.
+    HeldAgain,
     /// The request is malformed (a query parameter, a resolution's body).
     BadRequest(String),
     StoreUnavailable(String),
@@ -384,6 +386,11 @@ impl AdminRefusal {
                 StatusCode::CONFLICT,
                 "not_held",
                 "the key is not held, so there is nothing to resolve".into(),
+            ),
+            AdminRefusal::HeldAgain => (
+                StatusCode::CONFLICT,
+                "held_again",
+                "the key was held again since the held_at given: look at it again".into(),
             ),
             AdminRefusal::BadRequest(reason) => (
                 StatusCode::BAD_REQUEST,
@@ -585,6 +592,7 @@ mod tests {
             | AdminRefusal::InFlight
             | AdminRefusal::Held
             | AdminRefusal::NotHeld
+            | AdminRefusal::HeldAgain
             | AdminRefusal::BadRequest(_)
             | AdminRefusal::StoreUnavailable(_)
             | AdminRefusal::InvalidConfig(_)
@@ -601,6 +609,7 @@ mod tests {
             AdminRefusal::InFlight,
             AdminRefusal::Held,
             AdminRefusal::NotHeld,
+            AdminRefusal::HeldAgain,
             AdminRefusal::BadRequest(String::new()),
             AdminRefusal::StoreUnavailable(String::new()),
             AdminRefusal::InvalidConfig(String::new()),

@@ -119,7 +119,21 @@ async fn a_connection_the_app_drops_after_the_request_is_held_and_released_by_ha
     );
     assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "held");
 
-    let released = resolve(&proxy, "evt_1", "release").await;
+    // A resolution that names the hold it is about is refused once another took its place.
+    let held_at = key.json()["held_at"].as_str().unwrap().to_owned();
+    let stale = admin(
+        &proxy,
+        "POST",
+        "/v1/keys/hooks/evt_1/resolve",
+        r#"{"outcome":"release","held_at":"2001-01-01T00:00:00.000Z"}"#,
+    )
+    .await;
+    assert_eq!(
+        (stale.status, stale.json()["error"].as_str()),
+        (409, Some("held_again"))
+    );
+    let body = format!(r#"{{"outcome":"release","held_at":"{held_at}"}}"#);
+    let released = admin(&proxy, "POST", "/v1/keys/hooks/evt_1/resolve", &body).await;
     assert_eq!(
         (released.status, released.json()["state"].as_str()),
         (200, Some("absent")),
