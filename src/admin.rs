@@ -358,10 +358,10 @@ async fn resolve(
     let store = serving.proxy.store();
     let resolved = async {
         let Some(KeyState::Held(held)) = store.inspect(&full_key).await? else {
-            return Ok(Resolved::NotHeld);
+            return Ok(Resolving::NotHeld);
         };
         if expected_hold.is_some_and(|expected| expected != timestamp(held.held_at)) {
-            return Ok(Resolved::HeldAgain);
+            return Ok(Resolving::HeldAgain);
         }
         // The body first: resolved alone, it could not be reached again through its key.
         let guarded = routing.table.routes().any(|other| {
@@ -372,13 +372,13 @@ async fn resolve(
             store.resolve(&body, resolution).await?;
         }
         Ok::<_, StoreError>(if store.resolve(&full_key, resolution).await? {
-            Resolved::Resolved
+            Resolving::Resolved
         } else {
-            Resolved::NotHeld
+            Resolving::NotHeld
         })
     };
     match resolved.await {
-        Ok(Resolved::Resolved) => {
+        Ok(Resolving::Resolved) => {
             let outcome = match resolution {
                 Resolution::Done { .. } => "done",
                 Resolution::Release => "release",
@@ -395,14 +395,14 @@ async fn resolve(
                 ),
             }
         }
-        Ok(Resolved::NotHeld) => AdminRefusal::NotHeld.into_response(),
-        Ok(Resolved::HeldAgain) => AdminRefusal::HeldAgain.into_response(),
+        Ok(Resolving::NotHeld) => AdminRefusal::NotHeld.into_response(),
+        Ok(Resolving::HeldAgain) => AdminRefusal::HeldAgain.into_response(),
         Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
     }
 }
 
 /// What a resolution did.
-enum Resolved {
+enum Resolving {
     Resolved,
     NotHeld,
     /// Held, but not by the hold the operator named.
