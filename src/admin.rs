@@ -1,5 +1,6 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
-//! and keys: listed, inspected, forgotten, and held ones resolved. Kept on its own port
+//! keys: listed, inspected, forgotten, and held ones resolved; and the newest version done
+//! for an entity (`order:`), inspected or forgotten. Kept on its own port
 //! (127.0.0.1 by default) so that providers never reach it.
 //!
 //! With `admin.token_env` set, every `/v1/*` request needs `Authorization: Bearer
@@ -27,8 +28,8 @@ use crate::response::{AdminRefusal, json_response};
 use crate::route::{ReplayGuard, Route, Routing};
 use crate::server::RequestPermit;
 use crate::store::{
-    ClaimStore, Forgotten, KeyState, Millis, RESOLVED_STATUS, Resolution, StateFilter, StoreError,
-    body_key, store_key,
+    ClaimStore, Forgotten, KeyState, Millis, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
+    StateFilter, StoreError, body_key, entity_key, store_key,
 };
 use crate::values::Secret;
 
@@ -128,6 +129,15 @@ impl Admin {
                             None => AdminRefusal::NotFound.into_response(),
                         }
                     }
+                    (_, path) if path.starts_with("/v1/entities/") => match path
+                        .strip_prefix("/v1/entities/")
+                        .and_then(|rest| rest.split_once('/'))
+                    {
+                        Some((route, entity)) => {
+                            entity_request(serving, request.method(), route, entity).await
+                        }
+                        None => AdminRefusal::NotFound.into_response(),
+                    },
                     _ => match path
                         .strip_prefix("/v1/keys/")
                         .and_then(|rest| rest.split_once('/'))
@@ -240,6 +250,53 @@ async fn key_request(
             Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
             Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
             Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
+            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+        },
+        _ => AdminRefusal::MethodNotAllowed.into_response(),
+    }
+}
+
+/// `GET /v1/entities/{route}/{entity}`: the newest version done for an entity of a route
+/// with `order:`; `DELETE` forgets it (after a version far ahead made real events stale).
+async fn entity_request(
+    serving: &Serving,
+    method: &Method,
+    route_name: &str,
+    raw_entity: &str,
+) -> Response<ProxyBody> {
+    let routing = serving.proxy.routing();
+    let Some(route) = routing.table.by_name(route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
+    };
+    if route.order.is_none() {
+        return AdminRefusal::NoOrder(route_name.to_owned()).into_response();
+    }
+    let entity = percent_encoding::percent_decode_str(raw_entity).decode_utf8_lossy();
+    let full_key = entity_key(&route.namespace, &entity);
+    let store = serving.proxy.store();
+    match *method {
+        Method::GET => match store.newest_version(&full_key).await {
+            Ok(Some(record)) => {
+                let body = json!({
+                    "route": route_name,
+                    "entity": entity,
+                    "newest_version": record.newest.text,
+                    "recorded_at": timestamp(record.recorded_at),
+                    "expires_at": timestamp(record.expires_at),
+                });
+                json_response(StatusCode::OK, body.to_string())
+            }
+            Ok(None) => AdminRefusal::NoVersion.into_response(),
+            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+        },
+        Method::DELETE => match store.forget_entity(&full_key).await {
+            Ok(true) => {
+                tracing::info!(route = route_name, entity = %entity, "entity's version forgotten through the admin API");
+                let mut response = Response::new(empty());
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+            }
+            Ok(false) => AdminRefusal::NoVersion.into_response(),
             Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
         },
         _ => AdminRefusal::MethodNotAllowed.into_response(),
@@ -460,8 +517,13 @@ fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
             "claimed_at": timestamp(done.claimed_at),
             "completed_at": timestamp(done.completed_at),
             "expires_at": timestamp(done.expires_at),
-            // None when an operator resolved the key as done: no answer was seen.
-            "upstream_status": (done.upstream_status != RESOLVED_STATUS).then_some(done.upstream_status),
+            // None where no answer from the app was seen.
+            "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS)).then_some(done.upstream_status),
+            "done_because": match done.upstream_status {
+                RESOLVED_STATUS => "resolved",
+                STALE_SKIPPED_STATUS => "stale_skipped",
+                _ => "upstream_success",
+            },
             "body_sha256": hex::encode(done.fingerprint),
         }),
         KeyState::Held(held) => json!({

@@ -50,6 +50,7 @@ pub mod config;
 pub mod demo;
 pub mod key;
 pub mod metrics;
+pub mod order;
 pub mod preset;
 pub mod proxy;
 pub mod reload;

@@ -34,6 +34,12 @@ struct RouteReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteResult {
+    route: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
 }
@@ -41,6 +47,41 @@ struct StateLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
+}
+
+/// What the stale-event guard (`order:`) found, for `dedupe_order_checks_total{result}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderCheck {
+    /// No newer version was done for the entity: forwarded as it is.
+    InOrder,
+    /// Older than a version done: forwarded with `Dedupe-Stale`.
+    StaleMarked,
+    /// Older than a version done: answered, not forwarded.
+    StaleSkipped,
+    /// The event has no usable entity or version: forwarded unguarded.
+    Unversioned,
+    /// The store could not say: forwarded unguarded, or refused (`on_store_error`).
+    StoreFailed,
+}
+
+impl OrderCheck {
+    pub const ALL: [OrderCheck; 5] = [
+        OrderCheck::InOrder,
+        OrderCheck::StaleMarked,
+        OrderCheck::StaleSkipped,
+        OrderCheck::Unversioned,
+        OrderCheck::StoreFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderCheck::InOrder => "in_order",
+            OrderCheck::StaleMarked => "stale_marked",
+            OrderCheck::StaleSkipped => "stale_skipped",
+            OrderCheck::Unversioned => "unversioned",
+            OrderCheck::StoreFailed => "store_failed",
+        }
+    }
 }
 
 /// Why a claim was released, for `dedupe_claims_released_total{reason}`.
@@ -56,10 +97,13 @@ pub enum ReleaseReason {
     /// The delivery was dropped after its claim, before its forward began (its sender
     /// hung up while the store answered).
     Abandoned,
+    /// The store failed after the claim, before the forward (`order:` reading the entity's
+    /// newest version), and `on_store_error: reject` refused the delivery.
+    StoreError,
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 7] = [
+    pub const ALL: [ReleaseReason; 8] = [
         ReleaseReason::UpstreamStatus,
         ReleaseReason::UpstreamUnreachable,
         ReleaseReason::UpstreamTimeout,
@@ -67,6 +111,7 @@ impl ReleaseReason {
         ReleaseReason::Shutdown,
         ReleaseReason::TaskFailed,
         ReleaseReason::Abandoned,
+        ReleaseReason::StoreError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +123,7 @@ impl ReleaseReason {
             ReleaseReason::Shutdown => "shutdown",
             ReleaseReason::TaskFailed => "task_failed",
             ReleaseReason::Abandoned => "abandoned",
+            ReleaseReason::StoreError => "store_error",
         }
     }
 }
@@ -103,6 +149,7 @@ pub struct Metrics {
     keys_held: Family<RouteLabel, Gauge>,
     sweep_removed: Counter,
     payload_mismatch: Family<RouteLabel, Counter>,
+    order_checks: Family<RouteResult, Counter>,
     signatures_refused: Family<RouteReason, Counter>,
     config_reloads: Family<ResultLabel, Counter>,
 }
@@ -173,6 +220,12 @@ impl Metrics {
             "Duplicates whose body differs from the delivery that was processed, by route",
             payload_mismatch.clone(),
         );
+        let order_checks = Family::<RouteResult, Counter>::default();
+        registry.register(
+            "dedupe_order_checks",
+            "Deliveries on routes with order: by route and what the stale-event guard found",
+            order_checks.clone(),
+        );
         let signatures_refused = Family::<RouteReason, Counter>::default();
         registry.register(
             "dedupe_signatures_refused",
@@ -199,6 +252,7 @@ impl Metrics {
             keys_held,
             sweep_removed,
             payload_mismatch,
+            order_checks,
             signatures_refused,
             config_reloads,
         }
@@ -206,9 +260,10 @@ impl Metrics {
 
     /// Creates every series of the routes about to serve, at zero, so that `rate()` and
     /// alerts see a series before its first event: each outcome, release reason and
-    /// (for a route that checks signatures) refusal reason.
-    pub fn expect_routes<'a>(&self, routes: impl IntoIterator<Item = (&'a str, bool)>) {
-        for (route, verifies) in routes {
+    /// (for a route that checks signatures) refusal reason, and (for a route with `order:`)
+    /// each order check's result.
+    pub fn expect_routes<'a>(&self, routes: impl IntoIterator<Item = (&'a str, bool, bool)>) {
+        for (route, verifies, orders) in routes {
             for outcome in DedupeStatus::ALL {
                 let _ = self.requests.get_or_create(&RouteOutcome {
                     route: route.to_owned(),
@@ -227,6 +282,14 @@ impl Metrics {
             let _ = self.payload_mismatch.get_or_create(&label);
             let _ = self.keys_held.get_or_create(&label);
             let _ = self.upstream_duration.get_or_create(&label);
+            if orders {
+                for check in OrderCheck::ALL {
+                    let _ = self.order_checks.get_or_create(&RouteResult {
+                        route: route.to_owned(),
+                        result: check.as_str(),
+                    });
+                }
+            }
             if verifies {
                 for reason in VerifyError::CODES {
                     let _ = self.signatures_refused.get_or_create(&RouteReason {
@@ -301,6 +364,14 @@ impl Metrics {
         self.payload_mismatch.get_or_create(&labels).inc();
     }
 
+    pub fn order_checked(&self, route: &str, check: OrderCheck) {
+        let labels = RouteResult {
+            route: route.to_owned(),
+            result: check.as_str(),
+        };
+        self.order_checks.get_or_create(&labels).inc();
+    }
+
     pub fn signature_refused(&self, route: &str, reason: &'static str) {
         let labels = RouteReason {
             route: route.to_owned(),
@@ -345,6 +416,7 @@ mod tests {
             ReleaseReason::Shutdown => 4,
             ReleaseReason::TaskFailed => 5,
             ReleaseReason::Abandoned => 6,
+            ReleaseReason::StoreError => 7,
         }
     }
 
@@ -358,7 +430,7 @@ mod tests {
     #[test]
     fn every_series_of_a_configured_route_exists_at_zero() {
         let metrics = Metrics::new();
-        metrics.expect_routes([("stripe", true), ("plain", false)]);
+        metrics.expect_routes([("stripe", true, false), ("plain", false, true)]);
         let text = metrics.encode(KeyCounts::default());
         for line in [
             r#"dedupe_requests_total{route="stripe",outcome="forwarded"} 0"#,
@@ -370,6 +442,7 @@ mod tests {
             r#"dedupe_signatures_refused_total{route="stripe",reason="stale_signature"} 0"#,
             r#"dedupe_upstream_duration_seconds_count{route="plain"} 0"#,
             r#"dedupe_config_reloads_total{result="failure"} 0"#,
+            r#"dedupe_order_checks_total{route="plain",result="stale_skipped"} 0"#,
             "dedupe_store_errors_total 0",
         ] {
             assert!(text.contains(line), "missing `{line}` in:\n{text}");
@@ -377,6 +450,10 @@ mod tests {
         assert!(
             !text.contains(r#"dedupe_signatures_refused_total{route="plain""#),
             "a route without a check cannot refuse a signature"
+        );
+        assert!(
+            !text.contains(r#"dedupe_order_checks_total{route="stripe""#),
+            "a route without order: checks none"
         );
     }
 

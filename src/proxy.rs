@@ -14,7 +14,9 @@
 //!                   ──store error──▶ 503 + Retry-After (or relay unkeyed)
 //!              ▼
 //!           forward_claimed: in a task of its own, holding the request's place
-//!              ─▶ upstream success ─▶ record_success (done, then answer)
+//!              ─▶ forward_in_order (`order:`): an event older than its entity's newest
+//!                 done version is marked `Dedupe-Stale`, or skipped (done, 200 stale)
+//!              ─▶ upstream success ─▶ record_success (done, the entity's version, answer)
 //!              ─▶ upstream failure, 502, 504 ─▶ release, then answer
 //!              ─▶ with `on_ambiguous: hold`, 504 or a connection lost after the request
 //!                 ─▶ hold, then answer
@@ -44,7 +46,8 @@ use tracing::{Instrument, Span, field};
 use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::key::{Delivery, KeyError};
-use crate::metrics::{KeyCounts, Metrics, ReleaseReason};
+use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
+use crate::order::{DEDUPE_STALE, OnStale, Ordered};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
     FingerprintScope, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
@@ -53,7 +56,7 @@ use crate::route::{
 use crate::server::RequestPermit;
 use crate::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint,
-    RecordedResponse, StoreError, body_key, store_key,
+    RecordedResponse, STALE_SKIPPED_STATUS, StoreError, body_key, store_key,
 };
 use crate::target::{self, TargetError};
 use crate::upstream::{self, Upstream, UpstreamError};
@@ -207,7 +210,9 @@ impl Proxy {
                 key,
                 fingerprint,
                 request,
+                ordered,
             }) => {
+                let request = Outbound { request, ordered };
                 self.claim_and_forward(route, &key, fingerprint, request, permit)
                     .await
             }
@@ -256,6 +261,10 @@ impl Proxy {
             Err(missing) => return Err(Refusal::MissingKey(missing.to_string())),
         };
         Span::current().record("key", key.as_str());
+        let ordered = route
+            .order
+            .as_ref()
+            .map(|order| order.read(&route.namespace, &delivery));
 
         let fingerprint = fingerprint(policy.fingerprint, &head, &body);
         // Built before the claim, so that a request that cannot be forwarded claims nothing.
@@ -266,6 +275,7 @@ impl Proxy {
             key,
             fingerprint,
             request,
+            ordered,
         })
     }
 
@@ -276,7 +286,7 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
-        request: Request<ProxyBody>,
+        request: Outbound,
         permit: RequestPermit,
     ) -> Answer {
         let policy = &route.policy;
@@ -289,7 +299,10 @@ impl Proxy {
             }
             Ok(Claiming::InFlight) => in_flight(route),
             Ok(Claiming::Held) => held(route),
-            Err(error) => self.store_failed(route, error, request, permit).await,
+            Err(error) => {
+                self.store_failed(route, error, request.request, permit)
+                    .await
+            }
         }
     }
 
@@ -302,7 +315,7 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
-        request: Request<ProxyBody>,
+        request: Outbound,
         permit: RequestPermit,
     ) -> Answer {
         let until = tokio::time::Instant::now() + route.policy.in_flight_wait;
@@ -433,7 +446,7 @@ impl Proxy {
         self: &Arc<Self>,
         route: &Arc<Route>,
         mut open: OpenClaim,
-        request: Request<ProxyBody>,
+        request: Outbound,
         permit: RequestPermit,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
@@ -442,7 +455,7 @@ impl Proxy {
         let route = Arc::clone(route);
         self.forwards.spawn(
             async move {
-                let outcome = proxy.forward_and_record(&route, open, request).await;
+                let outcome = proxy.forward_in_order(&route, open, request).await;
                 // The sender may be gone; the outcome is recorded either way.
                 let _ = answer.send(outcome);
                 drop(permit);
@@ -455,11 +468,85 @@ impl Proxy {
         })
     }
 
+    /// With `order:`, compares the event's version with the newest done for its entity
+    /// before the forward: a stale event is forwarded marked with `Dedupe-Stale`, or
+    /// skipped. An event without a usable entity or version is forwarded unguarded.
+    async fn forward_in_order(&self, route: &Route, open: OpenClaim, outbound: Outbound) -> Answer {
+        let Outbound {
+            mut request,
+            ordered,
+        } = outbound;
+        let (Some(order), Some(ordered)) = (&route.order, ordered) else {
+            return self.forward_and_record(route, open, request, None).await;
+        };
+        let ordered = match ordered {
+            Ok(ordered) => ordered,
+            Err(reason) => {
+                tracing::warn!(%reason, "forwarded without the order check");
+                self.metrics.order_checked(&route.name, OrderCheck::Unversioned);
+                return self.forward_and_record(route, open, request, None).await;
+            }
+        };
+        let newest = match self.store.newest_version(&ordered.entity).await {
+            Ok(newest) => newest.map(|record| record.newest),
+            Err(error) => {
+                if matches!(error, StoreError::Backend(_)) {
+                    self.metrics.store_error();
+                }
+                tracing::warn!(%error, "claim store failed while reading the entity's newest version");
+                self.metrics.order_checked(&route.name, OrderCheck::StoreFailed);
+                if route.policy.on_store_error == OnStoreError::Forward {
+                    return self.forward_and_record(route, open, request, None).await;
+                }
+                self.release(route, open.claims(), ReleaseReason::StoreError)
+                    .await;
+                open.settle();
+                let refusal = Refusal::StoreUnavailable {
+                    retry_after: route.policy.retry_after,
+                };
+                return (DedupeStatus::Unavailable, refusal.into_response());
+            }
+        };
+        let Some(newest) = newest.filter(|newest| newest.sort_key > ordered.version.sort_key)
+        else {
+            self.metrics.order_checked(&route.name, OrderCheck::InOrder);
+            return self
+                .forward_and_record(route, open, request, Some(&ordered))
+                .await;
+        };
+        tracing::info!(version = %ordered.version.text, newest = %newest.text, on_stale = ?order.on_stale, "stale event");
+        match order.on_stale {
+            OnStale::Skip => {
+                self.metrics
+                    .order_checked(&route.name, OrderCheck::StaleSkipped);
+                let completion = Completion {
+                    upstream_status: STALE_SKIPPED_STATUS,
+                    retention: route.policy.retention,
+                    response: None,
+                };
+                self.mark_done(open.claims(), &completion).await;
+                open.settle();
+                (DedupeStatus::Stale, response::stale(&newest.text))
+            }
+            OnStale::Mark => {
+                self.metrics.order_checked(&route.name, OrderCheck::StaleMarked);
+                // A version is digits, or an RFC 3339 time: always a valid value.
+                if let Ok(value) = http::HeaderValue::from_str(&newest.text) {
+                    request.headers_mut().insert(DEDUPE_STALE.clone(), value);
+                }
+                self.forward_and_record(route, open, request, None).await
+            }
+        }
+    }
+
+    /// Forwards a claimed delivery and records its outcome; on success, `advance` is the
+    /// entity's version to record as done (`order:`).
     async fn forward_and_record(
         &self,
         route: &Route,
         open: OpenClaim,
         request: Request<ProxyBody>,
+        advance: Option<&Ordered>,
     ) -> Answer {
         let started = Instant::now();
         let sent = self
@@ -480,7 +567,8 @@ impl Proxy {
         let outcome = match sent {
             Ok(response) if route.is_success(response.status()) => (
                 DedupeStatus::Forwarded,
-                self.record_success(route, open.claims(), response).await,
+                self.record_success(route, open.claims(), response, advance)
+                    .await,
             ),
             Ok(response) => {
                 self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
@@ -562,14 +650,16 @@ impl Proxy {
         held
     }
 
-    /// Marks the key (and a guarded body) done, then hands back the upstream's answer. If
-    /// the mark cannot be written the answer is still the upstream's success: the work
-    /// happened, and an error would make the provider run it again at once.
+    /// Marks the key (and a guarded body) done, and the entity's version (`order:`), then
+    /// hands back the upstream's answer. If a mark cannot be written the answer is still
+    /// the upstream's success: the work happened, and an error would make the provider run
+    /// it again at once.
     async fn record_success(
         &self,
         route: &Route,
         claims: &Claims,
         response: Response<Incoming>,
+        advance: Option<&Ordered>,
     ) -> Response<ProxyBody> {
         let upstream_status = response.status().as_u16();
         let (response, recorded) = if route.policy.duplicate_response.replay {
@@ -583,14 +673,30 @@ impl Proxy {
             retention: route.policy.retention,
             response: recorded,
         };
+        self.mark_done(claims, &completion).await;
+        if let Some(ordered) = advance {
+            let retention = route.policy.retention;
+            let recorded = self
+                .store
+                .record_version(&ordered.entity, &ordered.version, retention)
+                .await;
+            if let Err(error) = recorded {
+                self.metrics.store_error();
+                tracing::error!(%error, "upstream succeeded but the entity's version was not recorded; an older event of it will not be found stale");
+            }
+        }
+        response
+    }
+
+    /// Marks the claims done, waking their waiters.
+    async fn mark_done(&self, claims: &Claims, completion: &Completion) {
         for claim in claims.iter() {
             if let Err(error) = self.store.finish(claim, completion.clone()).await {
                 self.metrics.store_error();
-                tracing::error!(%error, "upstream succeeded but the done mark was not recorded; a redelivery of this event would run again");
+                tracing::error!(%error, "the done mark was not recorded; a redelivery of this event would run again");
             }
             self.waiting.announce(&claim.key);
         }
-        response
     }
 
     async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
@@ -857,9 +963,17 @@ enum Checked {
         key: String,
         fingerprint: Fingerprint,
         request: Request<ProxyBody>,
+        ordered: Option<Result<Ordered, String>>,
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),
+}
+
+/// A keyed delivery's request for the application, and on a route with `order:` its
+/// entity and version (or why it has none).
+struct Outbound {
+    request: Request<ProxyBody>,
+    ordered: Option<Result<Ordered, String>>,
 }
 
 /// What claiming a delivery found.

@@ -1,7 +1,7 @@
 //! The answers the proxy writes itself, in one place: every refusal's status, JSON error
 //! body and `Retry-After` (the proxy's and the admin API's), the same refusals as RFC 9457
 //! problems (`as_problem`, for the `idempotency_key` preset), the duplicate answer (a
-//! replay marked `Idempotent-Replayed`), and the `Dedupe-Status` header that says what
+//! replay marked `Idempotent-Replayed`), the answer to a skipped stale event, and the `Dedupe-Status` header that says what
 //! happened to a delivery.
 
 use std::time::Duration;
@@ -11,6 +11,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{BodyError, ProxyBody, full};
 use crate::key::MAX_KEY_BYTES;
+use crate::order::DEDUPE_STALE;
 use crate::route::DuplicateResponse;
 use crate::store::RecordedResponse;
 use crate::upstream::UnforwardableTarget;
@@ -39,10 +40,13 @@ pub enum DedupeStatus {
     /// an operator resolves it. Said to the delivery whose forward was ambiguous and to
     /// every delivery of the key until then.
     Held,
+    /// Older than a version already done for its entity (`order:` with `on_stale: skip`):
+    /// recorded as done without forwarding.
+    Stale,
 }
 
 impl DedupeStatus {
-    pub const ALL: [DedupeStatus; 8] = [
+    pub const ALL: [DedupeStatus; 9] = [
         DedupeStatus::Rejected,
         DedupeStatus::Unkeyed,
         DedupeStatus::Unavailable,
@@ -51,6 +55,7 @@ impl DedupeStatus {
         DedupeStatus::Forwarded,
         DedupeStatus::Released,
         DedupeStatus::Held,
+        DedupeStatus::Stale,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +68,7 @@ impl DedupeStatus {
             DedupeStatus::Forwarded => "forwarded",
             DedupeStatus::Released => "released",
             DedupeStatus::Held => "held",
+            DedupeStatus::Stale => "stale",
         }
     }
 }
@@ -320,6 +326,10 @@ pub enum AdminRefusal {
     Starting,
     NotFound,
     NoSuchRoute(String),
+    /// The route has no `order:`, so it records no versions.
+    NoOrder(String),
+    /// No version is recorded for the entity.
+    NoVersion,
     /// The key is absent, released or expired.
     Absent,
     /// Forgetting a key in flight could run its event twice at once.
@@ -365,6 +375,17 @@ impl AdminRefusal {
                 StatusCode::NOT_FOUND,
                 "no_such_route",
                 format!("no route named `{name}`"),
+            ),
+            AdminRefusal::NoOrder(name) => (
+                StatusCode::NOT_FOUND,
+                "no_order",
+                format!("route `{name}` has no `order:`, so it records no versions"),
+            ),
+            AdminRefusal::NoVersion => (
+                StatusCode::NOT_FOUND,
+                "absent",
+                "no version is recorded for the entity: none was done, or its record expired"
+                    .into(),
             ),
             AdminRefusal::Absent => (
                 StatusCode::NOT_FOUND,
@@ -502,6 +523,17 @@ pub fn duplicate(
     response
 }
 
+/// The answer to a stale event skipped unforwarded (`on_stale: skip`): a success, so that
+/// the provider does not send it again, saying which version made it stale.
+pub fn stale(newest: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({ "received": true, "stale": true, "newest_version": newest });
+    let mut response = json_response(StatusCode::OK, body.to_string());
+    if let Ok(value) = HeaderValue::from_str(newest) {
+        response.headers_mut().insert(DEDUPE_STALE.clone(), value);
+    }
+    response
+}
+
 /// Marks a replayed answer, as Stripe's API does, besides `Dedupe-Status: duplicate`.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -588,6 +620,8 @@ mod tests {
             | AdminRefusal::Starting
             | AdminRefusal::NotFound
             | AdminRefusal::NoSuchRoute(_)
+            | AdminRefusal::NoOrder(_)
+            | AdminRefusal::NoVersion
             | AdminRefusal::Absent
             | AdminRefusal::InFlight
             | AdminRefusal::Held
@@ -605,6 +639,8 @@ mod tests {
             AdminRefusal::Starting,
             AdminRefusal::NotFound,
             AdminRefusal::NoSuchRoute(String::new()),
+            AdminRefusal::NoOrder(String::new()),
+            AdminRefusal::NoVersion,
             AdminRefusal::Absent,
             AdminRefusal::InFlight,
             AdminRefusal::Held,
@@ -680,6 +716,7 @@ mod tests {
             DedupeStatus::Forwarded => 5,
             DedupeStatus::Released => 6,
             DedupeStatus::Held => 7,
+            DedupeStatus::Stale => 8,
         }
     }
 

@@ -10,6 +10,7 @@ use http::{HeaderValue, Method, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use crate::key::KeyTemplate;
+use crate::order::{OnStale, Order};
 use crate::preset::Preset;
 use crate::target;
 use crate::values::{MethodValue, StatusPattern, UpstreamUrl, as_written};
@@ -31,6 +32,9 @@ pub struct Route {
     pub verify: Option<Verify>,
     /// Whether a signed body already done under another key is a duplicate.
     pub replay_guard: ReplayGuard,
+    /// The stale-event guard.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<Order>,
     pub upstream: UpstreamUrl,
     #[serde(flatten)]
     pub policy: Policy,
@@ -290,6 +294,22 @@ impl Route {
                 self.name
             ));
         }
+        if let Some(order) = &self.order {
+            // A version far ahead, once done, makes the entity's real events stale.
+            match &self.verify {
+                None if order.on_stale == OnStale::Skip => warnings.push(format!(
+                    "route `{}`: order with on_stale: skip on a route without verify: anyone who reaches it can send an event with a version far ahead, and the entity's real events are then skipped",
+                    self.name
+                )),
+                Some(verify) if order.reads_unsigned_parts(verify.signed_headers()) => {
+                    warnings.push(format!(
+                        "route `{}`: order reads its entity or version from a header or query its signature does not cover: a resent delivery could carry another",
+                        self.name
+                    ));
+                }
+                _ => {}
+            }
+        }
         warnings
     }
 
@@ -342,11 +362,15 @@ impl RouteTable {
         self.routes.iter().find(|route| route.name == name)
     }
 
-    /// Each route's name, and whether it checks signatures.
-    pub fn names_and_checks(&self) -> impl Iterator<Item = (&str, bool)> {
-        self.routes
-            .iter()
-            .map(|route| (route.name.as_str(), route.verify.is_some()))
+    /// Each route's name, whether it checks signatures, and whether it guards order.
+    pub fn names_and_checks(&self) -> impl Iterator<Item = (&str, bool, bool)> {
+        self.routes.iter().map(|route| {
+            (
+                route.name.as_str(),
+                route.verify.is_some(),
+                route.order.is_some(),
+            )
+        })
     }
 
     pub fn routes(&self) -> impl Iterator<Item = &Route> {

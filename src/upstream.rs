@@ -113,8 +113,8 @@ pub fn outbound(
     head.uri = origin_form(&head.uri, &upstream.base_path)?;
     let headers = &mut head.headers;
     strip_hop_by_hop(headers);
-    // Only the proxy may tell the upstream an event's key, under any spelling a server
-    // might read as `Dedupe-Key`.
+    // Only the proxy may tell the upstream an event's key or staleness, under any spelling
+    // a server might read as its header.
     remove_key_headers(headers);
     if let Some(key) = dedupe_key.and_then(|key| HeaderValue::from_str(key).ok()) {
         headers.insert(DEDUPE_KEY.clone(), key);
@@ -158,24 +158,27 @@ fn origin_form(target: &Uri, base_path: &str) -> Result<Uri, UnforwardableTarget
     Ok(Uri::from(path_and_query))
 }
 
-/// Removes `Dedupe-Key` and every name a server would read as it: CGI-style servers
-/// (Rack, older gunicorn) turn `Dedupe_Key` into the same `HTTP_DEDUPE_KEY` variable.
+/// The headers only the proxy tells the application: an event's key, and (`order:`) the
+/// newest version done for its entity.
+static PROXY_HEADERS: [&HeaderName; 2] = [&DEDUPE_KEY, &crate::order::DEDUPE_STALE];
+
+/// Removes the proxy's own headers and every name a server would read as one: CGI-style
+/// servers (Rack, older gunicorn) turn `Dedupe_Key` into the same `HTTP_DEDUPE_KEY`
+/// variable as `Dedupe-Key`.
 fn remove_key_headers(headers: &mut HeaderMap) {
-    headers.remove(&DEDUPE_KEY);
-    let spelled_otherwise: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| {
-            let name = name.as_str().as_bytes();
-            name.len() == DEDUPE_KEY.as_str().len()
-                && name.contains(&b'_')
-                && name
+    let spelled_as_ours = |name: &HeaderName| {
+        let sent = name.as_str().as_bytes();
+        PROXY_HEADERS.iter().any(|ours| {
+            let ours = ours.as_str().as_bytes();
+            sent.len() == ours.len()
+                && sent
                     .iter()
-                    .zip(DEDUPE_KEY.as_str().as_bytes())
+                    .zip(ours)
                     .all(|(&sent, &ours)| sent == ours || (sent == b'_' && ours == b'-'))
         })
-        .cloned()
-        .collect();
-    for name in spelled_otherwise {
+    };
+    let named: Vec<HeaderName> = headers.keys().filter(|name| spelled_as_ours(name)).cloned().collect();
+    for name in named {
         headers.remove(name);
     }
 }
@@ -332,12 +335,14 @@ mod tests {
     }
 
     #[test]
-    fn every_spelling_a_server_reads_as_dedupe_key_is_dropped() {
+    fn every_spelling_a_server_reads_as_the_proxys_headers_is_dropped() {
         let head = request(
             &[
                 ("dedupe_key", "forged"),
                 ("Dedupe_Key", "forged"),
                 ("dedupe-key", "forged"),
+                ("dedupe-stale", "forged"),
+                ("Dedupe_Stale", "forged"),
                 ("dedupe_status", "kept"),
                 ("x-dedupe_key", "kept"),
             ],
@@ -348,6 +353,7 @@ mod tests {
         let out = outbound(head, empty(), &upstream, peer, Some("evt_1")).unwrap();
         let h = out.headers();
         assert!(!h.contains_key("dedupe_key"));
+        assert!(!h.contains_key("dedupe-stale") && !h.contains_key("dedupe_stale"));
         assert_eq!(
             h.get_all("dedupe-key").iter().collect::<Vec<_>>(),
             ["evt_1"]

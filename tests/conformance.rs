@@ -2,7 +2,8 @@
 //! against sled, Redis, PostgreSQL, Redis over mutual TLS, a six-node Redis Cluster and a
 //! TLS-only PostgreSQL (`verify-full`): every transition (hold and resolve too), owner
 //! checks, lease takeover, retention expiry, the recorded answer, concurrent claims from
-//! many tasks, listing a namespace by state, counting held keys, and announced outcomes.
+//! many tasks, listing a namespace by state, counting held keys, announced outcomes, and
+//! entities' newest versions (`order:`).
 //!
 //! Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, database `test`) are real
 //! servers, and `tests/servers` starts the TLS ones and the cluster; without them these
@@ -21,9 +22,10 @@ use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig, S
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::sled::SledStore;
+use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
-    RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError,
+    RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
 };
 use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 use dedupe_proxy::workers::{self, Workers};
@@ -205,6 +207,24 @@ impl Harness {
             ClaimOutcome::Claimed(claim) => claim,
             other => panic!("expected a claim of {name}, got {other:?}"),
         }
+    }
+
+    /// The store key of entity `name`, in the namespace of [`Harness::key`].
+    fn entity(&self, name: &str) -> String {
+        entity_key("t", &format!("{}{name}", self.run))
+    }
+
+    async fn newest(&self, name: &str) -> Option<String> {
+        let record = self.store.newest_version(&self.entity(name)).await.unwrap();
+        record.map(|record| record.newest.text)
+    }
+
+    async fn record(&self, name: &str, version: &str, retention: Duration) -> bool {
+        let version = parse_version(version).unwrap();
+        self.store
+            .record_version(&self.entity(name), &version, retention)
+            .await
+            .unwrap()
     }
 
     async fn state(&self, name: &str) -> Option<KeyState> {
@@ -797,6 +817,82 @@ async fn every_key_the_proxy_accepts_is_stored_apart(h: Harness) {
     }
 }
 
+/// An entity's record keeps the largest version recorded, in the versions' order (numbers
+/// and RFC 3339 times alike), whatever order they come in; it is kept apart from the keys
+/// of its namespace, and an operator can forget it.
+async fn the_newest_version_of_an_entity_only_grows(h: Harness) {
+    assert_eq!(h.newest("order").await, None);
+    assert!(h.record("order", "1767225600", RETENTION).await);
+    assert!(!h.record("order", "9", RETENTION).await, "older");
+    assert!(!h.record("order", "2026-01-01T00:00:00Z", RETENTION).await, "as new");
+    assert_eq!(h.newest("order").await.as_deref(), Some("1767225600"));
+    assert!(h.record("order", "2026-01-01T00:00:00.5Z", RETENTION).await);
+    assert_eq!(h.newest("order").await.as_deref(), Some("2026-01-01T00:00:00.5Z"));
+    assert!(h.record("order", "1767225601", RETENTION).await);
+    assert_eq!(h.newest("other").await, None);
+    // The key of the same name, in the same namespace, is apart.
+    let namespace = own_namespace(&h, "ordered");
+    let version = parse_version("7").unwrap();
+    let entity = entity_key(&namespace, "x");
+    assert!(h.store.record_version(&entity, &version, RETENTION).await.unwrap());
+    let event = format!("{namespace}:x");
+    assert_eq!(h.store.inspect(&event).await.unwrap(), None);
+    let outcome = h.store.claim(&event, BODY, LEASE).await.unwrap();
+    assert!(matches!(outcome, ClaimOutcome::Claimed(_)), "{outcome:?}");
+    let listed = h.store.list(&namespace, None, None, 1000).await.unwrap();
+    let listed: Vec<&str> = listed.keys.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(listed, [event.as_str()]);
+    assert_eq!(h.store.count_held().await.unwrap().iter().find(|(n, _)| n.contains("ordered")), None);
+    let newest = h.store.newest_version(&entity).await.unwrap().unwrap();
+    assert_eq!(newest.newest, version);
+    let record = h.store.newest_version(&h.entity("order")).await.unwrap().unwrap();
+    assert!(record.expires_at >= record.recorded_at + millis(RETENTION));
+    assert!(h.store.forget_entity(&h.entity("order")).await.unwrap());
+    assert!(!h.store.forget_entity(&h.entity("order")).await.unwrap());
+    assert_eq!(h.newest("order").await, None);
+    assert!(h.record("order", "1", RETENTION).await, "after a forget, any version");
+}
+
+/// An entity's record lasts its retention; once expired, any version is recorded again,
+/// and the sweep leaves a live record alone.
+async fn an_entity_record_expires_with_its_retention(h: Harness) {
+    assert!(h.record("e", "100", SHORT_RETENTION).await);
+    h.pass(SHORT_RETENTION / 4).await;
+    assert!(!h.record("e", "50", SHORT_RETENTION).await);
+    h.pass(SHORT_RETENTION).await;
+    assert_eq!(h.newest("e").await, None);
+    assert!(!h.store.forget_entity(&h.entity("e")).await.unwrap());
+    assert!(h.record("e", "50", RETENTION).await, "the expired record is replaced");
+    h.store.sweep(10_000).await.unwrap();
+    assert_eq!(h.newest("e").await.as_deref(), Some("50"));
+}
+
+/// Versions recorded at once, from many tasks: the largest stays, and only versions larger
+/// than every one recorded before them report that they were recorded.
+async fn concurrent_versions_leave_the_largest(h: Harness) {
+    let h = Arc::new(h);
+    for round in 0..5 {
+        let entity = h.entity(&format!("race{round}"));
+        let mut tasks = tokio::task::JoinSet::new();
+        let versions: Vec<u64> = (0..24).map(|_| rand::random::<u32>().into()).collect();
+        for version in versions.clone() {
+            let (store, entity) = (Arc::clone(&h.store), entity.clone());
+            tasks.spawn(async move {
+                let version = parse_version(&version.to_string()).unwrap();
+                store.record_version(&entity, &version, RETENTION).await.unwrap()
+            });
+        }
+        let mut recorded = 0;
+        while let Some(outcome) = tasks.join_next().await {
+            recorded += usize::from(outcome.unwrap());
+        }
+        assert!(recorded >= 1, "round {round}");
+        let newest = h.store.newest_version(&entity).await.unwrap().unwrap();
+        let largest = versions.iter().max().unwrap().to_string();
+        assert_eq!(newest.newest.text, largest, "round {round}");
+    }
+}
+
 /// Runs each contract test against one backend, in a module of its own.
 macro_rules! backend {
     ($module:ident, $harness:ident, $($test:ident),*) => {
@@ -842,6 +938,9 @@ conformance!(
     the_recorded_answer_is_kept_for_replay,
     concurrent_claims_of_one_key_give_exactly_one_owner,
     every_key_the_proxy_accepts_is_stored_apart,
+    the_newest_version_of_an_entity_only_grows,
+    an_entity_record_expires_with_its_retention,
+    concurrent_versions_leave_the_largest,
 );
 
 /// A test of `$test` on a `$store` opened with two workers, skipped (or failed in CI) as

@@ -19,6 +19,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use super::store::{StoreConfig, store_section};
 use super::{AdminConfig, Limits, defaults};
 use crate::key::KeyTemplate;
+use crate::order::Order;
 use crate::preset::Preset;
 use crate::route::{
     OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
@@ -53,7 +54,7 @@ pub(super) struct ConfigFile {
 }
 
 /// One entry of `routes:`, and also the shape of `defaults:` (which may not set `name`,
-/// `match`, `key`, `scope`, `preset` or `verify`). Every policy field is optional: a route inherits what it
+/// `match`, `key`, `scope`, `preset`, `verify` or `order`). Every policy field is optional: a route inherits what it
 /// leaves out from `defaults`, and `defaults` from the built-in values in `defaults.rs`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,6 +85,8 @@ pub(super) struct RouteFile {
     pub(super) retry_after: Option<HumanDuration>,
     pub(super) forward_key_header: Option<bool>,
     pub(super) replay_guard: Option<ReplayGuard>,
+    /// The stale-event guard.
+    pub(super) order: Option<Order>,
 }
 
 /// `duplicate_response:`; each field inherits separately.
@@ -204,6 +207,7 @@ impl RouteFile {
             ("scope", self.scope.is_some()),
             ("preset", self.preset.is_some()),
             ("verify", self.verify.is_some()),
+            ("order", self.order.is_some()),
         ];
         if let Some((field, _)) = per_route.iter().find(|(_, set)| *set) {
             return Err(format!("`{field}` belongs to a route, not to `defaults`"));

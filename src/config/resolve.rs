@@ -106,6 +106,7 @@ fn resolve_route(file: RouteFile, defaults: &RouteFile, upstream: &UpstreamUrl) 
         preset: file.preset,
         verify,
         replay_guard,
+        order: file.order,
         upstream: inherit(&file.upstream, &defaults.upstream, upstream.clone()),
         policy,
     }

@@ -56,6 +56,30 @@ pub fn body_key(namespace: &str, fingerprint: &Fingerprint) -> String {
     format!("{namespace}#body:{}", hex::encode(fingerprint))
 }
 
+/// The store key of an entity's record (a route's `order:` guard): `#` cannot appear in a
+/// namespace, so no event key can be this one.
+pub fn entity_key(namespace: &str, entity: &str) -> String {
+    format!("{namespace}#entity:{entity}")
+}
+
+/// An event's version under a route's `order:` guard (made in `crate::order`): the text
+/// the event carried, and its sort key. Versions compare by their sort keys, byte by byte;
+/// every sort key has the same length, and only digits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    pub sort_key: String,
+    pub text: String,
+}
+
+/// What a store keeps of an entity: the newest version whose event was done, until the
+/// retention of that event's route ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntityRecord {
+    pub newest: Version,
+    pub recorded_at: Millis,
+    pub expires_at: Millis,
+}
+
 /// Where the store reads the time; tests substitute a manual clock.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Millis;
@@ -189,6 +213,10 @@ pub enum Resolution {
 /// The app's status in the done record of a key an operator resolved as done: no answer
 /// from the app was seen.
 pub const RESOLVED_STATUS: u16 = 0;
+
+/// The app's status in the done record of a stale event skipped unforwarded
+/// (`on_stale: skip`): the app never saw it.
+pub const STALE_SKIPPED_STATUS: u16 = 1;
 
 /// Which keys a listing shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -625,8 +653,26 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// record was removed; an in-flight or held key is left alone.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError>;
 
-    /// Removes expired records, looking at up to `limit` of them (or of their index
-    /// entries).
+    /// The newest version done for `entity` (an [`entity_key`]), unless none was or its
+    /// record has expired.
+    async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError>;
+
+    /// Records `version` as the newest done for `entity`, for `retention`, unless its live
+    /// record holds a version as new or newer. Atomic: whatever calls race, the largest
+    /// version stays. Returns whether `version` was recorded.
+    async fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Forgets an entity's record (an operator's reset). Returns whether a live one was
+    /// there.
+    async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError>;
+
+    /// Removes expired records (done, held, in flight, and entities'), looking at up to
+    /// `limit` of them (or of their index entries).
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError>;
 
     /// From now until the store is dropped, passes to `heard` the store key of every

@@ -16,6 +16,11 @@
 //! value without reading it back to the proxy. Held keys are also listed in the set
 //! `{prefix}held`, which the count of held keys reads.
 //!
+//! An entity's record (`order:`) is `v`, its newest version's sort key, `:`, and the
+//! postcard [`EntityRecord`], under its store key, for the retention: `RECORD_VERSION`
+//! replaces it only with a larger sort key, compared byte by byte in the script (Lua's
+//! own string order follows the server's locale).
+//!
 //! The outcomes of claims made with `announce` are published on `{prefix}outcomes`, to
 //! which each store subscribes ([`hear`]); `listing` pages through a namespace's keys.
 
@@ -35,10 +40,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::tls;
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint,
-    Forgotten, Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse,
-    Resolution, StateFilter, StoreError, Swept, SystemClock, count_by_namespace, millis, owned,
-    within,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, EntityRecord,
+    Fingerprint, Forgotten, Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS,
+    RecordedResponse, Resolution, StateFilter, StoreError, Swept, SystemClock, Version,
+    count_by_namespace, millis, owned, within,
 };
 use crate::config::RedisConfig;
 use crate::workers::{PerWorker, Workers};
@@ -105,6 +110,32 @@ if ARGV[2] == '' then
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 end
+return 1
+";
+
+/// Sets an entity's record to ARGV[2] for ARGV[3] ms unless the live one holds a sort key
+/// as large as ARGV[1]. Returns 1 if set, 0 if not, -1 for a value the proxy did not write.
+const RECORD_VERSION: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local newest = string.match(current, '^v(%d+):')
+  if not newest then
+    return -1
+  end
+  local wanted = ARGV[1]
+  local larger = false
+  for i = 1, math.max(#wanted, #newest) do
+    local a, b = string.byte(wanted, i) or -1, string.byte(newest, i) or -1
+    if a ~= b then
+      larger = a > b
+      break
+    end
+  end
+  if not larger then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 ";
 
@@ -197,6 +228,22 @@ impl Stored {
     }
 }
 
+/// An entity's record as stored: `v`, the sort key, `:`, the record.
+fn encode_entity(record: &EntityRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + record.newest.text.len());
+    out.push(b'v');
+    out.extend_from_slice(record.newest.sort_key.as_bytes());
+    out.push(b':');
+    encode(record, out)
+}
+
+fn decode_entity(value: &[u8]) -> Result<EntityRecord, StoreError> {
+    let unreadable = || malformed("an entity record has an unknown form");
+    let rest = value.strip_prefix(b"v").ok_or_else(unreadable)?;
+    let colon = rest.iter().position(|&byte| byte == b':').ok_or_else(unreadable)?;
+    postcard::from_bytes(&rest[colon + 1..]).map_err(|_| unreadable())
+}
+
 /// The opening of an in-flight value: the tag and the owner's token.
 fn owner_prefix(token: u128) -> Vec<u8> {
     let mut prefix = Vec::with_capacity(OWNER_LEN);
@@ -223,6 +270,7 @@ pub struct RedisStore {
     release: Script,
     forget: Script,
     replace: Script,
+    record_version: Script,
     /// Where finishes and releases of announced claims are published: `{prefix}outcomes`.
     outcomes_channel: String,
     /// Clients for the subscription to that channel: the server, or each cluster node
@@ -494,6 +542,7 @@ impl RedisStore {
             release: Script::new(RELEASE),
             forget: Script::new(FORGET),
             replace: Script::new(REPLACE),
+            record_version: Script::new(RECORD_VERSION),
         })
     }
 
@@ -754,7 +803,48 @@ impl ClaimStore for RedisStore {
         });
     }
 
-    /// Redis expires leases and done records itself.
+    async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
+        let mut connection = self.connection();
+        let value: Option<Vec<u8>> = self.bounded(connection.get(self.key(entity))).await?;
+        value.as_deref().map(decode_entity).transpose()
+    }
+
+    async fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let retention = millis(retention).max(1);
+        let record = EntityRecord {
+            newest: version.clone(),
+            recorded_at: now,
+            expires_at: now.saturating_add(retention),
+        };
+        let mut connection = self.connection();
+        let mut invocation = self.record_version.key(self.key(entity));
+        invocation
+            .arg(&version.sort_key)
+            .arg(encode_entity(&record))
+            .arg(retention);
+        let recorded: i64 = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        match recorded {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(malformed("an entity record has an unknown form")),
+        }
+    }
+
+    async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
+        let mut connection = self.connection();
+        let removed: i64 = self.bounded(connection.del(self.key(entity))).await?;
+        Ok(removed == 1)
+    }
+
+    /// Redis expires leases, done records and entity records itself.
     async fn sweep(&self, _limit: usize) -> Result<Swept, StoreError> {
         Ok(Swept::default())
     }

@@ -14,6 +14,10 @@
 //! - **Done records** are filed by when they expire, one sled tree per window of time,
 //!   with a Bloom filter per tree in memory ([`epochs`]). The sweep empties and drops the
 //!   trees whose window has passed, reading nothing else.
+//! - **Entity records** (`order:`) are in the `entities` tree under their store key, and
+//!   filed by when they expire in `entity_expiry` (the time, big-endian, then the key), so
+//!   that the sweep reads only what has expired. A record replaced by a newer version
+//!   leaves its old index entry behind, which the sweep drops without touching the record.
 //! - `durability: fsync` makes each done mark durable before `finish` returns, through
 //!   `GroupFlusher`; `batched` leaves it to sled's background flush every `flush_every`.
 //! - sled keeps the first I/O error (a full disk, say) and fails every later operation,
@@ -35,9 +39,9 @@ use tokio::sync::oneshot;
 
 use self::epochs::{Epochs, RecordKey};
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, Fingerprint,
-    Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, Resolution, StateFilter,
-    StoreError, Swept, SystemClock, count_by_namespace, millis, page,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, EntityRecord,
+    Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, Resolution,
+    StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis, page,
 };
 use crate::config::{Durability, SledConfig};
 
@@ -92,11 +96,14 @@ impl From<sled::Error> for StoreError {
     }
 }
 
-/// An open database: its done records, its held keys and, with `fsync`, the flusher.
+/// An open database: its done records, its held keys, its entity records and, with
+/// `fsync`, the flusher.
 struct OpenDatabase {
     db: sled::Db,
     epochs: Epochs,
     held: sled::Tree,
+    entities: sled::Tree,
+    entity_expiry: sled::Tree,
     flusher: Option<GroupFlusher>,
 }
 
@@ -126,14 +133,92 @@ impl OpenDatabase {
             StoreError::Backend(format!("cannot start indexing the done records: {error}"))
         })?;
         let held = db.open_tree("held")?;
+        let entities = db.open_tree("entities")?;
+        let entity_expiry = db.open_tree("entity_expiry")?;
         let flusher =
             (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
         Ok(OpenDatabase {
             db,
             epochs,
             held,
+            entities,
+            entity_expiry,
             flusher,
         })
+    }
+
+    /// The live record of `entity`; an unreadable one reads as none.
+    fn live_entity(&self, entity: &str, now: Millis) -> Result<Option<EntityRecord>, StoreError> {
+        Ok(self
+            .entities
+            .get(entity.as_bytes())?
+            .and_then(|bytes| postcard::from_bytes::<EntityRecord>(&bytes).ok())
+            .filter(|record| record.expires_at > now))
+    }
+
+    /// Records `version` unless a live record is as new, swapping the record only if it is
+    /// still the one read, so that of racing calls the largest version stays.
+    fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Millis,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let record = EntityRecord {
+            newest: version.clone(),
+            recorded_at: now,
+            expires_at: now.saturating_add(retention),
+        };
+        let encoded = postcard::to_stdvec(&record).map_err(|error| StoreError::of("sled", error))?;
+        loop {
+            let current = self.entities.get(entity.as_bytes())?;
+            let as_new = current
+                .as_ref()
+                .and_then(|bytes| postcard::from_bytes::<EntityRecord>(bytes).ok())
+                .is_some_and(|live| {
+                    live.expires_at > now && live.newest.sort_key >= version.sort_key
+                });
+            if as_new {
+                return Ok(false);
+            }
+            // The index entry first: a record the sweep cannot find would never go.
+            self.entity_expiry
+                .insert(entity_expiry_key(record.expires_at, entity), &[])?;
+            if self
+                .entities
+                .compare_and_swap(entity.as_bytes(), current, Some(encoded.as_slice()))?
+                .is_ok()
+            {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Removes entity records that expired by `now`, reading up to `limit` index entries.
+    fn sweep_entities(&self, now: Millis, limit: usize) -> Result<Swept, StoreError> {
+        let mut swept = Swept::default();
+        let end = now.saturating_add(1).to_be_bytes();
+        for entry in self.entity_expiry.range(..end.as_slice()).take(limit) {
+            let (index_key, _) = entry?;
+            swept.examined += 1;
+            let entity = &index_key[index_key.len().min(8)..];
+            if let Some(bytes) = self.entities.get(entity)? {
+                let expired = postcard::from_bytes::<EntityRecord>(&bytes)
+                    .map_or(true, |record| record.expires_at <= now);
+                // Unless a newer version replaced it meanwhile.
+                if expired
+                    && self
+                        .entities
+                        .compare_and_swap(entity, Some(bytes), None::<&[u8]>)?
+                        .is_ok()
+                {
+                    swept.removed += 1;
+                }
+            }
+            self.entity_expiry.remove(index_key)?;
+        }
+        Ok(swept)
     }
 
     /// The held keys on disk that have not expired; the expired ones are removed.
@@ -169,6 +254,14 @@ impl OpenDatabase {
     fn live_done(&self, key: &RecordKey, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
         Ok(self.epochs.get(key, now)?)
     }
+}
+
+/// Where an entity record is filed by its expiry: the time, big-endian, so that the index
+/// sorts by it, then the entity's store key.
+fn entity_expiry_key(expires_at: Millis, entity: &str) -> Vec<u8> {
+    let mut key = expires_at.to_be_bytes().to_vec();
+    key.extend_from_slice(entity.as_bytes());
+    key
 }
 
 /// The open database, or none while it is being reopened after a failure.
@@ -577,15 +670,56 @@ impl ClaimStore for SledStore {
         let ended = self.drop_ended(&database, now);
         let ended = self.reopen_if_failed(&database, ended)?;
         let worker = Arc::clone(&database);
-        let swept = tokio::task::spawn_blocking(move || worker.epochs.sweep(now, limit))
-            .await
-            .map_err(|error| StoreError::Backend(error.to_string()))
-            .and_then(|swept| Ok(swept?))
-            .map(|swept| Swept {
-                examined: swept.examined,
-                removed: swept.removed + ended,
-            });
+        let swept = tokio::task::spawn_blocking(move || {
+            let records = worker.epochs.sweep(now, limit)?;
+            // The entities get what the done records left of the limit.
+            let entities = worker.sweep_entities(now, limit.saturating_sub(records.examined))?;
+            Ok::<_, StoreError>(Swept {
+                examined: records.examined + entities.examined,
+                removed: records.removed + entities.removed + ended,
+            })
+        })
+        .await
+        .map_err(|error| StoreError::Backend(error.to_string()))
+        .and_then(|swept| swept);
         self.reopen_if_failed(&database, swept)
+    }
+
+    async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
+        let database = self.database()?;
+        let newest = database.live_entity(entity, self.clock.now());
+        self.reopen_if_failed(&database, newest)
+    }
+
+    async fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let database = self.database()?;
+        let now = self.clock.now();
+        let recorded = match database.record_version(entity, version, millis(retention), now) {
+            Ok(true) => database.make_durable().await.map(|()| true),
+            other => other,
+        };
+        self.reopen_if_failed(&database, recorded)
+    }
+
+    async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
+        let database = self.database()?;
+        let now = self.clock.now();
+        let forgotten = database
+            .live_entity(entity, now)
+            .and_then(|live| {
+                database.entities.remove(entity.as_bytes())?;
+                Ok(live.is_some())
+            });
+        let forgotten = match forgotten {
+            Ok(true) => database.make_durable().await.map(|()| true),
+            other => other,
+        };
+        self.reopen_if_failed(&database, forgotten)
     }
 
     fn done_keys(&self) -> Option<u64> {

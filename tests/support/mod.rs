@@ -27,8 +27,8 @@ use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Fingerprint, Forgotten, KeyState, Page,
-    Resolution, StateFilter, StoreError, Swept,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Fingerprint, Forgotten,
+    KeyState, Page, Resolution, StateFilter, StoreError, Swept, Version,
 };
 
 // ---------------------------------------------------------------- the upstream
@@ -676,6 +676,8 @@ pub struct FailingStore {
     pub fail_claims_after: Option<usize>,
     pub fail_finish: bool,
     pub fail_hold: bool,
+    /// Fails reading and recording entities' versions (`order:`).
+    pub fail_versions: bool,
     /// Answers the replay guard's body claims half a second late.
     pub slow_body_claims: bool,
     pub claims: Arc<AtomicUsize>,
@@ -689,6 +691,7 @@ impl FailingStore {
             fail_claims_after: None,
             fail_finish: false,
             fail_hold: false,
+            fail_versions: false,
             slow_body_claims: false,
             claims: Arc::default(),
         }
@@ -752,6 +755,26 @@ impl ClaimStore for FailingStore {
     }
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         self.inner.forget(key).await
+    }
+    async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
+        if self.fail_versions {
+            return Err(StoreError::Backend("injected version failure".into()));
+        }
+        self.inner.newest_version(entity).await
+    }
+    async fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        if self.fail_versions {
+            return Err(StoreError::Backend("injected version failure".into()));
+        }
+        self.inner.record_version(entity, version, retention).await
+    }
+    async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
+        self.inner.forget_entity(entity).await
     }
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
         self.inner.sweep(limit).await

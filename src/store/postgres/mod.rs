@@ -6,7 +6,10 @@
 //! release and hold are guarded by the owner token; resolve changes only a live held row.
 //! `expires_at` is the lease's end while in flight and the retention's end once done or
 //! held; an index on it lets the sweeper delete only what has expired, and a partial one
-//! finds the held keys. Times come from the database's clock, which all replicas share.
+//! finds the held keys. Entities' records (`order:`) are rows of a table of their own,
+//! `<table>_entities`, whose `sort_key` compares byte by byte (`COLLATE "C"`): one
+//! `INSERT ... ON CONFLICT DO UPDATE ... WHERE <the new sort key is larger, or the row
+//! has expired>` keeps the largest version. Times come from the database's clock, which all replicas share.
 //! Claims and done marks travel in batches, one statement for many (`batch.rs`). The
 //! outcomes of claims made with `announce` are notified on `<table>_outcomes`, on which
 //! each store keeps one connection listening ([`hear`]).
@@ -32,9 +35,10 @@ use tokio_util::sync::CancellationToken;
 use self::batch::{Batched, Queue};
 use super::tls;
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, Forgotten,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, EntityRecord, Fingerprint,
+    Forgotten,
     Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse, Resolution,
-    StateFilter, StoreError, Swept, millis, owned, page, within,
+    StateFilter, StoreError, Swept, Version, millis, owned, page, within,
 };
 use crate::config::{PostgresConfig, SslMode, driver_url};
 use crate::workers::{PerWorker, Workers};
@@ -58,6 +62,12 @@ const LISTED: &str = "state, claimed_at, expires_at, completed_at, upstream_stat
 /// name cut to fit PostgreSQL's 63-byte names.
 fn outcomes_channel(table: &str) -> String {
     format!("{}_outcomes", &table[..table.len().min(54)])
+}
+
+/// The table of entities' records beside `table`, its name cut to fit PostgreSQL's
+/// 63-byte names.
+fn entities_table(table: &str) -> String {
+    format!("{}_entities", &table[..table.len().min(54)])
 }
 
 /// How often the connection that listens for outcomes is checked: a connection that died
@@ -86,11 +96,16 @@ struct Statements {
     count_held: String,
     state_of: String,
     sweep: String,
+    newest_version: String,
+    record_version: String,
+    forget_entity: String,
+    sweep_entities: String,
 }
 
 impl Statements {
     fn for_table(table: &str) -> Statements {
         let channel = outcomes_channel(table);
+        let entities = entities_table(table);
         Statements {
             claim_many: format!(
                 "WITH now AS (SELECT {NOW_MS} AS ms),
@@ -184,6 +199,26 @@ impl Statements {
             sweep: format!(
                 "DELETE FROM {table} WHERE key IN (
                    SELECT key FROM {table} WHERE expires_at <= {NOW_MS}
+                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
+            newest_version: format!(
+                "SELECT sort_key, version, recorded_at, expires_at FROM {entities}
+                 WHERE key = $1 AND expires_at > {NOW_MS}"
+            ),
+            record_version: format!(
+                "INSERT INTO {entities} AS e (key, sort_key, version, recorded_at, expires_at)
+                 VALUES ($1, $2, $3, {NOW_MS}, {NOW_MS} + $4)
+                 ON CONFLICT (key) DO UPDATE SET
+                   sort_key = EXCLUDED.sort_key, version = EXCLUDED.version,
+                   recorded_at = EXCLUDED.recorded_at, expires_at = EXCLUDED.expires_at
+                 WHERE e.expires_at <= EXCLUDED.recorded_at OR e.sort_key < EXCLUDED.sort_key"
+            ),
+            forget_entity: format!(
+                "DELETE FROM {entities} WHERE key = $1 RETURNING expires_at > {NOW_MS} AS live"
+            ),
+            sweep_entities: format!(
+                "DELETE FROM {entities} WHERE key IN (
+                   SELECT key FROM {entities} WHERE expires_at <= {NOW_MS}
                    ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
         }
@@ -680,6 +715,25 @@ impl PostgresStore {
                  END $$;"
             ))
             .await?;
+        let entities = entities_table(table);
+        let expiry_index = format!("{}_entity_expiry", &table[..table.len().min(50)]);
+        transaction
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {entities} (
+                   key text PRIMARY KEY,
+                   sort_key text COLLATE \"C\" NOT NULL,
+                   version text NOT NULL,
+                   recorded_at bigint NOT NULL,
+                   expires_at bigint NOT NULL
+                 );
+                 DO $$
+                 BEGIN
+                   IF to_regclass('{expiry_index}') IS NULL THEN
+                     CREATE INDEX {expiry_index} ON {entities} (expires_at);
+                   END IF;
+                 END $$;"
+            ))
+            .await?;
         transaction.commit().await?;
         self.create_held_index(&client, table).await
     }
@@ -1004,13 +1058,55 @@ impl ClaimStore for PostgresStore {
     }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let removed = self.execute(&self.statements.sweep, &[&limit]).await?;
-        let removed = usize::try_from(removed).unwrap_or(usize::MAX);
+        let wanted = i64::try_from(limit).unwrap_or(i64::MAX);
+        let claims = self.execute(&self.statements.sweep, &[&wanted]).await?;
+        let claims = usize::try_from(claims).unwrap_or(usize::MAX);
+        // The entities get what the claims left of the limit.
+        let left = i64::try_from(limit.saturating_sub(claims)).unwrap_or(i64::MAX);
+        let entities = if left > 0 {
+            let removed = self.execute(&self.statements.sweep_entities, &[&left]).await?;
+            usize::try_from(removed).unwrap_or(usize::MAX)
+        } else {
+            0
+        };
         Ok(Swept {
-            examined: removed,
-            removed,
+            examined: claims + entities,
+            removed: claims + entities,
         })
+    }
+
+    async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
+        let rows = self
+            .query(&self.statements.newest_version, &[&entity])
+            .await?;
+        Ok(rows.first().map(|row| EntityRecord {
+            newest: Version {
+                sort_key: row.get("sort_key"),
+                text: row.get("version"),
+            },
+            recorded_at: unsigned(row.get("recorded_at")),
+            expires_at: unsigned(row.get("expires_at")),
+        }))
+    }
+
+    async fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let retention = signed(millis(retention).max(1));
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&entity, &version.sort_key, &version.text, &retention];
+        let changed = self
+            .execute(&self.statements.record_version, &params)
+            .await?;
+        Ok(changed == 1)
+    }
+
+    async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
+        let rows = self.query(&self.statements.forget_entity, &[&entity]).await?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, bool>("live")))
     }
 
     fn hear_outcomes(&self, heard: Heard) {
