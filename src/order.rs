@@ -156,7 +156,10 @@ mod tests {
             assert_eq!(key(text).len(), SORT_KEY_DIGITS, "{text}");
         }
         assert_eq!(key("1767225600"), key("2026-01-01T00:00:00Z"));
-        assert_eq!(key("2026-01-01T01:00:00+01:00"), key("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            key("2026-01-01T01:00:00+01:00"),
+            key("2026-01-01T00:00:00Z")
+        );
         assert_eq!(key("007"), key("7"));
         // Compared to the nanosecond.
         assert_eq!(key("1.0000000001"), key("1.0000000002"));

@@ -483,7 +483,8 @@ impl Proxy {
             Ok(ordered) => ordered,
             Err(reason) => {
                 tracing::warn!(%reason, "forwarded without the order check");
-                self.metrics.order_checked(&route.name, OrderCheck::Unversioned);
+                self.metrics
+                    .order_checked(&route.name, OrderCheck::Unversioned);
                 return self.forward_and_record(route, open, request, None).await;
             }
         };
@@ -494,7 +495,8 @@ impl Proxy {
                     self.metrics.store_error();
                 }
                 tracing::warn!(%error, "claim store failed while reading the entity's newest version");
-                self.metrics.order_checked(&route.name, OrderCheck::StoreFailed);
+                self.metrics
+                    .order_checked(&route.name, OrderCheck::StoreFailed);
                 if route.policy.on_store_error == OnStoreError::Forward {
                     return self.forward_and_record(route, open, request, None).await;
                 }
@@ -529,7 +531,8 @@ impl Proxy {
                 (DedupeStatus::Stale, response::stale(&newest.text))
             }
             OnStale::Mark => {
-                self.metrics.order_checked(&route.name, OrderCheck::StaleMarked);
+                self.metrics
+                    .order_checked(&route.name, OrderCheck::StaleMarked);
                 // A version is digits, or an RFC 3339 time: always a valid value.
                 if let Ok(value) = http::HeaderValue::from_str(&newest.text) {
                     request.headers_mut().insert(DEDUPE_STALE.clone(), value);

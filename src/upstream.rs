@@ -177,7 +177,11 @@ fn remove_key_headers(headers: &mut HeaderMap) {
                     .all(|(&sent, &ours)| sent == ours || (sent == b'_' && ours == b'-'))
         })
     };
-    let named: Vec<HeaderName> = headers.keys().filter(|name| spelled_as_ours(name)).cloned().collect();
+    let named: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| spelled_as_ours(name))
+        .cloned()
+        .collect();
     for name in named {
         headers.remove(name);
     }

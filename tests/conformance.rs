@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode};
+use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::sled::SledStore;
-use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
     RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
@@ -824,17 +824,28 @@ async fn the_newest_version_of_an_entity_only_grows(h: Harness) {
     assert_eq!(h.newest("order").await, None);
     assert!(h.record("order", "1767225600", RETENTION).await);
     assert!(!h.record("order", "9", RETENTION).await, "older");
-    assert!(!h.record("order", "2026-01-01T00:00:00Z", RETENTION).await, "as new");
+    assert!(
+        !h.record("order", "2026-01-01T00:00:00Z", RETENTION).await,
+        "as new"
+    );
     assert_eq!(h.newest("order").await.as_deref(), Some("1767225600"));
     assert!(h.record("order", "2026-01-01T00:00:00.5Z", RETENTION).await);
-    assert_eq!(h.newest("order").await.as_deref(), Some("2026-01-01T00:00:00.5Z"));
+    assert_eq!(
+        h.newest("order").await.as_deref(),
+        Some("2026-01-01T00:00:00.5Z")
+    );
     assert!(h.record("order", "1767225601", RETENTION).await);
     assert_eq!(h.newest("other").await, None);
     // The key of the same name, in the same namespace, is apart.
     let namespace = own_namespace(&h, "ordered");
     let version = parse_version("7").unwrap();
     let entity = entity_key(&namespace, "x");
-    assert!(h.store.record_version(&entity, &version, RETENTION).await.unwrap());
+    assert!(
+        h.store
+            .record_version(&entity, &version, RETENTION)
+            .await
+            .unwrap()
+    );
     let event = format!("{namespace}:x");
     assert_eq!(h.store.inspect(&event).await.unwrap(), None);
     let outcome = h.store.claim(&event, BODY, LEASE).await.unwrap();
@@ -842,15 +853,31 @@ async fn the_newest_version_of_an_entity_only_grows(h: Harness) {
     let listed = h.store.list(&namespace, None, None, 1000).await.unwrap();
     let listed: Vec<&str> = listed.keys.iter().map(|(key, _)| key.as_str()).collect();
     assert_eq!(listed, [event.as_str()]);
-    assert_eq!(h.store.count_held().await.unwrap().iter().find(|(n, _)| n.contains("ordered")), None);
+    assert_eq!(
+        h.store
+            .count_held()
+            .await
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n.contains("ordered")),
+        None
+    );
     let newest = h.store.newest_version(&entity).await.unwrap().unwrap();
     assert_eq!(newest.newest, version);
-    let record = h.store.newest_version(&h.entity("order")).await.unwrap().unwrap();
+    let record = h
+        .store
+        .newest_version(&h.entity("order"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(record.expires_at >= record.recorded_at + millis(RETENTION));
     assert!(h.store.forget_entity(&h.entity("order")).await.unwrap());
     assert!(!h.store.forget_entity(&h.entity("order")).await.unwrap());
     assert_eq!(h.newest("order").await, None);
-    assert!(h.record("order", "1", RETENTION).await, "after a forget, any version");
+    assert!(
+        h.record("order", "1", RETENTION).await,
+        "after a forget, any version"
+    );
 }
 
 /// An entity's record lasts its retention; once expired, any version is recorded again,
@@ -862,7 +889,10 @@ async fn an_entity_record_expires_with_its_retention(h: Harness) {
     h.pass(SHORT_RETENTION).await;
     assert_eq!(h.newest("e").await, None);
     assert!(!h.store.forget_entity(&h.entity("e")).await.unwrap());
-    assert!(h.record("e", "50", RETENTION).await, "the expired record is replaced");
+    assert!(
+        h.record("e", "50", RETENTION).await,
+        "the expired record is replaced"
+    );
     h.store.sweep(10_000).await.unwrap();
     assert_eq!(h.newest("e").await.as_deref(), Some("50"));
 }
@@ -879,7 +909,10 @@ async fn concurrent_versions_leave_the_largest(h: Harness) {
             let (store, entity) = (Arc::clone(&h.store), entity.clone());
             tasks.spawn(async move {
                 let version = parse_version(&version.to_string()).unwrap();
-                store.record_version(&entity, &version, RETENTION).await.unwrap()
+                store
+                    .record_version(&entity, &version, RETENTION)
+                    .await
+                    .unwrap()
             });
         }
         let mut recorded = 0;

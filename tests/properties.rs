@@ -3,9 +3,10 @@
 //! claim states in `docs/contract.md`, so only the owner finishes or holds, a key is done
 //! only after its owner finished it (or an operator resolved its hold), a held key stays
 //! held across restarts until resolved or expired, and never two owners hold a key inside
-//! a lease; the sweep never removes more than
-//! has expired, and in the end removes every expired record. And the parsers (key templates, key
-//! extraction, configuration) never panic on any input.
+//! a lease; an entity's newest version (`order:`) only grows while its record lives; the
+//! sweep never removes more than has expired, and in the end removes every expired record.
+//! Versions sort as the numbers and instants they stand for. And the parsers (key
+//! templates, key extraction, versions, configuration) never panic on any input.
 //!
 //! `PROPTEST_CASES=100000 cargo test --release --test properties` runs a longer search.
 
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use dedupe_proxy::config::{Config, Durability, Overrides, SledConfig};
 use dedupe_proxy::key::{Delivery, KeyError, KeyTemplate, MAX_KEY_BYTES};
+use dedupe_proxy::order::{SORT_KEY_DIGITS, parse_version};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, Resolution,
@@ -50,6 +52,15 @@ enum Op {
     Advance {
         ms: u64,
     },
+    /// An entity's version recorded as done (`order:`).
+    RecordVersion {
+        entity: usize,
+        version: u64,
+        retention_ms: u64,
+    },
+    ForgetEntity {
+        entity: usize,
+    },
     Sweep,
     Restart,
 }
@@ -63,6 +74,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3usize, any::<bool>(), 500..3000u64)
             .prop_map(|(key, done, retention_ms)| Op::Resolve { key, done, retention_ms }),
         3 => (0..2000u64).prop_map(|ms| Op::Advance { ms }),
+        3 => (0..2usize, 0..6u64, 500..3000u64)
+            .prop_map(|(entity, version, retention_ms)| Op::RecordVersion { entity, version, retention_ms }),
+        1 => (0..2usize).prop_map(|entity| Op::ForgetEntity { entity }),
         1 => Just(Op::Sweep),
         1 => Just(Op::Restart),
     ]
@@ -79,6 +93,28 @@ struct Model {
 }
 
 const KEYS: [&str; 3] = ["a:1", "a:2", "b:1"];
+/// Entities' store keys; the first shares its name with a key.
+const ENTITIES: [&str; 2] = ["a#entity:1", "b#entity:x"];
+
+/// The reference model of an entity's record: the newest version done, until its retention
+/// ends.
+#[derive(Debug, Clone, Copy, Default)]
+struct EntityModel {
+    newest: Option<(u64, u64)>,
+}
+
+impl EntityModel {
+    fn live(&self, now: u64) -> Option<u64> {
+        self.newest
+            .filter(|(_, until)| *until > now)
+            .map(|(version, _)| version)
+    }
+}
+
+/// A version whose text is `n`: its order is the numbers' order.
+fn version(n: u64) -> dedupe_proxy::store::Version {
+    parse_version(&n.to_string()).unwrap()
+}
 
 fn open(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
     let config = SledConfig {
@@ -105,6 +141,7 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut store = open(&path, &clock);
     let mut now = 1_000_000u64;
     let mut model: HashMap<&str, Model> = KEYS.iter().map(|key| (*key, Model::default())).collect();
+    let mut entities = [EntityModel::default(); 2];
     let mut handles: Vec<Claim> = Vec::new();
     // Leases and done records that reached their end, and what the sweep removed. Ended
     // leases are swept at once; done records once their expiry window has passed.
@@ -239,6 +276,35 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 }
             }
+            Op::RecordVersion {
+                entity,
+                version: n,
+                retention_ms,
+            } => {
+                let retention = Duration::from_millis(retention_ms);
+                let recorded = store
+                    .record_version(ENTITIES[entity], &version(n), retention)
+                    .await
+                    .unwrap();
+                let model = &mut entities[entity];
+                let expected = model.live(now).is_none_or(|newest| n > newest);
+                prop_assert_eq!(recorded, expected, "{} recorded {}", ENTITIES[entity], n);
+                if recorded {
+                    if model.newest.is_some_and(|(_, until)| until <= now) {
+                        ended += 1; // the expired record is replaced
+                    }
+                    model.newest = Some((n, now + retention_ms));
+                }
+            }
+            Op::ForgetEntity { entity } => {
+                let forgotten = store.forget_entity(ENTITIES[entity]).await.unwrap();
+                let model = &mut entities[entity];
+                prop_assert_eq!(forgotten, model.live(now).is_some());
+                if model.newest.is_some_and(|(_, until)| until <= now) {
+                    ended += 1; // removed expired, never to be swept
+                }
+                model.newest = None;
+            }
             Op::Finish { .. } | Op::Release { .. } | Op::Hold { .. } => {}
             Op::Advance { ms } => {
                 clock.advance(Duration::from_millis(ms));
@@ -256,6 +322,12 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                     if entry.held_until.is_some_and(|until| until <= now) {
                         entry.held_until = None;
+                        ended += 1;
+                    }
+                }
+                for entity in &mut entities {
+                    if entity.newest.is_some_and(|(_, until)| until <= now) {
+                        entity.newest = None;
                         ended += 1;
                     }
                 }
@@ -304,14 +376,32 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 key
             );
         }
+        // And on each entity's newest version, which only grows while it lives.
+        for (entity, model) in ENTITIES.iter().zip(&entities) {
+            let stored = store.newest_version(entity).await.unwrap();
+            prop_assert_eq!(
+                stored.map(|record| record.newest),
+                model.live(now).map(version),
+                "{} newest",
+                entity
+            );
+        }
     }
     // Long after every retention (at most 3 s) and its window (at most 1 s more), the
     // sweep has removed every record.
     clock.advance(Duration::from_secs(5));
     store.sweep(10_000).await.unwrap();
+    prop_assert_eq!(
+        store.sweep(10_000).await.unwrap().removed,
+        0,
+        "all swept at once"
+    );
     prop_assert_eq!(store.done_keys(), Some(0));
     for key in KEYS {
         prop_assert_eq!(store.inspect(key).await.unwrap(), None);
+    }
+    for entity in ENTITIES {
+        prop_assert_eq!(store.newest_version(entity).await.unwrap(), None);
     }
     Ok(())
 }
@@ -400,6 +490,50 @@ proptest! {
             }
         }
         config_never_panics(&text.into_iter().collect::<String>())?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn versions_sort_as_the_numbers_they_stand_for(
+        a in any::<u64>(), b in any::<u64>(), fa in 0..1_000_000_000u32, fb in 0..1_000_000_000u32,
+    ) {
+        let key = |whole: u64, fraction: u32| {
+            let text = format!("{whole}.{fraction:09}");
+            parse_version(&text).unwrap().sort_key
+        };
+        prop_assert_eq!((a, fa).cmp(&(b, fb)), key(a, fa).cmp(&key(b, fb)));
+        prop_assert_eq!(
+            a.cmp(&b),
+            parse_version(&a.to_string()).unwrap().sort_key.cmp(&parse_version(&b.to_string()).unwrap().sort_key)
+        );
+    }
+
+    #[test]
+    fn times_sort_as_the_instants_they_stand_for_whatever_their_offset(
+        a in 0..253_402_300_799i64, b in 0..253_402_300_799i64,
+        offset_a in -86_399..86_399i32, offset_b in -86_399..86_399i32,
+    ) {
+        let text = |seconds: i64, offset: i32| {
+            let offset = time::UtcOffset::from_whole_seconds(offset - offset % 60).unwrap();
+            let at = time::OffsetDateTime::from_unix_timestamp(seconds).unwrap().to_offset(offset);
+            at.format(&time::format_description::well_known::Rfc3339).ok()
+        };
+        // A time whose local year falls outside 0000-9999 has no RFC 3339 form.
+        let (Some(ta), Some(tb)) = (text(a, offset_a), text(b, offset_b)) else { return Ok(()) };
+        let (va, vb) = (parse_version(&ta).unwrap(), parse_version(&tb).unwrap());
+        prop_assert_eq!(a.cmp(&b), va.sort_key.cmp(&vb.sort_key), "{} {}", ta, tb);
+        prop_assert_eq!(va.sort_key, parse_version(&a.to_string()).unwrap().sort_key);
+    }
+
+    #[test]
+    fn any_text_is_a_version_of_the_fixed_width_or_none(text in any::<String>()) {
+        if let Some(version) = parse_version(&text) {
+            prop_assert_eq!(version.sort_key.len(), SORT_KEY_DIGITS);
+            prop_assert!(version.sort_key.bytes().all(|byte| byte.is_ascii_digit()));
+        }
     }
 }
 

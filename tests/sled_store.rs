@@ -1,7 +1,7 @@
 //! What only the sled backend does (the shared contract is in `conformance.rs`): the
 //! sweep that reads only what expired, in batches; recovery after a restart, across every
 //! expiry window; data directories it cannot read and the directory lock; group commit
-//! with `durability: fsync`.
+//! with `durability: fsync`; entity records (`order:`) swept by their expiry index.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -296,4 +296,61 @@ async fn fsync_durability_shares_flushes_between_concurrent_finishes() {
     .await
     .expect("group commit must not deadlock");
     assert_eq!(finished, 200);
+}
+
+/// Entity records (`order:`) are swept by their expiry index, in batches, reading only
+/// what expired: a record that a newer version replaced is kept though its first index
+/// entry expired; a record survives a restart.
+#[tokio::test]
+async fn entity_records_are_swept_by_expiry_and_survive_a_restart() {
+    let Fixture { store, clock, dir } = fixture();
+    let version = |text: &str| dedupe_proxy::order::parse_version(text).unwrap();
+    let short = Duration::from_secs(10);
+    for n in 0..25 {
+        let entity = format!("t#entity:{n}");
+        assert!(
+            store
+                .record_version(&entity, &version("1"), short)
+                .await
+                .unwrap()
+        );
+    }
+    // Moved on before it expired: its record now lasts the long retention.
+    clock.advance(Duration::from_secs(5));
+    assert!(
+        store
+            .record_version("t#entity:0", &version("2"), RETENTION)
+            .await
+            .unwrap()
+    );
+    clock.advance(Duration::from_secs(6));
+    let mut batches = Vec::new();
+    loop {
+        let swept = store.sweep(10).await.unwrap();
+        batches.push((swept.examined, swept.removed));
+        if swept.examined < 10 {
+            break;
+        }
+    }
+    // 25 index entries from the first versions, of which entity 0's points to a live
+    // record now; its second entry has not expired.
+    assert_eq!(batches, [(10, 9), (10, 10), (5, 5)]);
+    assert_eq!(store.sweep(10).await.unwrap().examined, 0);
+
+    drop(store);
+    let store = loop {
+        match SledStore::open_with_clock(
+            &sled_config(&dir.path().join("db"), Durability::Batched),
+            clock.clone(),
+        ) {
+            Ok(store) => break store,
+            Err(StoreError::Backend(text)) if text.contains("in use") => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
+    let kept = store.newest_version("t#entity:0").await.unwrap().unwrap();
+    assert_eq!(kept.newest, version("2"));
+    assert_eq!(store.newest_version("t#entity:1").await.unwrap(), None);
 }

@@ -283,6 +283,36 @@ mod tests {
     }
 
     #[test]
+    fn an_order_guard_an_outsider_could_steer_is_warned_about() {
+        let route = |name: &str, verify: &str, version: &str, on_stale: &str| {
+            format!(
+                "  - name: {name}\n    match: {{ path: /{name} }}\n    key: \"{{json:/id}}\"\n{verify}    order: {{ entity: \"{{json:/o}}\", version: \"{version}\", on_stale: {on_stale} }}\n"
+            )
+        };
+        let verify = "    verify: { hmac: { secret_env: PATH, header: X-Sig } }\n";
+        let text = format!(
+            "upstream: http://127.0.0.1:8080\nroutes:\n{}{}{}{}",
+            route("open-skip", "", "{json:/v}", "skip"),
+            route("open-mark", "", "{json:/v}", "mark"),
+            route("signed-header", verify, "{header:X-Version}", "mark"),
+            route("signed-body", verify, "{json:/v}", "skip"),
+        );
+        let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
+        let warned: Vec<&str> = config
+            .warnings
+            .iter()
+            .filter(|warning| warning.contains("order"))
+            .map(|warning| warning.split('`').nth(1).unwrap())
+            .collect();
+        assert_eq!(
+            warned,
+            ["open-skip", "signed-header"],
+            "{:?}",
+            config.warnings
+        );
+    }
+
+    #[test]
     fn the_replay_guard_is_on_where_a_signed_delivery_keys_on_something_unsigned() {
         let text = r#"
 defaults: {}

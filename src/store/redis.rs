@@ -240,7 +240,10 @@ fn encode_entity(record: &EntityRecord) -> Vec<u8> {
 fn decode_entity(value: &[u8]) -> Result<EntityRecord, StoreError> {
     let unreadable = || malformed("an entity record has an unknown form");
     let rest = value.strip_prefix(b"v").ok_or_else(unreadable)?;
-    let colon = rest.iter().position(|&byte| byte == b':').ok_or_else(unreadable)?;
+    let colon = rest
+        .iter()
+        .position(|&byte| byte == b':')
+        .ok_or_else(unreadable)?;
     postcard::from_bytes(&rest[colon + 1..]).map_err(|_| unreadable())
 }
 

@@ -170,7 +170,8 @@ impl OpenDatabase {
             recorded_at: now,
             expires_at: now.saturating_add(retention),
         };
-        let encoded = postcard::to_stdvec(&record).map_err(|error| StoreError::of("sled", error))?;
+        let encoded =
+            postcard::to_stdvec(&record).map_err(|error| StoreError::of("sled", error))?;
         loop {
             let current = self.entities.get(entity.as_bytes())?;
             let as_new = current
@@ -709,12 +710,10 @@ impl ClaimStore for SledStore {
     async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
         let database = self.database()?;
         let now = self.clock.now();
-        let forgotten = database
-            .live_entity(entity, now)
-            .and_then(|live| {
-                database.entities.remove(entity.as_bytes())?;
-                Ok(live.is_some())
-            });
+        let forgotten = database.live_entity(entity, now).and_then(|live| {
+            database.entities.remove(entity.as_bytes())?;
+            Ok(live.is_some())
+        });
         let forgotten = match forgotten {
             Ok(true) => database.make_durable().await.map(|()| true),
             other => other,

@@ -36,9 +36,8 @@ use self::batch::{Batched, Queue};
 use super::tls;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, EntityRecord, Fingerprint,
-    Forgotten,
-    Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse, Resolution,
-    StateFilter, StoreError, Swept, Version, millis, owned, page, within,
+    Forgotten, Heard, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, RecordedResponse,
+    Resolution, StateFilter, StoreError, Swept, Version, millis, owned, page, within,
 };
 use crate::config::{PostgresConfig, SslMode, driver_url};
 use crate::workers::{PerWorker, Workers};
@@ -1064,7 +1063,9 @@ impl ClaimStore for PostgresStore {
         // The entities get what the claims left of the limit.
         let left = i64::try_from(limit.saturating_sub(claims)).unwrap_or(i64::MAX);
         let entities = if left > 0 {
-            let removed = self.execute(&self.statements.sweep_entities, &[&left]).await?;
+            let removed = self
+                .execute(&self.statements.sweep_entities, &[&left])
+                .await?;
             usize::try_from(removed).unwrap_or(usize::MAX)
         } else {
             0
@@ -1105,7 +1106,9 @@ impl ClaimStore for PostgresStore {
     }
 
     async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
-        let rows = self.query(&self.statements.forget_entity, &[&entity]).await?;
+        let rows = self
+            .query(&self.statements.forget_entity, &[&entity])
+            .await?;
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>("live")))
     }
 
