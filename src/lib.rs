@@ -14,12 +14,13 @@
 //!   their typed values); [`route`] is a route as it runs and the table that finds it;
 //!   [`target`] checks a request's Host and gives the path's normal form routes match on;
 //!   [`key`] extracts keys; [`verify`] checks signatures; [`preset`] knows the major
-//!   providers.
+//!   providers; [`order`] reads an event's entity and version for the stale-event guard.
 //! - [`proxy`] is the lifecycle of one delivery: match, check (read, verify, key), claim,
-//!   forward, finish.
+//!   compare with the entity's newest version (`order:`), forward, finish.
 //! - [`store`] holds claims: absent → in_flight → done (or held, for an operator),
 //!   atomically, owner-checked, on sled (embedded) or shared by replicas on Redis or
-//!   PostgreSQL; [`waiting`] keeps the duplicates that wait for an outcome.
+//!   PostgreSQL, and each entity's newest done version; [`waiting`] keeps the duplicates
+//!   that wait for an outcome.
 //! - [`upstream`] holds the pooled clients, one per worker; [`response`] writes every
 //!   answer the proxy makes.
 //! - [`server`] accepts connections within [`config::Limits`] and hands each to one of
@@ -35,8 +36,9 @@
 //! hears of it; any failure releases the claim so the provider's retry runs the work
 //! (with `on_ambiguous: hold`, a failure after which the app may have done the work holds
 //! the key for an operator instead). A done key's duplicate is answered at once; an
-//! in-flight or held key's gets 409 and `Retry-After`. The background tasks sweep expired
-//! records and count held keys.
+//! in-flight or held key's gets 409 and `Retry-After`. On a route with `order:`, an event
+//! older than one already done about the same entity is forwarded marked `Dedupe-Stale`,
+//! or skipped. The background tasks sweep expired records and count held keys.
 //!
 //! [`start`] brings the proxy up and returns an [`App`]; [`App::shutdown`] drains it.
 //! [`run`] does both around a shutdown signal, for the binary.

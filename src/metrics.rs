@@ -61,7 +61,7 @@ pub enum OrderCheck {
     /// The event has no usable entity or version: forwarded unguarded.
     Unversioned,
     /// The store could not say: forwarded unguarded, or refused (`on_store_error`).
-    StoreFailed,
+    StoreError,
 }
 
 impl OrderCheck {
@@ -70,7 +70,7 @@ impl OrderCheck {
         OrderCheck::StaleMarked,
         OrderCheck::StaleSkipped,
         OrderCheck::Unversioned,
-        OrderCheck::StoreFailed,
+        OrderCheck::StoreError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,7 +79,7 @@ impl OrderCheck {
             OrderCheck::StaleMarked => "stale_marked",
             OrderCheck::StaleSkipped => "stale_skipped",
             OrderCheck::Unversioned => "unversioned",
-            OrderCheck::StoreFailed => "store_failed",
+            OrderCheck::StoreError => "store_error",
         }
     }
 }

@@ -10,17 +10,12 @@
 //! before the point, 9 after), which every store compares byte by byte: the same order
 //! in Lua, SQL and Rust, and no floating point anywhere.
 
-use http::HeaderName;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::key::{Delivery, KeyTemplate};
 use crate::store::{Version, entity_key};
-
-/// Told to the app with a stale event (`on_stale: mark`): the newest version done for the
-/// entity. Only the proxy sets it; a sender's is removed.
-pub static DEDUPE_STALE: HeaderName = HeaderName::from_static("dedupe-stale");
 
 /// How many digits a sort key has: 20 whole (any `u64` and more), 9 fractional
 /// (nanoseconds). Digits past the ninth fractional one are not compared.
@@ -51,32 +46,49 @@ pub enum OnStale {
     Skip,
 }
 
-/// An event's entity (as its store key) and version.
+/// What a delivery carries for the guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// The route has no `order:`.
+    Off,
+    /// The event has no usable entity or version (why, for the log): it goes unguarded.
+    Unversioned(String),
+    Versioned(Ordered),
+}
+
+/// An event's entity and version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ordered {
+    /// As the event named it.
     pub entity: String,
+    /// Where the store keeps the entity's record ([`entity_key`]).
+    pub store_key: String,
     pub version: Version,
 }
 
 impl Order {
     /// The entity and version of a delivery on a route whose keys live in `namespace`, or
-    /// why it has none the guard can use (the event is then forwarded unguarded).
-    pub fn read(&self, namespace: &str, delivery: &Delivery<'_>) -> Result<Ordered, String> {
-        let entity = self
-            .entity
-            .extract(delivery)
-            .map_err(|error| format!("entity: {error}"))?;
-        let text = self
-            .version
-            .extract(delivery)
-            .map_err(|error| format!("version: {error}"))?;
-        let version = parse_version(&text).ok_or_else(|| {
-            format!("version: `{text}` is not a non-negative number or an RFC 3339 time")
-        })?;
-        Ok(Ordered {
-            entity: entity_key(namespace, &entity),
-            version,
-        })
+    /// why it has none the guard can use.
+    pub fn read(&self, namespace: &str, delivery: &Delivery<'_>) -> Guard {
+        let read = || {
+            let entity = self
+                .entity
+                .extract(delivery)
+                .map_err(|error| format!("entity: {error}"))?;
+            let text = self
+                .version
+                .extract(delivery)
+                .map_err(|error| format!("version: {error}"))?;
+            let version = parse_version(&text).ok_or_else(|| {
+                format!("version: `{text}` is not a non-negative number or an RFC 3339 time")
+            })?;
+            Ok(Ordered {
+                store_key: entity_key(namespace, &entity),
+                entity,
+                version,
+            })
+        };
+        read().map_or_else(Guard::Unversioned, Guard::Versioned)
     }
 
     /// Whether the entity or version reads a part of the request that a body signature

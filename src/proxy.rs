@@ -47,7 +47,7 @@ use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
-use crate::order::{DEDUPE_STALE, OnStale, Ordered};
+use crate::order::{Guard, OnStale, Ordered};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
     FingerprintScope, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
@@ -56,10 +56,10 @@ use crate::route::{
 use crate::server::RequestPermit;
 use crate::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint,
-    RecordedResponse, STALE_SKIPPED_STATUS, StoreError, body_key, store_key,
+    RecordedResponse, STALE_SKIPPED_STATUS, StoreError, Version, body_key, store_key,
 };
 use crate::target::{self, TargetError};
-use crate::upstream::{self, Upstream, UpstreamError};
+use crate::upstream::{self, DEDUPE_STALE, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
 use crate::waiting::{Waiting, Woken};
 
@@ -210,9 +210,9 @@ impl Proxy {
                 key,
                 fingerprint,
                 request,
-                ordered,
+                guard,
             }) => {
-                let request = Outbound { request, ordered };
+                let request = Outbound { request, guard };
                 self.claim_and_forward(route, &key, fingerprint, request, permit)
                     .await
             }
@@ -261,10 +261,10 @@ impl Proxy {
             Err(missing) => return Err(Refusal::MissingKey(missing.to_string())),
         };
         Span::current().record("key", key.as_str());
-        let ordered = route
+        let guard = route
             .order
             .as_ref()
-            .map(|order| order.read(&route.namespace, &delivery));
+            .map_or(Guard::Off, |order| order.read(&route.namespace, &delivery));
 
         let fingerprint = fingerprint(policy.fingerprint, &head, &body);
         // Built before the claim, so that a request that cannot be forwarded claims nothing.
@@ -275,7 +275,7 @@ impl Proxy {
             key,
             fingerprint,
             request,
-            ordered,
+            guard,
         })
     }
 
@@ -387,12 +387,7 @@ impl Proxy {
                 let response = self.relay(&route.upstream, request, timeout, permit).await;
                 (DedupeStatus::Unkeyed, response)
             }
-            OnStoreError::Reject => {
-                let refusal = Refusal::StoreUnavailable {
-                    retry_after: policy.retry_after,
-                };
-                (DedupeStatus::Unavailable, refusal.into_response())
-            }
+            OnStoreError::Reject => unavailable(route),
         }
     }
 
@@ -468,59 +463,18 @@ impl Proxy {
         })
     }
 
-    /// With `order:`, compares the event's version with the newest done for its entity
-    /// before the forward: a stale event is forwarded marked with `Dedupe-Stale`, or
-    /// skipped. An event without a usable entity or version is forwarded unguarded.
+    /// With `order:`, forwards as the guard's verdict says: an event older than the newest
+    /// done for its entity is forwarded marked with `Dedupe-Stale`, or skipped.
     async fn forward_in_order(&self, route: &Route, open: OpenClaim, outbound: Outbound) -> Answer {
-        let Outbound {
-            mut request,
-            ordered,
-        } = outbound;
-        let (Some(order), Some(ordered)) = (&route.order, ordered) else {
-            return self.forward_and_record(route, open, request, None).await;
-        };
-        let ordered = match ordered {
-            Ok(ordered) => ordered,
-            Err(reason) => {
-                tracing::warn!(%reason, "forwarded without the order check");
-                self.metrics
-                    .order_checked(&route.name, OrderCheck::Unversioned);
-                return self.forward_and_record(route, open, request, None).await;
+        let Outbound { mut request, guard } = outbound;
+        let on_stale = route.order.as_ref().map(|order| order.on_stale);
+        match self.order_verdict(route, guard).await {
+            Verdict::Unguarded => self.forward_and_record(route, open, request, None).await,
+            Verdict::InOrder(ordered) => {
+                self.forward_and_record(route, open, request, Some(&ordered))
+                    .await
             }
-        };
-        let newest = match self.store.newest_version(&ordered.entity).await {
-            Ok(newest) => newest.map(|record| record.newest),
-            Err(error) => {
-                if matches!(error, StoreError::Backend(_)) {
-                    self.metrics.store_error();
-                }
-                tracing::warn!(%error, "claim store failed while reading the entity's newest version");
-                self.metrics
-                    .order_checked(&route.name, OrderCheck::StoreFailed);
-                if route.policy.on_store_error == OnStoreError::Forward {
-                    return self.forward_and_record(route, open, request, None).await;
-                }
-                self.release(route, open.claims(), ReleaseReason::StoreError)
-                    .await;
-                open.settle();
-                let refusal = Refusal::StoreUnavailable {
-                    retry_after: route.policy.retry_after,
-                };
-                return (DedupeStatus::Unavailable, refusal.into_response());
-            }
-        };
-        let Some(newest) = newest.filter(|newest| newest.sort_key > ordered.version.sort_key)
-        else {
-            self.metrics.order_checked(&route.name, OrderCheck::InOrder);
-            return self
-                .forward_and_record(route, open, request, Some(&ordered))
-                .await;
-        };
-        tracing::info!(version = %ordered.version.text, newest = %newest.text, on_stale = ?order.on_stale, "stale event");
-        match order.on_stale {
-            OnStale::Skip => {
-                self.metrics
-                    .order_checked(&route.name, OrderCheck::StaleSkipped);
+            Verdict::Stale(_) if on_stale == Some(OnStale::Skip) => {
                 let completion = Completion {
                     upstream_status: STALE_SKIPPED_STATUS,
                     retention: route.policy.retention,
@@ -528,16 +482,69 @@ impl Proxy {
                 };
                 self.mark_done(open.claims(), &completion).await;
                 open.settle();
-                (DedupeStatus::Stale, response::stale(&newest.text))
+                (DedupeStatus::Stale, response::stale())
             }
-            OnStale::Mark => {
-                self.metrics
-                    .order_checked(&route.name, OrderCheck::StaleMarked);
-                // A version is digits, or an RFC 3339 time: always a valid value.
+            Verdict::Stale(newest) => {
+                // A version's text is digits or an RFC 3339 time: always a header value.
                 if let Ok(value) = http::HeaderValue::from_str(&newest.text) {
                     request.headers_mut().insert(DEDUPE_STALE.clone(), value);
                 }
                 self.forward_and_record(route, open, request, None).await
+            }
+            // Its version is still recorded on success: recording only ever raises it.
+            Verdict::StoreFailed(ordered)
+                if route.policy.on_store_error == OnStoreError::Forward =>
+            {
+                self.forward_and_record(route, open, request, Some(&ordered))
+                    .await
+            }
+            Verdict::StoreFailed(_) => {
+                self.release(route, open.claims(), ReleaseReason::StoreError)
+                    .await;
+                open.settle();
+                unavailable(route)
+            }
+        }
+    }
+
+    /// Compares a claimed event's version with the newest done for its entity, and counts
+    /// what it found.
+    async fn order_verdict(&self, route: &Route, guard: Guard) -> Verdict {
+        let (order, ordered) = match (&route.order, guard) {
+            (Some(order), Guard::Versioned(ordered)) => (order, ordered),
+            (_, Guard::Unversioned(reason)) => {
+                tracing::debug!(%reason, "forwarded without the order check");
+                self.metrics
+                    .order_checked(&route.name, OrderCheck::Unversioned);
+                return Verdict::Unguarded;
+            }
+            _ => return Verdict::Unguarded,
+        };
+        let newest = match self.store.newest_version(&ordered.store_key).await {
+            Ok(newest) => newest.map(|record| record.newest),
+            Err(error) => {
+                if matches!(error, StoreError::Backend(_)) {
+                    self.metrics.store_error();
+                }
+                tracing::warn!(%error, entity = %ordered.entity, "claim store failed while reading the entity's newest version");
+                self.metrics
+                    .order_checked(&route.name, OrderCheck::StoreError);
+                return Verdict::StoreFailed(ordered);
+            }
+        };
+        match newest.filter(|newest| newest.sort_key > ordered.version.sort_key) {
+            Some(newest) => {
+                let (check, action) = match order.on_stale {
+                    OnStale::Mark => (OrderCheck::StaleMarked, "marked"),
+                    OnStale::Skip => (OrderCheck::StaleSkipped, "skipped"),
+                };
+                tracing::info!(entity = %ordered.entity, version = %ordered.version.text, newest = %newest.text, action, "stale event");
+                self.metrics.order_checked(&route.name, check);
+                Verdict::Stale(newest)
+            }
+            None => {
+                self.metrics.order_checked(&route.name, OrderCheck::InOrder);
+                Verdict::InOrder(ordered)
             }
         }
     }
@@ -653,8 +660,8 @@ impl Proxy {
         held
     }
 
-    /// Marks the key (and a guarded body) done, and the entity's version (`order:`), then
-    /// hands back the upstream's answer. If a mark cannot be written the answer is still
+    /// Records the entity's version (`order:`) and marks the key (and a guarded body)
+    /// done, then hands back the upstream's answer. If a mark cannot be written the answer is still
     /// the upstream's success: the work happened, and an error would make the provider run
     /// it again at once.
     async fn record_success(
@@ -676,18 +683,22 @@ impl Proxy {
             retention: route.policy.retention,
             response: recorded,
         };
-        self.mark_done(claims, &completion).await;
+        // The version first: should the done mark then fail, the redelivery carries the
+        // same version, which is not stale, and runs as it would without `order`.
         if let Some(ordered) = advance {
             let retention = route.policy.retention;
             let recorded = self
                 .store
-                .record_version(&ordered.entity, &ordered.version, retention)
+                .record_version(&ordered.store_key, &ordered.version, retention)
                 .await;
             if let Err(error) = recorded {
-                self.metrics.store_error();
+                if matches!(error, StoreError::Backend(_)) {
+                    self.metrics.store_error();
+                }
                 tracing::error!(%error, "upstream succeeded but the entity's version was not recorded; an older event of it will not be found stale");
             }
         }
+        self.mark_done(claims, &completion).await;
         response
     }
 
@@ -847,6 +858,14 @@ fn in_flight(route: &Route) -> Answer {
     (DedupeStatus::InFlight, refusal.into_response())
 }
 
+/// The answer to a delivery refused because the store failed (`on_store_error: reject`).
+fn unavailable(route: &Route) -> Answer {
+    let refusal = Refusal::StoreUnavailable {
+        retry_after: route.policy.retry_after,
+    };
+    (DedupeStatus::Unavailable, refusal.into_response())
+}
+
 /// The answer to a delivery whose key is held.
 fn held(route: &Route) -> Answer {
     let refusal = Refusal::Held {
@@ -966,17 +985,30 @@ enum Checked {
         key: String,
         fingerprint: Fingerprint,
         request: Request<ProxyBody>,
-        ordered: Option<Result<Ordered, String>>,
+        guard: Guard,
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),
 }
 
-/// A keyed delivery's request for the application, and on a route with `order:` its
-/// entity and version (or why it has none).
+/// A keyed delivery's request for the application, and what it carries for the order
+/// guard.
 struct Outbound {
     request: Request<ProxyBody>,
-    ordered: Option<Result<Ordered, String>>,
+    guard: Guard,
+}
+
+/// What the order guard found for a claimed delivery.
+enum Verdict {
+    /// No `order:`, no usable version: forwarded as it is.
+    Unguarded,
+    /// Not older than the entity's newest done version: forwarded, and its version
+    /// recorded on success.
+    InOrder(Ordered),
+    /// Older than `Version`, the entity's newest done.
+    Stale(Version),
+    /// The store could not say: `on_store_error` decides.
+    StoreFailed(Ordered),
 }
 
 /// What claiming a delivery found.

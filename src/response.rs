@@ -11,7 +11,6 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{BodyError, ProxyBody, full};
 use crate::key::MAX_KEY_BYTES;
-use crate::order::DEDUPE_STALE;
 use crate::route::DuplicateResponse;
 use crate::store::RecordedResponse;
 use crate::upstream::UnforwardableTarget;
@@ -524,14 +523,13 @@ pub fn duplicate(
 }
 
 /// The answer to a stale event skipped unforwarded (`on_stale: skip`): a success, so that
-/// the provider does not send it again, saying which version made it stale.
-pub fn stale(newest: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({ "received": true, "stale": true, "newest_version": newest });
-    let mut response = json_response(StatusCode::OK, body.to_string());
-    if let Ok(value) = HeaderValue::from_str(newest) {
-        response.headers_mut().insert(DEDUPE_STALE.clone(), value);
-    }
-    response
+/// the provider does not send it again. It does not say the newest version: on a route
+/// anyone can reach, that would tell them when an object last changed.
+pub fn stale() -> Response<ProxyBody> {
+    json_response(
+        StatusCode::OK,
+        r#"{"received":true,"stale":true}"#.to_owned(),
+    )
 }
 
 /// Marks a replayed answer, as Stripe's API does, besides `Dedupe-Status: duplicate`.

@@ -294,23 +294,28 @@ impl Route {
                 self.name
             ));
         }
-        if let Some(order) = &self.order {
-            // A version far ahead, once done, makes the entity's real events stale.
-            match &self.verify {
-                None if order.on_stale == OnStale::Skip => warnings.push(format!(
-                    "route `{}`: order with on_stale: skip on a route without verify: anyone who reaches it can send an event with a version far ahead, and the entity's real events are then skipped",
-                    self.name
-                )),
-                Some(verify) if order.reads_unsigned_parts(verify.signed_headers()) => {
-                    warnings.push(format!(
-                        "route `{}`: order reads its entity or version from a header or query its signature does not cover: a resent delivery could carry another",
-                        self.name
-                    ));
-                }
-                _ => {}
-            }
+        if self.order.is_some() && self.steerable_versions() {
+            let outcome = match self.order.as_ref().map(|order| order.on_stale) {
+                Some(OnStale::Skip) => "skipped",
+                _ => "marked stale",
+            };
+            warnings.push(format!(
+                "route `{}`: order's version can be set by whoever reaches the route (no verify, or read from a part the signature does not cover): one event with a version far ahead, and the entity's real events are {outcome}",
+                self.name
+            ));
         }
         warnings
+    }
+
+    /// Whether someone without the signing secret can choose an event's entity and version
+    /// (`order:`): the route checks no signature, or reads them from a part it does not sign.
+    /// A version far ahead, once done, makes the entity's real events stale.
+    pub fn steerable_versions(&self) -> bool {
+        match (&self.order, &self.verify) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(order), Some(verify)) => order.reads_unsigned_parts(verify.signed_headers()),
+        }
     }
 
     /// Whether the upstream's status counts as success for this route.

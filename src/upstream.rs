@@ -1,8 +1,8 @@
 //! The way to the application: a pool of HTTP/1 connections per worker ([`pool`]), the
 //! rewriting of a sender's request into the upstream's (hop-by-hop headers dropped,
-//! `X-Forwarded-*` and `Dedupe-Key` set) and of the upstream's answer back, and the three
-//! ways a forward fails: unreachable (502), connection lost after the request went out
-//! (502), or too slow (504).
+//! `X-Forwarded-*` and `Dedupe-Key` set, a sender's `Dedupe-Key` and `Dedupe-Stale`
+//! removed) and of the upstream's answer back, and the three ways a forward fails:
+//! unreachable (502), connection lost after the request went out (502), or too slow (504).
 
 mod pool;
 
@@ -23,6 +23,10 @@ use crate::workers::PerWorker;
 
 /// The header that carries the event's key to the upstream.
 pub static DEDUPE_KEY: HeaderName = HeaderName::from_static("dedupe-key");
+
+/// Told to the app with a stale event (`order:` with `on_stale: mark`): the newest version
+/// done for its entity. Only the proxy sets it; a sender's is removed.
+pub static DEDUPE_STALE: HeaderName = HeaderName::from_static("dedupe-stale");
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -115,7 +119,7 @@ pub fn outbound(
     strip_hop_by_hop(headers);
     // Only the proxy may tell the upstream an event's key or staleness, under any spelling
     // a server might read as its header.
-    remove_key_headers(headers);
+    remove_proxy_headers(headers);
     if let Some(key) = dedupe_key.and_then(|key| HeaderValue::from_str(key).ok()) {
         headers.insert(DEDUPE_KEY.clone(), key);
     }
@@ -160,12 +164,12 @@ fn origin_form(target: &Uri, base_path: &str) -> Result<Uri, UnforwardableTarget
 
 /// The headers only the proxy tells the application: an event's key, and (`order:`) the
 /// newest version done for its entity.
-static PROXY_HEADERS: [&HeaderName; 2] = [&DEDUPE_KEY, &crate::order::DEDUPE_STALE];
+static PROXY_HEADERS: [&HeaderName; 2] = [&DEDUPE_KEY, &DEDUPE_STALE];
 
 /// Removes the proxy's own headers and every name a server would read as one: CGI-style
 /// servers (Rack, older gunicorn) turn `Dedupe_Key` into the same `HTTP_DEDUPE_KEY`
 /// variable as `Dedupe-Key`.
-fn remove_key_headers(headers: &mut HeaderMap) {
+fn remove_proxy_headers(headers: &mut HeaderMap) {
     let spelled_as_ours = |name: &HeaderName| {
         let sent = name.as_str().as_bytes();
         PROXY_HEADERS.iter().any(|ours| {

@@ -26,12 +26,22 @@ async fn admin(proxy: &Proxy, method: &str, path: &str) -> Reply {
     send(proxy.admin, method, path, &[], "").await
 }
 
-async fn metric(proxy: &Proxy, line_start: &str) -> String {
-    let text = admin(proxy, "GET", "/metrics").await.body;
+/// The value of a metric series (its name and labels, as exposed).
+/// The value of a metric series (its name and labels, as exposed) on an admin port.
+async fn metric_at(admin: std::net::SocketAddr, series: &str) -> u64 {
+    let text = send(admin, "GET", "/metrics", &[], "").await.body;
     text.lines()
-        .find(|line| line.starts_with(line_start))
-        .unwrap_or_else(|| panic!("no `{line_start}` in:\n{text}"))
-        .to_owned()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{series}` in:\n{text}"))
+}
+
+async fn metric(proxy: &Proxy, series: &str) -> u64 {
+    metric_at(proxy.admin, series).await
+}
+
+/// The series of `dedupe_order_checks_total` for the route `hooks` and `result`.
+fn checks(result: &str) -> String {
+    format!(r#"dedupe_order_checks_total{{route="hooks",result="{result}"}}"#)
 }
 
 fn stale_header(received: &Received) -> Option<&str> {
@@ -49,6 +59,11 @@ async fn a_stale_event_is_forwarded_marked_with_the_newest_done_version() {
     assert_eq!((newer.status, newer.dedupe()), (200, "forwarded"));
     let older = post_versioned(&proxy, "evt_1", "ord_1", "1767225500").await;
     assert_eq!((older.status, older.dedupe()), (200, "forwarded"));
+    // The stale event, once done, does not move the version back.
+    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1").await;
+    assert_eq!(entity.status, 200, "{}", entity.body);
+    assert_eq!(entity.json()["newest_version"], "1767225600");
+    assert_eq!(entity.json()["entity"], "ord_1");
     // Another entity's events are not compared with this one's.
     post_versioned(&proxy, "evt_3", "ord_2", "5").await;
     let newest = post_versioned(&proxy, "evt_4", "ord_1", "1767225700").await;
@@ -57,27 +72,10 @@ async fn a_stale_event_is_forwarded_marked_with_the_newest_done_version() {
     let received = upstream.received();
     let marks: Vec<Option<&str>> = received.iter().map(stale_header).collect();
     assert_eq!(marks, [None, Some("1767225600"), None, None]);
-    // The stale event, once done, does not move the version back.
     let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1").await;
-    assert_eq!(entity.status, 200, "{}", entity.body);
     assert_eq!(entity.json()["newest_version"], "1767225700");
-    assert_eq!(entity.json()["entity"], "ord_1");
-    assert_eq!(
-        metric(
-            &proxy,
-            r#"dedupe_order_checks_total{route="hooks",result="stale_marked"}"#
-        )
-        .await,
-        r#"dedupe_order_checks_total{route="hooks",result="stale_marked"} 1"#
-    );
-    assert_eq!(
-        metric(
-            &proxy,
-            r#"dedupe_order_checks_total{route="hooks",result="in_order"}"#
-        )
-        .await,
-        r#"dedupe_order_checks_total{route="hooks",result="in_order"} 3"#
-    );
+    assert_eq!(metric(&proxy, &checks("stale_marked")).await, 1);
+    assert_eq!(metric(&proxy, &checks("in_order")).await, 3);
 }
 
 #[tokio::test]
@@ -87,8 +85,12 @@ async fn a_stale_event_is_skipped_answered_and_recorded_as_done() {
     post_versioned(&proxy, "evt_2", "ord_1", "200").await;
     let skipped = post_versioned(&proxy, "evt_1", "ord_1", "100").await;
     assert_eq!((skipped.status, skipped.dedupe()), (200, "stale"));
-    assert_eq!(skipped.header("dedupe-stale"), Some("200"));
-    assert_eq!(skipped.json()["newest_version"], "200");
+    // The sender is not told the newest version (when the object last changed).
+    assert_eq!(skipped.header("dedupe-stale"), None);
+    assert_eq!(
+        skipped.json(),
+        serde_json::json!({"received": true, "stale": true})
+    );
     assert_eq!(upstream.requests(), 1, "the stale event was not forwarded");
     // The same version is not stale: only an older one.
     let same = post_versioned(&proxy, "evt_2b", "ord_1", "200").await;
@@ -110,16 +112,9 @@ async fn a_stale_event_is_skipped_answered_and_recorded_as_done() {
             r#"dedupe_requests_total{route="hooks",outcome="stale"}"#
         )
         .await,
-        r#"dedupe_requests_total{route="hooks",outcome="stale"} 1"#
+        1
     );
-    assert_eq!(
-        metric(
-            &proxy,
-            r#"dedupe_order_checks_total{route="hooks",result="stale_skipped"}"#
-        )
-        .await,
-        r#"dedupe_order_checks_total{route="hooks",result="stale_skipped"} 1"#
-    );
+    assert_eq!(metric(&proxy, &checks("stale_skipped")).await, 1);
 
     // An operator who finds the newest version wrong forgets it: older events run again.
     let forgotten = admin(&proxy, "DELETE", "/v1/entities/hooks/ord_1").await;
@@ -176,10 +171,8 @@ async fn times_with_offsets_compare_as_instants() {
     assert_eq!(later.dedupe(), "forwarded");
     let earlier = post_versioned(&proxy, "c", "p", r#""2026-01-01T08:15:00Z""#).await;
     assert_eq!(earlier.dedupe(), "stale");
-    assert_eq!(
-        earlier.header("dedupe-stale"),
-        Some("2026-01-01T09:30:00+01:00")
-    );
+    let entity = admin(&proxy, "GET", "/v1/entities/hooks/p").await.json();
+    assert_eq!(entity["newest_version"], "2026-01-01T09:30:00+01:00");
     // A Unix time in seconds is the same scale.
     let numeric = post_versioned(&proxy, "d", "p", "1767256200").await; // 08:30Z
     assert_eq!(numeric.dedupe(), "forwarded", "as new is not stale");
@@ -205,21 +198,20 @@ async fn an_event_without_a_usable_version_is_forwarded_unguarded() {
     }
     let unkeyed = post_json(proxy.addr, "/hooks", r#"{"id":"no-entity","created":1}"#).await;
     assert_eq!(unkeyed.dedupe(), "forwarded");
-    assert_eq!(upstream.requests(), 8);
+    // Entities the key's limits refuse: over 512 bytes, or with a control character.
+    let long = "o".repeat(600);
+    for (id, entity) in [("long", long.as_str()), ("control", "ord\\u0007")] {
+        let reply = post_versioned(&proxy, id, entity, "1").await;
+        assert_eq!(reply.dedupe(), "forwarded", "{id}");
+    }
+    assert_eq!(upstream.requests(), 10);
     assert!(
         upstream
             .received()
             .iter()
             .all(|r| stale_header(r).is_none())
     );
-    assert_eq!(
-        metric(
-            &proxy,
-            r#"dedupe_order_checks_total{route="hooks",result="unversioned"}"#
-        )
-        .await,
-        r#"dedupe_order_checks_total{route="hooks",result="unversioned"} 7"#
-    );
+    assert_eq!(metric(&proxy, &checks("unversioned")).await, 9);
     // None of them moved the entity on.
     let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1")
         .await
@@ -231,22 +223,28 @@ async fn an_event_without_a_usable_version_is_forwarded_unguarded() {
 async fn a_sender_cannot_mark_an_event_stale() {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(upstream.addr, &ordered_route("mark", "")).await;
-    let body = r#"{"id":"evt_1","created":5,"data":{"object":{"id":"o"}}}"#;
-    for name in ["Dedupe-Stale", "dedupe_stale"] {
+    let addr = proxy.addr;
+    let send_with = |id: &'static str, version: u32, name: &'static str| async move {
+        let body =
+            format!(r#"{{"id":"{id}","created":{version},"data":{{"object":{{"id":"o"}}}}}}"#);
         let headers = [("content-type", "application/json"), (name, "999")];
-        send(proxy.addr, "POST", "/hooks", &headers, body.to_owned()).await;
-    }
+        send(addr, "POST", "/hooks", &headers, body).await
+    };
+    send_with("evt_5", 5, "Dedupe-Stale").await;
+    send_with("evt_6", 6, "dedupe_stale").await;
+    // Stale: the proxy's value alone reaches the app, not the forged one.
+    send_with("evt_1", 1, "Dedupe_Stale").await;
     let received = upstream.received();
-    assert_eq!(received.len(), 1, "the second is a duplicate");
-    assert!(
-        received[0]
+    assert_eq!(received.len(), 3);
+    for (request, expected) in received.iter().zip([&[][..], &[][..], &["6"][..]]) {
+        let stale: Vec<&str> = request
             .headers
-            .keys()
-            .all(|name| !name.as_str().eq_ignore_ascii_case("dedupe-stale")
-                && !name.as_str().eq_ignore_ascii_case("dedupe_stale")),
-        "{:?}",
-        received[0].headers
-    );
+            .iter()
+            .filter(|(name, _)| name.as_str().replace('_', "-") == "dedupe-stale")
+            .map(|(_, value)| value.to_str().unwrap())
+            .collect();
+        assert_eq!(stale, expected, "{:?}", request.headers);
+    }
 }
 
 #[tokio::test]
@@ -257,11 +255,11 @@ async fn the_admin_api_shows_versions_only_for_routes_with_order() {
         ordered_route("mark", "")
     );
     let proxy = Proxy::start(upstream.addr, &routes).await;
-    let plain = admin(&proxy, "GET", "/v1/entities/plain/x").await;
-    assert_eq!(
-        (plain.status, plain.json()["error"].as_str()),
-        (404, Some("no_order"))
-    );
+    for method in ["GET", "DELETE"] {
+        let plain = admin(&proxy, method, "/v1/entities/plain/x").await;
+        let error = plain.json()["error"].as_str().map(str::to_owned);
+        assert_eq!((plain.status, error.as_deref()), (404, Some("no_order")));
+    }
     let missing = admin(&proxy, "GET", "/v1/entities/nope/x").await;
     assert_eq!(missing.json()["error"], "no_such_route");
     let wrong = admin(&proxy, "PUT", "/v1/entities/hooks/x").await;
@@ -291,9 +289,16 @@ async fn the_store_failing_to_read_a_version_follows_on_store_error() {
     assert_eq!((refused.status, refused.dedupe()), (503, "unavailable"));
     assert!(refused.header("retry-after").is_some());
     assert_eq!(upstream.requests(), 0);
-    // The claim was given back: the key is not left in flight.
+    // The claim was released: the key is not left in flight.
     let key = send(app.admin_addr, "GET", "/v1/keys/hooks/evt_1", &[], "").await;
     assert_eq!(key.status, 404, "{}", key.body);
+    let released = r#"dedupe_claims_released_total{route="hooks",reason="store_error"}"#;
+    assert_eq!(metric_at(app.admin_addr, released).await, 1);
+    assert_eq!(metric_at(app.admin_addr, &checks("store_error")).await, 1);
+    assert_eq!(
+        metric_at(app.admin_addr, "dedupe_store_errors_total").await,
+        1
+    );
     app.shutdown().await.unwrap();
 
     let route = ordered_route("skip", "    on_store_error: forward\n");
@@ -309,4 +314,28 @@ async fn the_store_failing_to_read_a_version_follows_on_store_error() {
     let again = post_json(app.proxy_addr, "/hooks", body).await;
     assert_eq!(again.dedupe(), "duplicate");
     app.shutdown().await.unwrap();
+}
+
+/// With `replay_guard: body`, a skipped stale event's body is done too: resent under a
+/// fresh ID, it is that event's duplicate, not a new stale event, and not forwarded.
+#[tokio::test]
+async fn a_skipped_event_is_done_for_the_replay_guard_too() {
+    let upstream = Upstream::start().await;
+    let route = "routes:\n  - name: hooks\n    match: { method: POST, path: /hooks }\n    key: \"{header:X-Id}\"\n    replay_guard: body\n    order: { entity: \"{json:/o}\", version: \"{json:/v}\", on_stale: skip }\n";
+    let proxy = Proxy::start(upstream.addr, route).await;
+    let addr = proxy.addr;
+    let deliver = |id: &'static str, body: &'static str| async move {
+        let headers = [("content-type", "application/json"), ("x-id", id)];
+        send(addr, "POST", "/hooks", &headers, body).await
+    };
+    assert_eq!(
+        deliver("a", r#"{"o":"x","v":9}"#).await.dedupe(),
+        "forwarded"
+    );
+    assert_eq!(deliver("b", r#"{"o":"x","v":3}"#).await.dedupe(), "stale");
+    assert_eq!(
+        deliver("c", r#"{"o":"x","v":3}"#).await.dedupe(),
+        "duplicate"
+    );
+    assert_eq!(upstream.requests(), 1);
 }

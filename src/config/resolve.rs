@@ -41,6 +41,21 @@ impl ConfigFile {
                 ));
             }
         }
+        // Entities' versions are kept per scope: one route whose versions anyone can set
+        // steers every other route of its scope.
+        for (index, steered) in routes.iter().enumerate() {
+            let steering = routes.iter().enumerate().find(|(other, route)| {
+                *other != index
+                    && route.namespace == steered.namespace
+                    && route.steerable_versions()
+            });
+            if let (Some(_), Some((_, steering))) = (&steered.order, steering) {
+                warnings.push(format!(
+                    "route `{}` shares the scope `{}` with route `{}`, whose order versions can be set by whoever reaches it: its entities' versions are shared",
+                    steered.name, steered.namespace, steering.name
+                ));
+            }
+        }
         if self.unmatched == Unmatched::Forward {
             warnings.extend(routes.iter().filter_map(|route| {
                 let host = route.matcher.host()?;
@@ -284,18 +299,21 @@ mod tests {
 
     #[test]
     fn an_order_guard_an_outsider_could_steer_is_warned_about() {
-        let route = |name: &str, verify: &str, version: &str, on_stale: &str| {
+        let route = |name: &str, extra: &str, version: &str, on_stale: &str| {
             format!(
-                "  - name: {name}\n    match: {{ path: /{name} }}\n    key: \"{{json:/id}}\"\n{verify}    order: {{ entity: \"{{json:/o}}\", version: \"{version}\", on_stale: {on_stale} }}\n"
+                "  - name: {name}\n    match: {{ path: /{name} }}\n    key: \"{{json:/id}}\"\n{extra}    order: {{ entity: \"{{json:/o}}\", version: \"{version}\", on_stale: {on_stale} }}\n"
             )
         };
         let verify = "    verify: { hmac: { secret_env: PATH, header: X-Sig } }\n";
+        let shared = format!("{verify}    scope: shared\n");
         let text = format!(
-            "upstream: http://127.0.0.1:8080\nroutes:\n{}{}{}{}",
+            "upstream: http://127.0.0.1:8080\nroutes:\n{}{}{}{}{}{}",
             route("open-skip", "", "{json:/v}", "skip"),
             route("open-mark", "", "{json:/v}", "mark"),
             route("signed-header", verify, "{header:X-Version}", "mark"),
             route("signed-body", verify, "{json:/v}", "skip"),
+            route("shared-signed", &shared, "{json:/v}", "skip"),
+            route("shared-open", "    scope: shared\n", "{json:/v}", "mark"),
         );
         let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
         let warned: Vec<&str> = config
@@ -306,10 +324,20 @@ mod tests {
             .collect();
         assert_eq!(
             warned,
-            ["open-skip", "signed-header"],
+            [
+                "open-skip",
+                "open-mark",
+                "signed-header",
+                "shared-open",
+                "shared-signed"
+            ],
             "{:?}",
             config.warnings
         );
+        let skip = &config.warnings[0];
+        assert!(skip.contains("real events are skipped"), "{skip}");
+        let steered = config.warnings.last().unwrap();
+        assert!(steered.contains("with route `shared-open`"), "{steered}");
     }
 
     #[test]

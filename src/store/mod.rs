@@ -1,5 +1,6 @@
 //! The claim store: the one place that decides, atomically, whether a delivery may be
-//! forwarded. [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded
+//! forwarded, and that keeps each entity's newest done version for the stale-event guard
+//! (`order:`). [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded
 //! backend, `redis` and `postgres` the shared ones (with `tls` toward them).
 //!
 //! A key is absent, `in_flight` (an owner holds it until its lease ends), `done` (until

@@ -114,14 +114,11 @@ return 1
 ";
 
 /// Sets an entity's record to ARGV[2] for ARGV[3] ms unless the live one holds a sort key
-/// as large as ARGV[1]. Returns 1 if set, 0 if not, -1 for a value the proxy did not write.
+/// as large as ARGV[1] (a value of another form counts as none). Returns 1 if set, else 0.
 const RECORD_VERSION: &str = r"
 local current = redis.call('GET', KEYS[1])
-if current then
-  local newest = string.match(current, '^v(%d+):')
-  if not newest then
-    return -1
-  end
+local newest = current and string.match(current, '^v(%d+):')
+if newest then
   local wanted = ARGV[1]
   local larger = false
   for i = 1, math.max(#wanted, #newest) do
@@ -237,14 +234,10 @@ fn encode_entity(record: &EntityRecord) -> Vec<u8> {
     encode(record, out)
 }
 
-fn decode_entity(value: &[u8]) -> Result<EntityRecord, StoreError> {
-    let unreadable = || malformed("an entity record has an unknown form");
-    let rest = value.strip_prefix(b"v").ok_or_else(unreadable)?;
-    let colon = rest
-        .iter()
-        .position(|&byte| byte == b':')
-        .ok_or_else(unreadable)?;
-    postcard::from_bytes(&rest[colon + 1..]).map_err(|_| unreadable())
+fn decode_entity(value: &[u8]) -> Option<EntityRecord> {
+    let rest = value.strip_prefix(b"v")?;
+    let colon = rest.iter().position(|&byte| byte == b':')?;
+    postcard::from_bytes(&rest[colon + 1..]).ok()
 }
 
 /// The opening of an in-flight value: the tag and the owner's token.
@@ -809,7 +802,9 @@ impl ClaimStore for RedisStore {
     async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
         let mut connection = self.connection();
         let value: Option<Vec<u8>> = self.bounded(connection.get(self.key(entity))).await?;
-        value.as_deref().map(decode_entity).transpose()
+        // A value of another form guards nothing (as on every store): the next version
+        // recorded replaces it.
+        Ok(value.as_deref().and_then(decode_entity))
     }
 
     async fn record_version(
@@ -834,11 +829,7 @@ impl ClaimStore for RedisStore {
         let recorded: i64 = self
             .bounded(invocation.invoke_async(&mut connection))
             .await?;
-        match recorded {
-            1 => Ok(true),
-            0 => Ok(false),
-            _ => Err(malformed("an entity record has an unknown form")),
-        }
+        Ok(recorded == 1)
     }
 
     async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {

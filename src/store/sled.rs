@@ -710,10 +710,15 @@ impl ClaimStore for SledStore {
     async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
         let database = self.database()?;
         let now = self.clock.now();
-        let forgotten = database.live_entity(entity, now).and_then(|live| {
-            database.entities.remove(entity.as_bytes())?;
-            Ok(live.is_some())
-        });
+        let forgotten = database
+            .entities
+            .remove(entity.as_bytes())
+            .map_err(StoreError::from)
+            .map(|removed| {
+                removed
+                    .and_then(|bytes| postcard::from_bytes::<EntityRecord>(&bytes).ok())
+                    .is_some_and(|record| record.expires_at > now)
+            });
         let forgotten = match forgotten {
             Ok(true) => database.make_durable().await.map(|()| true),
             other => other,
