@@ -344,6 +344,10 @@ async fn sweep_forever(store: Arc<dyn ClaimStore>, metrics: Arc<Metrics>) {
                         tracing::debug!(removed = swept.removed, "swept expired keys");
                     }
                     if swept.examined < SWEEP_BATCH {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default();
+                        metrics.sweep_succeeded(now.as_secs());
                         break;
                     }
                 }

@@ -148,10 +148,12 @@ pub struct Metrics {
     waiting: Gauge,
     keys_held: Family<RouteLabel, Gauge>,
     sweep_removed: Counter,
+    sweep_succeeded_at: Gauge,
     payload_mismatch: Family<RouteLabel, Counter>,
     order_checks: Family<RouteResult, Counter>,
     signatures_refused: Family<RouteReason, Counter>,
     config_reloads: Family<ResultLabel, Counter>,
+    last_reload_successful: Gauge,
 }
 
 impl Default for Metrics {
@@ -214,6 +216,12 @@ impl Metrics {
             "Expired records removed by the background sweep",
             sweep_removed.clone(),
         );
+        let sweep_succeeded_at = Gauge::default();
+        registry.register(
+            "dedupe_sweep_last_success_timestamp_seconds",
+            "Unix time at which the background sweep last ran to the end without an error (0 before the first)",
+            sweep_succeeded_at.clone(),
+        );
         let payload_mismatch = Family::<RouteLabel, Counter>::default();
         registry.register(
             "dedupe_payload_mismatch",
@@ -241,6 +249,13 @@ impl Metrics {
         for result in ["success", "failure"] {
             let _ = config_reloads.get_or_create(&ResultLabel { result });
         }
+        let last_reload_successful = Gauge::default();
+        last_reload_successful.set(1);
+        registry.register(
+            "dedupe_config_last_reload_successful",
+            "1 if the last configuration reload succeeded (or none was tried since the start), 0 if it failed and the running routes are not the file's",
+            last_reload_successful.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -251,10 +266,12 @@ impl Metrics {
             waiting,
             keys_held,
             sweep_removed,
+            sweep_succeeded_at,
             payload_mismatch,
             order_checks,
             signatures_refused,
             config_reloads,
+            last_reload_successful,
         }
     }
 
@@ -357,6 +374,12 @@ impl Metrics {
         self.sweep_removed.inc_by(removed as u64);
     }
 
+    /// A sweep ran to its end without an error, at `unix_seconds`.
+    pub fn sweep_succeeded(&self, unix_seconds: u64) {
+        self.sweep_succeeded_at
+            .set(i64::try_from(unix_seconds).unwrap_or(i64::MAX));
+    }
+
     pub fn payload_mismatch(&self, route: &str) {
         let labels = RouteLabel {
             route: route.to_owned(),
@@ -382,6 +405,7 @@ impl Metrics {
 
     pub fn reloaded(&self, success: bool) {
         let result = if success { "success" } else { "failure" };
+        self.last_reload_successful.set(i64::from(success));
         self.config_reloads
             .get_or_create(&ResultLabel { result })
             .inc();
@@ -470,6 +494,7 @@ mod tests {
         metrics.swept(7);
         metrics.payload_mismatch("stripe");
         metrics.reloaded(false);
+        metrics.sweep_succeeded(1_767_225_600);
         let text = metrics.encode(KeyCounts {
             in_flight: 2,
             waiting: 3,
@@ -488,6 +513,8 @@ mod tests {
             "dedupe_sweep_removed_total 7",
             r#"dedupe_payload_mismatch_total{route="stripe"} 1"#,
             r#"dedupe_config_reloads_total{result="failure"} 1"#,
+            "dedupe_config_last_reload_successful 0",
+            "dedupe_sweep_last_success_timestamp_seconds 1767225600",
         ] {
             assert!(text.contains(line), "missing `{line}` in:\n{text}");
         }

@@ -131,6 +131,16 @@ async fn metrics_count_what_happened() {
             .starts_with("application/openmetrics-text")
     );
     let text = reply.body;
+    // The sweep that removed it succeeded within the last seconds.
+    let swept_at = metric(&text, "dedupe_sweep_last_success_timestamp_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - 10.0..=now + 1.0).contains(&swept_at),
+        "{swept_at} at {now}"
+    );
     assert_eq!(
         metric(
             &text,
@@ -308,6 +318,12 @@ async fn post_reload_applies_new_routes_and_refuses_invalid_files() {
         metric(&text, r#"dedupe_config_reloads_total{result="failure"}"#),
         1.0
     );
+    assert_eq!(metric(&text, "dedupe_config_last_reload_successful"), 0.0);
+    // Mended, reloaded: the gauge says so.
+    proxy.rewrite(&format!("routes:\n{}", route("a", "/a")));
+    assert_eq!(send(admin, "POST", "/v1/reload", &[], "").await.status, 200);
+    let text = send(admin, "GET", "/metrics", &[], "").await.body;
+    assert_eq!(metric(&text, "dedupe_config_last_reload_successful"), 1.0);
     proxy.app.shutdown().await.unwrap();
 }
 
