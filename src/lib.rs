@@ -62,6 +62,7 @@ pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod target;
+pub mod telemetry;
 pub mod upstream;
 pub mod values;
 pub mod verify;

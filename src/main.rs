@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use dedupe_proxy::cli::{Cli, Command, ConfigArgs, LogFormat};
 use dedupe_proxy::config::Config;
+use dedupe_proxy::telemetry::Telemetry;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::prelude::*;
 
 /// jemalloc, for what it hands back to the system: sled rewrites its buckets whole, and
 /// with mimalloc the memory held grew with every million done keys at the same CPU per
@@ -27,22 +29,37 @@ fn main() -> ExitCode {
         Command::Run(args) => serve(&args),
         Command::Check(args) => check(&args),
         Command::Demo(args) => {
-            init_logging(LogFormat::Text, "warn");
+            init_logging(LogFormat::Text, "warn", None);
             runtime().block_on(dedupe_proxy::demo::run(&args))
         }
     }
 }
 
 fn serve(args: &ConfigArgs) -> ExitCode {
-    init_logging(args.log_format, "info");
     let config = match load(args) {
         Ok(config) => config,
         Err(code) => return code,
     };
-    let served = runtime().block_on(async {
+    let runtime = runtime();
+    // Inside the runtime: the exporter's connections run on it.
+    let telemetry = match runtime.block_on(async { Telemetry::start(config.telemetry.as_ref()) }) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(args.log_format, "info", telemetry.as_ref());
+    let served = runtime.block_on(async {
         let shutdown = dedupe_proxy::shutdown::on_signal();
         dedupe_proxy::run(config, shutdown).await
     });
+    if let Some(telemetry) = telemetry {
+        // It blocks until the last spans are out, which the runtime's threads carry.
+        runtime
+            .block_on(async { tokio::task::spawn_blocking(|| telemetry.shutdown()).await })
+            .ok();
+    }
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -85,17 +102,22 @@ fn load(args: &ConfigArgs) -> Result<Config, ExitCode> {
     })
 }
 
-fn init_logging(format: LogFormat, default_filter: &str) {
+/// Logs to stderr as `format` says, filtered by `RUST_LOG`; with traces on, the proxy's
+/// spans also go to the exporter, whatever `RUST_LOG` filters out of the log.
+fn init_logging(format: LogFormat, default_filter: &str, telemetry: Option<&Telemetry>) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let log = match format {
+        LogFormat::Text => log.boxed(),
+        LogFormat::Json => log.json().boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .with(telemetry.map(Telemetry::layer))
+        .init();
 }
 
 /// The main runtime: it accepts connections and runs the background work (store start-up,

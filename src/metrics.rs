@@ -240,6 +240,11 @@ impl Metrics {
             "Deliveries refused for their signature, by route and reason",
             signatures_refused.clone(),
         );
+        registry.register(
+            "dedupe_trace_spans_dropped",
+            "Spans not exported because the export queue was full (the collector slow or away); deliveries are never held up for them",
+            crate::telemetry::SPANS_DROPPED.clone(),
+        );
         let config_reloads = Family::<ResultLabel, Counter>::default();
         registry.register(
             "dedupe_config_reloads",

@@ -37,6 +37,7 @@ use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use opentelemetry::KeyValue;
 use parking_lot::{Mutex, MutexGuard};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
@@ -59,6 +60,7 @@ use crate::store::{
     RecordedResponse, STALE_SKIPPED_STATUS, StoreError, Version, body_key, store_key,
 };
 use crate::target::{self, TargetError};
+use crate::telemetry;
 use crate::upstream::{self, DEDUPE_STALE, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
 use crate::waiting::{Waiting, Woken};
@@ -166,8 +168,12 @@ impl Proxy {
             "delivery",
             route = %route.name,
             key = field::Empty,
-            upstream_status = field::Empty
+            upstream_status = field::Empty,
+            trace_id = field::Empty
         );
+        if telemetry::enabled() {
+            telemetry::continue_trace(&span, request.headers());
+        }
         let started = Instant::now();
         let (outcome, response) = self
             .deliver(&route, request, peer, permit)
@@ -182,6 +188,16 @@ impl Proxy {
             );
         });
         self.metrics.delivery(&route.name, outcome);
+        if telemetry::enabled() {
+            let status = i64::from(response.status().as_u16());
+            telemetry::describe(
+                &span,
+                [
+                    KeyValue::new("dedupe.status", outcome.as_str()),
+                    KeyValue::new("http.response.status_code", status),
+                ],
+            );
+        }
         let response = if route.policy.problem_details {
             response::as_problem(response)
         } else {
@@ -235,6 +251,7 @@ impl Proxy {
 
         // A forgery must not claim (and so pre-empt) a real event's key.
         if let Some(verify) = &route.verify {
+            let _step = crate::step_span!("verify").entered();
             verify
                 .verify(&head.headers, &body, unix_now())
                 .map_err(|failure| {
@@ -261,6 +278,10 @@ impl Proxy {
             Err(missing) => return Err(Refusal::MissingKey(missing.to_string())),
         };
         Span::current().record("key", key.as_str());
+        if telemetry::enabled() {
+            let hash = KeyValue::new("key_hash", telemetry::key_hash(&key));
+            telemetry::describe(&Span::current(), [hash]);
+        }
         let guard = route
             .order
             .as_ref()
@@ -290,7 +311,11 @@ impl Proxy {
         permit: RequestPermit,
     ) -> Answer {
         let policy = &route.policy;
-        match self.claim(route, key, fingerprint).await {
+        let claimed = self
+            .claim(route, key, fingerprint)
+            .instrument(crate::step_span!("claim"))
+            .await;
+        match claimed {
             Ok(Claiming::Claimed(open)) => self.forward_claimed(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
@@ -559,6 +584,11 @@ impl Proxy {
         advance: Option<&Ordered>,
     ) -> Answer {
         let started = Instant::now();
+        let step = crate::step_span!("forward");
+        let mut request = request;
+        if telemetry::enabled() {
+            step.in_scope(|| telemetry::propagate(request.headers_mut()));
+        }
         let sent = self
             .upstream
             .send(
@@ -567,6 +597,7 @@ impl Proxy {
                 route.policy.upstream_timeout,
                 &open.dispatched,
             )
+            .instrument(step)
             .await;
         let elapsed = started.elapsed().as_secs_f64();
         self.metrics.upstream_answered(&route.name, elapsed);
@@ -574,41 +605,46 @@ impl Proxy {
             Span::current().record("upstream_status", response.status().as_u16());
         }
         tracing::debug!(elapsed_ms = elapsed * 1000.0, "upstream answered");
-        let outcome = match sent {
-            Ok(response) if route.is_success(response.status()) => (
-                DedupeStatus::Forwarded,
-                self.record_success(route, open.claims(), response, advance)
-                    .await,
-            ),
-            Ok(response) => {
-                self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
-                    .await;
-                (DedupeStatus::Released, upstream::inbound(response))
-            }
-            Err(error) => {
-                tracing::warn!(%error, "forward failed");
-                let ambiguity = ambiguity(&error);
-                let (reason, refusal) = failure(error);
-                match ambiguity {
-                    Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
-                        let retention = route.policy.retention;
-                        let held = self
-                            .hold(&route.name, retention, open.claims(), ambiguity)
-                            .await;
-                        let status = if held {
-                            DedupeStatus::Held
-                        } else {
-                            DedupeStatus::Released
-                        };
-                        (status, refusal.into_response())
-                    }
-                    _ => {
-                        self.release(route, open.claims(), reason).await;
-                        (DedupeStatus::Released, refusal.into_response())
+        // Recording the outcome: a done mark, a release or a hold.
+        let outcome = async {
+            match sent {
+                Ok(response) if route.is_success(response.status()) => (
+                    DedupeStatus::Forwarded,
+                    self.record_success(route, open.claims(), response, advance)
+                        .await,
+                ),
+                Ok(response) => {
+                    self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
+                        .await;
+                    (DedupeStatus::Released, upstream::inbound(response))
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "forward failed");
+                    let ambiguity = ambiguity(&error);
+                    let (reason, refusal) = failure(error);
+                    match ambiguity {
+                        Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
+                            let retention = route.policy.retention;
+                            let held = self
+                                .hold(&route.name, retention, open.claims(), ambiguity)
+                                .await;
+                            let status = if held {
+                                DedupeStatus::Held
+                            } else {
+                                DedupeStatus::Released
+                            };
+                            (status, refusal.into_response())
+                        }
+                        _ => {
+                            self.release(route, open.claims(), reason).await;
+                            (DedupeStatus::Released, refusal.into_response())
+                        }
                     }
                 }
             }
-        };
+        }
+        .instrument(crate::step_span!("record"))
+        .await;
         open.settle();
         outcome
     }

@@ -101,6 +101,7 @@ impl Reloader {
             ("store", old.store != new.store),
             ("limits", old.limits != new.limits),
             ("shutdown_grace", old.shutdown_grace != new.shutdown_grace),
+            ("telemetry", old.telemetry != new.telemetry),
         ]
         .into_iter()
         .filter_map(|(setting, changed)| changed.then_some(setting))

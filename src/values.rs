@@ -379,6 +379,66 @@ string_value!(
     "a key template like \"{json:/id}\""
 );
 
+/// An `http://` or `https://` URL of an OTLP collector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpEndpoint(pub String);
+
+impl FromStr for OtlpEndpoint {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|error| format!("invalid OTLP endpoint `{text}`: {error}"))?;
+        match (uri.scheme_str(), uri.authority()) {
+            (Some("http" | "https"), Some(_)) => {
+                Ok(OtlpEndpoint(text.trim_end_matches('/').to_owned()))
+            }
+            _ => Err(format!(
+                "OTLP endpoint `{text}` must be an http:// or https:// URL with a host"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OtlpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A share of traces to keep, `0` to `1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRatio(pub f64);
+
+impl FromStr for SampleRatio {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim().parse::<f64>() {
+            Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(SampleRatio(ratio)),
+            _ => Err(format!(
+                "sample_ratio `{text}` must be a number from 0 to 1"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SampleRatio {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+string_value!(OtlpEndpoint, "an http:// or https:// URL");
+string_value!(SampleRatio, "a number from 0 to 1", number);
+
+impl Serialize for SampleRatio {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(self.0)
+    }
+}
+
 /// A status the proxy answers with to refuse a delivery for now: 4xx or 5xx, never a
 /// success, which would tell the provider to stop retrying an event that may yet fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

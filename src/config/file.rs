@@ -17,7 +17,7 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::store::{StoreConfig, store_section};
-use super::{AdminConfig, Limits, defaults};
+use super::{AdminConfig, Limits, TelemetryConfig, defaults};
 use crate::key::KeyTemplate;
 use crate::order::Order;
 use crate::preset::Preset;
@@ -49,6 +49,8 @@ pub(super) struct ConfigFile {
     pub(super) shutdown_grace: HumanDuration,
     #[serde(default, deserialize_with = "limits_section")]
     pub(super) limits: Limits,
+    #[serde(default)]
+    pub(super) telemetry: Option<TelemetryConfig>,
     #[serde(default, deserialize_with = "route_list")]
     pub(super) routes: Vec<RouteFile>,
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::route::{Policy, Route, Unmatched};
-use crate::values::{EnvSecret, HumanDuration, Size, UpstreamUrl};
+use crate::values::{EnvSecret, HumanDuration, OtlpEndpoint, SampleRatio, Size, UpstreamUrl};
 use file::ConfigFile;
 
 pub use store::{
@@ -39,6 +39,9 @@ pub struct Config {
     pub store: StoreConfig,
     pub shutdown_grace: HumanDuration,
     pub limits: Limits,
+    /// Traces; none: the `OTEL_*` environment decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetryConfig>,
     pub unmatched: Unmatched,
     /// `defaults:` resolved against the built-in values; unmatched requests use its
     /// `upstream_timeout`.
@@ -129,6 +132,41 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: defaults::admin_listen(),
             token_env: None,
+        }
+    }
+}
+
+/// `telemetry:`: OpenTelemetry traces, exported over OTLP (`crate::telemetry`). Each field
+/// left out falls back to its standard `OTEL_*` variable.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it: with
+    /// `http/protobuf`, spans go to its `/v1/traces`.
+    pub otlp_endpoint: Option<OtlpEndpoint>,
+    pub protocol: Option<OtlpProtocol>,
+    pub service_name: Option<String>,
+    /// The share of traces started here that are kept (a sender's sampled flag is
+    /// followed): `0` to `1`.
+    pub sample_ratio: Option<SampleRatio>,
+}
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum OtlpProtocol {
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// The value `OTEL_EXPORTER_OTLP_PROTOCOL` takes.
+    pub fn parse(text: &str) -> Option<OtlpProtocol> {
+        match text.trim() {
+            "http/protobuf" => Some(OtlpProtocol::HttpProtobuf),
+            "grpc" => Some(OtlpProtocol::Grpc),
+            _ => None,
         }
     }
 }

@@ -73,6 +73,7 @@ impl ConfigFile {
             store: self.store,
             shutdown_grace: self.shutdown_grace,
             limits: self.limits,
+            telemetry: self.telemetry,
             unmatched: self.unmatched,
             defaults: resolve_policy(&self.defaults, &RouteFile::default()),
             routes,
