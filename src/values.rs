@@ -379,7 +379,8 @@ string_value!(
     "a key template like \"{json:/id}\""
 );
 
-/// An `http://` or `https://` URL of an OTLP collector.
+/// The plain `http://` URL of an OTLP collector: one beside the proxy (a sidecar or a
+/// node's agent), which carries the spans on over TLS itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpEndpoint(pub String);
 
@@ -391,11 +392,9 @@ impl FromStr for OtlpEndpoint {
             .parse()
             .map_err(|error| format!("invalid OTLP endpoint `{text}`: {error}"))?;
         match (uri.scheme_str(), uri.authority()) {
-            (Some("http" | "https"), Some(_)) => {
-                Ok(OtlpEndpoint(text.trim_end_matches('/').to_owned()))
-            }
+            (Some("http"), Some(_)) => Ok(OtlpEndpoint(text.trim_end_matches('/').to_owned())),
             _ => Err(format!(
-                "OTLP endpoint `{text}` must be an http:// or https:// URL with a host"
+                "OTLP endpoint `{text}` must be a plain http:// URL with a host (a collector beside the proxy; TLS is the collector's)"
             )),
         }
     }
@@ -430,7 +429,7 @@ impl fmt::Display for SampleRatio {
     }
 }
 
-string_value!(OtlpEndpoint, "an http:// or https:// URL");
+string_value!(OtlpEndpoint, "an http:// URL");
 string_value!(SampleRatio, "a number from 0 to 1", number);
 
 impl Serialize for SampleRatio {

@@ -367,7 +367,10 @@ async fn the_sampler_in_the_environment_is_followed() {
         ],
     );
     for n in 0..5 {
-        assert_eq!(deliver(binary.addr, &format!("evt_{n}")).await.dedupe(), "forwarded");
+        assert_eq!(
+            deliver(binary.addr, &format!("evt_{n}")).await.dedupe(),
+            "forwarded"
+        );
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(received.spans().is_empty(), "{:?}", received.spans().len());
