@@ -13,6 +13,15 @@ use prometheus_client::registry::Registry;
 use crate::response::DedupeStatus;
 use crate::verify::VerifyError;
 
+/// Spans not exported because the export queue was full (`crate::telemetry`), for
+/// `dedupe_trace_spans_dropped_total`: process-wide, as the tracer is.
+pub static SPANS_DROPPED: std::sync::LazyLock<Counter> = std::sync::LazyLock::new(Counter::default);
+
+/// Span exports that failed (the collector refused them, or did not answer in time), for
+/// `dedupe_trace_exports_failed_total`.
+pub static SPAN_EXPORTS_FAILED: std::sync::LazyLock<Counter> =
+    std::sync::LazyLock::new(Counter::default);
+
 /// The `route` label of requests no route matched.
 const UNMATCHED: &str = "(unmatched)";
 
@@ -243,7 +252,12 @@ impl Metrics {
         registry.register(
             "dedupe_trace_spans_dropped",
             "Spans not exported because the export queue was full (the collector slow or away); deliveries are never held up for them",
-            crate::telemetry::SPANS_DROPPED.clone(),
+            SPANS_DROPPED.clone(),
+        );
+        registry.register(
+            "dedupe_trace_exports_failed",
+            "Exports of a batch of spans that failed: the collector refused them or did not answer in time",
+            SPAN_EXPORTS_FAILED.clone(),
         );
         let config_reloads = Family::<ResultLabel, Counter>::default();
         registry.register(

@@ -37,7 +37,6 @@ use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use opentelemetry::KeyValue;
 use parking_lot::{Mutex, MutexGuard};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
@@ -171,9 +170,7 @@ impl Proxy {
             upstream_status = field::Empty,
             trace_id = field::Empty
         );
-        if telemetry::enabled() {
-            telemetry::continue_trace(&span, request.headers());
-        }
+        telemetry::continue_trace(&span, request.headers());
         let started = Instant::now();
         let (outcome, response) = self
             .deliver(&route, request, peer, permit)
@@ -188,16 +185,7 @@ impl Proxy {
             );
         });
         self.metrics.delivery(&route.name, outcome);
-        if telemetry::enabled() {
-            let status = i64::from(response.status().as_u16());
-            telemetry::describe(
-                &span,
-                [
-                    KeyValue::new("dedupe.status", outcome.as_str()),
-                    KeyValue::new("http.response.status_code", status),
-                ],
-            );
-        }
+        telemetry::answered(&span, outcome.as_str(), response.status().as_u16());
         let response = if route.policy.problem_details {
             response::as_problem(response)
         } else {
@@ -251,7 +239,7 @@ impl Proxy {
 
         // A forgery must not claim (and so pre-empt) a real event's key.
         if let Some(verify) = &route.verify {
-            let _step = crate::step_span!("verify").entered();
+            let _step = telemetry::step_span!("verify").entered();
             verify
                 .verify(&head.headers, &body, unix_now())
                 .map_err(|failure| {
@@ -278,10 +266,7 @@ impl Proxy {
             Err(missing) => return Err(Refusal::MissingKey(missing.to_string())),
         };
         Span::current().record("key", key.as_str());
-        if telemetry::enabled() {
-            let hash = KeyValue::new("key_hash", telemetry::key_hash(&key));
-            telemetry::describe(&Span::current(), [hash]);
-        }
+        telemetry::keyed(&key);
         let guard = route
             .order
             .as_ref()
@@ -313,7 +298,7 @@ impl Proxy {
         let policy = &route.policy;
         let claimed = self
             .claim(route, key, fingerprint)
-            .instrument(crate::step_span!("claim"))
+            .instrument(telemetry::step_span!("claim"))
             .await;
         match claimed {
             Ok(Claiming::Claimed(open)) => self.forward_claimed(route, open, request, permit).await,
@@ -580,15 +565,12 @@ impl Proxy {
         &self,
         route: &Route,
         open: OpenClaim,
-        request: Request<ProxyBody>,
+        mut request: Request<ProxyBody>,
         advance: Option<&Ordered>,
     ) -> Answer {
         let started = Instant::now();
-        let step = crate::step_span!("forward");
-        let mut request = request;
-        if telemetry::enabled() {
-            step.in_scope(|| telemetry::propagate(request.headers_mut()));
-        }
+        let step = telemetry::step_span!("forward");
+        telemetry::propagate(&step, request.headers_mut());
         let sent = self
             .upstream
             .send(
@@ -605,48 +587,58 @@ impl Proxy {
             Span::current().record("upstream_status", response.status().as_u16());
         }
         tracing::debug!(elapsed_ms = elapsed * 1000.0, "upstream answered");
-        // Recording the outcome: a done mark, a release or a hold.
-        let outcome = async {
-            match sent {
-                Ok(response) if route.is_success(response.status()) => (
-                    DedupeStatus::Forwarded,
-                    self.record_success(route, open.claims(), response, advance)
-                        .await,
-                ),
-                Ok(response) => {
-                    self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
-                        .await;
-                    (DedupeStatus::Released, upstream::inbound(response))
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "forward failed");
-                    let ambiguity = ambiguity(&error);
-                    let (reason, refusal) = failure(error);
-                    match ambiguity {
-                        Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
-                            let retention = route.policy.retention;
-                            let held = self
-                                .hold(&route.name, retention, open.claims(), ambiguity)
-                                .await;
-                            let status = if held {
-                                DedupeStatus::Held
-                            } else {
-                                DedupeStatus::Released
-                            };
-                            (status, refusal.into_response())
-                        }
-                        _ => {
-                            self.release(route, open.claims(), reason).await;
-                            (DedupeStatus::Released, refusal.into_response())
-                        }
+        let outcome = self
+            .record_outcome(route, &open, sent, advance)
+            .instrument(telemetry::step_span!("record"))
+            .await;
+        open.settle();
+        outcome
+    }
+
+    /// Records what the forward came to: the key done (and the entity's version), released
+    /// for a retry, or held.
+    async fn record_outcome(
+        &self,
+        route: &Route,
+        open: &OpenClaim,
+        sent: Result<Response<Incoming>, UpstreamError>,
+        advance: Option<&Ordered>,
+    ) -> Answer {
+        match sent {
+            Ok(response) if route.is_success(response.status()) => (
+                DedupeStatus::Forwarded,
+                self.record_success(route, open.claims(), response, advance)
+                    .await,
+            ),
+            Ok(response) => {
+                self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
+                    .await;
+                (DedupeStatus::Released, upstream::inbound(response))
+            }
+            Err(error) => {
+                tracing::warn!(%error, "forward failed");
+                let ambiguity = ambiguity(&error);
+                let (reason, refusal) = failure(error);
+                match ambiguity {
+                    Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
+                        let retention = route.policy.retention;
+                        let held = self
+                            .hold(&route.name, retention, open.claims(), ambiguity)
+                            .await;
+                        let status = if held {
+                            DedupeStatus::Held
+                        } else {
+                            DedupeStatus::Released
+                        };
+                        (status, refusal.into_response())
+                    }
+                    _ => {
+                        self.release(route, open.claims(), reason).await;
+                        (DedupeStatus::Released, refusal.into_response())
                     }
                 }
             }
         }
-        .instrument(crate::step_span!("record"))
-        .await;
-        open.settle();
-        outcome
     }
 
     /// `on_ambiguous: hold`: the application may have done the work, so nothing runs it
@@ -791,7 +783,7 @@ impl Proxy {
     async fn relay(
         &self,
         upstream: &UpstreamUrl,
-        request: Request<ProxyBody>,
+        mut request: Request<ProxyBody>,
         timeout: Duration,
         permit: RequestPermit,
     ) -> Response<ProxyBody> {
@@ -800,9 +792,18 @@ impl Proxy {
         };
         permit.also_hold(place);
         let place = RelayPlace::keep(permit, timeout);
+        // On a matched route (unkeyed, or the store failing) the relay is its delivery's
+        // forward; a request no route took has no trace of its own, and passes untouched.
+        let step = if Span::current().is_none() {
+            Span::none()
+        } else {
+            telemetry::step_span!("forward")
+        };
+        telemetry::propagate(&step, request.headers_mut());
         let sent = self
             .upstream
             .send(&upstream.address, request, timeout, &AtomicBool::new(false))
+            .instrument(step)
             .await;
         place.answered();
         match sent {

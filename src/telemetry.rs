@@ -10,19 +10,18 @@
 //! is stripped from its span, which carries the key's hash instead.
 
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use opentelemetry::Context;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpError};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
@@ -31,7 +30,6 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanProcessor,
 };
-use prometheus_client::metrics::counter::Counter;
 use sha2::{Digest, Sha256};
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -45,24 +43,29 @@ use crate::config::{OtlpProtocol, TelemetryConfig};
 /// only then, so that a proxy without traces pays nothing for them.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// Spans dropped because the export queue was full, for `dedupe_trace_spans_dropped_total`.
-pub static SPANS_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
-
 /// The default of `OTEL_BSP_MAX_QUEUE_SIZE`: spans waiting for export at most.
 const QUEUE_SIZE: usize = 2048;
 
 /// How long one export may take, unless `OTEL_EXPORTER_OTLP_TIMEOUT` says otherwise.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The most of a collector's answer read: as the exporter's own clients.
+const ANSWER_LIMIT: usize = 4 << 20;
+
+/// The longest `tracestate` continued: a sender's may run to 32 members of 512 bytes,
+/// copied into every span and passed on to the app.
+const TRACESTATE_LIMIT: usize = 512;
+
 /// The tracer's name, and the default service name.
 const NAME: &str = "dedupe-proxy";
 
+/// Whether traces are on: what the proxy adds for them (step spans, `traceparent` read
+/// and passed on) costs nothing when they are off.
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
 /// A span for a step of a delivery, under the current one; none when traces are off.
-#[macro_export]
 macro_rules! step_span {
     ($name:literal) => {
         if $crate::telemetry::enabled() {
@@ -72,6 +75,7 @@ macro_rules! step_span {
         }
     };
 }
+pub(crate) use step_span;
 
 /// Why traces could not start.
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +130,8 @@ impl Telemetry {
                 None => OtlpProtocol::HttpProtobuf,
             },
         };
-        let timeout = env("OTEL_EXPORTER_OTLP_TIMEOUT")
+        let timeout = env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_TIMEOUT"))
             .and_then(|ms| ms.parse().ok())
             .map_or(EXPORT_TIMEOUT, Duration::from_millis);
         let exporter = exporter(protocol, configured.map(|url| url.0), timeout)?;
@@ -252,16 +257,17 @@ impl opentelemetry_http::HttpClient for Export {
         let (answer, answered) = tokio::sync::oneshot::channel();
         let (client, timeout) = (self.client.clone(), self.timeout);
         self.runtime.spawn(async move {
-            let sent = async {
-                let response =
-                    tokio::time::timeout(timeout, client.request(request.map(Full::new)))
-                        .await
-                        .map_err(|_| HttpError::from("no answer within the export timeout"))??;
+            // One deadline for the whole exchange, and a collector's answer (a status and
+            // a small protobuf) read up to what the exporter's own clients allow.
+            let sent = tokio::time::timeout(timeout, async {
+                let response = client.request(request.map(Full::new)).await?;
                 let (head, body) = response.into_parts();
-                let body = tokio::time::timeout(timeout, body.collect())
-                    .await
-                    .map_err(|_| HttpError::from("the answer's body took too long"))??;
+                let body = Limited::new(body, ANSWER_LIMIT).collect().await?;
                 Ok::<_, HttpError>(http::Response::from_parts(head, body.to_bytes()))
+            });
+            let sent = async {
+                sent.await
+                    .map_err(|_| HttpError::from("no answer within the export timeout"))?
             };
             let _ = answer.send(sent.await);
         });
@@ -279,7 +285,12 @@ struct Counting {
 impl opentelemetry_sdk::trace::SpanExporter for Counting {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
-        self.inner.export(batch).await
+        let exported = self.inner.export(batch).await;
+        if let Err(error) = &exported {
+            crate::metrics::SPAN_EXPORTS_FAILED.inc();
+            tracing::debug!(%error, "spans not exported");
+        }
+        exported
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
@@ -312,7 +323,7 @@ impl SpanProcessor for Gate {
     fn on_end(&self, mut span: SpanData) {
         if self.queued.fetch_add(1, Ordering::AcqRel) >= self.capacity {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            SPANS_DROPPED.inc();
+            crate::metrics::SPANS_DROPPED.inc();
             return;
         }
         span.attributes
@@ -334,9 +345,21 @@ impl SpanProcessor for Gate {
 }
 
 /// Continues the sender's trace (its `traceparent` and `tracestate`) in a delivery's
-/// span, and records the trace's ID on it for the log.
+/// span, and records the trace's ID on it for the log. Nothing when traces are off.
 pub fn continue_trace(span: &Span, headers: &HeaderMap) {
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    if !enabled() {
+        return;
+    }
+    let mut carried = HeaderMap::new();
+    for name in ["traceparent", "tracestate"] {
+        let mut lines = headers.get_all(name).iter();
+        if let (Some(value), None) = (lines.next(), lines.next())
+            && (name == "traceparent" || value.len() <= TRACESTATE_LIMIT)
+        {
+            carried.insert(name, value.clone());
+        }
+    }
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(&carried));
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }
@@ -344,21 +367,36 @@ pub fn continue_trace(span: &Span, headers: &HeaderMap) {
     span.record("trace_id", tracing::field::display(trace_id));
 }
 
-/// Tells the app the current span's trace (`traceparent`, `tracestate`), so that its spans
-/// join it.
-pub fn propagate(headers: &mut HeaderMap) {
-    let context = Span::current().context();
-    TraceContextPropagator::new().inject_context(&context, &mut HeaderInjector(headers));
-}
-
-/// Sets OpenTelemetry attributes on a span (not on the log's fields).
-pub fn describe(span: &Span, attributes: impl IntoIterator<Item = KeyValue>) {
-    for attribute in attributes {
-        span.set_attribute(attribute.key, attribute.value);
+/// Tells the app `span`'s trace (`traceparent`, `tracestate`), so that its spans join it.
+/// Nothing when traces are off: a sender's headers then pass untouched.
+pub fn propagate(span: &Span, headers: &mut HeaderMap) {
+    if enabled() {
+        let context = span.context();
+        // The sender's, if too long to be continued, goes too.
+        headers.remove("tracestate");
+        TraceContextPropagator::new().inject_context(&context, &mut HeaderInjector(headers));
+        if headers
+            .get("tracestate")
+            .is_some_and(|state| state.is_empty())
+        {
+            headers.remove("tracestate");
+        }
     }
 }
 
-/// A key as a trace may show it: the first 16 bytes of its SHA-256, in hex.
-pub fn key_hash(key: &str) -> String {
-    hex::encode(&Sha256::digest(key.as_bytes())[..16])
+/// Marks the current delivery's span with its key's hash (the first 16 bytes of its
+/// SHA-256, in hex): a trace backend is never told the key itself.
+pub fn keyed(key: &str) {
+    if enabled() {
+        let hash = hex::encode(&Sha256::digest(key.as_bytes())[..16]);
+        Span::current().set_attribute("dedupe.key_hash", hash);
+    }
+}
+
+/// Marks a delivery's span with what it was answered.
+pub fn answered(span: &Span, dedupe_status: &'static str, status: u16) {
+    if enabled() {
+        span.set_attribute("dedupe.status", dedupe_status);
+        span.set_attribute("http.response.status_code", i64::from(status));
+    }
 }

@@ -374,3 +374,39 @@ async fn a_real_prometheus_scrapes_the_binary_and_evaluates_the_dashboard_and_al
         assert_eq!(state, "inactive", "{name}");
     }
 }
+
+/// The PodMonitor scrapes what each workload runs: its selector matches every pod
+/// template's labels, and each has a dedupe-proxy container whose admin port has the name
+/// the PodMonitor scrapes.
+#[test]
+fn the_pod_monitor_finds_every_workloads_admin_port() {
+    let read = |path: &str| -> serde_yaml::Value {
+        serde_yaml::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
+    };
+    let monitor = read("deploy/kubernetes/monitoring/podmonitor.yaml");
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+        .clone();
+    let port = monitor["spec"]["podMetricsEndpoints"][0]["port"].clone();
+    assert_eq!(port, "admin");
+    for workload in [
+        "deploy/kubernetes/sidecar/deployment.yaml",
+        "deploy/kubernetes/persistent/statefulset.yaml",
+        "deploy/kubernetes/replicated/deployment.yaml",
+    ] {
+        let workload_yaml = read(workload);
+        let template = &workload_yaml["spec"]["template"];
+        for (name, value) in &selector {
+            assert_eq!(&template["metadata"]["labels"][name], value, "{workload}");
+        }
+        let scraped = template["spec"]["containers"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter(|container| container["name"] == "dedupe-proxy")
+            .flat_map(|container| container["ports"].as_sequence().unwrap())
+            .any(|declared| declared["name"] == port && declared["containerPort"] == 9091);
+        assert!(scraped, "{workload} has no dedupe-proxy port `admin` on 9091");
+    }
+}

@@ -171,6 +171,10 @@ store: {{ sled: {{ path: "{}" }} }}
     match: {{ method: POST, path: /hooks }}
     key: "{{json:/id}}"
     verify: {{ hmac: {{ secret_env: HOOK_SECRET, header: X-Signature }} }}
+  - name: loose
+    match: {{ method: POST, path: /loose }}
+    key: "{{json:/id}}"
+    on_missing_key: forward
 "#,
         dir.join("data").display()
     );
@@ -212,7 +216,7 @@ async fn check_one_delivery(received: &Received, upstream: &Upstream, service: &
         Some("200")
     );
     let hash = hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(KEY)[..16]);
-    assert_eq!(attribute(&delivery, "key_hash"), Some(hash));
+    assert_eq!(attribute(&delivery, "dedupe.key_hash"), Some(hash));
     let mut forward = None;
     for step in ["verify", "claim", "forward", "record"] {
         let (_, span) = received.span(step).await;
@@ -263,6 +267,45 @@ async fn deliveries_are_traced_over_http_protobuf_from_the_environment() {
     // The delivery's log line carries the trace's ID.
     let logged = binary.log_entry("delivery answered").unwrap();
     assert_eq!(logged["span"]["trace_id"], TRACE, "{logged}");
+
+    // Forwarded without a claim (no key), it is still the delivery's forward; a
+    // `tracestate` too long to continue is not passed on.
+    let traceparent = format!("00-{TRACE}-{SENDER_SPAN}-01");
+    let long_state = format!("vendor={}", "x".repeat(600));
+    let headers = [
+        ("content-type", "application/json"),
+        ("traceparent", traceparent.as_str()),
+        ("tracestate", long_state.as_str()),
+    ];
+    let unkeyed = send(binary.addr, "POST", "/loose", &headers, "{}").await;
+    assert_eq!(unkeyed.dedupe(), "unkeyed");
+    let app = &upstream.received()[1];
+    let passed_on = app.headers["traceparent"].to_str().unwrap();
+    assert!(
+        passed_on.starts_with(&format!("00-{TRACE}-")),
+        "{passed_on}"
+    );
+    assert!(
+        !passed_on.contains(SENDER_SPAN),
+        "the proxy's span: {passed_on}"
+    );
+    assert_eq!(app.headers.get("tracestate"), None);
+    let forwards: Vec<_> = received
+        .spans()
+        .into_iter()
+        .filter(|(_, span)| span.name == "forward")
+        .collect();
+    let started = Instant::now();
+    while received
+        .spans()
+        .iter()
+        .filter(|(_, span)| span.name == "forward")
+        .count()
+        < 2
+    {
+        assert!(started.elapsed() < Duration::from_secs(15), "{forwards:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,20 +347,20 @@ async fn a_collector_that_never_answers_slows_no_delivery_and_its_spans_are_coun
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_BSP_SCHEDULE_DELAY", "50"),
             ("OTEL_BSP_MAX_QUEUE_SIZE", "8"),
-            ("OTEL_EXPORTER_OTLP_TIMEOUT", "60000"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
         ],
     );
-    let started = Instant::now();
+    // 60 deliveries, five spans each, against exports that never end before their timeout.
     for n in 0..60 {
+        let started = Instant::now();
         let reply = deliver(binary.addr, &format!("evt_{n}")).await;
         assert_eq!(reply.dedupe(), "forwarded", "{n}");
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{n}: {:?}",
+            started.elapsed()
+        );
     }
-    // 60 deliveries, five spans each, against an export that never ends.
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
     let text = send(binary.admin, "GET", "/metrics", &[], "").await.body;
     let dropped: u64 = text
         .lines()
@@ -330,6 +373,20 @@ async fn a_collector_that_never_answers_slows_no_delivery_and_its_spans_are_coun
     // Of 300 spans, the queue (8) and the batch stuck in its export are kept; the rest
     // is dropped.
     assert!(dropped >= 250, "{dropped}");
+    let admin = binary.admin;
+    eventually(
+        Duration::from_secs(10),
+        "a failed export counted",
+        || async move {
+            let text = send(admin, "GET", "/metrics", &[], "").await.body;
+            text.lines().any(|line| {
+                line.strip_prefix("dedupe_trace_exports_failed_total ")
+                    .and_then(|count| count.parse::<u64>().ok())
+                    .is_some_and(|count| count >= 1)
+            })
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -372,6 +429,9 @@ async fn the_sampler_in_the_environment_is_followed() {
             "forwarded"
         );
     }
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // A graceful stop sends whatever is queued.
+    let mut binary = binary;
+    binary.signal("TERM");
+    binary.wait(Duration::from_secs(15));
     assert!(received.spans().is_empty(), "{:?}", received.spans().len());
 }
