@@ -407,6 +407,9 @@ fn the_pod_monitor_finds_every_workloads_admin_port() {
             .filter(|container| container["name"] == "dedupe-proxy")
             .flat_map(|container| container["ports"].as_sequence().unwrap())
             .any(|declared| declared["name"] == port && declared["containerPort"] == 9091);
-        assert!(scraped, "{workload} has no dedupe-proxy port `admin` on 9091");
+        assert!(
+            scraped,
+            "{workload} has no dedupe-proxy port `admin` on 9091"
+        );
     }
 }
