@@ -1219,14 +1219,9 @@ async fn redis_values_the_proxy_did_not_write_are_store_errors() {
 /// at start, its records kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_records() {
-    if !support::service_available("PostgreSQL", 5432).await {
+    let Some(client) = postgres_client().await else {
         return;
-    }
-    let (client, connection) =
-        tokio_postgres::connect(support::POSTGRES_URL, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-    tokio::spawn(connection);
+    };
     client
         .batch_execute(
             "DROP TABLE IF EXISTS dedupe_before_held;
@@ -1273,19 +1268,28 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
     drop(PostgresStore::connect(&config, None).await.unwrap());
 }
 
-/// PostgreSQL's sweep deletes expired entity rows (Redis expires them by TTL, sled's sweep
-/// is in `sled_store.rs`), and leaves live ones; an entity's value of another form on Redis
-/// guards nothing and is replaced.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_expired_entity_rows_are_swept() {
+/// A plain connection to the test database, for what a test reads or writes behind the
+/// store; none (the test skipped) without PostgreSQL.
+async fn postgres_client() -> Option<tokio_postgres::Client> {
     if !support::service_available("PostgreSQL", 5432).await {
-        return;
+        return None;
     }
     let (client, connection) =
         tokio_postgres::connect(support::POSTGRES_URL, tokio_postgres::NoTls)
             .await
             .unwrap();
     tokio::spawn(connection);
+    Some(client)
+}
+
+/// PostgreSQL's sweep deletes expired entity rows (Redis expires them by TTL, sled's sweep
+/// is in `sled_store.rs`), and leaves live ones; an entity's value of another form on Redis
+/// guards nothing and is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_expired_entity_rows_are_swept() {
+    let Some(client) = postgres_client().await else {
+        return;
+    };
     client
         .batch_execute("DROP TABLE IF EXISTS dedupe_entity_sweep, dedupe_entity_sweep_entities")
         .await

@@ -182,6 +182,23 @@ store: {{ sled: {{ path: "{}" }} }}
     path
 }
 
+/// The binary on the signed route, exporting to `collector` as the environment says,
+/// with `env` besides.
+fn exporting_binary(
+    upstream: &Upstream,
+    dir: &std::path::Path,
+    collector: SocketAddr,
+    env: &[(&str, &str)],
+) -> Binary {
+    let endpoint = format!("http://{collector}");
+    let mut all = vec![
+        ("HOOK_SECRET", SECRET),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+    ];
+    all.extend_from_slice(env);
+    Binary::start_with_env(&config(upstream.addr, dir, ""), &all)
+}
+
 /// Posts a signed event `id` carrying the sender's `traceparent`.
 async fn deliver(proxy: SocketAddr, id: &str) -> Reply {
     use hmac::{KeyInit, Mac};
@@ -250,12 +267,11 @@ async fn deliveries_are_traced_over_http_protobuf_from_the_environment() {
     let (collector, received) = http_receiver().await;
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let endpoint = format!("http://{collector}");
-    let binary = Binary::start_with_env(
-        &config(upstream.addr, dir.path(), ""),
+    let binary = exporting_binary(
+        &upstream,
+        dir.path(),
+        collector,
         &[
-            ("HOOK_SECRET", SECRET),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_SERVICE_NAME", "webhooks-edge"),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
@@ -339,12 +355,11 @@ async fn a_collector_that_never_answers_slows_no_delivery_and_its_spans_are_coun
     });
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let endpoint = format!("http://{collector}");
-    let binary = Binary::start_with_env(
-        &config(upstream.addr, dir.path(), ""),
+    let binary = exporting_binary(
+        &upstream,
+        dir.path(),
+        collector,
         &[
-            ("HOOK_SECRET", SECRET),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_BSP_SCHEDULE_DELAY", "50"),
             ("OTEL_BSP_MAX_QUEUE_SIZE", "8"),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
@@ -413,12 +428,11 @@ async fn the_sampler_in_the_environment_is_followed() {
     let (collector, received) = http_receiver().await;
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let endpoint = format!("http://{collector}");
-    let binary = Binary::start_with_env(
-        &config(upstream.addr, dir.path(), ""),
+    let binary = exporting_binary(
+        &upstream,
+        dir.path(),
+        collector,
         &[
-            ("HOOK_SECRET", SECRET),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_TRACES_SAMPLER", "always_off"),
             ("OTEL_BSP_SCHEDULE_DELAY", "50"),
         ],
