@@ -55,6 +55,7 @@ pub mod metrics;
 pub mod order;
 pub mod preset;
 pub mod proxy;
+pub mod redact;
 pub mod reload;
 pub mod response;
 pub mod route;
@@ -155,6 +156,7 @@ async fn start_with(
     config: Config,
     given_store: Option<Arc<dyn ClaimStore>>,
 ) -> Result<App, StartError> {
+    redact::remember(config.secrets());
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }

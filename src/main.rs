@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use dedupe_proxy::cli::{Cli, Command, ConfigArgs, LogFormat};
 use dedupe_proxy::config::Config;
+use dedupe_proxy::redact;
 use dedupe_proxy::telemetry::Telemetry;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::prelude::*;
@@ -45,7 +46,7 @@ fn serve(args: &ConfigArgs) -> ExitCode {
     let telemetry = match runtime.block_on(async { Telemetry::start(config.telemetry.as_ref()) }) {
         Ok(telemetry) => telemetry,
         Err(error) => {
-            eprintln!("error: {error}");
+            eprintln!("error: {}", redact::text(&error.to_string()));
             return ExitCode::from(2);
         }
     };
@@ -64,7 +65,7 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "dedupe-proxy failed");
-            eprintln!("error: {error}");
+            eprintln!("error: {}", redact::text(&error.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -78,10 +79,8 @@ fn check(args: &ConfigArgs) -> ExitCode {
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
-    print!(
-        "{}",
-        serde_yaml::to_string(&config).expect("a configuration serializes")
-    );
+    let resolved = serde_yaml::to_string(&config).expect("a configuration serializes");
+    print!("{}", redact::text(&resolved));
     eprintln!(
         "{}: valid, {} route(s)",
         config.source.display(),
@@ -96,10 +95,12 @@ fn load(args: &ConfigArgs) -> Result<Config, ExitCode> {
         eprintln!("error: no configuration: pass --config FILE or set DEDUPE_PROXY_CONFIG");
         return Err(ExitCode::from(2));
     };
-    Config::load(path, &args.overrides()).map_err(|error| {
+    let config = Config::load(path, &args.overrides()).map_err(|error| {
         eprintln!("error: {error}");
         ExitCode::from(2)
-    })
+    })?;
+    redact::remember(config.secrets());
+    Ok(config)
 }
 
 /// Logs to stderr as `format` says, filtered by `RUST_LOG`; with traces on, the proxy's
@@ -108,7 +109,7 @@ fn init_logging(format: LogFormat, default_filter: &str, telemetry: Option<&Tele
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(redact::Stderr)
         .with_ansi(std::io::stderr().is_terminal());
     let log = match format {
         LogFormat::Text => log.boxed(),

@@ -407,7 +407,7 @@ impl Proxy {
     /// up while the store answers, say).
     async fn claim(
         &self,
-        route: &Route,
+        route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Claiming, StoreError> {
@@ -830,29 +830,28 @@ impl Proxy {
                 "forwards still running when the shutdown grace ended"
             );
         }
-        let routing = self.routing();
+        // Each claim is settled under the route it started with: a reload since may have
+        // renamed, changed or removed that route.
         for Registered {
             route,
             claims,
             dispatched,
         } in self.open_claims.take_all()
         {
-            let policy = routing.table.by_name(&route).map(|route| &route.policy);
-            let holds = policy.filter(|policy| policy.on_ambiguous == OnAmbiguous::Hold);
-            if let Some(policy) = holds.filter(|_| dispatched.load(Ordering::SeqCst)) {
-                let retention = policy.retention;
-                if self
-                    .hold(&route, retention, &claims, Ambiguity::Shutdown)
+            let policy = &route.policy;
+            if policy.on_ambiguous == OnAmbiguous::Hold
+                && dispatched.load(Ordering::SeqCst)
+                && self
+                    .hold(&route.name, policy.retention, &claims, Ambiguity::Shutdown)
                     .await
-                {
-                    continue;
-                }
+            {
+                continue;
             }
             release_claims(
                 &*self.store,
                 &self.waiting,
                 &self.metrics,
-                &route,
+                &route.name,
                 &claims,
                 ReleaseReason::Shutdown,
             )
@@ -1002,14 +1001,20 @@ fn ambiguity(error: &UpstreamError) -> Option<Ambiguity> {
     }
 }
 
-/// The route a request goes to, if any, once its host and target are found sound.
+/// The route a request goes to, if any, once its host and target are found sound: the
+/// first that takes it in any reading an application may take of it.
 fn find_route<'r>(
     routing: &'r Routing,
     request: &Request<Incoming>,
 ) -> Result<Option<&'r Arc<Route>>, TargetError> {
-    let host = target::host(request.version(), request.uri(), request.headers())?;
-    let path = target::normal_path(request.uri().path())?;
-    Ok(routing.table.find(request.method(), host, &path))
+    let target = target::addressed(
+        request.version(),
+        request.method(),
+        request.uri(),
+        request.headers(),
+        routing.table.limits_hosts(),
+    )?;
+    Ok(routing.table.find(&target))
 }
 
 /// What a delivery ends with: its `Dedupe-Status` and the answer.
@@ -1161,18 +1166,19 @@ struct ClaimRegistry(Arc<Mutex<HashMap<u128, Registered>>>);
 
 /// An open claim as the registry keeps it.
 struct Registered {
-    route: String,
+    /// The route the delivery matched, as it was then.
+    route: Arc<Route>,
     claims: Claims,
     /// Whether its request went to the app (see `Upstream::send`).
     dispatched: Arc<AtomicBool>,
 }
 
 impl ClaimRegistry {
-    fn register(&self, event: Claim, route: &Route, proxy: &Proxy) -> OpenClaim {
+    fn register(&self, event: Claim, route: &Arc<Route>, proxy: &Proxy) -> OpenClaim {
         let claims = Claims { event, body: None };
         let dispatched = Arc::new(AtomicBool::new(false));
         let registered = Registered {
-            route: route.name.clone(),
+            route: Arc::clone(route),
             claims: claims.clone(),
             dispatched: Arc::clone(&dispatched),
         };

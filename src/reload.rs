@@ -73,6 +73,7 @@ impl Reloader {
                 return Err(error);
             }
         };
+        crate::redact::remember(config.secrets());
         for warning in &config.warnings {
             tracing::warn!("{warning}");
         }

@@ -443,6 +443,8 @@ impl AdminRefusal {
     /// The answer: its status and `{"error","detail"}` JSON body.
     pub fn into_response(self) -> Response<ProxyBody> {
         let (status, code, detail) = self.parts();
+        // A store's or a reload's message may quote what a driver was given.
+        let detail = crate::redact::text(&detail);
         let mut response = json_response(status, error_body(code, &detail));
         if matches!(self, AdminRefusal::Unauthorized) {
             response

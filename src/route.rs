@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::key::KeyTemplate;
 use crate::order::{OnStale, Order};
 use crate::preset::Preset;
-use crate::target;
+use crate::target::{self, Addressed};
 use crate::values::{MethodValue, StatusPattern, UpstreamUrl, as_written};
 use crate::verify::Verify;
 
@@ -194,6 +194,10 @@ pub struct Matcher {
     /// ([`target::normal_path`]).
     #[serde(skip)]
     normal: Option<Vec<u8>>,
+    /// A `path` whose last segment has an extension, with it ([`target::script_path`]):
+    /// the paths below it are the script's too.
+    #[serde(skip)]
+    script: Option<Vec<u8>>,
 }
 
 impl Matcher {
@@ -214,6 +218,7 @@ impl Matcher {
                 target::normal_path(path)
                     .map_or_else(|_| path.as_bytes().to_vec(), |n| n.into_owned())
             }),
+            script: path.as_deref().and_then(target::script_path),
             path,
             path_prefix,
             host: host.map(|host| {
@@ -229,33 +234,68 @@ impl Matcher {
         self.host.as_deref()
     }
 
-    /// Whether a request with this method, host (from `Host` or the URI) and normal path
-    /// ([`target::normal_path`]) matches. `path` matches the path in its normal form;
-    /// `path_prefix` also every path below it, segment by segment.
-    pub fn matches(&self, method: &Method, host: Option<&str>, normal_path: &[u8]) -> bool {
-        let method_ok = self.methods.is_empty() || self.methods.iter().any(|m| m.0 == method);
-        let path_ok = match &self.normal {
-            None => true,
-            Some(exact) if self.path.is_some() => normal_path == exact.as_slice(),
-            Some(prefix) => target::under(normal_path, prefix),
-        };
-        method_ok && path_ok && self.host_matches(host)
+    /// Whether a request matches in any of its readings ([`target::Addressed`]): its
+    /// method, or one an override names; its host, or a forwarded one; its normal path,
+    /// or a rewritten one. `path` matches the path in its normal form (and, for a script,
+    /// every path below it); `path_prefix` also every path below it, segment by segment.
+    pub fn matches(&self, target: &Addressed<'_>) -> bool {
+        self.method_matches(target) && self.path_matches(target) && self.host_matches(target)
     }
 
-    fn host_matches(&self, host: Option<&str>) -> bool {
+    /// Methods compare without regard to case (servers differ), and a `GET` route takes
+    /// `HEAD`, which frameworks run through the `GET` handler.
+    fn method_matches(&self, target: &Addressed<'_>) -> bool {
+        if self.methods.is_empty() {
+            return true;
+        }
+        let takes = |method: &str| {
+            self.methods.iter().any(|MethodValue(ours)| {
+                ours.as_str().eq_ignore_ascii_case(method)
+                    || (*ours == Method::GET && method.eq_ignore_ascii_case("HEAD"))
+            })
+        };
+        self.methods
+            .iter()
+            .any(|MethodValue(ours)| ours == target.method)
+            || takes(target.method.as_str())
+            || target.other_methods.iter().any(|method| takes(method))
+    }
+
+    fn path_matches(&self, target: &Addressed<'_>) -> bool {
+        let Some(normal) = &self.normal else {
+            return true;
+        };
+        std::iter::once(target.path.as_ref())
+            .chain(target.other_paths.iter().map(Vec::as_slice))
+            .any(|path| match &self.script {
+                _ if self.path_prefix.is_some() => target::under(path, normal),
+                Some(script) => path == normal.as_slice() || target::under(path, script),
+                None => path == normal.as_slice(),
+            })
+    }
+
+    /// A request that names no host (HTTP/1.0 without `Host`) matches: the application
+    /// serves it as its default host, which may be this one.
+    fn host_matches(&self, target: &Addressed<'_>) -> bool {
         let Some(wanted) = &self.host else {
             return true;
         };
-        let Some(host) = host else {
-            return false;
+        let Some(host) = target.host else {
+            return true;
         };
-        // `example.com.` is `example.com` to a resolver, and to the frameworks that check
-        // hosts, with or without a port after it.
-        let (wanted_name, wanted_port) = split_port(wanted);
-        let (name, port) = split_port(host);
-        name.trim_end_matches('.').eq_ignore_ascii_case(wanted_name)
-            && (wanted_port.is_none() || port == wanted_port)
+        std::iter::once(host)
+            .chain(target.other_hosts.iter().copied())
+            .any(|host| same_host(wanted, host))
     }
+}
+
+/// Whether a request's host is the route's: `example.com.` is `example.com` to a resolver,
+/// and to the frameworks that check hosts, with or without a port after it.
+fn same_host(wanted: &str, host: &str) -> bool {
+    let (wanted_name, wanted_port) = split_port(wanted);
+    let (name, port) = split_port(host);
+    name.trim_end_matches('.').eq_ignore_ascii_case(wanted_name)
+        && (wanted_port.is_none() || port == wanted_port)
 }
 
 /// A host's name and its port, if it has one.
@@ -341,26 +381,29 @@ pub struct Routing {
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable {
     routes: Vec<Arc<Route>>,
+    /// Whether any route is limited to a host, so that forwarded hosts matter.
+    limits_hosts: bool,
 }
 
 impl RouteTable {
     pub fn new(routes: Vec<Route>) -> RouteTable {
         RouteTable {
+            limits_hosts: routes.iter().any(|route| route.matcher.host.is_some()),
             routes: routes.into_iter().map(Arc::new).collect(),
         }
     }
 
-    /// The first route taking a request with this method, host and normal path
-    /// ([`target::normal_path`]).
-    pub fn find(
-        &self,
-        method: &Method,
-        host: Option<&str>,
-        normal_path: &[u8],
-    ) -> Option<&Arc<Route>> {
+    /// Whether a request's forwarded hosts are among its readings
+    /// ([`target::addressed`]).
+    pub fn limits_hosts(&self) -> bool {
+        self.limits_hosts
+    }
+
+    /// The first route taking a request in any of its readings.
+    pub fn find(&self, target: &Addressed<'_>) -> Option<&Arc<Route>> {
         self.routes
             .iter()
-            .find(|route| route.matcher.matches(method, host, normal_path))
+            .find(|route| route.matcher.matches(target))
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
@@ -419,27 +462,51 @@ routes:
 
 #[cfg(test)]
 mod tests {
+    use std::borrow::Cow;
+
     use super::fixtures::{ROUTES, table};
     use super::*;
+
+    /// A request stating `method`, `host` and `path`, with no other reading.
+    fn stated<'a>(method: &'a Method, host: Option<&'a str>, path: &str) -> Addressed<'a> {
+        Addressed {
+            method,
+            host,
+            path: Cow::Owned(target::normal_path(path).unwrap().into_owned()),
+            other_methods: Vec::new(),
+            other_hosts: Vec::new(),
+            other_paths: Vec::new(),
+        }
+    }
+
+    fn found<'t>(routes: &'t RouteTable, target: &Addressed<'_>) -> Option<&'t str> {
+        routes.find(target).map(|route| route.name.as_str())
+    }
 
     #[test]
     fn first_match_wins() {
         let routes = table(ROUTES);
         let find = |method: Method, host, path: &str| {
-            let path = target::normal_path(path).unwrap();
-            routes.find(&method, host, &path).map(|r| r.name.as_str())
+            found(&routes, &stated(&method, host, path)).map(str::to_owned)
         };
-        assert_eq!(find(Method::POST, None, "/hooks/a"), Some("exact"));
-        assert_eq!(find(Method::GET, None, "/hooks/a"), Some("any"));
         assert_eq!(
-            find(Method::PUT, Some("hooks.example.com:8081"), "/hooks/b"),
+            find(Method::POST, None, "/hooks/a").as_deref(),
+            Some("exact")
+        );
+        assert_eq!(find(Method::GET, None, "/hooks/a").as_deref(), Some("any"));
+        assert_eq!(
+            find(Method::PUT, Some("hooks.example.com:8081"), "/hooks/b").as_deref(),
             Some("prefix")
         );
         assert_eq!(
-            find(Method::PUT, Some("other.example.com"), "/hooks/b"),
+            find(Method::PUT, Some("other.example.com"), "/hooks/b").as_deref(),
             Some("any")
         );
-        assert_eq!(find(Method::PUT, None, "/hooks/b"), Some("any"));
+        assert_eq!(
+            find(Method::PUT, None, "/hooks/b").as_deref(),
+            Some("prefix"),
+            "no host at all may be the route's host"
+        );
     }
 
     #[test]
@@ -452,12 +519,64 @@ mod tests {
             "/hooks/./a",
             "/hooks/%61",
             "/./hooks/a",
+            "/hooks/a.json",
         ] {
-            let normal = target::normal_path(path).unwrap();
-            let found = routes
-                .find(&Method::POST, None, &normal)
-                .map(|r| r.name.as_str());
-            assert_eq!(found, Some("exact"), "{path}");
+            let target = stated(&Method::POST, None, path);
+            assert_eq!(found(&routes, &target), Some("exact"), "{path}");
+        }
+    }
+
+    #[test]
+    fn every_spelling_of_a_method_finds_its_route() {
+        let routes = table(
+            "routes:\n  - name: post\n    match: { method: POST, path: /a }\n    key: \"{json:/id}\"\n  - name: get\n    match: { method: GET, path: /b }\n    key: \"{json:/id}\"\n",
+        );
+        for method in ["post", "Post", "pOsT"] {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(found(&routes, &stated(&method, None, "/a")), Some("post"));
+        }
+        assert_eq!(
+            found(&routes, &stated(&Method::HEAD, None, "/b")),
+            Some("get")
+        );
+        assert_eq!(found(&routes, &stated(&Method::HEAD, None, "/a")), None);
+        let mut overridden = stated(&Method::GET, None, "/a");
+        assert_eq!(found(&routes, &overridden), None);
+        overridden.other_methods.push(Cow::Borrowed("post"));
+        assert_eq!(found(&routes, &overridden), Some("post"));
+    }
+
+    #[test]
+    fn a_rewritten_path_or_a_forwarded_host_finds_its_route() {
+        let routes = table(ROUTES);
+        let mut rewritten = stated(&Method::POST, None, "/elsewhere");
+        rewritten.other_paths.push(b"/hooks/a".to_vec());
+        assert_eq!(found(&routes, &rewritten), Some("exact"));
+        let mut forwarded = stated(&Method::PUT, Some("internal:8080"), "/hooks/b");
+        assert_eq!(found(&routes, &forwarded), Some("any"));
+        forwarded.other_hosts.push("Hooks.Example.com.");
+        assert_eq!(found(&routes, &forwarded), Some("prefix"));
+    }
+
+    #[test]
+    fn a_script_takes_the_paths_below_it() {
+        let routes = table(
+            "routes:\n  - name: php\n    match: { path: /webhook.php }\n    key: \"{json:/id}\"\n",
+        );
+        for path in [
+            "/webhook.php",
+            "/webhook",
+            "/WEBHOOK.PHP/anything",
+            "/webhook.php/a/b",
+            "/webhook.php;x/a",
+            "/webhook.php%2Fa",
+        ] {
+            let target = stated(&Method::POST, None, path);
+            assert_eq!(found(&routes, &target), Some("php"), "{path}");
+        }
+        for path in ["/webhook.php.bak/a", "/webhook/a", "/other.php"] {
+            let target = stated(&Method::POST, None, path);
+            assert_eq!(found(&routes, &target), None, "{path}");
         }
     }
 
@@ -473,18 +592,15 @@ mod tests {
     fn a_host_matches_in_any_case_with_or_without_a_trailing_dot() {
         let text = "routes:\n  - name: a\n    match: { host: A.example.:8443 }\n    key: \"{json:/id}\"\n  - name: b\n    match: { host: b.example }\n    key: \"{json:/id}\"\n";
         let routes = table(text);
-        let find = |host| {
-            routes
-                .find(&Method::POST, Some(host), b"/")
-                .map(|route| route.name.as_str())
-        };
+        let find =
+            |host| found(&routes, &stated(&Method::POST, Some(host), "/")).map(str::to_owned);
         for host in ["a.example:8443", "A.EXAMPLE.:8443", "a.example.:8443"] {
-            assert_eq!(find(host), Some("a"), "{host}");
+            assert_eq!(find(host).as_deref(), Some("a"), "{host}");
         }
         assert_eq!(find("a.example"), None);
         assert_eq!(find("a.example:443"), None);
         for host in ["b.example", "b.example.", "B.example.:81", "b.example:1"] {
-            assert_eq!(find(host), Some("b"), "{host}");
+            assert_eq!(find(host).as_deref(), Some("b"), "{host}");
         }
         assert_eq!(find("b.example.evil"), None);
     }

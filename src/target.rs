@@ -14,7 +14,7 @@ use std::borrow::Cow;
 
 use http::header::HOST;
 use http::uri::Authority;
-use http::{HeaderMap, Uri, Version};
+use http::{HeaderMap, Method, Uri, Version};
 
 /// Why a request's target is refused (400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,10 +33,20 @@ pub enum TargetError {
     /// The authority form (`CONNECT host:port`): there is no path to route or forward.
     #[error("the request target has no path")]
     NoPath,
+    /// An `X-Original-URL` or `X-Rewrite-URL` that is not a request target.
+    #[error("a path override header is not a request target")]
+    BadOverride,
+    /// A control character in the path, written or escaped (`%00`): servers written in C
+    /// may end the path there.
+    #[error("the path has a control character")]
+    ControlCharacter,
 }
 
 /// The host a request is for: its `Host` header, or an HTTP/2 request's `:authority`.
-/// `None` only for an HTTP/1.0 request without a `Host`.
+/// `None` only for an HTTP/1.0 request without a `Host`. A request that names its host
+/// twice (an absolute-form target, or HTTP/2's `:authority`, beside a `Host`) must name
+/// the same one: RFC 9112 has a server read the target's and ignore `Host`, while an
+/// application behind a proxy reads `Host`, so two names would be two readings.
 pub fn host<'a>(
     version: Version,
     uri: &'a Uri,
@@ -56,10 +66,7 @@ pub fn host<'a>(
     }
     match (header, authority) {
         (Some(header), _) if !is_valid_host(header) => Err(TargetError::BadHost),
-        // HTTP/2 carries the host in `:authority`; a `Host` beside it must agree.
-        (Some(header), Some(authority))
-            if version == Version::HTTP_2 && !header.eq_ignore_ascii_case(authority) =>
-        {
+        (Some(header), Some(authority)) if !same_host(header, authority, uri.scheme_str()) => {
             Err(TargetError::HostMismatch)
         }
         (Some(header), _) => Ok(Some(header)),
@@ -69,17 +76,140 @@ pub fn host<'a>(
     }
 }
 
+/// Whether two spellings of `host[:port]` name one host: case aside, a port left out is
+/// the scheme's own.
+fn same_host(a: &str, b: &str, scheme: Option<&str>) -> bool {
+    let default_port = match scheme {
+        Some(scheme) if scheme.eq_ignore_ascii_case("https") => "443",
+        _ => "80",
+    };
+    let split = |host: &str| match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            (name.to_ascii_lowercase(), port.to_owned())
+        }
+        _ => (host.to_ascii_lowercase(), default_port.to_owned()),
+    };
+    split(a) == split(b)
+}
+
+/// Headers some frameworks read a request's method from, in place of its own: Express's
+/// method-override, ASP.NET Core, Jersey and Google APIs read the first.
+const METHOD_OVERRIDES: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// Headers that IIS rewriting, Symfony and Zend Framework read a request's path from.
+const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+
+/// Everything an application behind the proxy may read a request as addressed to: the
+/// method, host and path the request states, and the others that common frameworks take
+/// from its headers or query instead. A route takes the request if it takes any of these
+/// readings, so that no reading reaches the route's handler unchecked.
+#[derive(Debug)]
+pub struct Addressed<'a> {
+    pub method: &'a Method,
+    /// The host the request states ([`host`]).
+    pub host: Option<&'a str>,
+    /// The path's normal form ([`normal_path`]).
+    pub path: Cow<'a, [u8]>,
+    /// Methods named by override headers or a `_method` query parameter.
+    pub other_methods: Vec<Cow<'a, str>>,
+    /// Hosts named by `X-Forwarded-Host` or `Forwarded: host=`.
+    pub other_hosts: Vec<&'a str>,
+    /// Normal paths named by `X-Original-URL` or `X-Rewrite-URL`.
+    pub other_paths: Vec<Vec<u8>>,
+}
+
+/// How `request`'s target reads; `forwarded_hosts` says whether the hosts of forwarding
+/// headers matter (some route is limited to a host). Refuses what [`host`] and
+/// [`normal_path`] refuse, in any reading.
+pub fn addressed<'a>(
+    version: Version,
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    forwarded_hosts: bool,
+) -> Result<Addressed<'a>, TargetError> {
+    let host = host(version, uri, headers)?;
+    let path = normal_path(uri.path())?;
+    let mut other_methods: Vec<Cow<'a, str>> = METHOD_OVERRIDES
+        .iter()
+        .flat_map(|name| headers.get_all(*name))
+        .filter_map(|value| value.to_str().ok())
+        .map(|value| Cow::Borrowed(value.trim()))
+        .collect();
+    if let Some(query) = uri.query().filter(|query| query.contains("_method")) {
+        other_methods.extend(
+            form_urlencoded::parse(query.as_bytes())
+                .filter(|(name, _)| name == "_method")
+                .map(|(_, value)| Cow::Owned(value.trim().to_owned())),
+        );
+    }
+    let other_hosts = if forwarded_hosts {
+        forwarded_host_names(headers)
+    } else {
+        Vec::new()
+    };
+    let mut other_paths = Vec::new();
+    for value in PATH_OVERRIDES
+        .iter()
+        .flat_map(|name| headers.get_all(*name))
+    {
+        let text = value.to_str().map_err(|_| TargetError::BadOverride)?;
+        let uri: Uri = text.parse().map_err(|_| TargetError::BadOverride)?;
+        other_paths.push(normal_path(uri.path())?.into_owned());
+    }
+    Ok(Addressed {
+        method,
+        host,
+        path,
+        other_methods,
+        other_hosts,
+        other_paths,
+    })
+}
+
+/// The hosts in `X-Forwarded-Host` (every line, every entry) and in `Forwarded`'s
+/// `host=` parameters.
+fn forwarded_host_names(headers: &HeaderMap) -> Vec<&str> {
+    let listed = |name: &'static str| {
+        headers
+            .get_all(name)
+            .into_iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+    };
+    let forwarded = listed("forwarded")
+        .flat_map(|element| element.split(';'))
+        .filter_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("host")
+                .then(|| value.trim().trim_matches('"'))
+        });
+    listed("x-forwarded-host")
+        .map(str::trim)
+        .chain(forwarded)
+        .filter(|host| !host.is_empty())
+        .collect()
+}
+
 /// `host[:port]`, without user information; an empty host is allowed (RFC 9112 permits an
 /// empty `Host` for a target without one).
 fn is_valid_host(value: &str) -> bool {
     value.is_empty() || (!value.contains('@') && value.parse::<Authority>().is_ok())
 }
 
-/// The normal form of a path that routes are matched on: percent escapes decoded, `;`
-/// parameters dropped from each segment, `\` read as `/`, empty and `.` segments removed,
-/// ASCII letters lowercased, no trailing slash; always starts with `/`. A `..` segment is
-/// refused, as is a target without a path (`*` is the path `/*`). Borrows the path when it
-/// is already in that form, as almost every real path is.
+/// The normal form of a path that routes are matched on: percent escapes decoded (again
+/// while escapes remain, for servers that decode twice), `;` parameters dropped from each
+/// segment, `\` read as `/`, trailing dots and spaces dropped from each segment (Windows
+/// servers do), empty and `.` segments removed, ASCII letters lowercased, the last
+/// segment's extension dropped (`/hooks/stripe.json` is Rails' `/hooks/stripe` with a
+/// format), no trailing slash; always starts with `/`. A segment of dots only (`..`) is
+/// refused, as is a control character, or a target without a path (`*` is the path `/*`).
+/// Borrows the path when it is already in that form, as almost every real path is.
 pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
     if !path.starts_with('/') && path != "*" {
         return Err(TargetError::NoPath);
@@ -87,27 +217,96 @@ pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
     if is_normal(path.as_bytes()) {
         return Ok(Cow::Borrowed(path.as_bytes()));
     }
+    let mut segments = segments(path)?;
+    if let Some(last) = segments.last_mut() {
+        strip_extension(last);
+    }
+    Ok(Cow::Owned(joined(&segments)))
+}
+
+/// For a route's `path` whose last segment has an extension (`/webhook.php`): the normal
+/// form with that extension kept. Apache, IIS and PHP run such a script for every path
+/// below it (`/webhook.php/anything`, its PATH_INFO), so the route takes those too.
+pub fn script_path(path: &str) -> Option<Vec<u8>> {
+    let segments = segments(path).ok()?;
+    let last = segments.last()?;
+    let mut stripped = last.clone();
+    strip_extension(&mut stripped);
+    (stripped != *last).then(|| joined(&segments))
+}
+
+/// The path's segments, each decoded and folded as [`normal_path`] says, the last one with
+/// its extension.
+fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
     let mut segments: Vec<Vec<u8>> = Vec::new();
     for written in path.split('/') {
         let written = written.split(';').next().unwrap_or_default();
-        let decoded: Vec<u8> = percent_encoding::percent_decode_str(written).collect();
+        let decoded = decode_fully(written);
+        if decoded.iter().any(u8::is_ascii_control) {
+            return Err(TargetError::ControlCharacter);
+        }
         for segment in decoded.split(|&byte| byte == b'/' || byte == b'\\') {
-            match segment {
-                b"" | b"." => {}
-                b".." => return Err(TargetError::ParentSegment),
-                _ => segments.push(fold_case(segment)),
+            let segment = segment
+                .split(|&byte| byte == b';')
+                .next()
+                .unwrap_or_default();
+            if segment.len() >= 2 && segment.iter().all(|&byte| byte == b'.') {
+                return Err(TargetError::ParentSegment);
+            }
+            let kept = segment.len()
+                - segment
+                    .iter()
+                    .rev()
+                    .take_while(|&&byte| byte == b'.' || byte == b' ')
+                    .count();
+            let segment = &segment[..kept];
+            if !segment.is_empty() {
+                segments.push(fold_case(segment));
             }
         }
     }
-    let mut normal = Vec::with_capacity(path.len());
-    for segment in &segments {
+    Ok(segments)
+}
+
+/// How many times an escape is decoded at most: a server that decodes twice reads
+/// `%2573` as `s`; a third round costs nothing and covers one more.
+const DECODE_ROUNDS: usize = 3;
+
+/// `written` percent-decoded until no escape is left, or [`DECODE_ROUNDS`] times.
+fn decode_fully(written: &str) -> Vec<u8> {
+    let mut decoded: Vec<u8> = percent_encoding::percent_decode_str(written).collect();
+    for _ in 1..DECODE_ROUNDS {
+        let again: Vec<u8> = percent_encoding::percent_decode(&decoded).collect();
+        if again == decoded {
+            break;
+        }
+        decoded = again;
+    }
+    decoded
+}
+
+/// Drops a segment's extension: all from its first dot that follows another character
+/// than a dot (`.well-known` and `..c` have none).
+fn strip_extension(segment: &mut Vec<u8>) {
+    if let Some(dot) = extension_at(segment) {
+        segment.truncate(dot);
+    }
+}
+
+fn extension_at(segment: &[u8]) -> Option<usize> {
+    (1..segment.len()).find(|&at| segment[at] == b'.' && segment[at - 1] != b'.')
+}
+
+fn joined(segments: &[Vec<u8>]) -> Vec<u8> {
+    let mut normal = Vec::with_capacity(segments.iter().map(|s| s.len() + 1).sum::<usize>());
+    for segment in segments {
         normal.push(b'/');
         normal.extend_from_slice(segment);
     }
     if normal.is_empty() {
         normal.push(b'/');
     }
-    Ok(Cow::Owned(normal))
+    normal
 }
 
 /// A segment with ASCII letters lowercased, and the few other letters whose case folds to
@@ -130,15 +329,28 @@ fn fold_case(segment: &[u8]) -> Vec<u8> {
     }
 }
 
-/// Whether `path` is its own normal form.
+/// Whether `path` is its own normal form: plain lowercase ASCII, no empty, dot-only or
+/// dot-ended segment, and no extension on the last one.
 fn is_normal(path: &[u8]) -> bool {
-    let plain = |byte: &u8| !matches!(byte, b'%' | b';' | b'\\' | b'A'..=b'Z');
-    path == b"/"
-        || path.first() == Some(&b'/')
-            && path.iter().all(plain)
-            && path[1..]
-                .split(|&byte| byte == b'/')
-                .all(|segment| !matches!(segment, b"" | b"." | b".."))
+    let plain =
+        |byte: &u8| byte.is_ascii_graphic() && !matches!(byte, b'%' | b';' | b'\\' | b'A'..=b'Z');
+    if path == b"/" {
+        return true;
+    }
+    if path.first() != Some(&b'/') || !path.iter().all(plain) {
+        return false;
+    }
+    let mut segments = path[1..].split(|&byte| byte == b'/').peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        let bad = segment.is_empty()
+            || segment.ends_with(b".")
+            || (last && extension_at(segment).is_some());
+        if bad {
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether a normal path falls under a normal prefix: the prefix itself, or below it
@@ -177,6 +389,17 @@ mod tests {
             "/hooks/sig/.",
             "/hoo%E2%84%AAs/%C5%BFig",
             "/hooks/s%C4%B1g",
+            "/hooks/sig.json",
+            "/hooks/SIG.XML",
+            "/hooks/sig.",
+            "/hooks/sig%20",
+            "/hooks/sig.%20.",
+            "/hooks./sig",
+            "/hooks/sig.json/",
+            "/hooks/%2573ig",
+            "/hooks/%25%37%33ig",
+            "/hooks/sig%3Bx",
+            "/hooks/sig;a%2Fb",
         ] {
             assert_eq!(normal(variant), "/hooks/sig", "{variant}");
         }
@@ -193,6 +416,9 @@ mod tests {
             "/a%2F..%2Fb",
             "/a%5C..",
             "/a/..;x",
+            "/a/...",
+            "/a/%252e%252e",
+            "/a/%2e%2e%3Bx",
         ] {
             assert_eq!(
                 normal_path(climbing),
@@ -204,12 +430,46 @@ mod tests {
     }
 
     #[test]
+    fn control_characters_are_refused_however_they_are_written() {
+        for path in [
+            "/hooks/sig%00.png",
+            "/a%09b",
+            "/a%0d%0a",
+            "/a%7F",
+            "/a%2500",
+        ] {
+            assert_eq!(
+                normal_path(path),
+                Err(TargetError::ControlCharacter),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn extensions_leave_the_last_segment_only() {
+        assert_eq!(normal("/v1.2/hooks"), "/v1.2/hooks");
+        assert_eq!(normal("/.well-known/x.json"), "/.well-known/x");
+        assert_eq!(normal("/a/.hidden"), "/a/.hidden");
+        assert_eq!(normal("/a/.hidden.json"), "/a/.hidden");
+        assert_eq!(script_path("/webhook.php"), Some(b"/webhook.php".to_vec()));
+        assert_eq!(
+            script_path("/Hooks/Run.CGI"),
+            Some(b"/hooks/run.cgi".to_vec())
+        );
+        assert_eq!(script_path("/hooks/stripe"), None);
+        assert_eq!(script_path("/.well-known"), None);
+    }
+
+    #[test]
     fn normal_paths_are_borrowed_and_others_are_not() {
         let borrowed = |path| matches!(normal_path(path), Ok(Cow::Borrowed(_)));
         assert!(borrowed("/hooks/stripe"));
         assert!(borrowed("/"));
         assert!(borrowed("/a-b_c.d~e/f:g@h"));
-        for odd in ["*", "/a/", "/A", "/a//b", "/a/./b", "/%61", "/a;b"] {
+        for odd in [
+            "*", "/a/", "/A", "/a//b", "/a/./b", "/%61", "/a;b", "/a.json", "/a./b",
+        ] {
             assert!(matches!(normal_path(odd), Ok(Cow::Owned(_))), "{odd}");
         }
         assert_eq!(normal("*"), "/*");
@@ -219,7 +479,7 @@ mod tests {
 
     #[test]
     fn escapes_that_are_not_utf8_stay_bytes() {
-        assert_eq!(normal_path("/a%FF%00b").unwrap().as_ref(), b"/a\xff\x00b");
+        assert_eq!(normal_path("/a%FFb").unwrap().as_ref(), b"/a\xffb");
         assert_eq!(normal_path("/a%zz").unwrap().as_ref(), b"/a%zz");
         assert_eq!(normal_path("/a%2").unwrap().as_ref(), b"/a%2");
     }
@@ -294,6 +554,105 @@ mod tests {
         assert_eq!(
             host_of(V::HTTP_2, "http://x@u.example/a", &[]),
             Err(TargetError::BadHost)
+        );
+        // An absolute-form target names its host again, in any version.
+        assert_eq!(
+            host_of(V::HTTP_11, "http://other.example/a", &["u.example"]),
+            Err(TargetError::HostMismatch)
+        );
+        assert_eq!(
+            host_of(V::HTTP_11, "http://U.example:80/a", &["u.example"]),
+            Ok(Some("u.example".into()))
+        );
+        assert_eq!(
+            host_of(V::HTTP_11, "https://u.example/a", &["u.example:443"]),
+            Ok(Some("u.example:443".into()))
+        );
+        assert_eq!(
+            host_of(V::HTTP_11, "https://u.example/a", &["u.example:80"]),
+            Err(TargetError::HostMismatch)
+        );
+    }
+
+    fn addressed_by(uri: &str, headers: &[(&str, &str)]) -> Result<Vec<String>, TargetError> {
+        let uri: Uri = uri.parse().unwrap();
+        let mut map = HeaderMap::new();
+        map.insert(HOST, "h.example".parse().unwrap());
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let read = addressed(Version::HTTP_11, &Method::POST, &uri, &map, true)?;
+        let mut readings: Vec<String> = read
+            .other_methods
+            .iter()
+            .map(|method| format!("method {method}"))
+            .collect();
+        readings.extend(read.other_hosts.iter().map(|host| format!("host {host}")));
+        readings.extend(
+            read.other_paths
+                .iter()
+                .map(|path| format!("path {}", String::from_utf8_lossy(path))),
+        );
+        Ok(readings)
+    }
+
+    #[test]
+    fn the_readings_frameworks_take_from_headers_and_query_are_kept() {
+        assert_eq!(addressed_by("/a", &[]), Ok(vec![]));
+        assert_eq!(
+            addressed_by(
+                "/a?_method=put&x=1",
+                &[
+                    ("x-http-method-override", " patch "),
+                    ("X-HTTP-Method", "delete")
+                ]
+            ),
+            Ok(vec![
+                "method patch".to_owned(),
+                "method delete".into(),
+                "method put".into()
+            ])
+        );
+        assert_eq!(
+            addressed_by(
+                "/a",
+                &[
+                    ("x-forwarded-host", "a.example, b.example"),
+                    ("x-forwarded-host", "c.example"),
+                    (
+                        "forwarded",
+                        "for=1.2.3.4;host=\"d.example\", host=e.example;proto=https"
+                    ),
+                ]
+            ),
+            Ok(vec![
+                "host a.example".to_owned(),
+                "host b.example".into(),
+                "host c.example".into(),
+                "host d.example".into(),
+                "host e.example".into()
+            ])
+        );
+        assert_eq!(
+            addressed_by(
+                "/a",
+                &[
+                    ("x-original-url", "/Hooks/Stripe.json?x=1"),
+                    ("x-rewrite-url", "http://h/b/")
+                ]
+            ),
+            Ok(vec!["path /hooks/stripe".to_owned(), "path /b".into()])
+        );
+        assert_eq!(
+            addressed_by("/a", &[("x-original-url", "/hooks/../stripe")]),
+            Err(TargetError::ParentSegment)
+        );
+        assert_eq!(
+            addressed_by("/a", &[("x-rewrite-url", "not a target")]),
+            Err(TargetError::BadOverride)
         );
     }
 }

@@ -341,3 +341,143 @@ async fn targets_without_a_path_and_two_hosts_in_http2_are_400() {
     assert_eq!(response.await.unwrap().status(), 400);
     assert_eq!(upstream.requests(), 0);
 }
+
+/// Sends `request_line` with `headers` (each `name: value`) and an unsigned JSON body,
+/// as written on the wire.
+async fn unsigned_raw(proxy: &Proxy, request_line: &str, headers: &[&str]) -> String {
+    let body = r#"{"id":"evt_forged"}"#;
+    let extra: String = headers.iter().map(|line| format!("{line}\r\n")).collect();
+    let request = format!(
+        "{request_line}\r\n{extra}connection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw(proxy.addr, request.as_bytes()).await
+}
+
+/// Every way a request can ask for the route's handler in another spelling (the method's
+/// case, a format suffix, a Windows trailing dot or space, a double escape, a method
+/// override, a rewritten URL, an absolute-form target) is taken by the route and refused
+/// unsigned (401); the ones no reading can make sound are refused outright (400). None
+/// reaches the application.
+#[tokio::test]
+async fn every_reading_of_the_routes_request_is_checked() {
+    let upstream = Upstream::start().await;
+    let proxy = signed_proxy(&upstream).await;
+    let host = "host: hooks.example";
+    let taken: &[(&str, &[&str])] = &[
+        ("post /hooks/sig HTTP/1.1", &[host]),
+        ("Post /hooks/sig HTTP/1.1", &[host]),
+        ("POST /hooks/sig.json HTTP/1.1", &[host]),
+        ("POST /hooks/SIG.xml HTTP/1.1", &[host]),
+        ("POST /hooks/sig. HTTP/1.1", &[host]),
+        ("POST /hooks/sig%20 HTTP/1.1", &[host]),
+        ("POST /hooks/sig.%20 HTTP/1.1", &[host]),
+        ("POST /hooks/%2573ig HTTP/1.1", &[host]),
+        ("POST /hooks/sig%3Bx HTTP/1.1", &[host]),
+        (
+            "PUT /hooks/sig HTTP/1.1",
+            &[host, "x-http-method-override: POST"],
+        ),
+        ("PATCH /hooks/sig HTTP/1.1", &[host, "x-http-method: post"]),
+        ("GET /hooks/sig?_method=POST HTTP/1.1", &[host]),
+        (
+            "POST /elsewhere HTTP/1.1",
+            &[host, "x-original-url: /hooks/sig"],
+        ),
+        (
+            "POST /elsewhere HTTP/1.1",
+            &[host, "x-rewrite-url: /Hooks/Sig.json?a=1"],
+        ),
+        ("POST http://hooks.example/hooks/sig HTTP/1.1", &[host]),
+        ("POST http://hooks.example:80/hooks/sig HTTP/1.1", &[host]),
+    ];
+    for (line, headers) in taken {
+        let answer = unsigned_raw(&proxy, line, headers).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 401"),
+            "{line} {headers:?}: {answer}"
+        );
+    }
+    let refused: &[(&str, &[&str])] = &[
+        ("POST /hooks/sig%00.png HTTP/1.1", &[host]),
+        ("POST /hooks/sig%0a HTTP/1.1", &[host]),
+        ("POST /hooks/%252e%252e/sig HTTP/1.1", &[host]),
+        ("POST /hooks/sig/... HTTP/1.1", &[host]),
+        ("POST http://elsewhere.example/hooks/sig HTTP/1.1", &[host]),
+        (
+            "POST /elsewhere HTTP/1.1",
+            &[host, "x-original-url: /hooks/../sig"],
+        ),
+    ];
+    for (line, headers) in refused {
+        let answer = unsigned_raw(&proxy, line, headers).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400"),
+            "{line} {headers:?}: {answer}"
+        );
+        assert!(
+            answer.contains(r#""error":"bad_request""#),
+            "{line}: {answer}"
+        );
+    }
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.received());
+}
+
+/// A script's route takes the paths below it, which Apache, IIS and PHP run as the
+/// script with a PATH_INFO.
+#[tokio::test]
+async fn a_scripts_path_info_is_the_scripts_route() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: php\n    match: { method: POST, path: /webhook.php }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    for path in [
+        "/webhook.php/x",
+        "/WEBHOOK.PHP/a/b",
+        "/webhook.php;s=1/x",
+        "/webhook",
+    ] {
+        let line = format!("POST {path} HTTP/1.1");
+        let answer = unsigned_raw(&proxy, &line, &["host: h"]).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
+    }
+    assert_eq!(upstream.requests(), 0);
+}
+
+/// A route limited to a host takes the request that names it only in `X-Forwarded-Host`
+/// or `Forwarded` (an application behind an ingress reads those), and one that names no
+/// host at all (served as the application's default host).
+#[tokio::test]
+async fn a_forwarded_or_missing_host_is_the_routes_host() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: hosted\n    match: { method: POST, host: hooks.example.com, path: /h }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let attempts: &[(&str, &[&str])] = &[
+        (
+            "POST /h HTTP/1.1",
+            &["host: internal", "x-forwarded-host: hooks.example.com"],
+        ),
+        (
+            "POST /h HTTP/1.1",
+            &[
+                "host: internal",
+                "x-forwarded-host: a.example, HOOKS.example.com.",
+            ],
+        ),
+        (
+            "POST /h HTTP/1.1",
+            &[
+                "host: internal",
+                "forwarded: for=1.2.3.4;host=\"hooks.example.com\"",
+            ],
+        ),
+        ("POST /h HTTP/1.0", &[]),
+    ];
+    for (line, headers) in attempts {
+        let answer = unsigned_raw(&proxy, line, headers).await;
+        assert!(answer.contains(" 401 "), "{line} {headers:?}: {answer}");
+    }
+    assert_eq!(upstream.requests(), 0);
+    let answer = unsigned_raw(&proxy, "POST /h HTTP/1.1", &["host: other.example"]).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "another host: {answer}");
+    assert_eq!(upstream.requests(), 1);
+}

@@ -303,3 +303,42 @@ async fn with_hold_a_forward_still_connecting_at_shutdown_is_released() {
         "released at shutdown, not held"
     );
 }
+
+/// A delivery in flight is settled at shutdown under the route it started with: a reload
+/// during the drain that renames its route (and drops `hold`) does not turn its hold into
+/// a release that would run the event again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_the_drain_leaves_a_deliverys_settings_as_they_were() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_secs(6))]);
+    let dir = tempfile::tempdir().unwrap();
+    let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 10s\n");
+    let config = write_config(&dir, upstream.addr, &format!("shutdown_grace: 2s\n{route}"));
+    let mut proxy = Binary::start(&config);
+    let _sender = tokio::spawn(post_event_fallible(proxy.addr, "evt_renamed"));
+    upstream.wait_for_requests(1).await;
+    proxy.signal("TERM");
+    let renamed = json_route("").replace("name: hooks", "name: renamed");
+    write_config(
+        &dir,
+        upstream.addr,
+        &format!("shutdown_grace: 2s\n{renamed}"),
+    );
+    proxy.signal("HUP");
+    eventually(Duration::from_secs(2), "the reload", || async {
+        proxy.log_text().contains("configuration reloaded")
+    })
+    .await;
+    assert!(proxy.wait(Duration::from_secs(10)).success());
+    let logged = proxy
+        .log_entry("delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{route}/{key}/resolve)")
+        .unwrap_or_else(|| panic!("no hold logged: {}", proxy.log_text()));
+    assert_eq!(logged["fields"]["route"], "hooks", "{logged}");
+
+    // Back under the route's first name, whose scope holds the key.
+    write_config(&dir, upstream.addr, &route);
+    let restarted = Binary::start(&config);
+    let retry = post_event(restarted.addr, "evt_renamed").await;
+    assert_eq!((retry.status, retry.dedupe()), (409, "held"));
+    assert_eq!(upstream.requests(), 1);
+}

@@ -713,3 +713,46 @@ async fn every_route_has_its_series_before_its_first_event() {
     }
     proxy.app.shutdown().await.unwrap();
 }
+
+/// A route without a signature check cannot join a signed route's scope, at start or on
+/// reload: through it, anyone could mark a real event's ID done first, and the real event
+/// would be dropped as its duplicate. The reload is refused, the forgery reaches no claim,
+/// and the real event runs.
+#[tokio::test]
+async fn a_reload_cannot_put_an_unchecked_route_in_a_signed_routes_scope() {
+    use hmac::{KeyInit, Mac};
+    let signed = "routes:\n  - name: signed\n    match: { method: POST, path: /signed }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Reloadable::start(Upstream::start().await, signed).await;
+    let (addr, admin) = (proxy.app.proxy_addr, proxy.app.admin_addr);
+    proxy.rewrite(&format!(
+        "{signed}  - name: test\n    match: {{ method: POST, path: /test }}\n    key: \"{{json:/id}}\"\n    scope: signed\n"
+    ));
+    let refused = send(
+        admin,
+        "POST",
+        "/v1/reload",
+        &[("content-type", "application/json")],
+        "",
+    )
+    .await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("shares the scope `signed` with route `signed`"),
+        "{detail}"
+    );
+    let body = r#"{"id":"evt_real"}"#;
+    let forged = post_json(addr, "/test", body).await;
+    assert_eq!(forged.dedupe(), "<none>", "no route took the forgery");
+    let secret = std::env::var("PATH").unwrap();
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-signature", signature.as_str()),
+    ];
+    let real = send(addr, "POST", "/signed", &headers, body).await;
+    assert_eq!((real.status, real.dedupe()), (200, "forwarded"));
+    proxy.app.shutdown().await.unwrap();
+}

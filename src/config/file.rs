@@ -28,7 +28,7 @@ use crate::values::{
     HeaderText, HumanDuration, Methods, Name, RefusalStatus, ReplayHeader, Size, StatusPattern,
     StatusValue, UpstreamUrl,
 };
-use crate::verify::VerifySetting;
+use crate::verify::{Verify, VerifySetting};
 
 /// The top level of the file.
 #[derive(Deserialize)]
@@ -198,7 +198,49 @@ impl RouteFile {
                 "duplicate route name `{name}`; route names must be unique"
             ));
         }
+        self.check_scope(name, earlier)?;
         self.check_policy()
+    }
+
+    /// The key namespace: `scope`, else the name.
+    fn namespace(&self) -> Option<&str> {
+        self.scope
+            .as_ref()
+            .or(self.name.as_ref())
+            .map(|Name(name)| name.as_str())
+    }
+
+    /// The signature check in force, preset included.
+    fn check_in_force(&self) -> Option<&Verify> {
+        match &self.verify {
+            Some(VerifySetting::On(verify)) => Some(verify),
+            Some(VerifySetting::Off) | None => None,
+        }
+    }
+
+    /// Routes that share a scope share their keys, so each must check signatures exactly
+    /// as the others do: through a route with no check, or another secret, anyone could
+    /// mark a real event's ID done first, and the real event would be answered as its
+    /// duplicate and never run.
+    fn check_scope(&self, name: &Name, earlier: &[RouteFile]) -> Result<(), String> {
+        let namespace = self.namespace();
+        let Some(other) = earlier.iter().find(|route| {
+            route.namespace() == namespace && route.check_in_force() != self.check_in_force()
+        }) else {
+            return Ok(());
+        };
+        let describe = |route: &RouteFile| {
+            route
+                .check_in_force()
+                .map_or_else(|| "no signature check".to_owned(), Verify::describe)
+        };
+        Err(format!(
+            "route `{name}` shares the scope `{}` with route `{}` but checks signatures differently ({} here, {} there): whoever passes the weaker check could mark the other route's event IDs done first, and those events would be dropped as duplicates. Give each route its own `scope`, or the same `verify`",
+            namespace.unwrap_or_default(),
+            other.name.as_ref().map_or("", |Name(name)| name.as_str()),
+            describe(self),
+            describe(other),
+        ))
     }
 
     fn check_defaults(&self) -> Result<(), String> {

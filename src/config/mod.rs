@@ -7,6 +7,7 @@
 //! the built-in values of [`defaults`]. `docs/configuration.md` documents the file.
 
 mod defaults;
+mod dsn;
 mod file;
 mod resolve;
 mod store;
@@ -93,6 +94,23 @@ impl Config {
         Config::parse(&text, path, overrides)
     }
 
+    /// Every secret value it holds: signature secrets, the admin token, and the store's
+    /// passwords. Kept out of every log line and message (`crate::redact`).
+    pub fn secrets(&self) -> Vec<String> {
+        let verify = self
+            .routes
+            .iter()
+            .filter_map(|route| route.verify.as_ref())
+            .flat_map(|verify| verify.secrets().0.iter())
+            .map(|env| env.secret.expose().to_owned());
+        let token = self
+            .admin
+            .token_env
+            .iter()
+            .map(|env| env.secret.expose().to_owned());
+        verify.chain(token).chain(self.store.passwords()).collect()
+    }
+
     /// Validates configuration text; `path` is used in messages and kept as the source.
     pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let file: ConfigFile = serde_yaml::from_str(text).map_err(|error| located(path, &error))?;
@@ -107,7 +125,8 @@ fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
         .map_or((1, 1), |location| (location.line(), location.column()));
     let text = error.to_string();
     let suffix = format!(" at line {line} column {column}");
-    let message = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
+    // The parser may quote a value of the file: a store URL's password must not go with it.
+    let message = dsn::masked_anywhere(text.strip_suffix(&suffix).unwrap_or(&text));
     ConfigError::Invalid {
         file: path.display().to_string(),
         line,

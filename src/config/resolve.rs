@@ -314,7 +314,7 @@ mod tests {
             route("signed-header", verify, "{header:X-Version}", "mark"),
             route("signed-body", verify, "{json:/v}", "skip"),
             route("shared-signed", &shared, "{json:/v}", "skip"),
-            route("shared-open", "    scope: shared\n", "{json:/v}", "mark"),
+            route("shared-open", &shared, "{header:X-Version}", "mark"),
         );
         let config = Config::parse(&text, Path::new("t.yaml"), &Overrides::default()).unwrap();
         let warned: Vec<&str> = config

@@ -9,8 +9,8 @@ use std::str::FromStr;
 use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
 
-use super::defaults;
 use super::file::map_then;
+use super::{defaults, dsn};
 use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 
 /// `store:`: exactly one backend.
@@ -85,6 +85,23 @@ impl Serialize for StoreConfig {
     }
 }
 
+impl StoreConfig {
+    /// The passwords in its servers' URLs.
+    pub fn passwords(&self) -> Vec<String> {
+        match self {
+            StoreConfig::Sled(_) => Vec::new(),
+            StoreConfig::Redis(redis) => {
+                let nodes = redis
+                    .nodes
+                    .iter()
+                    .flat_map(|node| dsn::passwords(node.expose()));
+                redis.url.passwords().into_iter().chain(nodes).collect()
+            }
+            StoreConfig::Postgres(postgres) => postgres.url.passwords(),
+        }
+    }
+}
+
 /// A server's URL, written in the file or, when it holds a password, named by `url_env`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerUrl {
@@ -117,25 +134,28 @@ impl ServerUrl {
     pub fn masked(&self) -> String {
         mask_password(self.expose())
     }
+
+    /// Its passwords, as written and as the driver reads them.
+    pub fn passwords(&self) -> Vec<String> {
+        dsn::passwords(self.expose())
+    }
 }
 
 fn mask_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_owned(),
-    }
+    dsn::masked(url).into_owned()
 }
 
 fn server_url(url: Option<String>, url_env: Option<EnvSecret>) -> Result<ServerUrl, String> {
     match (url, url_env) {
-        (Some(url), None) => Ok(ServerUrl::Written(Secret::new(url))),
-        (None, Some(env)) => Ok(ServerUrl::FromEnv(env)),
+        (Some(url), None) => {
+            dsn::check(&url)?;
+            Ok(ServerUrl::Written(Secret::new(url)))
+        }
+        (None, Some(env)) => {
+            dsn::check(env.secret.expose())
+                .map_err(|error| format!("the URL in {}: {error}", env.variable))?;
+            Ok(ServerUrl::FromEnv(env))
+        }
         (None, None) => Err("needs `url`, or `url_env` naming a variable that holds it".into()),
         (Some(_), Some(_)) => Err("takes `url` or `url_env`, not both".into()),
     }
@@ -337,6 +357,9 @@ fn redis_section<'de, D: Deserializer<'de>>(
             return Err("`timeout` must be longer than zero".into());
         }
         let url = server_url(file.url, file.url_env)?;
+        for node in &file.nodes {
+            dsn::check(node)?;
+        }
         if !file.nodes.is_empty() && !file.cluster {
             return Err("`nodes` are the seeds of a cluster: set `cluster: true`".into());
         }

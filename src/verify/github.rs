@@ -12,12 +12,12 @@ const SIGNATURE: &str = "x-hub-signature-256";
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct GithubFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Github {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(skip)]
     keys: Vec<Vec<u8>>,
 }

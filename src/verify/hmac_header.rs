@@ -20,7 +20,7 @@ pub enum Encoding {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct HmacFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     header: crate::values::HeaderNameValue,
     #[serde(default)]
     encoding: Encoding,
@@ -30,7 +30,7 @@ pub(super) struct HmacFile {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HmacHeader {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(serialize_with = "header_name")]
     header: HeaderName,
     encoding: Encoding,

@@ -104,6 +104,43 @@ impl Verify {
         scheme.verify(headers, body, now)
     }
 
+    /// The scheme's name, as `verify:` spells it.
+    pub fn scheme_name(&self) -> &'static str {
+        match self {
+            Verify::Stripe(_) => "stripe",
+            Verify::Github(_) => "github",
+            Verify::StandardWebhooks(_) => "standard_webhooks",
+            Verify::Shopify(_) => "shopify",
+            Verify::Slack(_) => "slack",
+            Verify::Paddle(_) => "paddle",
+            Verify::Hmac(_) => "hmac",
+        }
+    }
+
+    /// The secrets it checks with.
+    pub fn secrets(&self) -> &Secrets {
+        match self {
+            Verify::Stripe(scheme) => &scheme.secret_env,
+            Verify::Github(scheme) => &scheme.secret_env,
+            Verify::StandardWebhooks(scheme) => &scheme.secret_env,
+            Verify::Shopify(scheme) => &scheme.secret_env,
+            Verify::Slack(scheme) => &scheme.secret_env,
+            Verify::Paddle(scheme) => &scheme.secret_env,
+            Verify::Hmac(scheme) => &scheme.secret_env,
+        }
+    }
+
+    /// The scheme and its secrets' variables, for messages: `stripe with STRIPE_SECRET`.
+    pub fn describe(&self) -> String {
+        let names: Vec<&str> = self
+            .secrets()
+            .0
+            .iter()
+            .map(|env| env.variable.as_str())
+            .collect();
+        format!("{} with {}", self.scheme_name(), names.join(", "))
+    }
+
     /// The headers, besides the body, that a valid signature vouches for (lowercase).
     pub fn signed_headers(&self) -> &'static [&'static str] {
         match self {

@@ -19,14 +19,14 @@ fn default_paddle_tolerance() -> HumanDuration {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PaddleFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(default = "default_paddle_tolerance")]
     tolerance: HumanDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Paddle {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
     keys: Vec<Vec<u8>>,

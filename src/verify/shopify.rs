@@ -11,12 +11,12 @@ const SIGNATURE: &str = "x-shopify-hmac-sha256";
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ShopifyFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Shopify {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(skip)]
     keys: Vec<Vec<u8>>,
 }

@@ -17,14 +17,14 @@ const TIMESTAMP: &str = "x-slack-request-timestamp";
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SlackFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(default = "default_tolerance")]
     tolerance: HumanDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Slack {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
     keys: Vec<Vec<u8>>,

@@ -28,14 +28,14 @@ pub(super) const SIGNED_ID_HEADERS: &[&str] = &["webhook-id", "svix-id"];
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StandardWebhooksFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(default = "default_tolerance")]
     tolerance: HumanDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StandardWebhooks {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
     symmetric: Vec<Vec<u8>>,

@@ -14,14 +14,14 @@ const SIGNATURE: &str = "stripe-signature";
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StripeFile {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     #[serde(default = "default_tolerance")]
     tolerance: HumanDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Stripe {
-    secret_env: Secrets,
+    pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
     keys: Vec<Vec<u8>>,
