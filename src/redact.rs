@@ -44,9 +44,21 @@ pub fn remember(secrets: impl IntoIterator<Item = String>) {
         .as_ref()
         .map_or_else(Vec::new, |known| known.values.clone());
     let before = values.len();
-    for secret in secrets {
-        if secret.len() >= SHORTEST && values.len() < MOST && !values.contains(&secret) {
-            values.push(secret);
+    for secret in secrets
+        .into_iter()
+        .filter(|secret| secret.len() >= SHORTEST)
+    {
+        // As written, and as a JSON log line or a `{:?}` would escape it.
+        let json = serde_json::to_string(&secret).unwrap_or_default();
+        let debug = format!("{secret:?}");
+        for form in [
+            secret.clone(),
+            json.trim_matches('"').to_owned(),
+            debug.trim_matches('"').to_owned(),
+        ] {
+            if values.len() < MOST && !values.contains(&form) {
+                values.push(form);
+            }
         }
     }
     if values.len() == before {
@@ -127,6 +139,11 @@ mod tests {
         assert_eq!(
             bytes(b"x=redact-test-secret-1\n").as_ref(),
             b"x=***\n".as_slice()
+        );
+        remember([r#"redact"test\secret"#.to_owned()]);
+        assert_eq!(
+            text(r#"{"error":"redact\"test\\secret"} redact"test\secret"#),
+            r#"{"error":"***"} ***"#
         );
     }
 }

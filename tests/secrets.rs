@@ -1,0 +1,209 @@
+//! No store password reaches anything the proxy writes or serves, in any form a driver
+//! accepts it (a URL's user information or query, libpq's `key=value`, a URL held in a
+//! variable), with a password made of every character those forms treat specially: not
+//! `check`'s output, not a start-up failure, not the log (at debug level), not
+//! `/v1/routes` or `/metrics`, not a parser's message quoting the file.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::*;
+
+/// A password with every character a URL or a `key=value` string treats specially.
+const PASSWORD: &str = "p@ss:w/rd?#%&'=\\ x;\"é";
+
+fn encoded() -> String {
+    percent(PASSWORD)
+}
+
+/// The password as a libpq `key=value` value: quoted, `\` and `'` escaped.
+fn quoted() -> String {
+    format!("'{}'", PASSWORD.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Every spelling of the password that would give it away.
+fn giveaways() -> Vec<String> {
+    let json = serde_json::to_string(PASSWORD).unwrap();
+    vec![
+        PASSWORD.to_owned(),
+        encoded(),
+        quoted(),
+        json.trim_matches('"').to_owned(),
+        format!("{PASSWORD:?}").trim_matches('"').to_owned(),
+        "ss:w/rd".to_owned(),
+        "ss%3Aw%2Frd".to_owned(),
+        "w%2Frd".to_owned(),
+    ]
+}
+
+fn assert_no_password(what: &str, text: &str) {
+    for giveaway in giveaways() {
+        assert!(
+            !text.contains(&giveaway),
+            "{what} gives the password away as `{giveaway}`:\n{text}"
+        );
+    }
+}
+
+/// The `store:` line for each form, against a server at `port`, and the environment it
+/// needs.
+fn store_forms(port: u16, table: &str) -> Vec<(&'static str, String, Vec<(String, String)>)> {
+    let encoded = encoded();
+    let quoted = quoted().replace('\\', "\\\\").replace('"', "\\\"");
+    let url_env = format!("postgres://postgres:{encoded}@127.0.0.1:{port}/test");
+    vec![
+        (
+            "URL user information",
+            format!(
+                "store: {{ postgres: {{ url: \"postgres://postgres:{encoded}@127.0.0.1:{port}/test\", table: {table} }} }}"
+            ),
+            vec![],
+        ),
+        (
+            "URL query",
+            format!(
+                "store: {{ postgres: {{ url: \"postgres://postgres@127.0.0.1:{port}/test?password={encoded}\", table: {table} }} }}"
+            ),
+            vec![],
+        ),
+        (
+            "key=value",
+            format!(
+                "store: {{ postgres: {{ url: \"host=127.0.0.1 port={port} user=postgres dbname=test password={quoted}\", table: {table} }} }}"
+            ),
+            vec![],
+        ),
+        (
+            "URL in a variable",
+            format!("store: {{ postgres: {{ url_env: DEDUPE_TEST_DB_URL, table: {table} }} }}"),
+            vec![("DEDUPE_TEST_DB_URL".to_owned(), url_env)],
+        ),
+    ]
+}
+
+fn write(dir: &Path, store: &str) -> std::path::PathBuf {
+    let path = dir.join("config.yaml");
+    let text = format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstream: http://127.0.0.1:9\n{store}\n{}",
+        json_route("")
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn run_to_end(args: &[&str], config: &Path, env: &[(String, String)]) -> (Option<i32>, String) {
+    let output = Command::new(binary_path())
+        .args(args)
+        .arg(config)
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .env("RUST_LOG", "debug")
+        .env_remove("DEDUPE_PROXY_CONFIG")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text)
+}
+
+/// `check` prints the resolved configuration, and a start against a server that is not
+/// there fails with the reason: neither holds the password, in any form.
+#[test]
+fn check_and_a_failed_start_never_show_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed_port = 1;
+    for (form, store, env) in store_forms(closed_port, "dedupe_secrets_unused") {
+        let config = write(dir.path(), &store);
+        let (code, text) = run_to_end(&["check", "-c"], &config, &env);
+        assert_eq!(code, Some(0), "{form}: {text}");
+        assert!(
+            text.contains("***") || text.contains("url_env"),
+            "{form}: {text}"
+        );
+        assert_no_password(&format!("check, {form}"), &text);
+        let (code, text) = run_to_end(&["run", "-c"], &config, &env);
+        assert_ne!(code, Some(0), "{form}: started without its store: {text}");
+        assert!(text.contains("postgres"), "{form}: {text}");
+        assert_no_password(&format!("a failed start, {form}"), &text);
+    }
+    let redis = write(
+        dir.path(),
+        &format!(
+            "store: {{ redis: {{ url: \"redis://:{}@127.0.0.1:{closed_port}/0\" }} }}",
+            encoded()
+        ),
+    );
+    for args in [["check", "-c"], ["run", "-c"]] {
+        let (_, text) = run_to_end(&args, &redis, &[]);
+        assert_no_password(&format!("{args:?} on Redis"), &text);
+    }
+}
+
+/// A parser's message that quotes the file's value (a URL where a map belongs) masks it.
+#[test]
+fn a_configuration_error_quoting_the_url_masks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        &format!(
+            "store: {{ postgres: \"postgres://postgres:{}@127.0.0.1/test\" }}",
+            encoded()
+        ),
+    );
+    let (code, text) = run_to_end(&["check", "-c"], &config, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("config.yaml:"), "{text}");
+    assert_no_password("a configuration error", &text);
+    let unescaped = write(
+        dir.path(),
+        "store: { postgres: { url: \"postgres://postgres:pa/ss@word@127.0.0.1/test\" } }",
+    );
+    let (code, text) = run_to_end(&["check", "-c"], &unescaped, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("percent-encode"), "{text}");
+    assert!(!text.contains("pa/ss"), "{text}");
+}
+
+/// A running proxy on PostgreSQL (which, trusting local connections, takes any password)
+/// shows none: not in its debug log, `/v1/routes` or `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_proxy_never_shows_the_password() {
+    if !service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let table = format!("dedupe_secrets_{:08x}", rand::random::<u32>());
+    let dir = tempfile::tempdir().unwrap();
+    for (form, store, env) in store_forms(5432, &table) {
+        let config = write(dir.path(), &store);
+        let mut env: Vec<(&str, &str)> = env
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        env.push(("RUST_LOG", "debug"));
+        let proxy = Binary::start_with_env(&config, &env);
+        let routes = send(proxy.admin, "GET", "/v1/routes", &[], "").await;
+        assert_eq!(routes.status, 200, "{form}");
+        assert_no_password(&format!("/v1/routes, {form}"), &routes.body);
+        let metrics = send(proxy.admin, "GET", "/metrics", &[], "").await;
+        assert_no_password(&format!("/metrics, {form}"), &metrics.body);
+        let reply = post_event(proxy.addr, "evt_secret").await;
+        assert_eq!(reply.status, 502, "{form}: the app is not there");
+        let log = proxy.log_text();
+        assert!(log.contains("DEBUG"), "{form}: a debug log");
+        assert_no_password(&format!("the log, {form}"), &log);
+    }
+    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities"
+        ))
+        .await
+        .unwrap();
+}
