@@ -167,7 +167,7 @@ async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>
         app_listener,
         {
             let app = Arc::clone(&app);
-            move |request, _peer, _permit| Arc::clone(&app).handle(request)
+            move |request, _ends, _permit| Arc::clone(&app).handle(request)
         },
         crate::config::Limits::default(),
         stop_app.clone(),

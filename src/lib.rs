@@ -96,6 +96,18 @@ const SWEEP_BATCH: usize = 1000;
 /// The admin listener's own grace at shutdown, after the proxy has drained.
 const ADMIN_GRACE: Duration = Duration::from_secs(1);
 
+/// What the admin port's senders may cost: probes, a scraper and a few operators need
+/// few connections, and the descriptors they take are set aside from the proxy's.
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+fn admin_limits() -> Limits {
+    Limits {
+        max_connections: ADMIN_MAX_CONNECTIONS,
+        max_requests: ADMIN_MAX_CONNECTIONS,
+        ..Limits::default()
+    }
+}
+
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -130,6 +142,8 @@ pub struct App {
     _watcher: Option<notify::RecommendedWatcher>,
     /// Run every connection and forward; dropped last, when the proxy is drained.
     _workers: Arc<Workers>,
+    /// Runs the admin port's connections.
+    _admin_thread: Arc<Workers>,
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
@@ -162,16 +176,18 @@ async fn start_with(
     }
     let metrics = Arc::new(Metrics::new());
     let workers = Arc::new(start_workers(&config)?);
-    // The admin port comes first, so that probes see "starting" while the store opens.
+    // The admin port comes first, so that probes see "starting" while the store opens. It
+    // has a thread of its own: a probe never waits behind the proxy's deliveries.
+    let admin_thread = Arc::new(Workers::start_apart("dedupe-admin").map_err(StartError::Workers)?);
     let admin = Arc::new(Admin::new(&config.admin, Arc::clone(&metrics)));
     let admin_server = Running::serve(
         bind("admin API", config.admin.listen).await?,
-        Limits::default(),
+        admin_limits(),
         ADMIN_GRACE,
-        &workers,
+        &admin_thread,
         {
             let admin = Arc::clone(&admin);
-            move |request, _peer, permit| Arc::clone(&admin).handle(request, permit)
+            move |request, ends, permit| Arc::clone(&admin).handle(request, ends, permit)
         },
     );
     let (store, proxy_listener) = match open_store_and_bind(&config, given_store, &workers).await {
@@ -194,7 +210,9 @@ async fn start_with(
         &workers,
         {
             let proxy = Arc::clone(&proxy);
-            move |request, peer, permit| Arc::clone(&proxy).handle(request, peer, permit)
+            move |request, ends: server::Ends, permit| {
+                Arc::clone(&proxy).handle(request, ends.peer, permit)
+            }
         },
     );
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store), Arc::clone(&metrics)));
@@ -230,6 +248,7 @@ async fn start_with(
         hangups,
         _watcher: watcher,
         _workers: workers,
+        _admin_thread: admin_thread,
     })
 }
 

@@ -345,6 +345,13 @@ pub enum AdminRefusal {
     InvalidConfig(String),
     MethodNotAllowed,
     Internal(String),
+    /// The request names the port by another host than its own address, `localhost` or
+    /// `admin.hosts`: a web page's rebound name, say.
+    HostNotAllowed(String),
+    /// A change asked for by a page of another origin.
+    CrossOrigin,
+    /// A `POST` any page could send: no JSON content type and no `Authorization`.
+    SimpleRequest,
 }
 
 impl AdminRefusal {
@@ -436,6 +443,24 @@ impl AdminRefusal {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 failure.clone(),
+            ),
+            AdminRefusal::HostNotAllowed(host) => (
+                StatusCode::FORBIDDEN,
+                "host_not_allowed",
+                format!(
+                    "the admin port answers to its own address, localhost and admin.hosts, not to `{}`",
+                    host.chars().take(256).collect::<String>()
+                ),
+            ),
+            AdminRefusal::CrossOrigin => (
+                StatusCode::FORBIDDEN,
+                "cross_origin",
+                "a change from a page of another origin is refused".into(),
+            ),
+            AdminRefusal::SimpleRequest => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "json_required",
+                "a POST to the admin port needs Content-Type: application/json (or an Authorization header)".into(),
             ),
         }
     }
@@ -631,7 +656,10 @@ mod tests {
             | AdminRefusal::StoreUnavailable(_)
             | AdminRefusal::InvalidConfig(_)
             | AdminRefusal::MethodNotAllowed
-            | AdminRefusal::Internal(_) => refusal.parts(),
+            | AdminRefusal::Internal(_)
+            | AdminRefusal::HostNotAllowed(_)
+            | AdminRefusal::CrossOrigin
+            | AdminRefusal::SimpleRequest => refusal.parts(),
         };
         for refusal in [
             AdminRefusal::Closed,
@@ -651,6 +679,9 @@ mod tests {
             AdminRefusal::InvalidConfig(String::new()),
             AdminRefusal::MethodNotAllowed,
             AdminRefusal::Internal(String::new()),
+            AdminRefusal::HostNotAllowed(String::new()),
+            AdminRefusal::CrossOrigin,
+            AdminRefusal::SimpleRequest,
         ] {
             let (status, code, _) = admin(&refusal);
             assert!(

@@ -97,28 +97,34 @@ impl RequestPermit {
     }
 }
 
-/// What a listener serves: the answer to a request from `peer`, given the request's place
-/// among `max_requests`. Any such function or closure is one; each connection has a clone.
+/// The two ends of the connection a request came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ends {
+    /// The sender's address.
+    pub peer: SocketAddr,
+    /// The address the sender reached: the listener's, or on a wildcard listener
+    /// (`0.0.0.0`) the interface's.
+    pub local: SocketAddr,
+}
+
+/// What a listener serves: the answer to a request that came on `ends`, given the
+/// request's place among `max_requests`. Any such function or closure is one; each
+/// connection has a clone.
 pub trait Handler: Clone + Send + Sync + 'static {
     type Answer: Future<Output = Response<ProxyBody>> + Send + 'static;
 
-    fn call(
-        &self,
-        request: Request<Incoming>,
-        peer: SocketAddr,
-        permit: RequestPermit,
-    ) -> Self::Answer;
+    fn call(&self, request: Request<Incoming>, ends: Ends, permit: RequestPermit) -> Self::Answer;
 }
 
 impl<H, F> Handler for H
 where
-    H: Fn(Request<Incoming>, SocketAddr, RequestPermit) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Ends, RequestPermit) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     type Answer = F;
 
-    fn call(&self, request: Request<Incoming>, peer: SocketAddr, permit: RequestPermit) -> F {
-        self(request, peer, permit)
+    fn call(&self, request: Request<Incoming>, ends: Ends, permit: RequestPermit) -> F {
+        self(request, ends, permit)
     }
 }
 
@@ -384,13 +390,17 @@ impl<H: Handler> Connection<H> {
     async fn serve(self, stream: TcpStream) {
         let activity = Arc::new(Activity::new());
         let _registered = self.open.add(&activity, &self.close);
-        let (handler, requests, peer) =
-            (self.handler.clone(), Arc::clone(&self.requests), self.peer);
+        let peer = self.peer;
+        let Ok(local) = stream.local_addr() else {
+            return;
+        };
+        let ends = Ends { peer, local };
+        let (handler, requests) = (self.handler.clone(), Arc::clone(&self.requests));
         let (watched, closing_token) = (Arc::clone(&activity), self.close.clone());
         let service = service_fn(move |request| {
             let handling = Handling::start(&watched);
             let answer = place_for_request(&requests, &closing_token)
-                .map(|permit| (handler.call(request, peer, permit.clone()), permit));
+                .map(|permit| (handler.call(request, ends, permit.clone()), permit));
             let watched = Arc::clone(&watched);
             async move {
                 let (response, permit) = match answer {

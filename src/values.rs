@@ -608,6 +608,39 @@ impl fmt::Display for EnvSecret {
 
 string_value!(EnvSecret, "the name of an environment variable");
 
+/// A host name the admin port may be reached by (`admin.hosts`): lowercase, without a
+/// trailing dot or a port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostName(pub String);
+
+impl FromStr for HostName {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let name = text.trim_end_matches('.').to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_'));
+        if valid {
+            Ok(HostName(name))
+        } else {
+            Err(format!(
+                "`{text}` is not a host name (letters, digits, `-`, `.`; no port)"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for HostName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+string_value!(HostName, "a host name");
+
 /// An HTTP header's name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderNameValue(pub http::header::HeaderName);

@@ -62,22 +62,39 @@ pub struct Workers {
 impl Workers {
     /// Starts `count` workers (at least one).
     pub fn start(count: usize) -> std::io::Result<Workers> {
+        Workers::start_threads(count.max(1), |index| format!("dedupe-worker-{index}"), true)
+    }
+
+    /// One thread apart from the workers, named `name`: what runs there never waits behind
+    /// the workers' tasks (the admin port's health probes), and uses the connections kept
+    /// for callers outside the workers ([`PerWorker`]).
+    pub fn start_apart(name: &str) -> std::io::Result<Workers> {
+        Workers::start_threads(1, |_| name.to_owned(), false)
+    }
+
+    fn start_threads(
+        count: usize,
+        name: impl Fn(usize) -> String,
+        indexed: bool,
+    ) -> std::io::Result<Workers> {
         // Built before the threads, so that a failure part way stops those started.
         let mut workers = Workers {
             handles: Vec::new(),
             next: AtomicUsize::new(0),
             stop: CancellationToken::new(),
         };
-        for index in 0..count.max(1) {
+        for index in 0..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             workers.handles.push(runtime.handle().clone());
             let stopped = workers.stop.clone();
             std::thread::Builder::new()
-                .name(format!("dedupe-worker-{index}"))
+                .name(name(index))
                 .spawn(move || {
-                    INDEX.with(|cell| cell.set(Some(index)));
+                    if indexed {
+                        INDEX.with(|cell| cell.set(Some(index)));
+                    }
                     runtime.block_on(stopped.cancelled());
                 })?;
         }

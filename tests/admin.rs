@@ -246,7 +246,8 @@ async fn beyond_loopback_without_a_token_the_v1_api_is_closed() {
         ("POST", "/v1/reload"),
         ("GET", "/v1/routes"),
     ] {
-        let reply = send(admin, method, path, &[], "").await;
+        let json = [("content-type", "application/json")];
+        let reply = send(admin, method, path, &json, "").await;
         assert_eq!(reply.status, 403, "{method} {path}");
         assert_eq!(reply.json()["error"], "admin_api_closed");
     }
@@ -302,4 +303,188 @@ async fn forgetting_a_key_of_a_guarded_route_lets_its_redelivery_run() {
         "runs again once forgotten"
     );
     assert_eq!(upstream.requests(), 2);
+}
+
+/// A web page the operator opens cannot drive the admin port: not by posting a form or a
+/// `fetch` to it from its own origin (refused by `Origin`, `Sec-Fetch-Site`, or for want
+/// of a JSON content type), nor by rebinding its own name to the port's address and
+/// reading the answers (refused by `Host`). Nothing is reloaded or forgotten meanwhile;
+/// probes answer whatever they name.
+#[tokio::test]
+async fn a_web_page_cannot_drive_the_admin_api() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    post_event(proxy.addr, "evt_kept").await;
+    let port = proxy.admin.port();
+    let own = format!("127.0.0.1:{port}");
+    let rebound = format!("attacker.example:{port}");
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let rebound_origin = format!("http://{rebound}");
+    // Method, path, headers, and the refusal's status and code.
+    type Attempt<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
+    let attempts: Vec<Attempt> = vec![
+        // A form on another site posted to the port (the browser adds the Origin).
+        (
+            "POST",
+            "/v1/reload",
+            vec![("host", &own), form, ("origin", "http://attacker.example")],
+            403,
+            "cross_origin",
+        ),
+        (
+            "POST",
+            "/v1/keys/hooks/evt_kept/resolve",
+            vec![
+                ("host", &own),
+                ("content-type", "text/plain"),
+                ("origin", "null"),
+            ],
+            403,
+            "cross_origin",
+        ),
+        // The same from a browser that tells the site.
+        (
+            "POST",
+            "/v1/reload",
+            vec![
+                ("host", &own),
+                ("content-type", "application/json"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+            403,
+            "cross_origin",
+        ),
+        (
+            "DELETE",
+            "/v1/keys/hooks/evt_kept",
+            vec![("host", &own), ("sec-fetch-site", "same-site")],
+            403,
+            "cross_origin",
+        ),
+        // An old browser that sends no Origin: the form's content type gives it away.
+        (
+            "POST",
+            "/v1/reload",
+            vec![("host", &own), form],
+            415,
+            "json_required",
+        ),
+        (
+            "POST",
+            "/v1/reload",
+            vec![("host", &own)],
+            415,
+            "json_required",
+        ),
+        // A rebound name: the page reads answers as if same-origin.
+        (
+            "GET",
+            "/v1/routes",
+            vec![("host", &rebound)],
+            403,
+            "host_not_allowed",
+        ),
+        (
+            "GET",
+            "/v1/keys?route=hooks",
+            vec![("host", &rebound)],
+            403,
+            "host_not_allowed",
+        ),
+        (
+            "GET",
+            "/metrics",
+            vec![("host", &rebound)],
+            403,
+            "host_not_allowed",
+        ),
+        (
+            "DELETE",
+            "/v1/keys/hooks/evt_kept",
+            vec![("host", &rebound), ("origin", &rebound_origin)],
+            403,
+            "host_not_allowed",
+        ),
+        (
+            "POST",
+            "/v1/reload",
+            vec![
+                ("host", &rebound),
+                ("content-type", "application/json"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            403,
+            "host_not_allowed",
+        ),
+    ];
+    for (method, path, headers, status, code) in &attempts {
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\n{}connection: close\r\ncontent-length: 0\r\n\r\n",
+            headers
+                .iter()
+                .map(|(name, value)| format!("{name}: {value}\r\n"))
+                .collect::<String>()
+        );
+        let answer = raw(proxy.admin, request.as_bytes()).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")) && answer.contains(code),
+            "{method} {path} {headers:?}: {answer}"
+        );
+    }
+    let kept = send(proxy.admin, "GET", "/v1/keys/hooks/evt_kept", &[], "").await;
+    assert_eq!(kept.json()["state"], "done", "nothing was forgotten");
+    let metrics = send(proxy.admin, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        !metrics.contains(r#"dedupe_config_reloads_total{result="success"} 1"#),
+        "nothing was reloaded"
+    );
+    for path in ["/healthz", "/readyz"] {
+        let request =
+            format!("GET {path} HTTP/1.1\r\nhost: {rebound}\r\nconnection: close\r\n\r\n");
+        let answer = raw(proxy.admin, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
+    // The port's own page, or a client that is no page, is served.
+    let own_origin = format!("http://{own}");
+    let headers = [
+        ("content-type", "application/json"),
+        ("origin", own_origin.as_str()),
+    ];
+    let deleted = send(
+        proxy.admin,
+        "DELETE",
+        "/v1/keys/hooks/evt_kept",
+        &headers,
+        "",
+    )
+    .await;
+    assert_eq!(deleted.status, 204, "{}", deleted.body);
+}
+
+/// `admin.hosts` names the port may be reached by besides its address: a Service's name.
+#[tokio::test]
+async fn a_configured_name_reaches_the_admin_api() {
+    let upstream = Upstream::start().await;
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, hosts: [dedupe-admin.tools.svc.cluster.local] }}\n{}",
+        json_route("")
+    );
+    let proxy = Proxy::start(upstream.addr, &rest).await;
+    for (host, status) in [
+        ("dedupe-admin.tools.svc.cluster.local:9091", "200"),
+        ("DEDUPE-ADMIN.tools.svc.cluster.local.", "200"),
+        ("localhost:8080", "200"),
+        (
+            "dedupe-admin.tools.svc.cluster.local.attacker.example",
+            "403",
+        ),
+    ] {
+        let request =
+            format!("GET /v1/routes HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        let answer = raw(proxy.admin, request.as_bytes()).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{host}: {answer}"
+        );
+    }
 }

@@ -790,7 +790,7 @@ async fn resolve_held_keys(
         let outcome = if done { "done" } else { "release" };
         let path = format!("/v1/keys/hooks/{id}/resolve");
         let body = format!(r#"{{"outcome":"{outcome}"}}"#);
-        let resolved = support::send(proxy.admin, "POST", &path, &[], body).await;
+        let resolved = support::admin_post(proxy.admin, &path, &body).await;
         assert_eq!(resolved.status, 200, "{id}: {}", resolved.body);
     }
 }

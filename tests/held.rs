@@ -17,7 +17,8 @@ fn holding_route(extra: &str) -> String {
 }
 
 async fn admin(proxy: &Proxy, method: &str, path: &str, body: &str) -> Reply {
-    send(proxy.admin, method, path, &[], body.to_owned()).await
+    let json = [("content-type", "application/json")];
+    send(proxy.admin, method, path, &json, body.to_owned()).await
 }
 
 /// `POST /v1/keys/hooks/{key}/resolve` with `{"outcome": outcome}`.

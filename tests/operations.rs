@@ -227,12 +227,7 @@ async fn metrics_and_probes_stay_open_when_a_token_guards_v1() {
         send(proxy.admin, "GET", "/v1/routes", &[], "").await.status,
         401
     );
-    assert_eq!(
-        send(proxy.admin, "POST", "/v1/reload", &[], "")
-            .await
-            .status,
-        401
-    );
+    assert_eq!(admin_post(proxy.admin, "/v1/reload", "").await.status, 401);
     let routes = send(
         proxy.admin,
         "GET",
@@ -289,7 +284,7 @@ async fn post_reload_applies_new_routes_and_refuses_invalid_files() {
         route("a", "/a"),
         route("b", "/b")
     ));
-    let reloaded = send(admin, "POST", "/v1/reload", &[], "").await;
+    let reloaded = admin_post(admin, "/v1/reload", "").await;
     assert_eq!(reloaded.status, 200, "{}", reloaded.body);
     assert_eq!(reloaded.json()["routes"], 2);
     assert_eq!(reloaded.json()["restart_needed"], serde_json::json!([]));
@@ -301,7 +296,7 @@ async fn post_reload_applies_new_routes_and_refuses_invalid_files() {
     let invalid =
         "upstream: http://127.0.0.1:1\nroutes:\n  - name: a\n    match: { path: /a }\n    kee: x\n";
     std::fs::write(proxy.path(), invalid).unwrap();
-    let refused = send(admin, "POST", "/v1/reload", &[], "").await;
+    let refused = admin_post(admin, "/v1/reload", "").await;
     assert_eq!(refused.status, 422);
     let detail = refused.json()["detail"].as_str().unwrap().to_owned();
     assert!(
@@ -321,7 +316,7 @@ async fn post_reload_applies_new_routes_and_refuses_invalid_files() {
     assert_eq!(metric(&text, "dedupe_config_last_reload_successful"), 0.0);
     // Mended, reloaded: the gauge says so.
     proxy.rewrite(&format!("routes:\n{}", route("a", "/a")));
-    assert_eq!(send(admin, "POST", "/v1/reload", &[], "").await.status, 200);
+    assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
     let text = send(admin, "GET", "/metrics", &[], "").await.body;
     assert_eq!(metric(&text, "dedupe_config_last_reload_successful"), 1.0);
     proxy.app.shutdown().await.unwrap();
@@ -340,7 +335,7 @@ async fn settings_that_need_a_restart_are_reported() {
         &proxy.dir.path().join("elsewhere"),
         &rest,
     );
-    let reloaded = send(proxy.app.admin_addr, "POST", "/v1/reload", &[], "").await;
+    let reloaded = admin_post(proxy.app.admin_addr, "/v1/reload", "").await;
     assert_eq!(reloaded.status, 200);
     assert_eq!(
         reloaded.json()["restart_needed"],
@@ -369,7 +364,7 @@ async fn a_reload_keeps_connections_and_in_flight_deliveries() {
     proxy.upstream.wait_for_requests(2).await;
     // The route the delivery matched disappears while it is in flight.
     proxy.rewrite(&format!("routes:\n{}", route("b", "/b")));
-    assert_eq!(send(admin, "POST", "/v1/reload", &[], "").await.status, 200);
+    assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
     let answer = in_flight.await.unwrap();
     assert_eq!((answer.status, answer.dedupe()), (200, "forwarded"));
     let after = exchange(&mut kept, &request("/b")).await;
@@ -701,7 +696,7 @@ async fn every_route_has_its_series_before_its_first_event() {
         route("a", "/a"),
         route("b", "/b")
     ));
-    assert_eq!(send(admin, "POST", "/v1/reload", &[], "").await.status, 200);
+    assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
     let text = send(admin, "GET", "/metrics", &[], "").await.body;
     for series in [
         r#"dedupe_claims_released_total{route="b",reason="upstream_unreachable"}"#,
@@ -727,14 +722,7 @@ async fn a_reload_cannot_put_an_unchecked_route_in_a_signed_routes_scope() {
     proxy.rewrite(&format!(
         "{signed}  - name: test\n    match: {{ method: POST, path: /test }}\n    key: \"{{json:/id}}\"\n    scope: signed\n"
     ));
-    let refused = send(
-        admin,
-        "POST",
-        "/v1/reload",
-        &[("content-type", "application/json")],
-        "",
-    )
-    .await;
+    let refused = admin_post(admin, "/v1/reload", "").await;
     assert_eq!(refused.status, 422, "{}", refused.body);
     let detail = refused.json()["detail"].as_str().unwrap().to_owned();
     assert!(

@@ -47,9 +47,11 @@ fn assert_no_password(what: &str, text: &str) {
     }
 }
 
-/// The `store:` line for each form, against a server at `port`, and the environment it
-/// needs.
-fn store_forms(port: u16, table: &str) -> Vec<(&'static str, String, Vec<(String, String)>)> {
+/// A form's name, its `store:` line, and the environment it needs.
+type StoreForm = (&'static str, String, Vec<(String, String)>);
+
+/// Each form, against a server at `port`.
+fn store_forms(port: u16, table: &str) -> Vec<StoreForm> {
     let encoded = encoded();
     let quoted = quoted().replace('\\', "\\\\").replace('"', "\\\"");
     let url_env = format!("postgres://postgres:{encoded}@127.0.0.1:{port}/test");

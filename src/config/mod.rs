@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::route::{Policy, Route, Unmatched};
-use crate::values::{EnvSecret, HumanDuration, OtlpEndpoint, SampleRatio, Size, UpstreamUrl};
+use crate::values::{
+    EnvSecret, HostName, HumanDuration, OtlpEndpoint, SampleRatio, Size, UpstreamUrl,
+};
 use file::ConfigFile;
 
 pub use store::{
@@ -144,6 +146,10 @@ pub struct AdminConfig {
     /// When set, `/v1/*` needs `Authorization: Bearer <the variable's value>`.
     #[serde(default)]
     pub token_env: Option<EnvSecret>,
+    /// Names the port may be reached by besides its own address and `localhost` (a
+    /// Service's DNS name, say); requests naming any other host are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostName>,
 }
 
 impl Default for AdminConfig {
@@ -151,6 +157,7 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: defaults::admin_listen(),
             token_env: None,
+            hosts: Vec::new(),
         }
     }
 }

@@ -369,6 +369,19 @@ pub async fn send(
     }
 }
 
+/// A `POST` to the admin port, as its clients send one: with a JSON content type, which
+/// no web page can send there unasked.
+pub async fn admin_post(admin: SocketAddr, path: &str, body: &str) -> Reply {
+    send(
+        admin,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_owned(),
+    )
+    .await
+}
+
 /// Posts a JSON event `{"id": id}` to `/hooks`.
 pub async fn post_event(addr: SocketAddr, id: &str) -> Reply {
     post_json(addr, "/hooks", &format!(r#"{{"id":"{id}","type":"test"}}"#)).await

@@ -3,21 +3,19 @@
 //! for an entity (`order:`), inspected or forgotten. Kept on its own port
 //! (127.0.0.1 by default) so that providers never reach it.
 //!
-//! With `admin.token_env` set, every `/v1/*` request needs `Authorization: Bearer
-//! <token>`, compared in constant time; health, readiness and metrics stay open for
-//! probes and scrapers. Without a token, `/v1/*` answers only on a loopback address: on
-//! any other (a container's `0.0.0.0`) anyone on the network could forget keys or reload,
-//! so it is refused there.
+//! Every request first meets [`access`]: the Host and Origin rules that keep web pages
+//! out, and the bearer token of `/v1/*`.
+
+mod access;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 use crate::body::{self, ProxyBody, empty, full};
 use crate::config::AdminConfig;
@@ -26,12 +24,12 @@ use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
 use crate::route::{ReplayGuard, Route, Routing};
-use crate::server::RequestPermit;
+use crate::server::{Ends, RequestPermit};
 use crate::store::{
     ClaimStore, Forgotten, KeyState, Millis, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
     StateFilter, StoreError, body_key, entity_key, store_key,
 };
-use crate::values::Secret;
+use access::{Access, Rules};
 
 /// What the admin API serves once the store is open and the routes loaded.
 pub struct Serving {
@@ -39,21 +37,11 @@ pub struct Serving {
     pub reloader: Arc<Reloader>,
 }
 
-/// Who may use `/v1/*`.
-enum Access {
-    /// Whoever presents this bearer token.
-    Token(Secret),
-    /// Anyone: the listener is on a loopback address.
-    Local,
-    /// No one: the listener is reachable from the network and has no token.
-    Closed,
-}
-
 /// The admin service's state, shared by its connections.
 pub struct Admin {
     serving: OnceLock<Serving>,
     shutting_down: AtomicBool,
-    access: Access,
+    rules: Rules,
     metrics: Arc<Metrics>,
 }
 
@@ -73,7 +61,10 @@ impl Admin {
         Admin {
             serving: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
-            access,
+            rules: Rules {
+                access,
+                hosts: config.hosts.iter().map(|host| host.0.clone()).collect(),
+            },
             metrics,
         }
     }
@@ -88,13 +79,17 @@ impl Admin {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
-    /// Serves one admin request, holding `_permit` (a place among the listener's requests)
-    /// while it runs.
+    /// Serves one admin request that came on `ends`, holding `_permit` (a place among the
+    /// listener's requests) while it runs.
     pub async fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
+        ends: Ends,
         _permit: RequestPermit,
     ) -> Response<ProxyBody> {
+        if let Err(refusal) = self.rules.check(&request, ends.local) {
+            return refusal.into_response();
+        }
         let path = request.uri().path();
         match (request.method(), path) {
             (&Method::GET, "/healthz") => {
@@ -103,12 +98,6 @@ impl Admin {
             (&Method::GET, "/readyz") => self.readiness(),
             (&Method::GET, "/metrics") => self.metrics(),
             (_, path) if path.starts_with("/v1/") => {
-                if matches!(self.access, Access::Closed) {
-                    return AdminRefusal::Closed.into_response();
-                }
-                if !self.authorized(&request) {
-                    return AdminRefusal::Unauthorized.into_response();
-                }
                 let Some(serving) = self.serving.get() else {
                     return AdminRefusal::Starting.into_response();
                 };
@@ -176,19 +165,6 @@ impl Admin {
             (StatusCode::SERVICE_UNAVAILABLE, "starting")
         };
         json_response(status, json!({ "status": text }).to_string())
-    }
-
-    fn authorized(&self, request: &Request<Incoming>) -> bool {
-        let Access::Token(token) = &self.access else {
-            return true;
-        };
-        let presented = request
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .unwrap_or("");
-        presented.as_bytes().ct_eq(token.expose().as_bytes()).into()
     }
 }
 

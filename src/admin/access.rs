@@ -1,0 +1,273 @@
+//! Who may use the admin port, checked in front of everything it serves: the Host and
+//! Origin rules that keep a web page the operator opens from driving it, and the bearer
+//! token of `/v1/*`.
+//!
+//! A page on another site can make the operator's browser send requests to the admin port
+//! (a form posted to `http://127.0.0.1:9091/v1/reload`), or rebind its own name to the
+//! port's address so that its scripts read the answers (DNS rebinding). So:
+//!
+//! - a request must name the port by an address (the one it reached, a loopback one, or a
+//!   wildcard listener's `0.0.0.0`), by `localhost`, or by a name in `admin.hosts`: a
+//!   rebound name is none of these. Health and readiness are exempt: they tell nothing
+//!   and change nothing, and a load balancer's probe may name the port otherwise;
+//! - a request that changes something must come from no page or from the port's own
+//!   origin (`Sec-Fetch-Site`, else `Origin` against `Host`, as Go's
+//!   `CrossOriginProtection` decides), and a `POST`, the one such method a page can send
+//!   without asking first, must carry a JSON body's type or an `Authorization` header,
+//!   which no page can send to another origin without the port's consent (never given).
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
+use http::{HeaderMap, Method, Request, Uri};
+use subtle::ConstantTimeEq;
+
+use crate::response::AdminRefusal;
+use crate::values::Secret;
+
+/// Who may use `/v1/*`.
+pub enum Access {
+    /// Whoever presents this bearer token.
+    Token(Secret),
+    /// Anyone: the listener is on a loopback address.
+    Local,
+    /// No one: the listener is reachable from the network and has no token.
+    Closed,
+}
+
+/// The rules every admin request meets.
+pub struct Rules {
+    pub access: Access,
+    /// `admin.hosts`: other names the port may be reached by, lowercase, without a
+    /// trailing dot.
+    pub hosts: Vec<String>,
+}
+
+impl Rules {
+    /// Checks a request that came to `local`; `Err` is the refusal to answer with.
+    pub fn check<B>(&self, request: &Request<B>, local: SocketAddr) -> Result<(), AdminRefusal> {
+        let path = request.uri().path();
+        let probe = request.method() == Method::GET && matches!(path, "/healthz" | "/readyz");
+        if !probe {
+            self.check_host(request.uri(), request.headers(), local)?;
+        }
+        if !request.method().is_safe() {
+            check_origin(request.headers())?;
+            if request.method() == Method::POST && !cannot_be_sent_cross_site(request.headers()) {
+                return Err(AdminRefusal::SimpleRequest);
+            }
+        }
+        if path.starts_with("/v1/") {
+            match &self.access {
+                Access::Closed => return Err(AdminRefusal::Closed),
+                Access::Token(token) if !bearer_matches(request.headers(), token) => {
+                    return Err(AdminRefusal::Unauthorized);
+                }
+                Access::Token(_) | Access::Local => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The request names the port by its own address, `localhost`, or a configured name.
+    /// A request naming no host (HTTP/1.0) comes from no browser.
+    fn check_host(
+        &self,
+        uri: &Uri,
+        headers: &HeaderMap,
+        local: SocketAddr,
+    ) -> Result<(), AdminRefusal> {
+        let named = headers
+            .get(HOST)
+            .map(|value| value.to_str().unwrap_or_default())
+            .or_else(|| uri.authority().map(|authority| authority.as_str()));
+        let Some(named) = named else {
+            return Ok(());
+        };
+        let name = host_name(named);
+        let allowed = match name
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
+            // `0.0.0.0` is a wildcard listener's own address, which Linux connects to.
+            Ok(ip) => same_ip(ip, local.ip()) || ip.is_loopback() || ip.is_unspecified(),
+            Err(_) => {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                name == "localhost" || name.ends_with(".localhost") || self.hosts.contains(&name)
+            }
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(AdminRefusal::HostNotAllowed(named.to_owned()))
+        }
+    }
+}
+
+/// `host[:port]` without its port.
+fn host_name(named: &str) -> &str {
+    match named.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => named,
+    }
+}
+
+/// Two addresses of one interface, an IPv4 one written as IPv6 (`::ffff:a.b.c.d`) too.
+fn same_ip(a: IpAddr, b: IpAddr) -> bool {
+    a.to_canonical() == b.to_canonical()
+}
+
+/// A request that changes something comes from no page, or from the port's own origin.
+fn check_origin(headers: &HeaderMap) -> Result<(), AdminRefusal> {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return match site.as_bytes() {
+            b"same-origin" | b"none" => Ok(()),
+            _ => Err(AdminRefusal::CrossOrigin),
+        };
+    }
+    let Some(origin) = headers.get(ORIGIN) else {
+        return Ok(());
+    };
+    let origin_authority = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.parse::<Uri>().ok())
+        .and_then(|origin| origin.authority().map(|a| a.as_str().to_ascii_lowercase()));
+    let host = headers
+        .get(HOST)
+        .and_then(|host| host.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    match (origin_authority, host) {
+        (Some(origin), Some(host)) if origin == host => Ok(()),
+        _ => Err(AdminRefusal::CrossOrigin),
+    }
+}
+
+/// Whether a request carries what a page cannot send to another origin unasked: a JSON
+/// body's type, or credentials in `Authorization`.
+fn cannot_be_sent_cross_site(headers: &HeaderMap) -> bool {
+    let json = headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
+    json || headers.contains_key(AUTHORIZATION)
+}
+
+/// `Authorization: Bearer <token>`, compared in constant time.
+fn bearer_matches(headers: &HeaderMap, token: &Secret) -> bool {
+    let presented = headers
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    presented.as_bytes().ct_eq(token.expose().as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(hosts: &[&str]) -> Rules {
+        Rules {
+            access: Access::Local,
+            hosts: hosts.iter().map(|host| (*host).to_owned()).collect(),
+        }
+    }
+
+    fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    const LOCAL: &str = "10.1.2.3:9091";
+
+    fn checked(rules: &Rules, request: &Request<()>) -> Result<(), AdminRefusal> {
+        rules.check(request, LOCAL.parse().unwrap())
+    }
+
+    #[test]
+    fn the_port_answers_to_its_own_address_localhost_and_configured_names() {
+        let rules = rules(&["admin.internal"]);
+        for host in [
+            "10.1.2.3:9091",
+            "10.1.2.3",
+            "127.0.0.1:9091",
+            "[::1]:8080",
+            "[::ffff:10.1.2.3]:9091",
+            "localhost:8080",
+            "app.localhost",
+            "Admin.Internal.:9091",
+            "0.0.0.0:9091",
+        ] {
+            let get = request("GET", "/v1/routes", &[("host", host)]);
+            assert!(checked(&rules, &get).is_ok(), "{host}");
+        }
+        for host in [
+            "evil.example:9091",
+            "10.1.2.4:9091",
+            "admin.internal.evil",
+            "localhost.evil",
+        ] {
+            let get = request("GET", "/metrics", &[("host", host)]);
+            assert!(
+                matches!(checked(&rules, &get), Err(AdminRefusal::HostNotAllowed(_))),
+                "{host}"
+            );
+            let probe = request("GET", "/healthz", &[("host", host)]);
+            assert!(checked(&rules, &probe).is_ok(), "probes are exempt: {host}");
+        }
+    }
+
+    #[test]
+    fn a_change_must_come_from_no_page_or_the_ports_own_origin() {
+        let rules = rules(&[]);
+        let host = ("host", "127.0.0.1:9091");
+        let json = ("content-type", "application/json");
+        let ok = [
+            vec![host, json],
+            vec![host, json, ("origin", "http://127.0.0.1:9091")],
+            vec![host, json, ("sec-fetch-site", "same-origin")],
+            vec![host, ("authorization", "Bearer x")],
+            vec![host, ("content-type", "Application/JSON; charset=utf-8")],
+        ];
+        for headers in ok {
+            let post = request("POST", "/v1/reload", &headers);
+            assert!(checked(&rules, &post).is_ok(), "{headers:?}");
+        }
+        let refused = [
+            vec![host],
+            vec![host, ("content-type", "text/plain")],
+            vec![host, ("content-type", "application/x-www-form-urlencoded")],
+            vec![host, json, ("origin", "http://evil.example")],
+            vec![host, json, ("origin", "null")],
+            vec![host, json, ("origin", "http://127.0.0.1:9092")],
+            vec![host, json, ("sec-fetch-site", "cross-site")],
+            vec![host, json, ("sec-fetch-site", "same-site")],
+        ];
+        for headers in refused {
+            let post = request("POST", "/v1/reload", &headers);
+            assert!(checked(&rules, &post).is_err(), "{headers:?}");
+        }
+        let delete = request(
+            "DELETE",
+            "/v1/keys/a/b",
+            &[host, ("origin", "http://evil.example")],
+        );
+        assert!(matches!(
+            checked(&rules, &delete),
+            Err(AdminRefusal::CrossOrigin)
+        ));
+        let delete = request("DELETE", "/v1/keys/a/b", &[host]);
+        assert!(
+            checked(&rules, &delete).is_ok(),
+            "DELETE is never sent cross-site unasked"
+        );
+    }
+}
