@@ -137,6 +137,32 @@ impl ReleaseReason {
     }
 }
 
+/// What renewing a claim's lease came to, for `dedupe_lease_renewals_total{result}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseRenewal {
+    Renewed,
+    /// The store did not answer; tried again before the lease ends.
+    Failed,
+    /// The claim was settled or taken over by someone else: its lease had ended.
+    Lost,
+}
+
+impl LeaseRenewal {
+    pub const ALL: [LeaseRenewal; 3] = [
+        LeaseRenewal::Renewed,
+        LeaseRenewal::Failed,
+        LeaseRenewal::Lost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseRenewal::Renewed => "renewed",
+            LeaseRenewal::Failed => "failed",
+            LeaseRenewal::Lost => "lost",
+        }
+    }
+}
+
 /// The counts the gauges show as of a scrape: this process's claims in flight, its
 /// deliveries waiting on one, and the store's done records when it knows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -163,6 +189,7 @@ pub struct Metrics {
     signatures_refused: Family<RouteReason, Counter>,
     config_reloads: Family<ResultLabel, Counter>,
     last_reload_successful: Gauge,
+    lease_renewals: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -219,6 +246,17 @@ impl Metrics {
             "Held keys (on_ambiguous: hold) in the store by route, counted every few seconds; each waits for an operator",
             keys_held.clone(),
         );
+        let lease_renewals = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "dedupe_lease_renewals",
+            "Renewals of the leases of claims whose delivery is still being handled: renewed, failed (the store did not answer; tried again), lost (the claim was taken over: its event may run twice)",
+            lease_renewals.clone(),
+        );
+        for result in LeaseRenewal::ALL {
+            let _ = lease_renewals.get_or_create(&ResultLabel {
+                result: result.as_str(),
+            });
+        }
         let sweep_removed = Counter::default();
         registry.register(
             "dedupe_sweep_removed",
@@ -291,6 +329,7 @@ impl Metrics {
             signatures_refused,
             config_reloads,
             last_reload_successful,
+            lease_renewals,
         }
     }
 
@@ -387,6 +426,14 @@ impl Metrics {
 
     pub fn store_error(&self) {
         self.store_errors.inc();
+    }
+
+    pub fn lease_renewal(&self, result: LeaseRenewal) {
+        self.lease_renewals
+            .get_or_create(&ResultLabel {
+                result: result.as_str(),
+            })
+            .inc();
     }
 
     pub fn swept(&self, removed: usize) {

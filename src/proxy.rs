@@ -25,6 +25,7 @@
 //! Every answer on a matched route carries `Dedupe-Status`, added in one place (`handle`).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +47,7 @@ use tracing::{Instrument, Span, field};
 use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::key::{Delivery, KeyError};
-use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
+use crate::metrics::{KeyCounts, LeaseRenewal, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
@@ -460,7 +461,9 @@ impl Proxy {
         let route = Arc::clone(route);
         self.forwards.spawn(
             async move {
-                let outcome = proxy.forward_in_order(&route, open, request).await;
+                let claims = open.claims().clone();
+                let handling = proxy.forward_in_order(&route, open, request);
+                let outcome = proxy.renewing(route.policy.lease, &claims, handling).await;
                 // The sender may be gone; the outcome is recorded either way.
                 let _ = answer.send(outcome);
                 drop(permit);
@@ -471,6 +474,58 @@ impl Proxy {
             // The task died (a panic); dropping its open claim released the key.
             (DedupeStatus::Released, Refusal::Internal.into_response())
         })
+    }
+
+    /// Runs `handling` (a claimed delivery's forward and the recording of its outcome)
+    /// while renewing its claims every third of their lease: however long the app, its
+    /// answer's body or the store take, no claim ends while this proxy still handles its
+    /// delivery. A lease ends only when its process is gone (or cannot reach the store).
+    async fn renewing<T>(
+        &self,
+        lease: Duration,
+        claims: &Claims,
+        handling: impl Future<Output = T>,
+    ) -> T {
+        tokio::pin!(handling);
+        tokio::select! {
+            biased;
+            done = &mut handling => return done,
+            () = self.renew_until_settled(lease, claims) => {}
+        }
+        handling.await
+    }
+
+    /// Renews `claims` every third of `lease` until they are settled (or lost). A renewal
+    /// the store does not answer is tried again sooner, within the lease.
+    async fn renew_until_settled(&self, lease: Duration, claims: &Claims) {
+        let period = lease / 3;
+        let mut next = tokio::time::Instant::now() + period;
+        loop {
+            tokio::time::sleep_until(next).await;
+            let mut failed = false;
+            for claim in claims.iter() {
+                let settling = || claims.progress.settling.load(Ordering::SeqCst);
+                if settling() {
+                    return;
+                }
+                match self.store.renew(claim, lease).await {
+                    Ok(()) => self.metrics.lease_renewal(LeaseRenewal::Renewed),
+                    Err(StoreError::NotOwner) if settling() => return,
+                    Err(StoreError::NotOwner) => {
+                        self.metrics.lease_renewal(LeaseRenewal::Lost);
+                        tracing::error!(key = %claim.key, "the claim's lease was taken over while its delivery still runs: the event may run twice (the store was out of reach for longer than the lease)");
+                        return;
+                    }
+                    Err(error) => {
+                        self.metrics.store_error();
+                        self.metrics.lease_renewal(LeaseRenewal::Failed);
+                        tracing::warn!(%error, key = %claim.key, "a lease could not be renewed; trying again");
+                        failed = true;
+                    }
+                }
+            }
+            next = tokio::time::Instant::now() + if failed { period / 4 } else { period };
+        }
     }
 
     /// With `order:`, forwards as the guard's verdict says: an event older than the newest
@@ -577,7 +632,7 @@ impl Proxy {
                 &route.upstream.address,
                 request,
                 route.policy.upstream_timeout,
-                &open.dispatched,
+                &open.claims.progress.dispatched,
             )
             .instrument(step)
             .await;
@@ -653,6 +708,7 @@ impl Proxy {
         claims: &Claims,
         ambiguity: Ambiguity,
     ) -> bool {
+        claims.progress.settling.store(true, Ordering::SeqCst);
         let held = self.hold_one(&claims.event, retention, ambiguity).await;
         if let Some(body) = &claims.body {
             if held {
@@ -732,6 +788,7 @@ impl Proxy {
 
     /// Marks the claims done, waking their waiters.
     async fn mark_done(&self, claims: &Claims, completion: &Completion) {
+        claims.progress.settling.store(true, Ordering::SeqCst);
         for claim in claims.iter() {
             if let Err(error) = self.store.finish(claim, completion.clone()).await {
                 self.metrics.store_error();
@@ -832,15 +889,10 @@ impl Proxy {
         }
         // Each claim is settled under the route it started with: a reload since may have
         // renamed, changed or removed that route.
-        for Registered {
-            route,
-            claims,
-            dispatched,
-        } in self.open_claims.take_all()
-        {
+        for Registered { route, claims } in self.open_claims.take_all() {
             let policy = &route.policy;
             if policy.on_ambiguous == OnAmbiguous::Hold
-                && dispatched.load(Ordering::SeqCst)
+                && claims.progress.dispatched.load(Ordering::SeqCst)
                 && self
                     .hold(&route.name, policy.retention, &claims, Ambiguity::Shutdown)
                     .await
@@ -921,6 +973,7 @@ async fn release_claims(
     claims: &Claims,
     reason: ReleaseReason,
 ) {
+    claims.progress.settling.store(true, Ordering::SeqCst);
     let mut released = false;
     for claim in claims.iter() {
         match store.release(claim).await {
@@ -1067,6 +1120,18 @@ enum Claiming {
 struct Claims {
     event: Claim,
     body: Option<Claim>,
+    progress: Arc<Progress>,
+}
+
+/// How far a claimed delivery has gone, as the shutdown drain and the lease renewals see
+/// it.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Its request went to the app (see `Upstream::send`).
+    dispatched: AtomicBool,
+    /// Its claims are being finished, held or released: a renewal refused from now on was
+    /// refused because of that, not because the lease was lost.
+    settling: AtomicBool,
 }
 
 impl Claims {
@@ -1169,24 +1234,23 @@ struct Registered {
     /// The route the delivery matched, as it was then.
     route: Arc<Route>,
     claims: Claims,
-    /// Whether its request went to the app (see `Upstream::send`).
-    dispatched: Arc<AtomicBool>,
 }
 
 impl ClaimRegistry {
     fn register(&self, event: Claim, route: &Arc<Route>, proxy: &Proxy) -> OpenClaim {
-        let claims = Claims { event, body: None };
-        let dispatched = Arc::new(AtomicBool::new(false));
+        let claims = Claims {
+            event,
+            body: None,
+            progress: Arc::default(),
+        };
         let registered = Registered {
             route: Arc::clone(route),
             claims: claims.clone(),
-            dispatched: Arc::clone(&dispatched),
         };
         self.lock().insert(claims.event.token, registered);
         OpenClaim {
             registry: self.clone(),
             claims,
-            dispatched,
             route: route.name.clone(),
             store: Arc::clone(&proxy.store),
             waiting: Arc::clone(&proxy.waiting),
@@ -1209,8 +1273,6 @@ impl ClaimRegistry {
 struct OpenClaim {
     registry: ClaimRegistry,
     claims: Claims,
-    /// Set once its request went to the app.
-    dispatched: Arc<AtomicBool>,
     route: String,
     store: Arc<dyn ClaimStore>,
     waiting: Arc<Waiting>,
@@ -1237,6 +1299,7 @@ impl OpenClaim {
     /// forwarded, and what stopped it (the body's own claim) still stands.
     async fn give_back(mut self) {
         self.settled = true;
+        self.claims.progress.settling.store(true, Ordering::SeqCst);
         self.registry.lock().remove(&self.claims.event.token);
         for claim in self.claims.iter() {
             if let Err(error) = self.store.release(claim).await {

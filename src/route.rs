@@ -315,19 +315,6 @@ impl Route {
         let policy = &self.policy;
         let holds = policy.on_ambiguous == OnAmbiguous::Hold;
         let mut warnings = Vec::new();
-        if policy.lease <= policy.upstream_timeout {
-            let and_hold = if holds {
-                ", so on_ambiguous: hold cannot keep it from running twice"
-            } else {
-                ""
-            };
-            warnings.push(format!(
-                "route `{}`: lease ({}) is not longer than upstream_timeout ({}); a retry may be forwarded while a slow first delivery still runs{and_hold}",
-                self.name,
-                humantime::format_duration(policy.lease),
-                humantime::format_duration(policy.upstream_timeout)
-            ));
-        }
         if holds && policy.on_store_error == OnStoreError::Forward {
             warnings.push(format!(
                 "route `{}`: on_store_error: forward sends deliveries unclaimed while the store fails, so on_ambiguous: hold cannot keep them from running twice",

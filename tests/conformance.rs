@@ -672,6 +672,62 @@ async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
     assert!(matches!(h.state("k").await, Some(KeyState::Done(_))));
 }
 
+async fn a_renewed_lease_outlives_its_first_end_for_its_owner_only(h: Harness) {
+    let claim = h.claimed_for("k", SHORT_LEASE).await;
+    let Some(KeyState::InFlight {
+        lease_until: first_end,
+        ..
+    }) = h.state("k").await
+    else {
+        panic!("in flight expected");
+    };
+    h.pass(SHORT_LEASE / 2).await;
+    h.store.renew(&claim, SHORT_LEASE).await.unwrap();
+    h.pass(SHORT_LEASE / 2 + Duration::from_millis(100)).await;
+    assert!(
+        matches!(
+            h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ),
+        "past the first lease's end, the renewed claim still holds the key"
+    );
+    let Some(KeyState::InFlight { lease_until, .. }) = h.state("k").await else {
+        panic!("in flight expected");
+    };
+    assert!(lease_until > first_end, "{lease_until} > {first_end}");
+    let impostor = Claim {
+        token: claim.token ^ 1,
+        ..claim.clone()
+    };
+    assert!(matches!(
+        h.store.renew(&impostor, LEASE).await,
+        Err(StoreError::NotOwner)
+    ));
+    h.store.finish(&claim, done(200)).await.unwrap();
+    assert!(matches!(
+        h.store.renew(&claim, LEASE).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(h.state("k").await, Some(KeyState::Done(_))));
+
+    // A lease left to run out and taken over is the new owner's: the late one cannot
+    // renew it back.
+    let late = h.claimed_for("j", SHORT_LEASE).await;
+    h.pass(SHORT_LEASE + Duration::from_millis(100)).await;
+    let taker = h.claimed("j").await;
+    assert!(matches!(
+        h.store.renew(&late, LEASE).await,
+        Err(StoreError::NotOwner)
+    ));
+    h.store.finish(&taker, done(200)).await.unwrap();
+    let held = held(&h, "h", LEASE).await;
+    assert!(matches!(
+        h.store.renew(&held, LEASE).await,
+        Err(StoreError::NotOwner)
+    ));
+    assert!(matches!(h.state("h").await, Some(KeyState::Held(_))));
+}
+
 async fn done_keys_expire_after_their_retention(h: Harness) {
     let claim = h.claimed("k").await;
     let completion = Completion {
@@ -978,6 +1034,7 @@ conformance!(
     release_makes_the_key_claimable_again,
     only_the_owner_finishes_or_releases,
     an_expired_lease_is_taken_over_and_the_late_owner_refused,
+    a_renewed_lease_outlives_its_first_end_for_its_owner_only,
     done_keys_expire_after_their_retention,
     forget_removes_done_keys_but_not_in_flight_ones,
     the_recorded_answer_is_kept_for_replay,

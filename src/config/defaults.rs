@@ -80,6 +80,9 @@ pub fn postgres_pool_size() -> usize {
 
 pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const LEASE: Duration = Duration::from_secs(300);
+/// A claim's lease is renewed every third of it while its delivery runs: shorter than this,
+/// the renewals would be more work than the deliveries.
+pub const LEASE_MIN: Duration = Duration::from_millis(100);
 pub const MAX_BODY: u64 = 1 << 20;
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub const IN_FLIGHT_STATUS: StatusCode = StatusCode::CONFLICT;

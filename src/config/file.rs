@@ -130,6 +130,15 @@ impl RouteFile {
             }
         }
         if self
+            .lease
+            .is_some_and(|lease| lease.0 < defaults::LEASE_MIN)
+        {
+            return Err(format!(
+                "`lease` must be at least {} (it is renewed every third of it while its delivery runs)",
+                humantime::format_duration(defaults::LEASE_MIN)
+            ));
+        }
+        if self
             .in_flight_wait
             .is_some_and(|wait| wait.0 > defaults::IN_FLIGHT_WAIT_MAX)
         {

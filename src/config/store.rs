@@ -86,6 +86,15 @@ impl Serialize for StoreConfig {
 }
 
 impl StoreConfig {
+    /// How long one command may take, for a shared store.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        match self {
+            StoreConfig::Sled(_) => None,
+            StoreConfig::Redis(redis) => Some(redis.timeout.0),
+            StoreConfig::Postgres(postgres) => Some(postgres.timeout.0),
+        }
+    }
+
     /// The passwords in its servers' URLs.
     pub fn passwords(&self) -> Vec<String> {
         match self {

@@ -8,7 +8,8 @@
 //! resolves it, or its retention ends). Transitions:
 //!
 //! ```text
-//!   absent ──claim──▶ in_flight ──finish (owner, upstream success)──▶ done
+//!                     ┌─renew (owner)┐
+//!   absent ──claim──▶ in_flight ◀────┘ ──finish (owner, upstream success)──▶ done
 //!     ▲                 │  │  │                                        │ ▲
 //!     └──release (owner)┘  │  └─hold (owner, outcome unknown)─▶ held ──┼─┘ resolve: done
 //!     ▲                    └─lease expired: the next claim takes over  │ │
@@ -619,6 +620,10 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Gives up the claim, so that the next delivery is forwarded.
     async fn release(&self, claim: &Claim) -> Result<(), StoreError>;
+
+    /// Extends the claim's lease to `lease` from now, while its delivery is still being
+    /// handled. `NotOwner` if the claim was settled, or taken over after its lease ended.
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError>;
 
     /// Holds the claimed key for `retention`: its forward may have run, so no delivery
     /// runs it again until [`ClaimStore::resolve`]. As durable as a finish.

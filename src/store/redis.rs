@@ -4,8 +4,8 @@
 //! single key and works on Redis Cluster (`cluster: true`: the cluster client follows
 //! `MOVED`, `ASK` and failovers). A claim is one native `SET ... NX PX ... GET`: it writes
 //! the in-flight record only where the key is absent and otherwise returns what is there.
-//! Finish and hold (`SETTLE`), release and forget are short Lua scripts that check the
-//! owner token (or the tag) and change the key atomically on the server; resolve replaces
+//! Finish and hold (`SETTLE`), release, renew and forget are short Lua scripts that check
+//! the owner token (or the tag) and change the key atomically on the server; resolve replaces
 //! a held value only if it is still the one read (`REPLACE`). `rediss://` is TLS. Leases
 //! and retention are the key's native TTL: an expired lease or record is simply gone, so
 //! there is nothing to sweep.
@@ -77,6 +77,35 @@ if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) == ARGV[1] then
   return 1
 end
 return 0
+";
+
+/// Renews a claim if the value still opens with the caller's tag and token (ARGV[1]):
+/// its `lease_until` (the varint after `claimed_at`'s) becomes ARGV[2], and its time to
+/// live ARGV[3] ms.
+const RENEW: &str = r"
+local value = redis.call('GET', KEYS[1])
+if not value or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then
+  return 0
+end
+local function past_varint(at)
+  while true do
+    local byte = string.byte(value, at)
+    if not byte then
+      return nil
+    end
+    if byte < 128 then
+      return at + 1
+    end
+    at = at + 1
+  end
+end
+local lease_at = past_varint(#ARGV[1] + 1)
+local after = lease_at and past_varint(lease_at)
+if not after then
+  return 0
+end
+redis.call('SET', KEYS[1], string.sub(value, 1, lease_at - 1) .. ARGV[2] .. string.sub(value, after), 'PX', ARGV[3])
+return 1
 ";
 
 /// Deletes a done key; reports an in-flight or held one, an absent one, or a value the
@@ -264,6 +293,7 @@ pub struct RedisStore {
     clock: Box<dyn Clock>,
     settle: Script,
     release: Script,
+    renew: Script,
     forget: Script,
     replace: Script,
     record_version: Script,
@@ -536,6 +566,7 @@ impl RedisStore {
             clock: Box::new(SystemClock),
             settle: Script::new(SETTLE),
             release: Script::new(RELEASE),
+            renew: Script::new(RENEW),
             forget: Script::new(FORGET),
             replace: Script::new(REPLACE),
             record_version: Script::new(RECORD_VERSION),
@@ -645,6 +676,22 @@ impl ClaimStore for RedisStore {
         };
         self.settle(claim, encode(&finished, vec![b'd']), retention)
             .await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError> {
+        let lease_ms = millis(lease).max(1);
+        let lease_until = postcard::to_stdvec(&self.clock.now().saturating_add(lease_ms))
+            .expect("a number always encodes");
+        let mut connection = self.connection();
+        let mut invocation = self.renew.key(self.key(&claim.key));
+        invocation
+            .arg(owner_prefix(claim.token))
+            .arg(lease_until)
+            .arg(lease_ms);
+        let renewed: i64 = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await?;
+        owned(renewed == 1)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {

@@ -562,6 +562,17 @@ impl ClaimStore for SledStore {
         }
     }
 
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError> {
+        let lease_until = self.clock.now().saturating_add(millis(lease));
+        match self.open_keys.get_mut(&claim.key).as_deref_mut() {
+            Some(OpenKey::InFlight(open)) if open.token == claim.token => {
+                open.lease_until = lease_until;
+                Ok(())
+            }
+            _ => Err(StoreError::NotOwner),
+        }
+    }
+
     async fn hold(
         &self,
         claim: &Claim,

@@ -693,6 +693,8 @@ pub struct FailingStore {
     pub fail_versions: bool,
     /// Answers the replay guard's body claims half a second late.
     pub slow_body_claims: bool,
+    /// Fails every lease renewal.
+    pub fail_renewals: bool,
     pub claims: Arc<AtomicUsize>,
 }
 
@@ -706,6 +708,7 @@ impl FailingStore {
             fail_hold: false,
             fail_versions: false,
             slow_body_claims: false,
+            fail_renewals: false,
             claims: Arc::default(),
         }
     }
@@ -736,6 +739,12 @@ impl ClaimStore for FailingStore {
     }
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
         self.inner.release(claim).await
+    }
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError> {
+        if self.fail_renewals {
+            return Err(StoreError::Backend("injected renewal failure".into()));
+        }
+        self.inner.renew(claim, lease).await
     }
     async fn hold(
         &self,

@@ -86,6 +86,7 @@ struct Statements {
     current: String,
     finish_many: String,
     release: String,
+    renew: String,
     hold: String,
     resolve_done: String,
     resolve_release: String,
@@ -186,6 +187,11 @@ impl Statements {
                    DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'
                    RETURNING key)
                  SELECT key, CASE WHEN $3 THEN pg_notify('{channel}', key) END FROM gone"
+            ),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {NOW_MS} + $3
+                 WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+                 RETURNING key"
             ),
             forget_done: format!(
                 "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
@@ -961,6 +967,15 @@ impl ClaimStore for PostgresStore {
             )
             .await?;
         owned(deleted.len() == 1)
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError> {
+        let owner = claim.token.to_string();
+        let lease = signed(millis(lease).max(1));
+        let renewed = self
+            .query(&self.statements.renew, &[&claim.key, &owner, &lease])
+            .await?;
+        owned(renewed.len() == 1)
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
