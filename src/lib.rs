@@ -50,6 +50,7 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod descriptors;
 pub mod key;
 pub mod metrics;
 pub mod order;
@@ -121,6 +122,8 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
+    #[error("{0}")]
+    Descriptors(String),
 }
 
 /// A running proxy.
@@ -174,6 +177,11 @@ async fn start_with(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    let (limits, lowered) = descriptors::fit(&config.limits).map_err(StartError::Descriptors)?;
+    if let Some(warning) = lowered {
+        tracing::warn!("{warning}");
+    }
+    let config = Config { limits, ..config };
     let metrics = Arc::new(Metrics::new());
     let workers = Arc::new(start_workers(&config)?);
     // The admin port comes first, so that probes see "starting" while the store opens. It

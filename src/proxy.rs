@@ -63,6 +63,7 @@ use crate::target::{self, TargetError};
 use crate::telemetry;
 use crate::upstream::{self, DEDUPE_STALE, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
+use crate::verify::SignatureWork;
 use crate::waiting::{Waiting, Woken};
 
 /// The largest upstream answer kept for `duplicate_response.replay`: its body and the
@@ -88,6 +89,8 @@ pub struct Proxy {
     /// Deliveries waiting for the outcome of their key (`on_in_flight: wait`), at most a
     /// quarter of `limits.max_requests`.
     waiting: Arc<Waiting>,
+    /// Where large signature checks run, apart from the workers.
+    signature_work: SignatureWork,
     metrics: Arc<Metrics>,
 }
 
@@ -117,6 +120,7 @@ impl Proxy {
             relay_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
             open_claims: ClaimRegistry::default(),
             waiting,
+            signature_work: SignatureWork::new(workers),
             metrics,
         }
     }
@@ -178,12 +182,27 @@ impl Proxy {
             .instrument(span.clone())
             .await;
         span.in_scope(|| {
-            tracing::info!(
-                outcome = outcome.as_str(),
-                status = response.status().as_u16(),
-                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-                "delivery answered"
+            let (status, elapsed_ms) = (
+                response.status().as_u16(),
+                started.elapsed().as_secs_f64() * 1000.0,
             );
+            // A refusal is whatever a sender chose to send: at info level, anyone could
+            // fill the log. Its count is in the metrics.
+            if outcome == DedupeStatus::Rejected {
+                tracing::debug!(
+                    outcome = outcome.as_str(),
+                    status,
+                    elapsed_ms,
+                    "delivery answered"
+                );
+            } else {
+                tracing::info!(
+                    outcome = outcome.as_str(),
+                    status,
+                    elapsed_ms,
+                    "delivery answered"
+                );
+            }
         });
         self.metrics.delivery(&route.name, outcome);
         telemetry::answered(&span, outcome.as_str(), response.status().as_u16());
@@ -238,16 +257,20 @@ impl Proxy {
         let body = body::read_limited(&head.headers, body, policy.max_body, self.body_read_timeout)
             .await?;
 
-        // A forgery must not claim (and so pre-empt) a real event's key.
+        // A forgery must not claim (and so pre-empt) a real event's key. Refusals are logged
+        // at debug level only, and counted: a forger must not flood the log.
         if let Some(verify) = &route.verify {
-            let _step = telemetry::step_span!("verify").entered();
-            verify
-                .verify(&head.headers, &body, unix_now())
-                .map_err(|failure| {
-                    tracing::warn!(reason = failure.code(), %failure, "signature refused");
-                    self.metrics.signature_refused(&route.name, failure.code());
-                    Refusal::Signature(failure)
-                })?;
+            let checked = async {
+                let pending = verify.prepare(&head.headers, unix_now())?;
+                self.signature_work.check(pending, &body).await
+            }
+            .instrument(telemetry::step_span!("verify"))
+            .await;
+            checked.map_err(|failure| {
+                tracing::debug!(reason = failure.code(), %failure, "signature refused");
+                self.metrics.signature_refused(&route.name, failure.code());
+                Refusal::Signature(failure)
+            })?;
         }
 
         let delivery = Delivery {
@@ -433,7 +456,7 @@ impl Proxy {
                 return Ok(Claiming::Claimed(open));
             }
             Ok(ClaimOutcome::Done(record)) => {
-                tracing::warn!("a body already done under another key: a replay with a new ID");
+                tracing::debug!("a body already done under another key: a replay with a new ID");
                 Ok(Claiming::Done(record))
             }
             Ok(ClaimOutcome::InFlight { .. }) => Ok(Claiming::InFlight),
@@ -919,7 +942,7 @@ impl Proxy {
         fingerprint: Fingerprint,
     ) -> Answer {
         if record.fingerprint != fingerprint {
-            tracing::warn!(
+            tracing::debug!(
                 "duplicate key with a different body than the delivery that was processed"
             );
             self.metrics.payload_mismatch(&route.name);

@@ -57,7 +57,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// How many connections over `max_connections` wait for a slot or are told why they are
 /// refused at once; beyond that they are closed without a word, so that a flood of them
 /// costs nothing more.
-const MAX_OVER_LIMIT: usize = 64;
+pub const MAX_OVER_LIMIT: usize = 64;
 
 /// How long a connection over the limit waits for the slot of an evicted one.
 const SLOT_WAIT: Duration = Duration::from_secs(2);
@@ -235,7 +235,7 @@ impl<H: Handler> Listener<H> {
             match slot {
                 Some(slot) => connection.start(stream, slot, &workers, &tracker),
                 None => {
-                    tracing::warn!(%peer, limit, "connection refused: too many open connections, none of them idle");
+                    refused_for_room(peer, limit);
                     refuse(stream).await;
                 }
             }
@@ -254,6 +254,26 @@ impl<H: Handler> Listener<H> {
             tracing::warn!("connections still open when the shutdown grace ended");
         }
     }
+}
+
+/// How often a refusal for want of room is logged at most: a flood of connections must
+/// not become a flood of log lines.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Logs a connection refused because every slot is busy: the first one at once, then one
+/// line a minute at most, counting those left out.
+fn refused_for_room(peer: SocketAddr, limit: usize) {
+    static LAST_LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
+    static UNLOGGED: AtomicU64 = AtomicU64::new(0);
+    let mut last = LAST_LOGGED.lock();
+    if last.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
+        UNLOGGED.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%peer, limit, "connection refused: too many open connections, none of them idle");
+        return;
+    }
+    *last = Some(Instant::now());
+    let unlogged = UNLOGGED.swap(0, Ordering::Relaxed);
+    tracing::warn!(%peer, limit, refused_since_last_line = unlogged, "connection refused: too many open connections, none of them idle");
 }
 
 /// HTTP/1.1 and HTTP/2 with the limits on request heads, and HTTP/2 keep-alive pings that

@@ -2,10 +2,12 @@
 //! with the webhook's secret. GitHub signs no timestamp, so a captured delivery can be
 //! replayed; its key is then a duplicate.
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, header};
+use super::{Pending, Scheme, Secrets, VerifyError, header, hex_tag};
 
 const SIGNATURE: &str = "x-hub-signature-256";
 
@@ -19,7 +21,7 @@ pub(super) struct GithubFile {
 pub struct Github {
     pub(super) secret_env: Secrets,
     #[serde(skip)]
-    keys: Vec<Vec<u8>>,
+    keys: Arc<[Vec<u8>]>,
 }
 
 impl Github {
@@ -36,16 +38,12 @@ impl Github {
 }
 
 impl Scheme for Github {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], _now: i64) -> Result<(), VerifyError> {
+    fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
         let value = header(headers, SIGNATURE)?;
-        let signature = value
+        let tag = value
             .strip_prefix("sha256=")
-            .and_then(decode_hex)
+            .and_then(hex_tag)
             .ok_or(VerifyError::Malformed(SIGNATURE))?;
-        if any_hmac_matches(&self.keys, &[body], &[signature]) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        Ok(Pending::hmac(Vec::new(), &self.keys, vec![tag]))
     }
 }

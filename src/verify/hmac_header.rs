@@ -2,11 +2,13 @@
 //! header, hex or base64, after an optional prefix (`sha256=`, say). For the many
 //! in-house and smaller senders that sign this way; no timestamp is signed.
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use http::header::HeaderName;
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{Scheme, Secrets, VerifyError, any_hmac_matches, decode_base64, decode_hex};
+use super::{Pending, Scheme, Secrets, VerifyError, base64_tag, hex_tag};
 
 /// How the signature is written in its header.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -36,7 +38,7 @@ pub struct HmacHeader {
     encoding: Encoding,
     prefix: String,
     #[serde(skip)]
-    keys: Vec<Vec<u8>>,
+    keys: Arc<[Vec<u8>]>,
 }
 
 fn header_name<S: Serializer>(name: &HeaderName, serializer: S) -> Result<S::Ok, S::Error> {
@@ -56,7 +58,7 @@ impl HmacHeader {
 }
 
 impl Scheme for HmacHeader {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], _now: i64) -> Result<(), VerifyError> {
+    fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
         // The header's name is configured, so the error names it as written.
         let value = headers
             .get(&self.header)
@@ -66,15 +68,11 @@ impl Scheme for HmacHeader {
         let encoded = value
             .strip_prefix(self.prefix.as_str())
             .ok_or(VerifyError::Malformed("signature"))?;
-        let signature = match self.encoding {
-            Encoding::Hex => decode_hex(encoded),
-            Encoding::Base64 => decode_base64(encoded),
+        let tag = match self.encoding {
+            Encoding::Hex => hex_tag(encoded),
+            Encoding::Base64 => base64_tag(encoded),
         }
         .ok_or(VerifyError::Malformed("signature"))?;
-        if any_hmac_matches(&self.keys, &[body], &[signature]) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        Ok(Pending::hmac(Vec::new(), &self.keys, vec![tag]))
     }
 }

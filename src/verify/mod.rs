@@ -1,7 +1,16 @@
 //! Signature verification: a route's `verify:` checks a delivery's raw body and headers
 //! against the provider's signature before anything is claimed or forwarded. One file
 //! per scheme, all behind [`Scheme`]; every scheme takes several secrets (rotation) and
-//! compares in constant time (the RustCrypto `hmac` verify).
+//! compares in constant time.
+//!
+//! A check runs in two steps, the cheap one first: a scheme reads its headers and refuses
+//! what needs no hashing to refuse (a missing or malformed header, more signatures than
+//! [`MAX_SIGNATURES`], a stale timestamp), leaving a [`Pending`] check: a message prefix
+//! and the signatures to compare. Every scheme signs that prefix followed by the raw body,
+//! so [`Pending::check`] hashes the body once per secret (or per public key and
+//! signature, for Ed25519), whatever the headers hold. [`SignatureWork`] runs the large
+//! checks on threads apart from the workers, at most half the cores at once, so that
+//! forged deliveries cannot starve the other routes or the admin port.
 //!
 //! The configuration side (`verify:` and presets) is here too, since each scheme decides
 //! how its secrets are read.
@@ -15,15 +24,20 @@ mod standard_webhooks;
 mod stripe;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use ed25519_dalek::{Signature, VerifyingKey};
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 
 use crate::values::{EnvSecret, HumanDuration};
 
@@ -47,9 +61,24 @@ pub enum VerifyError {
     IdMismatch(&'static str),
     #[error("the signature's timestamp is more than {0} away from now")]
     Stale(String),
+    /// More signatures than anyone sends, which would only cost hashing to refuse.
+    #[error(
+        "the {0} header carries more signatures than are checked ({MAX_SIGNATURES}, and {MAX_ASYMMETRIC_CHECKS} public-key checks)"
+    )]
+    TooMany(&'static str),
     #[error("no signature matches the body with any configured secret")]
     NoMatch,
 }
+
+/// The most signatures a delivery may carry: a provider rotating its secret sends two.
+pub const MAX_SIGNATURES: usize = 8;
+
+/// The most Ed25519 checks one delivery may cost (public keys times `v1a` signatures):
+/// each hashes the whole body again.
+pub const MAX_ASYMMETRIC_CHECKS: usize = 4;
+
+/// The most secrets a route may check with: a rotation needs two.
+pub const MAX_SECRETS: usize = 4;
 
 impl VerifyError {
     /// Every code [`VerifyError::code`] gives.
@@ -64,7 +93,9 @@ impl VerifyError {
     pub fn code(&self) -> &'static str {
         match self {
             VerifyError::MissingHeader(_) => "missing_signature",
-            VerifyError::Malformed(_) | VerifyError::IdMismatch(_) => "malformed_signature",
+            VerifyError::Malformed(_) | VerifyError::IdMismatch(_) | VerifyError::TooMany(_) => {
+                "malformed_signature"
+            }
             VerifyError::Stale(_) => "stale_signature",
             VerifyError::NoMatch => "signature_mismatch",
         }
@@ -73,8 +104,117 @@ impl VerifyError {
 
 /// What every signature scheme does.
 pub trait Scheme {
-    /// Checks a delivery; `now` is the Unix time in seconds.
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError>;
+    /// Reads the signature headers and makes every check that needs no hashing (presence,
+    /// format, the number of signatures, the timestamp's tolerance; `now` is the Unix time
+    /// in seconds): what remains is the [`Pending`] check of the body.
+    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError>;
+}
+
+/// An HMAC-SHA256 signature.
+type Tag = [u8; 32];
+
+/// A delivery's signatures, found well-formed and in time, to be compared with the
+/// message they sign: `prefix` followed by the raw body.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    prefix: Vec<u8>,
+    keys: Arc<[Vec<u8>]>,
+    tags: Vec<Tag>,
+    public: Arc<[VerifyingKey]>,
+    signatures: Vec<Signature>,
+}
+
+impl Pending {
+    /// HMAC-SHA256 signatures of `prefix` and the body, keyed with `keys`.
+    fn hmac(prefix: Vec<u8>, keys: &Arc<[Vec<u8>]>, tags: Vec<Tag>) -> Pending {
+        Pending {
+            prefix,
+            keys: Arc::clone(keys),
+            tags,
+            public: Arc::new([]),
+            signatures: Vec::new(),
+        }
+    }
+
+    /// How many times checking it reads the body: once per secret (each computes one
+    /// HMAC, compared with every signature), and once per public key and signature.
+    pub fn passes(&self) -> usize {
+        let symmetric = if self.tags.is_empty() {
+            0
+        } else {
+            self.keys.len()
+        };
+        symmetric + self.public.len() * self.signatures.len()
+    }
+
+    /// Whether any signature matches `prefix` and `body` under any secret or key, each
+    /// comparison in constant time.
+    pub fn check(&self, body: &[u8]) -> Result<(), VerifyError> {
+        let symmetric = !self.tags.is_empty()
+            && self.keys.iter().any(|key| {
+                let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key)
+                    .expect("HMAC takes a key of any length");
+                mac.update(&self.prefix);
+                mac.update(body);
+                let computed: Tag = mac.finalize().into_bytes().into();
+                self.tags.iter().any(|tag| bool::from(computed.ct_eq(tag)))
+            });
+        if symmetric || self.asymmetric_matches(body) {
+            Ok(())
+        } else {
+            Err(VerifyError::NoMatch)
+        }
+    }
+
+    fn asymmetric_matches(&self, body: &[u8]) -> bool {
+        if self.public.is_empty() || self.signatures.is_empty() {
+            return false;
+        }
+        let message = [self.prefix.as_slice(), body].concat();
+        self.public.iter().any(|key| {
+            self.signatures
+                .iter()
+                .any(|signature| key.verify_strict(&message, signature).is_ok())
+        })
+    }
+}
+
+/// Where signature checks run: a body small enough to hash in [`INLINE_BYTES`] is checked
+/// on the worker that read it; a larger one on a blocking thread, at most half the workers'
+/// number of them at once, so that however many large forged deliveries arrive, the other
+/// half of the cores serve everything else. A check waiting for its turn holds its
+/// request's place, which `limits.max_requests` bounds.
+pub struct SignatureWork {
+    turns: Arc<Semaphore>,
+}
+
+/// The most bytes hashed inline by one check: about a tenth of a millisecond of work.
+pub const INLINE_BYTES: usize = 64 << 10;
+
+impl SignatureWork {
+    /// For a proxy whose connections run on `workers` workers.
+    pub fn new(workers: usize) -> SignatureWork {
+        SignatureWork {
+            turns: Arc::new(Semaphore::new((workers / 2).max(1))),
+        }
+    }
+
+    /// Checks `pending` against `body`, inline or apart as its size says.
+    pub async fn check(&self, pending: Pending, body: &Bytes) -> Result<(), VerifyError> {
+        let hashed = pending
+            .passes()
+            .saturating_mul(body.len() + pending.prefix.len());
+        if hashed <= INLINE_BYTES {
+            return pending.check(body);
+        }
+        let Ok(_turn) = Arc::clone(&self.turns).acquire_owned().await else {
+            return Err(VerifyError::NoMatch);
+        };
+        let body = body.clone();
+        tokio::task::spawn_blocking(move || pending.check(&body))
+            .await
+            .unwrap_or(Err(VerifyError::NoMatch))
+    }
 }
 
 /// A route's signature check.
@@ -91,7 +231,8 @@ pub enum Verify {
 }
 
 impl Verify {
-    pub fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+    /// The checks that need no hashing; see [`Scheme::prepare`].
+    pub fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
         let scheme: &dyn Scheme = match self {
             Verify::Stripe(scheme) => scheme,
             Verify::Github(scheme) => scheme,
@@ -101,7 +242,12 @@ impl Verify {
             Verify::Paddle(scheme) => scheme,
             Verify::Hmac(scheme) => scheme,
         };
-        scheme.verify(headers, body, now)
+        scheme.prepare(headers, now)
+    }
+
+    /// Checks a delivery whole, on the calling thread.
+    pub fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+        self.prepare(headers, now)?.check(body)
     }
 
     /// The scheme's name, as `verify:` spells it.
@@ -165,7 +311,7 @@ impl Secrets {
     }
 
     /// The secrets' bytes, as most schemes use them.
-    fn raw(&self) -> Vec<Vec<u8>> {
+    fn raw(&self) -> Arc<[Vec<u8>]> {
         self.0
             .iter()
             .map(|env| env.secret.expose().as_bytes().to_vec())
@@ -212,6 +358,11 @@ impl<'de> Deserialize<'de> for Secrets {
                     return Err(de::Error::custom(
                         "`secret_env` needs at least one variable",
                     ));
+                }
+                if secrets.len() > MAX_SECRETS {
+                    return Err(de::Error::custom(format!(
+                        "`secret_env` takes at most {MAX_SECRETS} variables (a rotation needs two); each one is another pass over every body"
+                    )));
                 }
                 Ok(Secrets(secrets))
             }
@@ -323,19 +474,21 @@ fn default_tolerance() -> HumanDuration {
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Whether any secret's HMAC-SHA256 of `message` (given in parts) equals any candidate,
-/// each comparison in constant time.
-fn any_hmac_matches(secrets: &[Vec<u8>], message: &[&[u8]], candidates: &[Vec<u8>]) -> bool {
-    secrets.iter().any(|secret| {
-        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(secret)
-            .expect("HMAC takes a key of any length");
-        for part in message {
-            mac.update(part);
-        }
-        candidates
-            .iter()
-            .any(|candidate| mac.clone().verify_slice(candidate).is_ok())
-    })
+/// An HMAC-SHA256 signature written in hex, or `None` if the text cannot be one (its
+/// length is checked before anything is decoded).
+fn hex_tag(text: &str) -> Option<Tag> {
+    let text = text.trim();
+    let mut tag = [0; 32];
+    (text.len() == 64 && hex::decode_to_slice(text, &mut tag).is_ok()).then_some(tag)
+}
+
+/// An HMAC-SHA256 signature written in base64, or `None` if the text cannot be one.
+fn base64_tag(text: &str) -> Option<Tag> {
+    let text = text.trim();
+    if text.len() > 44 {
+        return None;
+    }
+    BASE64.decode(text).ok()?.try_into().ok()
 }
 
 /// The layout of a signature header of `key=value` items carrying a Unix timestamp and
@@ -350,38 +503,39 @@ struct TimestampedHex {
 }
 
 impl TimestampedHex {
-    fn verify(
+    fn prepare(
         &self,
-        keys: &[Vec<u8>],
+        keys: &Arc<[Vec<u8>]>,
         tolerance: &HumanDuration,
         headers: &HeaderMap,
-        body: &[u8],
         now: i64,
-    ) -> Result<(), VerifyError> {
+    ) -> Result<Pending, VerifyError> {
         let value = header(headers, self.header)?;
         let mut timestamp = None;
-        let mut signatures = Vec::new();
+        let mut written = 0;
+        let mut tags = Vec::new();
         for item in value.split(self.separator) {
             match item.trim().split_once('=') {
                 Some((name, text)) if name == self.timestamp => {
                     timestamp = Some((text, parse_timestamp(text, self.header)?));
                 }
                 Some((name, hex)) if name == self.signature => {
-                    signatures.extend(decode_hex(hex));
+                    written += 1;
+                    if written > MAX_SIGNATURES {
+                        return Err(VerifyError::TooMany(self.header));
+                    }
+                    tags.extend(hex_tag(hex));
                 }
                 _ => {}
             }
         }
         let (text, timestamp) = timestamp.ok_or(VerifyError::Malformed(self.header))?;
-        if signatures.is_empty() {
+        if tags.is_empty() {
             return Err(VerifyError::Malformed(self.header));
         }
         within_tolerance(timestamp, now, tolerance)?;
-        if any_hmac_matches(keys, &[text.as_bytes(), self.joiner, body], &signatures) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        let prefix = [text.as_bytes(), self.joiner].concat();
+        Ok(Pending::hmac(prefix, keys, tags))
     }
 }
 
@@ -413,10 +567,6 @@ fn parse_timestamp(text: &str, header_name: &'static str) -> Result<i64, VerifyE
         .map_err(|_| VerifyError::Malformed(header_name))
 }
 
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    hex::decode(text.trim()).ok()
-}
-
 fn decode_base64(text: &str) -> Option<Vec<u8>> {
     BASE64.decode(text.trim()).ok()
 }
@@ -426,20 +576,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hmac_matching_accepts_any_secret_and_candidate() {
-        let secrets = vec![b"old".to_vec(), b"new".to_vec()];
-        let mac = <HmacSha256 as KeyInit>::new_from_slice(b"new")
+    fn a_pending_check_accepts_any_secret_and_signature() {
+        let keys: Arc<[Vec<u8>]> = vec![b"old".to_vec(), b"new".to_vec()].into();
+        let signed: Tag = <HmacSha256 as KeyInit>::new_from_slice(b"new")
             .unwrap()
             .chain_update(b"a.b")
             .finalize()
             .into_bytes()
-            .to_vec();
-        assert!(any_hmac_matches(
-            &secrets,
-            &[b"a.", b"b"],
-            &[vec![0; 32], mac.clone()]
-        ));
-        assert!(!any_hmac_matches(&secrets[..1], &[b"a.b"], &[mac]));
+            .into();
+        let pending = Pending::hmac(b"a.".to_vec(), &keys, vec![[0; 32], signed]);
+        assert_eq!(pending.check(b"b"), Ok(()));
+        assert_eq!(pending.check(b"c"), Err(VerifyError::NoMatch));
+        assert_eq!(pending.passes(), 2);
+        let old_only: Arc<[Vec<u8>]> = vec![b"old".to_vec()].into();
+        let pending = Pending::hmac(b"a.".to_vec(), &old_only, vec![signed]);
+        assert_eq!(pending.check(b"b"), Err(VerifyError::NoMatch));
     }
 
     #[test]
@@ -449,6 +600,7 @@ mod tests {
             | VerifyError::Malformed(_)
             | VerifyError::IdMismatch(_)
             | VerifyError::Stale(_)
+            | VerifyError::TooMany(_)
             | VerifyError::NoMatch => error.code(),
         };
         for error in [
@@ -456,10 +608,84 @@ mod tests {
             VerifyError::Malformed("h"),
             VerifyError::IdMismatch("h"),
             VerifyError::Stale("5m".into()),
+            VerifyError::TooMany("h"),
             VerifyError::NoMatch,
         ] {
             assert!(VerifyError::CODES.contains(&every(&error)), "{error:?}");
         }
+    }
+
+    fn secret(variable: &str, value: &str) -> EnvSecret {
+        EnvSecret {
+            variable: variable.into(),
+            secret: crate::values::Secret::new(value.into()),
+        }
+    }
+
+    fn headers(pairs: &[(&str, String)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    /// Headers with more signatures than are checked are refused before any hashing, and
+    /// signatures of a length no HMAC-SHA256 has cost nothing either.
+    #[test]
+    fn cheap_refusals_come_before_any_hashing() {
+        let secrets = Secrets(vec![secret("S", "shh")]);
+        let stripe = Verify::Stripe(Stripe::preset(secrets.clone()));
+        let hex = "ab".repeat(32);
+        let list = |n: usize| {
+            let signatures: String = (0..n).map(|_| format!(",v1={hex}")).collect();
+            headers(&[("stripe-signature", format!("t=1000{signatures}"))])
+        };
+        let pending = stripe.prepare(&list(MAX_SIGNATURES), 1000).unwrap();
+        assert_eq!(
+            pending.passes(),
+            1,
+            "one HMAC, whatever the number of signatures"
+        );
+        assert_eq!(
+            stripe.prepare(&list(MAX_SIGNATURES + 1), 1000).unwrap_err(),
+            VerifyError::TooMany("stripe-signature")
+        );
+        assert_eq!(
+            stripe.prepare(&list(700), 1000).unwrap_err().code(),
+            "malformed_signature"
+        );
+        let odd = headers(&[(
+            "stripe-signature",
+            format!("t=1000,v1={}", "ab".repeat(4096)),
+        )]);
+        assert_eq!(
+            stripe.prepare(&odd, 1000).unwrap_err(),
+            VerifyError::Malformed("stripe-signature")
+        );
+        let github = Verify::Github(Github::preset(secrets));
+        let long = headers(&[(
+            "x-hub-signature-256",
+            format!("sha256={}", "ab".repeat(30_000)),
+        )]);
+        assert_eq!(
+            github.prepare(&long, 0).unwrap_err(),
+            VerifyError::Malformed("x-hub-signature-256")
+        );
+    }
+
+    #[test]
+    fn a_route_takes_a_few_secrets_not_many() {
+        let list = |n: usize| {
+            let names: Vec<&str> = std::iter::repeat_n("PATH", n).collect();
+            serde_yaml::from_str::<Secrets>(&format!("[{}]", names.join(", ")))
+        };
+        assert!(list(MAX_SECRETS).is_ok());
+        let error = list(MAX_SECRETS + 1).unwrap_err().to_string();
+        assert!(error.contains("at most 4"), "{error}");
     }
 
     #[test]

@@ -2,12 +2,13 @@
 //! of `"{ts}:{raw body}"` keyed with the notification destination's secret key. Paddle's
 //! Node SDK accepts a `ts` at most 5 s old, the default tolerance here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Scheme, Secrets, TimestampedHex, VerifyError};
+use super::{Pending, Scheme, Secrets, TimestampedHex, VerifyError};
 use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "paddle-signature";
@@ -29,7 +30,7 @@ pub struct Paddle {
     pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
-    keys: Vec<Vec<u8>>,
+    keys: Arc<[Vec<u8>]>,
 }
 
 impl Paddle {
@@ -59,7 +60,7 @@ const LAYOUT: TimestampedHex = TimestampedHex {
 };
 
 impl Scheme for Paddle {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
-        LAYOUT.verify(&self.keys, &self.tolerance, headers, body, now)
+    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
+        LAYOUT.prepare(&self.keys, &self.tolerance, headers, now)
     }
 }

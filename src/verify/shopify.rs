@@ -1,10 +1,12 @@
 //! Shopify: `X-Shopify-Hmac-Sha256: <base64>`, the HMAC-SHA256 of the raw body keyed with
 //! the app's client secret. No timestamp is signed.
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Scheme, Secrets, VerifyError, any_hmac_matches, decode_base64, header};
+use super::{Pending, Scheme, Secrets, VerifyError, base64_tag, header};
 
 const SIGNATURE: &str = "x-shopify-hmac-sha256";
 
@@ -18,7 +20,7 @@ pub(super) struct ShopifyFile {
 pub struct Shopify {
     pub(super) secret_env: Secrets,
     #[serde(skip)]
-    keys: Vec<Vec<u8>>,
+    keys: Arc<[Vec<u8>]>,
 }
 
 impl Shopify {
@@ -35,13 +37,9 @@ impl Shopify {
 }
 
 impl Scheme for Shopify {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], _now: i64) -> Result<(), VerifyError> {
-        let signature =
-            decode_base64(header(headers, SIGNATURE)?).ok_or(VerifyError::Malformed(SIGNATURE))?;
-        if any_hmac_matches(&self.keys, &[body], &[signature]) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+    fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
+        let tag =
+            base64_tag(header(headers, SIGNATURE)?).ok_or(VerifyError::Malformed(SIGNATURE))?;
+        Ok(Pending::hmac(Vec::new(), &self.keys, vec![tag]))
     }
 }

@@ -2,12 +2,14 @@
 //! `"v0:{X-Slack-Request-Timestamp}:{raw body}"` keyed with the app's signing secret;
 //! the timestamp within 5 minutes (as Slack's SDKs check).
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Scheme, Secrets, VerifyError, any_hmac_matches, decode_hex, default_tolerance, header,
-    parse_timestamp, within_tolerance,
+    Pending, Scheme, Secrets, VerifyError, default_tolerance, header, hex_tag, parse_timestamp,
+    within_tolerance,
 };
 use crate::values::HumanDuration;
 
@@ -27,7 +29,7 @@ pub struct Slack {
     pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
-    keys: Vec<Vec<u8>>,
+    keys: Arc<[Vec<u8>]>,
 }
 
 impl Slack {
@@ -48,22 +50,15 @@ impl Slack {
 }
 
 impl Scheme for Slack {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
         let text = header(headers, TIMESTAMP)?;
         let timestamp = parse_timestamp(text, TIMESTAMP)?;
-        let signature = header(headers, SIGNATURE)?
+        let tag = header(headers, SIGNATURE)?
             .strip_prefix("v0=")
-            .and_then(decode_hex)
+            .and_then(hex_tag)
             .ok_or(VerifyError::Malformed(SIGNATURE))?;
         within_tolerance(timestamp, now, &self.tolerance)?;
-        if any_hmac_matches(
-            &self.keys,
-            &[b"v0:", text.as_bytes(), b":", body],
-            &[signature],
-        ) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        let prefix = [b"v0:", text.as_bytes(), b":"].concat();
+        Ok(Pending::hmac(prefix, &self.keys, vec![tag]))
     }
 }

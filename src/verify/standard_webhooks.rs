@@ -5,13 +5,15 @@
 //! checked against `whpk_` public keys. The timestamp must be within the tolerance (the
 //! reference libraries use 5 minutes).
 
+use std::sync::Arc;
+
 use ed25519_dalek::{Signature, VerifyingKey};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Scheme, Secrets, VerifyError, any_hmac_matches, decode_base64, default_tolerance, header,
-    parse_timestamp, within_tolerance,
+    MAX_ASYMMETRIC_CHECKS, MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError, base64_tag,
+    decode_base64, default_tolerance, header, parse_timestamp, within_tolerance,
 };
 use crate::values::HumanDuration;
 
@@ -38,9 +40,9 @@ pub struct StandardWebhooks {
     pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
-    symmetric: Vec<Vec<u8>>,
+    symmetric: Arc<[Vec<u8>]>,
     #[serde(skip)]
-    public: Vec<VerifyingKey>,
+    public: Arc<[VerifyingKey]>,
 }
 
 impl StandardWebhooks {
@@ -74,8 +76,8 @@ impl StandardWebhooks {
         Ok(StandardWebhooks {
             secret_env: file.secret_env,
             tolerance: file.tolerance,
-            symmetric,
-            public,
+            symmetric: symmetric.into(),
+            public: public.into(),
         })
     }
 
@@ -87,8 +89,11 @@ impl StandardWebhooks {
     }
 }
 
+/// The longest base64 an Ed25519 signature (64 bytes) takes.
+const SIGNATURE_BASE64_MAX: usize = 88;
+
 impl Scheme for StandardWebhooks {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
         let [id_name, timestamp_name, signature_name] = HEADER_SETS
             .into_iter()
             .find(|[id, _, _]| headers.contains_key(*id))
@@ -104,38 +109,39 @@ impl Scheme for StandardWebhooks {
         let text = header(headers, timestamp_name)?;
         let timestamp = parse_timestamp(text, timestamp_name)?;
         let list = header(headers, signature_name)?;
-        let mut hmacs = Vec::new();
-        let mut ed25519 = Vec::new();
+        let mut written = 0;
+        let mut tags = Vec::new();
+        let mut signatures = Vec::new();
         for entry in list.split_whitespace() {
-            match entry.split_once(',') {
-                Some(("v1", encoded)) => hmacs.extend(decode_base64(encoded)),
-                Some(("v1a", encoded)) => {
-                    ed25519.extend(
-                        decode_base64(encoded).and_then(|bytes| Signature::from_slice(&bytes).ok()),
-                    );
-                }
-                _ => {}
+            let (version, encoded) = match entry.split_once(',') {
+                Some((version @ ("v1" | "v1a"), encoded)) => (version, encoded),
+                _ => continue,
+            };
+            written += 1;
+            if written > MAX_SIGNATURES {
+                return Err(VerifyError::TooMany(signature_name));
+            }
+            if version == "v1" {
+                tags.extend(base64_tag(encoded));
+            } else if encoded.len() <= SIGNATURE_BASE64_MAX {
+                signatures.extend(
+                    decode_base64(encoded).and_then(|bytes| Signature::from_slice(&bytes).ok()),
+                );
             }
         }
-        if hmacs.is_empty() && ed25519.is_empty() {
+        if tags.is_empty() && signatures.is_empty() {
             return Err(VerifyError::Malformed(signature_name));
         }
-        within_tolerance(timestamp, now, &self.tolerance)?;
-        let message = [id.as_bytes(), b".", text.as_bytes(), b".", body];
-        let signed_message = message.concat();
-        let symmetric_ok = any_hmac_matches(&self.symmetric, &message, &hmacs);
-        let public_ok = || {
-            self.public.iter().any(|key| {
-                ed25519
-                    .iter()
-                    .any(|signature| key.verify_strict(&signed_message, signature).is_ok())
-            })
-        };
-        if symmetric_ok || public_ok() {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
+        if self.public.len() * signatures.len() > MAX_ASYMMETRIC_CHECKS {
+            return Err(VerifyError::TooMany(signature_name));
         }
+        within_tolerance(timestamp, now, &self.tolerance)?;
+        let prefix = [id.as_bytes(), b".", text.as_bytes(), b"."].concat();
+        Ok(Pending {
+            public: Arc::clone(&self.public),
+            signatures,
+            ..Pending::hmac(prefix, &self.symmetric, tags)
+        })
     }
 }
 
@@ -172,15 +178,74 @@ mod tests {
                 .unwrap(),
         );
         let body = br#"{"test": 2432232314}"#;
-        assert_eq!(scheme.verify(&headers, body, 1614265330), Ok(()));
-        assert_eq!(
-            scheme.verify(&headers, b"{}", 1614265330),
-            Err(VerifyError::NoMatch)
-        );
+        let verify = |body: &[u8], now| scheme.prepare(&headers, now)?.check(body);
+        assert_eq!(verify(body, 1614265330), Ok(()));
+        assert_eq!(verify(b"{}", 1614265330), Err(VerifyError::NoMatch));
         assert!(matches!(
-            scheme.verify(&headers, body, 1614265330 + 301),
+            verify(body, 1614265330 + 301),
             Err(VerifyError::Stale(_))
         ));
+    }
+
+    /// RFC 8032's first test vector: a valid public key and signature (of the empty
+    /// message), so that a check of them hashes the whole message.
+    const PUBLIC: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+    const SIGNATURE: &str = "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b";
+
+    fn with_public_keys(count: usize) -> StandardWebhooks {
+        use base64::Engine;
+        let public = base64::engine::general_purpose::STANDARD.encode(hex::decode(PUBLIC).unwrap());
+        let secrets = (0..count)
+            .map(|n| EnvSecret {
+                variable: format!("KEY_{n}"),
+                secret: crate::values::Secret::new(format!("whpk_{public}")),
+            })
+            .collect();
+        StandardWebhooks::new(StandardWebhooksFile {
+            secret_env: Secrets(secrets),
+            tolerance: default_tolerance(),
+        })
+        .unwrap()
+    }
+
+    fn signed_with(entries: usize) -> HeaderMap {
+        use base64::Engine;
+        let signature =
+            base64::engine::general_purpose::STANDARD.encode(hex::decode(SIGNATURE).unwrap());
+        let list = vec![format!("v1a,{signature}"); entries].join(" ");
+        let mut headers = HeaderMap::new();
+        headers.insert("webhook-id", "msg_1".parse().unwrap());
+        headers.insert("webhook-timestamp", "1000".parse().unwrap());
+        headers.insert("webhook-signature", list.parse().unwrap());
+        headers
+    }
+
+    /// The attack that cost 77 ms: 700 Ed25519 signatures on a large body. Refused before
+    /// any hashing; the most a delivery can cost is MAX_ASYMMETRIC_CHECKS checks.
+    #[test]
+    fn public_key_checks_are_few_whatever_the_header_holds() {
+        let one_key = with_public_keys(1);
+        assert_eq!(
+            one_key.prepare(&signed_with(700), 1000).unwrap_err(),
+            VerifyError::TooMany("webhook-signature")
+        );
+        let pending = one_key
+            .prepare(&signed_with(MAX_ASYMMETRIC_CHECKS), 1000)
+            .unwrap();
+        assert_eq!(pending.passes(), MAX_ASYMMETRIC_CHECKS);
+        assert_eq!(pending.check(b"{}"), Err(VerifyError::NoMatch));
+        assert_eq!(
+            one_key
+                .prepare(&signed_with(MAX_ASYMMETRIC_CHECKS + 1), 1000)
+                .unwrap_err(),
+            VerifyError::TooMany("webhook-signature")
+        );
+        let two_keys = with_public_keys(2);
+        assert!(two_keys.prepare(&signed_with(2), 1000).is_ok());
+        assert_eq!(
+            two_keys.prepare(&signed_with(3), 1000).unwrap_err(),
+            VerifyError::TooMany("webhook-signature")
+        );
     }
 
     #[test]

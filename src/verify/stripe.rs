@@ -3,10 +3,12 @@
 //! is); `t` must be within the tolerance (Stripe's libraries use 300 s). Several `v1`
 //! entries appear while a secret rotates.
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
+use super::{Pending, Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
 use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "stripe-signature";
@@ -24,7 +26,7 @@ pub struct Stripe {
     pub(super) secret_env: Secrets,
     tolerance: HumanDuration,
     #[serde(skip)]
-    keys: Vec<Vec<u8>>,
+    keys: Arc<[Vec<u8>]>,
 }
 
 impl Stripe {
@@ -54,7 +56,7 @@ const LAYOUT: TimestampedHex = TimestampedHex {
 };
 
 impl Scheme for Stripe {
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
-        LAYOUT.verify(&self.keys, &self.tolerance, headers, body, now)
+    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
+        LAYOUT.prepare(&self.keys, &self.tolerance, headers, now)
     }
 }

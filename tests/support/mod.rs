@@ -450,7 +450,21 @@ impl Binary {
     /// Starts the binary with exactly these arguments (which must ask for JSON logs) and
     /// environment, and waits until it logs that it is ready.
     pub fn spawn(args: &[String], env: &[(&str, &str)]) -> Binary {
-        let mut child = Command::new(binary_path())
+        Binary::spawn_wrapped(&[], args, env)
+    }
+
+    /// Like [`Binary::spawn`], with the binary run by `wrapper` (a program and its
+    /// arguments, the binary's path and `args` after them): `prlimit --nofile=...`, say.
+    pub fn spawn_wrapped(wrapper: &[&str], args: &[String], env: &[(&str, &str)]) -> Binary {
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(binary_path());
+                command
+            }
+            None => Command::new(binary_path()),
+        };
+        let mut child = command
             .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
