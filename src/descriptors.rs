@@ -13,7 +13,7 @@ use crate::config::Limits;
 pub const RESERVED: u64 = 128;
 
 /// Descriptors kept for the admin port: its connections and those it refuses.
-pub const ADMIN: u64 = 2 * crate::ADMIN_MAX_CONNECTIONS as u64;
+pub const ADMIN: u64 = 2 * crate::admin::MAX_CONNECTIONS as u64;
 
 /// Connections the proxy listener takes beyond `max_connections` to refuse them (see
 /// `server.rs`).

@@ -97,18 +97,6 @@ const SWEEP_BATCH: usize = 1000;
 /// The admin listener's own grace at shutdown, after the proxy has drained.
 const ADMIN_GRACE: Duration = Duration::from_secs(1);
 
-/// What the admin port's senders may cost: probes, a scraper and a few operators need
-/// few connections, and the descriptors they take are set aside from the proxy's.
-pub const ADMIN_MAX_CONNECTIONS: usize = 64;
-
-fn admin_limits() -> Limits {
-    Limits {
-        max_connections: ADMIN_MAX_CONNECTIONS,
-        max_requests: ADMIN_MAX_CONNECTIONS,
-        ..Limits::default()
-    }
-}
-
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -190,7 +178,7 @@ async fn start_with(
     let admin = Arc::new(Admin::new(&config.admin, Arc::clone(&metrics)));
     let admin_server = Running::serve(
         bind("admin API", config.admin.listen).await?,
-        admin_limits(),
+        admin::listener_limits(),
         ADMIN_GRACE,
         &admin_thread,
         {

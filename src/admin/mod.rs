@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use crate::body::{self, ProxyBody, empty, full};
-use crate::config::AdminConfig;
+use crate::config::{AdminConfig, Limits};
 use crate::metrics::{KeyCounts, Metrics};
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -30,6 +30,19 @@ use crate::store::{
     StateFilter, StoreError, body_key, entity_key, store_key,
 };
 use access::{Access, Rules};
+
+/// The most connections the admin port takes: probes, a scraper and a few operators need
+/// few, and the descriptors they take are set aside from the proxy's.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// The admin listener's limits: [`MAX_CONNECTIONS`], and `limits`' default deadlines.
+pub fn listener_limits() -> Limits {
+    Limits {
+        max_connections: MAX_CONNECTIONS,
+        max_requests: MAX_CONNECTIONS,
+        ..Limits::default()
+    }
+}
 
 /// What the admin API serves once the store is open and the routes loaded.
 pub struct Serving {
