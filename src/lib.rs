@@ -51,6 +51,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod descriptors;
+pub mod dsn;
 pub mod key;
 pub mod metrics;
 pub mod order;
@@ -165,13 +166,23 @@ async fn start_with(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let (limits, lowered) = descriptors::fit(&config.limits).map_err(StartError::Descriptors)?;
+    let metrics = Arc::new(Metrics::new());
+    let workers = Arc::new(start_workers(&config)?);
+    let store_connections = match &given_store {
+        Some(_) => 0,
+        None => config.store.connections(workers.count()),
+    };
+    let (limits, lowered) =
+        descriptors::fit(&config.limits, store_connections).map_err(StartError::Descriptors)?;
     if let Some(warning) = lowered {
         tracing::warn!("{warning}");
     }
-    let config = Config { limits, ..config };
-    let metrics = Arc::new(Metrics::new());
-    let workers = Arc::new(start_workers(&config)?);
+    // What the limit can carry serves; the file's own limits stay the configuration's, so
+    // that a reload does not take them for a change.
+    let serving = Config {
+        limits,
+        ..config.clone()
+    };
     // The admin port comes first, so that probes see "starting" while the store opens. It
     // has a thread of its own: a probe never waits behind the proxy's deliveries.
     let admin_thread = Arc::new(Workers::start_apart("dedupe-admin").map_err(StartError::Workers)?);
@@ -194,14 +205,14 @@ async fn start_with(
         }
     };
     let proxy = Arc::new(Proxy::new(
-        &config,
+        &serving,
         Arc::clone(&store),
         Arc::clone(&metrics),
         workers.count(),
     ));
     let proxy_server = Running::serve(
         proxy_listener,
-        config.limits.clone(),
+        serving.limits,
         config.shutdown_grace.0,
         &workers,
         {

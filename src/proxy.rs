@@ -152,10 +152,12 @@ impl Proxy {
     /// Serves one request from a sender, holding `permit` for as long as it costs anything.
     pub async fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        mut request: Request<Incoming>,
         peer: SocketAddr,
         permit: RequestPermit,
     ) -> Response<ProxyBody> {
+        // What the app will not see must not choose the route either.
+        upstream::strip_hop_by_hop(request.headers_mut());
         let routing = self.routing.load_full();
         let route = match find_route(&routing, &request) {
             Ok(route) => route.cloned(),
@@ -262,7 +264,7 @@ impl Proxy {
         if let Some(verify) = &route.verify {
             let checked = async {
                 let pending = verify.prepare(&head.headers, unix_now())?;
-                self.signature_work.check(pending, &body).await
+                self.signature_work.check(&route.name, pending, &body).await
             }
             .instrument(telemetry::step_span!("verify"))
             .await;
@@ -502,7 +504,7 @@ impl Proxy {
     /// Runs `handling` (a claimed delivery's forward and the recording of its outcome)
     /// while renewing its claims every third of their lease: however long the app, its
     /// answer's body or the store take, no claim ends while this proxy still handles its
-    /// delivery. A lease ends only when its process is gone (or cannot reach the store).
+    /// delivery and reaches the store.
     async fn renewing<T>(
         &self,
         lease: Duration,
@@ -523,11 +525,11 @@ impl Proxy {
     async fn renew_until_settled(&self, lease: Duration, claims: &Claims) {
         let period = lease / 3;
         let mut next = tokio::time::Instant::now() + period;
+        let settling = || claims.progress.settling.load(Ordering::SeqCst);
         loop {
             tokio::time::sleep_until(next).await;
             let mut failed = false;
             for claim in claims.iter() {
-                let settling = || claims.progress.settling.load(Ordering::SeqCst);
                 if settling() {
                     return;
                 }
@@ -889,7 +891,12 @@ impl Proxy {
         match sent {
             Ok(response) => upstream::inbound(response),
             Err(error) => {
-                tracing::warn!(%error, "forward failed");
+                // A sender that breaks off its own body must not fill the log.
+                if matches!(error, UpstreamError::SenderBody(_)) {
+                    tracing::debug!(%error, "forward failed");
+                } else {
+                    tracing::warn!(%error, "forward failed");
+                }
                 let (_, refusal) = failure(error);
                 refusal.into_response()
             }
@@ -1060,6 +1067,9 @@ fn failure(error: UpstreamError) -> (ReleaseReason, Refusal) {
             Refusal::UpstreamUnreachable,
         ),
         UpstreamError::Dropped(_) => (ReleaseReason::UpstreamDropped, Refusal::UpstreamUnreachable),
+        UpstreamError::SenderBody(detail) => {
+            (ReleaseReason::Abandoned, Refusal::BodyUnreadable(detail))
+        }
         UpstreamError::Timeout(after) => (
             ReleaseReason::UpstreamTimeout,
             Refusal::UpstreamTimeout(after),
@@ -1073,7 +1083,10 @@ fn ambiguity(error: &UpstreamError) -> Option<Ambiguity> {
     match error {
         UpstreamError::Unreachable(_) => None,
         UpstreamError::Timeout(_) => Some(Ambiguity::UpstreamTimeout),
-        UpstreamError::Dropped(_) => Some(Ambiguity::UpstreamDropped),
+        // Part of the request may have reached the app.
+        UpstreamError::Dropped(_) | UpstreamError::SenderBody(_) => {
+            Some(Ambiguity::UpstreamDropped)
+        }
     }
 }
 
@@ -1090,7 +1103,7 @@ fn find_route<'r>(
         request.headers(),
         routing.table.limits_hosts(),
     )?;
-    Ok(routing.table.find(&target))
+    routing.table.find(&target)
 }
 
 /// What a delivery ends with: its `Dedupe-Status` and the answer.

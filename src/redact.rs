@@ -17,7 +17,7 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 /// What stands for a secret.
-pub const MASK: &str = "***";
+pub use crate::dsn::MASK;
 
 /// The shortest value searched for, in bytes.
 pub const SHORTEST: usize = 4;
@@ -56,9 +56,16 @@ pub fn remember(secrets: impl IntoIterator<Item = String>) {
             json.trim_matches('"').to_owned(),
             debug.trim_matches('"').to_owned(),
         ] {
-            if values.len() < MOST && !values.contains(&form) {
-                values.push(form);
+            if values.contains(&form) {
+                continue;
             }
+            if values.len() >= MOST {
+                tracing::warn!(
+                    "more secrets than are kept out of the log ({MOST}): restart the proxy to forget the ones reloads replaced"
+                );
+                break;
+            }
+            values.push(form);
         }
     }
     if values.len() == before {

@@ -351,7 +351,7 @@ pub enum AdminRefusal {
     /// A change asked for by a page of another origin.
     CrossOrigin,
     /// A `POST` any page could send: no JSON content type and no `Authorization`.
-    SimpleRequest,
+    JsonRequired,
 }
 
 impl AdminRefusal {
@@ -457,7 +457,7 @@ impl AdminRefusal {
                 "cross_origin",
                 "a change from a page of another origin is refused".into(),
             ),
-            AdminRefusal::SimpleRequest => (
+            AdminRefusal::JsonRequired => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "json_required",
                 "a POST to the admin port needs Content-Type: application/json (or an Authorization header)".into(),
@@ -659,7 +659,7 @@ mod tests {
             | AdminRefusal::Internal(_)
             | AdminRefusal::HostNotAllowed(_)
             | AdminRefusal::CrossOrigin
-            | AdminRefusal::SimpleRequest => refusal.parts(),
+            | AdminRefusal::JsonRequired => refusal.parts(),
         };
         for refusal in [
             AdminRefusal::Closed,
@@ -681,7 +681,7 @@ mod tests {
             AdminRefusal::Internal(String::new()),
             AdminRefusal::HostNotAllowed(String::new()),
             AdminRefusal::CrossOrigin,
-            AdminRefusal::SimpleRequest,
+            AdminRefusal::JsonRequired,
         ] {
             let (status, code, _) = admin(&refusal);
             assert!(

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::key::KeyTemplate;
 use crate::order::{OnStale, Order};
 use crate::preset::Preset;
-use crate::target::{self, Addressed};
+use crate::target::{self, Addressed, TargetError};
 use crate::values::{MethodValue, StatusPattern, UpstreamUrl, as_written};
 use crate::verify::Verify;
 
@@ -194,10 +194,11 @@ pub struct Matcher {
     /// ([`target::normal_path`]).
     #[serde(skip)]
     normal: Option<Vec<u8>>,
-    /// A `path` whose last segment has an extension, with it ([`target::script_path`]):
-    /// the paths below it are the script's too.
+    /// The paths below which this matcher takes every path: a `path_prefix`'s, or a
+    /// script's `path` (one whose last segment has an extension), each in normal form
+    /// with that extension kept ([`target::with_extension`]).
     #[serde(skip)]
-    script: Option<Vec<u8>>,
+    below: Option<Vec<u8>>,
 }
 
 impl Matcher {
@@ -210,19 +211,24 @@ impl Matcher {
         host: Option<&str>,
     ) -> Matcher {
         let written = path.as_deref().or(path_prefix.as_deref());
+        // The configuration refuses a `..`; were one here, the path as written would match
+        // no request rather than every one.
+        let normal = written.map(|path| {
+            target::normal_path(path).map_or_else(|_| path.as_bytes().to_vec(), |n| n.into_owned())
+        });
+        let below = match (&path, &path_prefix) {
+            (Some(script), _) => target::with_extension(script),
+            (None, Some(prefix)) => target::with_extension(prefix).or_else(|| normal.clone()),
+            (None, None) => None,
+        };
         Matcher {
             methods,
-            // The configuration refuses a `..`; were one here, the path as written would
-            // match no request rather than every one.
-            normal: written.map(|path| {
-                target::normal_path(path)
-                    .map_or_else(|_| path.as_bytes().to_vec(), |n| n.into_owned())
-            }),
-            script: path.as_deref().and_then(target::script_path),
+            normal,
+            below,
             path,
             path_prefix,
             host: host.map(|host| {
-                let (name, port) = split_port(host);
+                let (name, port) = target::split_port(host);
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
                 port.map_or_else(|| name.clone(), |port| format!("{name}:{port}"))
             }),
@@ -234,78 +240,79 @@ impl Matcher {
         self.host.as_deref()
     }
 
-    /// Whether a request matches in any of its readings ([`target::Addressed`]): its
-    /// method, or one an override names; its host, or a forwarded one; its normal path,
-    /// or a rewritten one. `path` matches the path in its normal form (and, for a script,
-    /// every path below it); `path_prefix` also every path below it, segment by segment.
-    pub fn matches(&self, target: &Addressed<'_>) -> bool {
-        self.method_matches(target) && self.path_matches(target) && self.host_matches(target)
+    /// Whether this matcher takes every request `later` would, so that a route listed
+    /// after it with `later` is never taken. Answers for the plain cases (the same or a
+    /// wider host and method list, and a path of `later`'s this one takes); others count as
+    /// not covered.
+    pub fn covers(&self, later: &Matcher) -> bool {
+        let host = self.host.is_none() || self.host == later.host;
+        let methods = self.methods.is_empty()
+            || (!later.methods.is_empty()
+                && later.methods.iter().all(|MethodValue(method)| {
+                    self.methods.iter().any(|MethodValue(ours)| {
+                        ours.as_str().eq_ignore_ascii_case(method.as_str())
+                    })
+                }));
+        let path = match (&later.normal, later.path_prefix.is_some()) {
+            _ if self.normal.is_none() => true,
+            (Some(exact), false) => self.path_matches(exact),
+            (Some(prefix), true) => {
+                self.path_prefix.is_some()
+                    && self
+                        .below
+                        .as_ref()
+                        .zip(later.below.as_ref())
+                        .is_some_and(|(ours, theirs)| target::under(theirs, ours))
+                    && self.path_matches(prefix)
+            }
+            (None, _) => false,
+        };
+        host && methods && path
     }
 
-    /// Methods compare without regard to case (servers differ), and a `GET` route takes
-    /// `HEAD`, which frameworks run through the `GET` handler.
-    fn method_matches(&self, target: &Addressed<'_>) -> bool {
-        if self.methods.is_empty() {
-            return true;
-        }
-        let takes = |method: &str| {
-            self.methods.iter().any(|MethodValue(ours)| {
+    /// The methods this matcher is limited to (none: any).
+    pub fn methods(&self) -> Vec<&str> {
+        self.methods
+            .iter()
+            .map(|MethodValue(method)| method.as_str())
+            .collect()
+    }
+
+    /// Whether the matcher takes one reading of a request: `method`, `host` (none for an
+    /// HTTP/1.0 request without one) and a normal path. `path` matches the path in its
+    /// normal form (and, for a script, every path below it); `path_prefix` also every path
+    /// below it, segment by segment. Methods compare without regard to case (servers
+    /// differ), and a `GET` route takes `HEAD`, which frameworks run through the `GET`
+    /// handler.
+    pub fn takes(&self, method: &str, host: Option<&str>, path: &[u8]) -> bool {
+        self.method_matches(method) && self.path_matches(path) && self.host_matches(host)
+    }
+
+    fn method_matches(&self, method: &str) -> bool {
+        self.methods.is_empty()
+            || self.methods.iter().any(|MethodValue(ours)| {
                 ours.as_str().eq_ignore_ascii_case(method)
                     || (*ours == Method::GET && method.eq_ignore_ascii_case("HEAD"))
             })
-        };
-        self.methods
-            .iter()
-            .any(|MethodValue(ours)| ours == target.method)
-            || takes(target.method.as_str())
-            || target.other_methods.iter().any(|method| takes(method))
     }
 
-    fn path_matches(&self, target: &Addressed<'_>) -> bool {
+    fn path_matches(&self, path: &[u8]) -> bool {
         let Some(normal) = &self.normal else {
             return true;
         };
-        std::iter::once(target.path.as_ref())
-            .chain(target.other_paths.iter().map(Vec::as_slice))
-            .any(|path| match &self.script {
-                _ if self.path_prefix.is_some() => target::under(path, normal),
-                Some(script) => path == normal.as_slice() || target::under(path, script),
-                None => path == normal.as_slice(),
-            })
+        path == normal.as_slice()
+            || self
+                .below
+                .as_ref()
+                .is_some_and(|below| target::under(path, below))
     }
 
-    /// A request that names no host (HTTP/1.0 without `Host`) matches: the application
-    /// serves it as its default host, which may be this one.
-    fn host_matches(&self, target: &Addressed<'_>) -> bool {
-        let Some(wanted) = &self.host else {
-            return true;
-        };
-        let Some(host) = target.host else {
-            return true;
-        };
-        std::iter::once(host)
-            .chain(target.other_hosts.iter().copied())
-            .any(|host| same_host(wanted, host))
-    }
-}
-
-/// Whether a request's host is the route's: `example.com.` is `example.com` to a resolver,
-/// and to the frameworks that check hosts, with or without a port after it.
-fn same_host(wanted: &str, host: &str) -> bool {
-    let (wanted_name, wanted_port) = split_port(wanted);
-    let (name, port) = split_port(host);
-    name.trim_end_matches('.').eq_ignore_ascii_case(wanted_name)
-        && (wanted_port.is_none() || port == wanted_port)
-}
-
-/// A host's name and its port, if it has one.
-fn split_port(host: &str) -> (&str, Option<&str>) {
-    match host.rsplit_once(':') {
-        // An IPv6 literal keeps its brackets; only a port after them is split off.
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
-            (name, Some(port))
+    fn host_matches(&self, host: Option<&str>) -> bool {
+        match (&self.host, host) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(wanted), Some(host)) => target::same_host(wanted, host),
         }
-        _ => (host, None),
     }
 }
 
@@ -386,11 +393,35 @@ impl RouteTable {
         self.limits_hosts
     }
 
-    /// The first route taking a request in any of its readings.
-    pub fn find(&self, target: &Addressed<'_>) -> Option<&Arc<Route>> {
+    /// The route a request goes to: the first that takes it in each of its readings
+    /// ([`target::Addressed`]). A reading no route takes adds nothing; readings that lead
+    /// to two different routes are refused: the app could run the request as either, and
+    /// checking it as one would let it past the other's check.
+    pub fn find(&self, target: &Addressed<'_>) -> Result<Option<&Arc<Route>>, TargetError> {
+        if target.is_plain() {
+            return Ok(self.first(target.method.as_str(), target.host, &target.path));
+        }
+        let mut found: Option<&Arc<Route>> = None;
+        for method in target.methods() {
+            for host in target.hosts() {
+                for path in target.paths() {
+                    match (found, self.first(method, host, path)) {
+                        (_, None) => {}
+                        (None, Some(route)) => found = Some(route),
+                        (Some(earlier), Some(route)) if Arc::ptr_eq(earlier, route) => {}
+                        (Some(_), Some(_)) => return Err(TargetError::TwoRoutes),
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The first route taking one reading.
+    fn first(&self, method: &str, host: Option<&str>, path: &[u8]) -> Option<&Arc<Route>> {
         self.routes
             .iter()
-            .find(|route| route.matcher.matches(target))
+            .find(|route| route.matcher.takes(method, host, path))
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
@@ -467,7 +498,10 @@ mod tests {
     }
 
     fn found<'t>(routes: &'t RouteTable, target: &Addressed<'_>) -> Option<&'t str> {
-        routes.find(target).map(|route| route.name.as_str())
+        routes
+            .find(target)
+            .expect("one route")
+            .map(|route| route.name.as_str())
     }
 
     #[test]
@@ -489,11 +523,7 @@ mod tests {
             find(Method::PUT, Some("other.example.com"), "/hooks/b").as_deref(),
             Some("any")
         );
-        assert_eq!(
-            find(Method::PUT, None, "/hooks/b").as_deref(),
-            Some("prefix"),
-            "no host at all may be the route's host"
-        );
+        assert_eq!(find(Method::PUT, None, "/hooks/b").as_deref(), Some("any"));
     }
 
     #[test]
@@ -535,14 +565,44 @@ mod tests {
 
     #[test]
     fn a_rewritten_path_or_a_forwarded_host_finds_its_route() {
-        let routes = table(ROUTES);
-        let mut rewritten = stated(&Method::POST, None, "/elsewhere");
+        let routes = table(
+            "routes:\n  - name: exact\n    match: { method: POST, path: /hooks/a }\n    key: \"{json:/id}\"\n  - name: hosted\n    match: { host: hooks.example.com }\n    key: \"{json:/id}\"\n",
+        );
+        let mut rewritten = stated(&Method::POST, Some("x"), "/elsewhere");
+        assert_eq!(found(&routes, &rewritten), None);
         rewritten.other_paths.push(b"/hooks/a".to_vec());
         assert_eq!(found(&routes, &rewritten), Some("exact"));
-        let mut forwarded = stated(&Method::PUT, Some("internal:8080"), "/hooks/b");
-        assert_eq!(found(&routes, &forwarded), Some("any"));
+        let mut forwarded = stated(&Method::PUT, Some("internal:8080"), "/b");
+        assert_eq!(found(&routes, &forwarded), None);
         forwarded.other_hosts.push("Hooks.Example.com.");
-        assert_eq!(found(&routes, &forwarded), Some("prefix"));
+        assert_eq!(found(&routes, &forwarded), Some("hosted"));
+    }
+
+    /// A reading that leads to another route than the request's own is refused: checked
+    /// as one route, it would reach the other's handler unchecked.
+    #[test]
+    fn readings_that_lead_to_two_routes_are_refused() {
+        let routes = table(ROUTES);
+        let mut rewritten = stated(&Method::POST, Some("x"), "/hooks/a");
+        rewritten.other_paths.push(b"/elsewhere".to_vec());
+        assert_eq!(routes.find(&rewritten).unwrap_err(), TargetError::TwoRoutes);
+        let mut overridden = stated(&Method::POST, Some("x"), "/hooks/a");
+        overridden.other_methods.push(Cow::Borrowed("GET"));
+        assert_eq!(
+            routes.find(&overridden).unwrap_err(),
+            TargetError::TwoRoutes
+        );
+        let mut forwarded = stated(&Method::PUT, Some("other"), "/hooks/b");
+        forwarded.other_hosts.push("hooks.example.com");
+        assert_eq!(routes.find(&forwarded).unwrap_err(), TargetError::TwoRoutes);
+        let mut same = stated(&Method::POST, Some("x"), "/hooks/a");
+        same.other_paths.push(b"/hooks/a".to_vec());
+        same.other_methods.push(Cow::Borrowed("post"));
+        assert_eq!(
+            found(&routes, &same),
+            Some("exact"),
+            "two readings, one route"
+        );
     }
 
     #[test]
@@ -568,11 +628,92 @@ mod tests {
     }
 
     #[test]
+    fn a_route_an_earlier_one_takes_whole_is_told_apart() {
+        let matcher =
+            |methods: &[&str], path: Option<&str>, prefix: Option<&str>, host: Option<&str>| {
+                let methods = methods.iter().map(|m| m.parse().unwrap()).collect();
+                Matcher::new(
+                    methods,
+                    path.map(str::to_owned),
+                    prefix.map(str::to_owned),
+                    host,
+                )
+            };
+        let created = matcher(&["POST"], Some("/hooks/order.created"), None, None);
+        let paid = matcher(&["POST"], Some("/hooks/order.paid"), None, None);
+        assert!(created.covers(&paid), "one path in normal form");
+        assert!(
+            matcher(&[], None, None, None).covers(&paid),
+            "a route of everything"
+        );
+        assert!(matcher(&[], None, Some("/hooks"), None).covers(&paid));
+        assert!(matcher(&[], None, Some("/hooks"), None).covers(&matcher(
+            &[],
+            None,
+            Some("/hooks/a"),
+            None
+        )));
+        assert!(
+            !paid.covers(&matcher(&["PUT"], Some("/hooks/order"), None, None)),
+            "another method"
+        );
+        assert!(
+            !paid.covers(&matcher(&[], Some("/hooks/order"), None, None)),
+            "every method"
+        );
+        assert!(
+            !matcher(&["POST"], Some("/a"), None, Some("a.example")).covers(&matcher(
+                &["POST"],
+                Some("/a"),
+                None,
+                None
+            ))
+        );
+        assert!(!matcher(&[], None, Some("/hooks/a"), None).covers(&matcher(
+            &[],
+            None,
+            Some("/hooks"),
+            None
+        )));
+        assert!(!created.covers(&matcher(&["POST"], Some("/hooks/other"), None, None)));
+    }
+
+    #[test]
     fn ports_are_split_from_hosts() {
+        use target::split_port;
         assert_eq!(split_port("a.example:80"), ("a.example", Some("80")));
         assert_eq!(split_port("a.example"), ("a.example", None));
         assert_eq!(split_port("[::1]:80"), ("[::1]", Some("80")));
         assert_eq!(split_port("[::1]"), ("[::1]", None));
+    }
+
+    /// A prefix whose last segment has a dot takes the paths below it, and its own path
+    /// with a format; a path that merely starts alike is another path.
+    #[test]
+    fn a_dotted_prefix_takes_its_subtree() {
+        let routes = table(
+            "routes:\n  - name: api\n    match: { path_prefix: /api/v1.2 }\n    key: \"{json:/id}\"\n",
+        );
+        for path in [
+            "/api/v1.2/hook",
+            "/API/V1.2/a/b",
+            "/api/v1.2",
+            "/api/v1.2/",
+            "/api/v1.2.json",
+        ] {
+            assert_eq!(
+                found(&routes, &stated(&Method::POST, None, path)),
+                Some("api"),
+                "{path}"
+            );
+        }
+        for path in ["/api/v1/hook", "/api/v1.3/hook", "/api/v1.20/hook"] {
+            assert_eq!(
+                found(&routes, &stated(&Method::POST, None, path)),
+                None,
+                "{path}"
+            );
+        }
     }
 
     #[test]

@@ -151,6 +151,7 @@ pub async fn serve<H: Handler>(
         limits,
         stop,
         workers,
+        refusals: Arc::default(),
     };
     while let Some((stream, peer)) = listener.accept().await {
         listener.admit(stream, peer);
@@ -175,6 +176,7 @@ struct Listener<H> {
     /// Cancelled when the server stops; each connection's close token is its child.
     stop: CancellationToken,
     workers: Arc<Workers>,
+    refusals: Arc<Refusals>,
 }
 
 impl<H: Handler> Listener<H> {
@@ -224,6 +226,8 @@ impl<H: Handler> Listener<H> {
             self.connections.clone(),
         );
         let limit = self.limits.max_connections;
+        let refusals = Arc::clone(&self.refusals);
+        let listener = self.listener.local_addr().unwrap_or(peer);
         self.connections.spawn(async move {
             let slot = match evicted {
                 true => tokio::time::timeout(SLOT_WAIT, slots.acquire_owned())
@@ -235,7 +239,7 @@ impl<H: Handler> Listener<H> {
             match slot {
                 Some(slot) => connection.start(stream, slot, &workers, &tracker),
                 None => {
-                    refused_for_room(peer, limit);
+                    refusals.refused(listener, peer, limit);
                     refuse(stream).await;
                 }
             }
@@ -260,20 +264,26 @@ impl<H: Handler> Listener<H> {
 /// not become a flood of log lines.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Logs a connection refused because every slot is busy: the first one at once, then one
-/// line a minute at most, counting those left out.
-fn refused_for_room(peer: SocketAddr, limit: usize) {
-    static LAST_LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
-    static UNLOGGED: AtomicU64 = AtomicU64::new(0);
-    let mut last = LAST_LOGGED.lock();
-    if last.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
-        UNLOGGED.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(%peer, limit, "connection refused: too many open connections, none of them idle");
-        return;
+/// A listener's log of connections refused because every slot is busy: the first one at
+/// once, then one line a minute at most, counting those left out.
+#[derive(Default)]
+struct Refusals {
+    last_logged: Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+}
+
+impl Refusals {
+    fn refused(&self, listener: SocketAddr, peer: SocketAddr, limit: usize) {
+        let mut last = self.last_logged.lock();
+        if last.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%listener, %peer, limit, "connection refused: too many open connections, none of them idle");
+            return;
+        }
+        *last = Some(Instant::now());
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(%listener, %peer, limit, refused_since_last_line = unlogged, "connection refused: too many open connections, none of them idle");
     }
-    *last = Some(Instant::now());
-    let unlogged = UNLOGGED.swap(0, Ordering::Relaxed);
-    tracing::warn!(%peer, limit, refused_since_last_line = unlogged, "connection refused: too many open connections, none of them idle");
 }
 
 /// HTTP/1.1 and HTTP/2 with the limits on request heads, and HTTP/2 keep-alive pings that

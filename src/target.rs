@@ -40,6 +40,21 @@ pub enum TargetError {
     /// may end the path there.
     #[error("the path has a control character")]
     ControlCharacter,
+    /// No host named, where routes are limited to hosts: the app may serve the request as
+    /// any of its hosts.
+    #[error("the request names no host, and routes here are limited to hosts")]
+    NoHost,
+    /// More readings of one part than anyone sends (override headers, forwarded hosts).
+    #[error(
+        "the request names its method, host or path in more ways than are read ({MAX_READINGS})"
+    )]
+    TooManyReadings,
+    /// Its readings lead to two routes: the app could run it as either, so no one route's
+    /// check covers it.
+    #[error(
+        "the request reads as two different routes (through a method override, a rewritten URL or a forwarded host)"
+    )]
+    TwoRoutes,
 }
 
 /// The host a request is for: its `Host` header, or an HTTP/2 request's `:authority`.
@@ -66,7 +81,7 @@ pub fn host<'a>(
     }
     match (header, authority) {
         (Some(header), _) if !is_valid_host(header) => Err(TargetError::BadHost),
-        (Some(header), Some(authority)) if !same_host(header, authority, uri.scheme_str()) => {
+        (Some(header), Some(authority)) if !same_authority(header, authority, uri.scheme_str()) => {
             Err(TargetError::HostMismatch)
         }
         (Some(header), _) => Ok(Some(header)),
@@ -76,20 +91,24 @@ pub fn host<'a>(
     }
 }
 
-/// Whether two spellings of `host[:port]` name one host: case aside, a port left out is
-/// the scheme's own.
-fn same_host(a: &str, b: &str, scheme: Option<&str>) -> bool {
+/// Whether two spellings of `host[:port]` name one host: case and a trailing dot aside, a
+/// port left out is the scheme's own.
+fn same_authority(a: &str, b: &str, scheme: Option<&str>) -> bool {
     let default_port = match scheme {
         Some(scheme) if scheme.eq_ignore_ascii_case("https") => "443",
         _ => "80",
     };
-    let split = |host: &str| match host.rsplit_once(':') {
-        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            (name.to_ascii_lowercase(), port.to_owned())
-        }
-        _ => (host.to_ascii_lowercase(), default_port.to_owned()),
+    let with_port = |host: &str| match split_port(host) {
+        (name, Some(port)) => (
+            name.trim_end_matches('.').to_ascii_lowercase(),
+            port.to_owned(),
+        ),
+        (name, None) => (
+            name.trim_end_matches('.').to_ascii_lowercase(),
+            default_port.to_owned(),
+        ),
     };
-    split(a) == split(b)
+    with_port(a) == with_port(b)
 }
 
 /// Headers some frameworks read a request's method from, in place of its own: Express's
@@ -99,6 +118,11 @@ const METHOD_OVERRIDES: [&str; 3] = [
     "x-http-method",
     "x-method-override",
 ];
+
+/// The most readings of a request's method, host or path (its own and those of headers
+/// and the query): a sender with more is refused rather than tried against every route
+/// in every combination.
+pub const MAX_READINGS: usize = 8;
 
 /// Headers that IIS rewriting, Symfony and Zend Framework read a request's path from.
 const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
@@ -122,9 +146,10 @@ pub struct Addressed<'a> {
     pub other_paths: Vec<Vec<u8>>,
 }
 
-/// How `request`'s target reads; `forwarded_hosts` says whether the hosts of forwarding
-/// headers matter (some route is limited to a host). Refuses what [`host`] and
-/// [`normal_path`] refuse, in any reading.
+/// How `request`'s target reads; `forwarded_hosts` says whether the hosts matter (some
+/// route is limited to a host), and with them those of forwarding headers. Refuses what
+/// [`host`] and [`normal_path`] refuse, in any reading; a request that names no host where
+/// hosts matter; and more than [`MAX_READINGS`] readings of one part.
 pub fn addressed<'a>(
     version: Version,
     method: &'a Method,
@@ -133,19 +158,20 @@ pub fn addressed<'a>(
     forwarded_hosts: bool,
 ) -> Result<Addressed<'a>, TargetError> {
     let host = host(version, uri, headers)?;
+    if forwarded_hosts && host.is_none() {
+        return Err(TargetError::NoHost);
+    }
     let path = normal_path(uri.path())?;
     let mut other_methods: Vec<Cow<'a, str>> = METHOD_OVERRIDES
         .iter()
         .flat_map(|name| headers.get_all(*name))
         .filter_map(|value| value.to_str().ok())
-        .map(|value| Cow::Borrowed(value.trim()))
+        .flat_map(|value| value.split(','))
+        .map(|method| Cow::Borrowed(method.trim()))
+        .filter(|method| !method.is_empty())
         .collect();
-    if let Some(query) = uri.query().filter(|query| query.contains("_method")) {
-        other_methods.extend(
-            form_urlencoded::parse(query.as_bytes())
-                .filter(|(name, _)| name == "_method")
-                .map(|(_, value)| Cow::Owned(value.trim().to_owned())),
-        );
+    if let Some(query) = uri.query() {
+        other_methods.extend(query_methods(query));
     }
     let other_hosts = if forwarded_hosts {
         forwarded_host_names(headers)
@@ -161,6 +187,12 @@ pub fn addressed<'a>(
         let uri: Uri = text.parse().map_err(|_| TargetError::BadOverride)?;
         other_paths.push(normal_path(uri.path())?.into_owned());
     }
+    if [other_methods.len(), other_hosts.len(), other_paths.len()]
+        .iter()
+        .any(|others| others + 1 > MAX_READINGS)
+    {
+        return Err(TargetError::TooManyReadings);
+    }
     Ok(Addressed {
         method,
         host,
@@ -169,6 +201,56 @@ pub fn addressed<'a>(
         other_hosts,
         other_paths,
     })
+}
+
+/// The methods a query's `_method` parameters name, as the frameworks that read one
+/// decode its name: escapes and `+` decoded, `.` and space read as `_` (PHP), `[]` or
+/// `[..]` after it (qs and PHP arrays).
+fn query_methods(query: &str) -> Vec<Cow<'static, str>> {
+    if !query
+        .as_bytes()
+        .windows(6)
+        .any(|window| window.eq_ignore_ascii_case(b"method"))
+    {
+        return Vec::new();
+    }
+    form_urlencoded::parse(query.as_bytes())
+        .filter(|(name, _)| {
+            let name = name.split('[').next().unwrap_or_default();
+            name.len() == 7
+                && matches!(name.as_bytes()[0], b'_' | b'.' | b' ')
+                && name[1..].eq_ignore_ascii_case("method")
+        })
+        .flat_map(|(_, value)| {
+            value
+                .split(',')
+                .map(|method| Cow::<str>::Owned(method.trim().to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|method| !method.is_empty())
+        .collect()
+}
+
+impl Addressed<'_> {
+    /// Every method it may be read with: its own, then the overrides'.
+    pub fn methods(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.method.as_str()).chain(self.other_methods.iter().map(|m| m.as_ref()))
+    }
+
+    /// Every host it may be read with.
+    pub fn hosts(&self) -> impl Iterator<Item = Option<&str>> {
+        std::iter::once(self.host).chain(self.other_hosts.iter().map(|host| Some(*host)))
+    }
+
+    /// Every normal path it may be read with.
+    pub fn paths(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.path.as_ref()).chain(self.other_paths.iter().map(Vec::as_slice))
+    }
+
+    /// Whether it has no reading but its own.
+    pub fn is_plain(&self) -> bool {
+        self.other_methods.is_empty() && self.other_hosts.is_empty() && self.other_paths.is_empty()
+    }
 }
 
 /// The hosts in `X-Forwarded-Host` (every line, every entry) and in `Forwarded`'s
@@ -224,15 +306,38 @@ pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
     Ok(Cow::Owned(joined(&segments)))
 }
 
-/// For a route's `path` whose last segment has an extension (`/webhook.php`): the normal
-/// form with that extension kept. Apache, IIS and PHP run such a script for every path
-/// below it (`/webhook.php/anything`, its PATH_INFO), so the route takes those too.
-pub fn script_path(path: &str) -> Option<Vec<u8>> {
+/// The normal form of a route's path with its last segment's extension kept
+/// (`/webhook.php`, `/api/v1.2`), for the paths below it: a script's, which Apache, IIS
+/// and PHP run with a PATH_INFO (`/webhook.php/anything`), and a prefix's, whose last
+/// segment is no format. `None` where it would be the normal form itself.
+pub fn with_extension(path: &str) -> Option<Vec<u8>> {
     let segments = segments(path).ok()?;
     let last = segments.last()?;
     let mut stripped = last.clone();
     strip_extension(&mut stripped);
     (stripped != *last).then(|| joined(&segments))
+}
+
+/// A host's name and its port, if it has one: `a.example:80`, `[::1]:80`. An IPv6 literal
+/// keeps its brackets; only a port after them is split off.
+pub fn split_port(host: &str) -> (&str, Option<&str>) {
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
+            (name, Some(port))
+        }
+        _ => (host, None),
+    }
+}
+
+/// Whether `host` names the host `wanted` names: case aside, a trailing dot aside (a
+/// resolver and the frameworks that check hosts read `example.com.` as `example.com`),
+/// and a port that `wanted` leaves out aside.
+pub fn same_host(wanted: &str, host: &str) -> bool {
+    let (wanted_name, wanted_port) = split_port(wanted);
+    let (name, port) = split_port(host);
+    name.trim_end_matches('.')
+        .eq_ignore_ascii_case(wanted_name.trim_end_matches('.'))
+        && (wanted_port.is_none() || port == wanted_port)
 }
 
 /// The path's segments, each decoded and folded as [`normal_path`] says, the last one with
@@ -241,9 +346,17 @@ fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
     let mut segments: Vec<Vec<u8>> = Vec::new();
     for written in path.split('/') {
         let written = written.split(';').next().unwrap_or_default();
-        let decoded = decode_fully(written);
+        let mut decoded = decode_fully(written);
         if decoded.iter().any(u8::is_ascii_control) {
             return Err(TargetError::ControlCharacter);
+        }
+        // A server that decodes before it splits off the query ends the path at an escaped
+        // `?` (or `#`).
+        let ends = decoded
+            .iter()
+            .position(|&byte| byte == b'?' || byte == b'#');
+        if let Some(at) = ends {
+            decoded.truncate(at);
         }
         for segment in decoded.split(|&byte| byte == b'/' || byte == b'\\') {
             let segment = segment
@@ -264,6 +377,9 @@ fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
                 segments.push(fold_case(segment));
             }
         }
+        if ends.is_some() {
+            break;
+        }
     }
     Ok(segments)
 }
@@ -274,7 +390,8 @@ const DECODE_ROUNDS: usize = 3;
 
 /// `written` percent-decoded until no escape is left, or [`DECODE_ROUNDS`] times.
 fn decode_fully(written: &str) -> Vec<u8> {
-    let mut decoded: Vec<u8> = percent_encoding::percent_decode_str(written).collect();
+    let written = decode_percent_u(written);
+    let mut decoded: Vec<u8> = percent_encoding::percent_decode_str(&written).collect();
     for _ in 1..DECODE_ROUNDS {
         let again: Vec<u8> = percent_encoding::percent_decode(&decoded).collect();
         if again == decoded {
@@ -283,6 +400,36 @@ fn decode_fully(written: &str) -> Vec<u8> {
         decoded = again;
     }
     decoded
+}
+
+/// `%uXXXX` escapes (a UTF-16 code unit), which IIS decodes by default, as the character.
+fn decode_percent_u(written: &str) -> Cow<'_, str> {
+    if !written.contains("%u") && !written.contains("%U") {
+        return Cow::Borrowed(written);
+    }
+    let mut decoded = String::with_capacity(written.len());
+    let mut rest = written;
+    while let Some(at) = rest.find(['%']) {
+        decoded.push_str(&rest[..at]);
+        let escape = &rest[at..];
+        let unit = escape
+            .get(2..6)
+            .filter(|_| escape[1..].starts_with(['u', 'U']))
+            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+            .and_then(char::from_u32);
+        match unit {
+            Some(character) => {
+                decoded.push(character);
+                rest = &escape[6..];
+            }
+            None => {
+                decoded.push('%');
+                rest = &escape[1..];
+            }
+        }
+    }
+    decoded.push_str(rest);
+    Cow::Owned(decoded)
 }
 
 /// Drops a segment's extension: all from its first dot that follows another character
@@ -400,6 +547,11 @@ mod tests {
             "/hooks/%25%37%33ig",
             "/hooks/sig%3Bx",
             "/hooks/sig;a%2Fb",
+            "/hooks/%u0073ig",
+            "/hooks/%U0053IG",
+            "/hooks/sig%3F",
+            "/hooks/sig%3Fa=1/more",
+            "/hooks/sig%23x",
         ] {
             assert_eq!(normal(variant), "/hooks/sig", "{variant}");
         }
@@ -452,13 +604,17 @@ mod tests {
         assert_eq!(normal("/.well-known/x.json"), "/.well-known/x");
         assert_eq!(normal("/a/.hidden"), "/a/.hidden");
         assert_eq!(normal("/a/.hidden.json"), "/a/.hidden");
-        assert_eq!(script_path("/webhook.php"), Some(b"/webhook.php".to_vec()));
         assert_eq!(
-            script_path("/Hooks/Run.CGI"),
+            with_extension("/webhook.php"),
+            Some(b"/webhook.php".to_vec())
+        );
+        assert_eq!(
+            with_extension("/Hooks/Run.CGI"),
             Some(b"/hooks/run.cgi".to_vec())
         );
-        assert_eq!(script_path("/hooks/stripe"), None);
-        assert_eq!(script_path("/.well-known"), None);
+        assert_eq!(with_extension("/hooks/stripe"), None);
+        assert_eq!(with_extension("/.well-known"), None);
+        assert_eq!(with_extension("/api/v1.2"), Some(b"/api/v1.2".to_vec()));
     }
 
     #[test]

@@ -38,6 +38,7 @@ use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::config::{OtlpProtocol, TelemetryConfig};
+use crate::values::OtlpEndpoint;
 
 /// Whether spans are exported: the proxy makes its step spans and reads `traceparent`
 /// only then, so that a proxy without traces pays nothing for them.
@@ -83,7 +84,7 @@ pub enum TelemetryError {
     #[error("OTEL_EXPORTER_OTLP_PROTOCOL `{0}` is not supported: use http/protobuf or grpc")]
     Protocol(String),
     #[error(
-        "{0} `{1}` must be a plain http:// URL (TLS belongs to the collector beside the proxy)"
+        "{0} `{1}` must be a plain http:// URL with a host and no password (TLS belongs to the collector beside the proxy)"
     )]
     Endpoint(&'static str, String),
     #[error("cannot build the OTLP exporter: {0}")]
@@ -117,9 +118,12 @@ impl Telemetry {
         }
         if let Some((name, url)) = &from_env
             && configured.is_none()
-            && !url.starts_with("http://")
+            && url.parse::<OtlpEndpoint>().is_err()
         {
-            return Err(TelemetryError::Endpoint(name, url.clone()));
+            return Err(TelemetryError::Endpoint(
+                name,
+                crate::dsn::masked(url).into_owned(),
+            ));
         }
         let protocol = match config.and_then(|config| config.protocol) {
             Some(protocol) => protocol,

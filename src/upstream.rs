@@ -54,6 +54,10 @@ pub enum UpstreamError {
     /// application may have done the work.
     #[error("upstream closed the connection before answering: {0}")]
     Dropped(String),
+    /// The sender's own body broke off while it streamed to the upstream (a request no
+    /// route took, whose body is not read first): the sender's doing, not the app's.
+    #[error("the sender's body broke off while it was forwarded: {0}")]
+    SenderBody(String),
 }
 
 /// The connections that carry every forward, a pool per worker: a connection is driven
@@ -201,7 +205,9 @@ pub fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
     Response::from_parts(head, streaming(body))
 }
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes the hop-by-hop headers, and the headers `Connection` names: a proxy never
+/// passes them on (RFC 9110 section 7.6.1), so the app never reads them.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()

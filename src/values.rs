@@ -334,7 +334,15 @@ pub struct UpstreamUrl {
 impl FromStr for UpstreamUrl {
     type Err = String;
 
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(written: &str) -> Result<Self, String> {
+        // A password in the URL is never quoted back, nor accepted: the app would get it
+        // in `Host` when a sender sent none.
+        let text = &*crate::dsn::masked(written);
+        if text != written {
+            return Err(format!(
+                "upstream `{text}` must not hold a user or password"
+            ));
+        }
         let uri: Uri = text
             .parse()
             .map_err(|error| format!("invalid upstream URL `{text}`: {error}"))?;
@@ -350,6 +358,11 @@ impl FromStr for UpstreamUrl {
         let authority = uri
             .authority()
             .ok_or_else(|| format!("upstream `{text}` has no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "upstream `{text}` must not hold a user or password"
+            ));
+        }
         if uri.query().is_some() {
             return Err(format!("upstream `{text}` must not have a query"));
         }
@@ -387,11 +400,15 @@ pub struct OtlpEndpoint(pub String);
 impl FromStr for OtlpEndpoint {
     type Err = String;
 
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(written: &str) -> Result<Self, String> {
+        let text = &*crate::dsn::masked(written);
         let uri: http::Uri = text
             .parse()
             .map_err(|error| format!("invalid OTLP endpoint `{text}`: {error}"))?;
         match (uri.scheme_str(), uri.authority()) {
+            (_, Some(authority)) if authority.as_str().contains('@') => Err(format!(
+                "OTLP endpoint `{text}` must not hold a user or password (a collector beside the proxy needs none)"
+            )),
             (Some("http"), Some(_)) => Ok(OtlpEndpoint(text.trim_end_matches('/').to_owned())),
             _ => Err(format!(
                 "OTLP endpoint `{text}` must be a plain http:// URL with a host (a collector beside the proxy; TLS is the collector's)"
@@ -608,8 +625,8 @@ impl fmt::Display for EnvSecret {
 
 string_value!(EnvSecret, "the name of an environment variable");
 
-/// A host name the admin port may be reached by (`admin.hosts`): lowercase, without a
-/// trailing dot or a port.
+/// A host name or address the admin port may be reached by (`admin.hosts`): lowercase,
+/// without a trailing dot or a port; an address in its usual form (IPv6 without brackets).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostName(pub String);
 
@@ -617,6 +634,14 @@ impl FromStr for HostName {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
+        // An address, in the form the admin port compares it in.
+        if let Ok(ip) = text
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+        {
+            return Ok(HostName(ip.to_canonical().to_string()));
+        }
         let name = text.trim_end_matches('.').to_ascii_lowercase();
         let valid = !name.is_empty()
             && name.len() <= 253

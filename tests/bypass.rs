@@ -444,17 +444,18 @@ async fn a_scripts_path_info_is_the_scripts_route() {
 }
 
 /// A route limited to a host takes the request that names it only in `X-Forwarded-Host`
-/// or `Forwarded` (an application behind an ingress reads those), and one that names no
-/// host at all (served as the application's default host).
+/// or `Forwarded` (an app behind an ingress reads those); one that names no host at all
+/// is refused, since the app could serve it as any host.
 #[tokio::test]
-async fn a_forwarded_or_missing_host_is_the_routes_host() {
+async fn a_forwarded_host_is_the_routes_host_and_no_host_is_refused() {
     let upstream = Upstream::start().await;
     let routes = "routes:\n  - name: hosted\n    match: { method: POST, host: hooks.example.com, path: /h }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
     let proxy = Proxy::start(upstream.addr, routes).await;
-    let attempts: &[(&str, &[&str])] = &[
+    let attempts: &[(&str, &[&str], &str)] = &[
         (
             "POST /h HTTP/1.1",
             &["host: internal", "x-forwarded-host: hooks.example.com"],
+            "401",
         ),
         (
             "POST /h HTTP/1.1",
@@ -462,6 +463,7 @@ async fn a_forwarded_or_missing_host_is_the_routes_host() {
                 "host: internal",
                 "x-forwarded-host: a.example, HOOKS.example.com.",
             ],
+            "401",
         ),
         (
             "POST /h HTTP/1.1",
@@ -469,15 +471,120 @@ async fn a_forwarded_or_missing_host_is_the_routes_host() {
                 "host: internal",
                 "forwarded: for=1.2.3.4;host=\"hooks.example.com\"",
             ],
+            "401",
         ),
-        ("POST /h HTTP/1.0", &[]),
+        ("POST /h HTTP/1.0", &[], "400"),
     ];
-    for (line, headers) in attempts {
+    for (line, headers, status) in attempts {
         let answer = unsigned_raw(&proxy, line, headers).await;
-        assert!(answer.contains(" 401 "), "{line} {headers:?}: {answer}");
+        assert!(
+            answer.contains(&format!(" {status} ")),
+            "{line} {headers:?}: {answer}"
+        );
     }
     assert_eq!(upstream.requests(), 0);
     let answer = unsigned_raw(&proxy, "POST /h HTTP/1.1", &["host: other.example"]).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "another host: {answer}");
     assert_eq!(upstream.requests(), 1);
+}
+
+/// A reading that points at a weaker route listed first (one without a check) cannot take
+/// a request whose own reading is a signed route's: the two readings lead to two routes,
+/// and the request is refused, whether the reading is a rewritten URL, a method override
+/// or a forwarded host, and whether or not `Connection` would strip its header before the
+/// app sees it. Nothing reaches the app.
+#[tokio::test]
+async fn a_reading_cannot_move_a_request_to_a_weaker_route() {
+    let upstream = Upstream::start().await;
+    let routes = "unmatched: reject\nroutes:\n  - name: open\n    match: { method: [POST, GET], path_prefix: /v1/payments }\n    key: \"{header:X-Id}\"\n  - name: open-host\n    match: { method: POST, host: api.example.com }\n    key: \"{header:X-Id}\"\n  - name: signed\n    match: { method: POST, path: /webhooks/stripe, host: hooks.example.com }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let host = "host: hooks.example.com";
+    let attempts: &[(&str, &[&str], &str)] = &[
+        (
+            "POST /webhooks/stripe HTTP/1.1",
+            &[host, "x-id: k1", "x-original-url: /v1/payments"],
+            "400",
+        ),
+        (
+            "POST /webhooks/stripe HTTP/1.1",
+            &[host, "x-id: k2", "x-rewrite-url: /v1/payments/x"],
+            "400",
+        ),
+        (
+            "POST /webhooks/stripe HTTP/1.1",
+            &[
+                host,
+                "x-id: k3",
+                "x-original-url: /v1/payments",
+                "connection: keep-alive, x-original-url",
+            ],
+            "401",
+        ),
+        (
+            "POST /webhooks/stripe HTTP/1.1",
+            &[host, "x-id: k4", "x-forwarded-host: api.example.com"],
+            "400",
+        ),
+        (
+            "POST /webhooks/stripe HTTP/1.1",
+            &[host, "x-id: k5", "forwarded: host=api.example.com"],
+            "400",
+        ),
+        (
+            "POST /webhooks/stripe HTTP/1.1",
+            &[
+                host,
+                "x-id: k6",
+                "x-forwarded-host: api.example.com",
+                "connection: x-forwarded-host",
+            ],
+            "401",
+        ),
+        ("POST /webhooks/stripe HTTP/1.0", &["x-id: k7"], "400"),
+        (
+            "GET /v1/payments?_method=POST HTTP/1.1",
+            &[host, "x-id: k8", "x-original-url: /webhooks/stripe"],
+            "400",
+        ),
+    ];
+    for (line, headers, status) in attempts {
+        let answer = unsigned_raw(&proxy, line, headers).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} "))
+                || answer.starts_with(&format!("HTTP/1.0 {status} ")),
+            "{line} {headers:?}: {answer}"
+        );
+    }
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.received());
+}
+
+/// A `_method` in the query is read however its name is spelled for the frameworks that
+/// read it (escaped, PHP's `.` or space for `_`, an array), and an override header's list
+/// item by item.
+#[tokio::test]
+async fn every_spelling_of_a_method_override_is_read() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: put\n    match: { method: [PUT, DELETE], path: /hooks/put }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    for (line, headers) in [
+        ("POST /hooks/put?%5Fmethod=PUT HTTP/1.1", &[] as &[&str]),
+        ("POST /hooks/put?.method=PUT HTTP/1.1", &[]),
+        ("POST /hooks/put?+method=put HTTP/1.1", &[]),
+        ("POST /hooks/put?_method[]=PUT HTTP/1.1", &[]),
+        ("POST /hooks/put?_method%5B%5D=DELETE HTTP/1.1", &[]),
+        ("POST /hooks/put?_METHOD=PUT HTTP/1.1", &[]),
+        (
+            "POST /hooks/put HTTP/1.1",
+            &["x-http-method-override: PUT, POST"],
+        ),
+    ] {
+        let mut all = vec!["host: h"];
+        all.extend_from_slice(headers);
+        let answer = unsigned_raw(&proxy, line, &all).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 401"),
+            "{line} {headers:?}: {answer}"
+        );
+    }
+    assert_eq!(upstream.requests(), 0);
 }

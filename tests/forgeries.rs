@@ -19,7 +19,7 @@ const SIGNATURE: &str = "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e06
 
 /// A Standard Webhooks route checking four public keys, and a small unsigned route.
 fn config(dir: &Path, upstream: std::net::SocketAddr) -> PathBuf {
-    let routes = "routes:\n  - name: signed\n    match: { method: POST, path: /signed }\n    preset: standard_webhooks\n    verify: { standard_webhooks: { secret_env: [KEY_0, KEY_1, KEY_2, KEY_3] } }\n  - name: small\n    match: { method: POST, path: /small }\n    key: \"{json:/id}\"\n";
+    let routes = "routes:\n  - name: signed\n    match: { path: /signed }\n    preset: standard_webhooks\n    verify: { standard_webhooks: { secret_env: [KEY_0, KEY_1, KEY_2, KEY_3] } }\n  - name: small\n    match: { method: POST, path: /small }\n    key: \"{json:/id}\"\n";
     let path = dir.join("config.yaml");
     std::fs::write(&path, config_text(upstream, &dir.join("data"), routes)).unwrap();
     path
@@ -162,4 +162,35 @@ async fn the_costliest_forgeries_starve_neither_probes_nor_other_routes() {
         *slowest_delivery < Duration::from_millis(100),
         "a delivery on another route took {slowest_delivery:?} under attack"
     );
+}
+
+/// A request no route takes streams to the app; a sender that breaks its body off midway
+/// gets 400 (its own doing, not the app's 502) and leaves no line in an info-level log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_broken_off_on_the_way_to_the_app_is_the_senders_fault_and_unlogged() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start(dir.path(), upstream.addr, "info");
+    for _ in 0..10 {
+        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        stream
+            .write_all(
+                b"POST /elsewhere HTTP/1.1\r\nhost: h\r\ncontent-length: 100\r\n\r\n0123456789",
+            )
+            .await
+            .unwrap();
+        stream.shutdown().await.unwrap();
+        let mut answer = String::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer)).await;
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+            "{answer}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = proxy.log_text();
+    assert!(!log.contains("forward failed"), "{log}");
+    assert!(!log.contains("WARN"), "{log}");
 }

@@ -104,6 +104,10 @@ async fn retries_never_run_twice(store: Option<&str>) {
         }
         let first = first.await.unwrap();
         assert_eq!((first.status, first.body.as_bytes()), (200, BODY), "{mode}");
+        assert!(
+            !retries.is_empty(),
+            "{mode}: a retry was sent while the body came"
+        );
         for retry in &retries {
             let expected = if mode == "wait" {
                 "duplicate"
@@ -160,4 +164,49 @@ async fn on_postgres_a_slow_answer_keeps_its_claim() {
         ))
         .await
         .unwrap();
+}
+
+/// A store that does not answer renewals lets a lease end while its delivery still runs:
+/// each failed renewal is counted and tried again sooner; once another delivery has taken
+/// the key over, the next renewal finds it lost, which is counted apart (the event may
+/// run twice, and `DedupeLeaseLost` fires on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_the_store_refuses_are_counted_and_a_lost_lease_is_told() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
+    let failing = Arc::new(AtomicBool::new(true));
+    let switch = Arc::clone(&failing);
+    let (proxy, _data) = proxy_on_store(
+        &upstream,
+        &json_route("    lease: 300ms\n    upstream_timeout: 5s\n"),
+        move |inner| FailingStore {
+            fail_renewals: switch,
+            ..FailingStore::new(inner)
+        },
+    )
+    .await;
+    let first = tokio::spawn(post_event(proxy.proxy_addr, "evt_lost"));
+    upstream.wait_for_requests(1).await;
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let takeover = post_event(proxy.proxy_addr, "evt_lost").await;
+    assert_eq!(takeover.dedupe(), "forwarded", "the lease ended unrenewed");
+    failing.store(false, Ordering::SeqCst);
+    assert_eq!(first.await.unwrap().status, 200);
+    let metrics = send(proxy.admin_addr, "GET", "/metrics", &[], "")
+        .await
+        .body;
+    let count = |result: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(&format!(
+                    "dedupe_lease_renewals_total{{result=\"{result}\"}} "
+                ))
+            })
+            .map_or(0.0, |value| value.parse().unwrap())
+    };
+    assert!(count("failed") >= 2.0, "{metrics}");
+    assert_eq!(count("lost"), 1.0, "{metrics}");
+    proxy.shutdown().await.unwrap();
 }

@@ -209,3 +209,62 @@ async fn a_running_proxy_never_shows_the_password() {
         .await
         .unwrap();
 }
+
+/// Signature secrets and the admin token are never shown either: not by `check`, the log
+/// or `/v1/routes`, and a message that would quote one (a reload refused for a value that
+/// happens to be the token) shows `***` in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signature_secrets_and_the_admin_token_never_show() {
+    const SIGNING: &str = "sig-s3cret-value-123";
+    const TOKEN: &str = "tok-s3cret-value-456";
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let text = |upstream_url: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0, token_env: TEST_ADMIN_TOKEN }}\nupstream: {upstream_url}\nstore: {{ sled: {{ path: \"{}\" }} }}\nroutes:\n  - name: hooks\n    match: {{ path: /hooks }}\n    key: \"{{json:/id}}\"\n    verify: {{ hmac: {{ secret_env: TEST_SIGNING_SECRET, header: X-Signature }} }}\n",
+            dir.path().join("data").display()
+        )
+    };
+    std::fs::write(&config, text(&format!("http://{}", upstream.addr))).unwrap();
+    let env = [
+        ("TEST_SIGNING_SECRET", SIGNING),
+        ("TEST_ADMIN_TOKEN", TOKEN),
+        ("RUST_LOG", "debug"),
+    ];
+    let owned_env: Vec<(String, String)> = env
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    let (code, checked) = run_to_end(&["check", "-c"], &config, &owned_env);
+    assert_eq!(code, Some(0), "{checked}");
+    let proxy = Binary::start_with_env(&config, &env);
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let routes = send(proxy.admin, "GET", "/v1/routes", &auth, "").await;
+    assert_eq!(routes.status, 200);
+    // A reload refused for a value that is the token: the message must not quote it.
+    std::fs::write(&config, text(TOKEN)).unwrap();
+    let headers = [
+        ("authorization", bearer.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let refused = send(proxy.admin, "POST", "/v1/reload", &headers, "").await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(refused.body.contains("***"), "{}", refused.body);
+    for (what, text) in [
+        ("check", checked.as_str()),
+        ("/v1/routes", routes.body.as_str()),
+        ("the refused reload", refused.body.as_str()),
+        ("the log", &proxy.log_text()),
+    ] {
+        assert!(
+            !text.contains(SIGNING),
+            "{what} shows the signing secret:\n{text}"
+        );
+        assert!(
+            !text.contains(TOKEN),
+            "{what} shows the admin token:\n{text}"
+        );
+    }
+}

@@ -99,7 +99,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert_eq!(target.path.as_ref(), normal.as_ref());
-    let route = routing.table.find(&target).cloned();
+    let Ok(route) = routing.table.find(&target) else {
+        return;
+    };
+    let route = route.cloned();
     drop(target);
     let (upstream_url, key) = match &route {
         Some(route) => {

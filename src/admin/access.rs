@@ -53,9 +53,6 @@ impl Rules {
         }
         if !request.method().is_safe() {
             check_origin(request.headers())?;
-            if request.method() == Method::POST && !cannot_be_sent_cross_site(request.headers()) {
-                return Err(AdminRefusal::SimpleRequest);
-            }
         }
         if path.starts_with("/v1/") {
             match &self.access {
@@ -65,6 +62,9 @@ impl Rules {
                 }
                 Access::Token(_) | Access::Local => {}
             }
+        }
+        if request.method() == Method::POST && !has_json_or_credentials(request.headers()) {
+            return Err(AdminRefusal::JsonRequired);
         }
         Ok(())
     }
@@ -84,14 +84,19 @@ impl Rules {
         let Some(named) = named else {
             return Ok(());
         };
-        let name = host_name(named);
+        let (name, _) = crate::target::split_port(named);
         let allowed = match name
             .trim_start_matches('[')
             .trim_end_matches(']')
             .parse::<IpAddr>()
         {
             // `0.0.0.0` is a wildcard listener's own address, which Linux connects to.
-            Ok(ip) => same_ip(ip, local.ip()) || ip.is_loopback() || ip.is_unspecified(),
+            Ok(ip) => {
+                same_ip(ip, local.ip())
+                    || ip.is_loopback()
+                    || ip.is_unspecified()
+                    || self.hosts.contains(&ip.to_canonical().to_string())
+            }
             Err(_) => {
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
                 name == "localhost" || name.ends_with(".localhost") || self.hosts.contains(&name)
@@ -102,16 +107,6 @@ impl Rules {
         } else {
             Err(AdminRefusal::HostNotAllowed(named.to_owned()))
         }
-    }
-}
-
-/// `host[:port]` without its port.
-fn host_name(named: &str) -> &str {
-    match named.rsplit_once(':') {
-        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            name
-        }
-        _ => named,
     }
 }
 
@@ -148,7 +143,7 @@ fn check_origin(headers: &HeaderMap) -> Result<(), AdminRefusal> {
 
 /// Whether a request carries what a page cannot send to another origin unasked: a JSON
 /// body's type, or credentials in `Authorization`.
-fn cannot_be_sent_cross_site(headers: &HeaderMap) -> bool {
+fn has_json_or_credentials(headers: &HeaderMap) -> bool {
     let json = headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -194,8 +189,9 @@ mod tests {
 
     #[test]
     fn the_port_answers_to_its_own_address_localhost_and_configured_names() {
-        let rules = rules(&["admin.internal"]);
+        let rules = rules(&["admin.internal", "10.96.0.5"]);
         for host in [
+            "10.96.0.5:9091",
             "10.1.2.3:9091",
             "10.1.2.3",
             "127.0.0.1:9091",

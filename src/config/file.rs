@@ -278,9 +278,9 @@ impl MatchFile {
             if !path.starts_with('/') {
                 return Err(format!("path `{path}` must start with `/`"));
             }
-            if crate::target::normal_path(path).is_err() {
+            if let Err(error) = crate::target::normal_path(path) {
                 return Err(format!(
-                    "path `{path}` has a `..` segment; requests with one are refused, so no route can match it"
+                    "path `{path}`: {error}; requests with one are refused, so no route can match it"
                 ));
             }
         }

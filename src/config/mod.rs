@@ -7,7 +7,6 @@
 //! the built-in values of [`defaults`]. `docs/configuration.md` documents the file.
 
 mod defaults;
-mod dsn;
 mod file;
 mod resolve;
 mod store;
@@ -128,7 +127,7 @@ fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
     let text = error.to_string();
     let suffix = format!(" at line {line} column {column}");
     // The parser may quote a value of the file: a store URL's password must not go with it.
-    let message = dsn::masked_anywhere(text.strip_suffix(&suffix).unwrap_or(&text));
+    let message = crate::dsn::masked_anywhere(text.strip_suffix(&suffix).unwrap_or(&text));
     ConfigError::Invalid {
         file: path.display().to_string(),
         line,

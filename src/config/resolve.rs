@@ -53,6 +53,19 @@ impl ConfigFile {
                 ));
             }
         }
+        // A route an earlier one takes whole is never taken: paths one in normal form (a
+        // path's extension and case do not tell routes apart), or a wider route first.
+        for (index, later) in routes.iter().enumerate() {
+            if let Some(earlier) = routes[..index]
+                .iter()
+                .find(|earlier| earlier.matcher.covers(&later.matcher))
+            {
+                warnings.push(format!(
+                    "route `{}` is never taken: route `{}`, listed before it, takes every request it would (paths are compared in normal form, without case or a last extension)",
+                    later.name, earlier.name
+                ));
+            }
+        }
         // Entities' versions are kept per scope: one route whose versions anyone can set
         // steers every other route of its scope.
         for (index, steered) in routes.iter().enumerate() {
@@ -75,6 +88,18 @@ impl ConfigFile {
                     "route `{}` takes only the host `{host}`: with `unmatched: forward`, the same path under another Host reaches the upstream without its check and claim",
                     route.name
                 ))
+            }));
+            // A handler that takes any method (Go's `HandleFunc`, a PHP script, a Django
+            // view without `require_POST`) runs what another method sends it.
+            warnings.extend(routes.iter().filter(|route| route.verify.is_some()).filter_map(|route| {
+                let methods = route.matcher.methods();
+                (!methods.is_empty()).then(|| {
+                    format!(
+                        "route `{}` checks signatures for {} only: with `unmatched: forward`, another method on its path reaches the upstream without its check and claim, and an app handler that takes any method runs it (set `unmatched: reject`, or check every method)",
+                        route.name,
+                        methods.join(", ")
+                    )
+                })
             }));
         }
         Config {

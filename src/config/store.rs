@@ -9,8 +9,9 @@ use std::str::FromStr;
 use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
 
+use super::defaults;
 use super::file::map_then;
-use super::{defaults, dsn};
+use crate::dsn;
 use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 
 /// `store:`: exactly one backend.
@@ -92,6 +93,24 @@ impl StoreConfig {
             StoreConfig::Sled(_) => None,
             StoreConfig::Redis(redis) => Some(redis.timeout.0),
             StoreConfig::Postgres(postgres) => Some(postgres.timeout.0),
+        }
+    }
+
+    /// About how many connections the store opens with `workers` workers: each worker's
+    /// and one more for callers outside them, the subscriber's or listener's, and on a
+    /// cluster each of those to every node (6 counted where fewer seeds are named).
+    pub fn connections(&self, workers: usize) -> u64 {
+        let workers = workers as u64;
+        match self {
+            StoreConfig::Sled(_) => 0,
+            StoreConfig::Redis(redis) if redis.cluster => {
+                (workers + 2) * (redis.nodes.len() as u64 + 1).max(6)
+            }
+            StoreConfig::Redis(_) => workers + 2,
+            StoreConfig::Postgres(postgres) => {
+                let share = (postgres.pool_size as u64).div_ceil(workers.max(1)).max(1);
+                workers * share + 3
+            }
         }
     }
 

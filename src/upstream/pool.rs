@@ -117,6 +117,10 @@ impl Pool {
                     Some(_) => {
                         return Err(UpstreamError::Unreachable(describe(&error.into_error())));
                     }
+                    // The request's own body failed: the sender's doing.
+                    None if error.error().is_user() => {
+                        return Err(UpstreamError::SenderBody(describe(&error.into_error())));
+                    }
                     // hyper gives the request back only when none of it was written.
                     None => return Err(UpstreamError::Dropped(describe(&error.into_error()))),
                 },

@@ -44,6 +44,6 @@ impl Scheme for Github {
             .strip_prefix("sha256=")
             .and_then(hex_tag)
             .ok_or(VerifyError::Malformed(SIGNATURE))?;
-        Ok(Pending::hmac(Vec::new(), &self.keys, vec![tag]))
+        Ok(Pending::hmac(SIGNATURE, Vec::new(), &self.keys, vec![tag]))
     }
 }

@@ -73,6 +73,11 @@ impl Scheme for HmacHeader {
             Encoding::Base64 => base64_tag(encoded),
         }
         .ok_or(VerifyError::Malformed("signature"))?;
-        Ok(Pending::hmac(Vec::new(), &self.keys, vec![tag]))
+        Ok(Pending::hmac(
+            "signature",
+            Vec::new(),
+            &self.keys,
+            vec![tag],
+        ))
     }
 }

@@ -40,6 +40,6 @@ impl Scheme for Shopify {
     fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
         let tag =
             base64_tag(header(headers, SIGNATURE)?).ok_or(VerifyError::Malformed(SIGNATURE))?;
-        Ok(Pending::hmac(Vec::new(), &self.keys, vec![tag]))
+        Ok(Pending::hmac(SIGNATURE, Vec::new(), &self.keys, vec![tag]))
     }
 }

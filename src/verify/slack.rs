@@ -59,6 +59,6 @@ impl Scheme for Slack {
             .ok_or(VerifyError::Malformed(SIGNATURE))?;
         within_tolerance(timestamp, now, &self.tolerance)?;
         let prefix = [b"v0:", text.as_bytes(), b":"].concat();
-        Ok(Pending::hmac(prefix, &self.keys, vec![tag]))
+        Ok(Pending::hmac(SIGNATURE, prefix, &self.keys, vec![tag]))
     }
 }

@@ -12,8 +12,8 @@ use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    MAX_ASYMMETRIC_CHECKS, MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError, base64_tag,
-    decode_base64, default_tolerance, header, parse_timestamp, within_tolerance,
+    MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError, base64_tag, decode_base64,
+    default_tolerance, header, parse_timestamp, within_tolerance,
 };
 use crate::values::HumanDuration;
 
@@ -132,21 +132,20 @@ impl Scheme for StandardWebhooks {
         if tags.is_empty() && signatures.is_empty() {
             return Err(VerifyError::Malformed(signature_name));
         }
-        if self.public.len() * signatures.len() > MAX_ASYMMETRIC_CHECKS {
-            return Err(VerifyError::TooMany(signature_name));
-        }
         within_tolerance(timestamp, now, &self.tolerance)?;
         let prefix = [id.as_bytes(), b".", text.as_bytes(), b"."].concat();
-        Ok(Pending {
+        Pending {
             public: Arc::clone(&self.public),
             signatures,
-            ..Pending::hmac(prefix, &self.symmetric, tags)
-        })
+            ..Pending::hmac(signature_name, prefix, &self.symmetric, tags)
+        }
+        .bounded()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::MAX_PASSES;
     use super::*;
     use crate::values::EnvSecret;
 
@@ -221,7 +220,7 @@ mod tests {
     }
 
     /// The attack that cost 77 ms: 700 Ed25519 signatures on a large body. Refused before
-    /// any hashing; the most a delivery can cost is MAX_ASYMMETRIC_CHECKS checks.
+    /// any hashing; the most a delivery can cost is MAX_PASSES checks.
     #[test]
     fn public_key_checks_are_few_whatever_the_header_holds() {
         let one_key = with_public_keys(1);
@@ -229,14 +228,12 @@ mod tests {
             one_key.prepare(&signed_with(700), 1000).unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
-        let pending = one_key
-            .prepare(&signed_with(MAX_ASYMMETRIC_CHECKS), 1000)
-            .unwrap();
-        assert_eq!(pending.passes(), MAX_ASYMMETRIC_CHECKS);
+        let pending = one_key.prepare(&signed_with(MAX_PASSES), 1000).unwrap();
+        assert_eq!(pending.passes(), MAX_PASSES);
         assert_eq!(pending.check(b"{}"), Err(VerifyError::NoMatch));
         assert_eq!(
             one_key
-                .prepare(&signed_with(MAX_ASYMMETRIC_CHECKS + 1), 1000)
+                .prepare(&signed_with(MAX_PASSES + 1), 1000)
                 .unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
@@ -244,6 +241,45 @@ mod tests {
         assert!(two_keys.prepare(&signed_with(2), 1000).is_ok());
         assert_eq!(
             two_keys.prepare(&signed_with(3), 1000).unwrap_err(),
+            VerifyError::TooMany("webhook-signature")
+        );
+    }
+
+    /// Secrets and public keys together count: a check never hashes the body more than
+    /// MAX_PASSES times.
+    #[test]
+    fn secrets_and_public_keys_share_one_bound() {
+        use base64::Engine;
+        let public = base64::engine::general_purpose::STANDARD.encode(hex::decode(PUBLIC).unwrap());
+        let secret = |n: usize, value: String| EnvSecret {
+            variable: format!("S_{n}"),
+            secret: crate::values::Secret::new(value),
+        };
+        let mixed = StandardWebhooks::new(StandardWebhooksFile {
+            secret_env: Secrets(vec![
+                secret(0, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+                secret(1, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+                secret(2, format!("whpk_{public}")),
+                secret(3, format!("whpk_{public}")),
+            ]),
+            tolerance: default_tolerance(),
+        })
+        .unwrap();
+        let mut headers = signed_with(1);
+        let tag = base64::engine::general_purpose::STANDARD.encode([0xAB; 32]);
+        let list = format!(
+            "v1,{tag} {}",
+            headers["webhook-signature"].to_str().unwrap()
+        );
+        headers.insert("webhook-signature", list.parse().unwrap());
+        assert_eq!(mixed.prepare(&headers, 1000).unwrap().passes(), MAX_PASSES);
+        let two = format!(
+            "{list} {}",
+            signed_with(1)["webhook-signature"].to_str().unwrap()
+        );
+        headers.insert("webhook-signature", two.parse().unwrap());
+        assert_eq!(
+            mixed.prepare(&headers, 1000).unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
     }

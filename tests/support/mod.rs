@@ -707,8 +707,8 @@ pub struct FailingStore {
     pub fail_versions: bool,
     /// Answers the replay guard's body claims half a second late.
     pub slow_body_claims: bool,
-    /// Fails every lease renewal.
-    pub fail_renewals: bool,
+    /// Fails every lease renewal while set.
+    pub fail_renewals: Arc<std::sync::atomic::AtomicBool>,
     pub claims: Arc<AtomicUsize>,
 }
 
@@ -722,7 +722,7 @@ impl FailingStore {
             fail_hold: false,
             fail_versions: false,
             slow_body_claims: false,
-            fail_renewals: false,
+            fail_renewals: Arc::default(),
             claims: Arc::default(),
         }
     }
@@ -755,7 +755,7 @@ impl ClaimStore for FailingStore {
         self.inner.release(claim).await
     }
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError> {
-        if self.fail_renewals {
+        if self.fail_renewals.load(Ordering::SeqCst) {
             return Err(StoreError::Backend("injected renewal failure".into()));
         }
         self.inner.renew(claim, lease).await

@@ -44,6 +44,11 @@ pub fn masked(text: &str) -> Cow<'_, str> {
     if spans.is_empty() {
         return Cow::Borrowed(text);
     }
+    Cow::Owned(with_masks(text, &spans))
+}
+
+/// `text` with each of `spans` (in order, not overlapping) replaced by [`MASK`].
+fn with_masks(text: &str, spans: &[Span]) -> String {
     let mut shown = String::with_capacity(text.len());
     let mut from = 0;
     for span in spans {
@@ -52,7 +57,7 @@ pub fn masked(text: &str) -> Cow<'_, str> {
         from = span.end;
     }
     shown.push_str(&text[from..]);
-    Cow::Owned(shown)
+    shown
 }
 
 /// Free text (a parser's message that quotes a value of the file) with the password of
@@ -69,16 +74,7 @@ pub fn masked_anywhere(text: &str) -> String {
         rest = &rest[end..];
     }
     shown.push_str(rest);
-    let spans = key_value_password_spans(&shown);
-    let mut out = String::with_capacity(shown.len());
-    let mut from = 0;
-    for span in spans {
-        out.push_str(&shown[from..span.start]);
-        out.push_str(MASK);
-        from = span.end;
-    }
-    out.push_str(&shown[from..]);
-    out
+    with_masks(&shown, &key_value_password_spans(&shown))
 }
 
 /// Every password in the connection string, as written and, where that differs, as the
