@@ -12,7 +12,7 @@
 
 use std::borrow::Cow;
 
-use http::header::HOST;
+use http::header::{HOST, HeaderName};
 use http::uri::Authority;
 use http::{HeaderMap, Method, Uri, Version};
 
@@ -113,10 +113,10 @@ fn same_authority(a: &str, b: &str, scheme: Option<&str>) -> bool {
 
 /// Headers some frameworks read a request's method from, in place of its own: Express's
 /// method-override, ASP.NET Core, Jersey and Google APIs read the first.
-const METHOD_OVERRIDES: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
+static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
 ];
 
 /// The most readings of a request's method, host or path (its own and those of headers
@@ -125,7 +125,10 @@ const METHOD_OVERRIDES: [&str; 3] = [
 pub const MAX_READINGS: usize = 8;
 
 /// Headers that IIS rewriting, Symfony and Zend Framework read a request's path from.
-const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+static PATH_OVERRIDES: [HeaderName; 2] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+];
 
 /// Everything an application behind the proxy may read a request as addressed to: the
 /// method, host and path the request states, and the others that common frameworks take
@@ -164,7 +167,7 @@ pub fn addressed<'a>(
     let path = normal_path(uri.path())?;
     let mut other_methods: Vec<Cow<'a, str>> = METHOD_OVERRIDES
         .iter()
-        .flat_map(|name| headers.get_all(*name))
+        .flat_map(|name| headers.get_all(name))
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .map(|method| Cow::Borrowed(method.trim()))
@@ -179,10 +182,7 @@ pub fn addressed<'a>(
         Vec::new()
     };
     let mut other_paths = Vec::new();
-    for value in PATH_OVERRIDES
-        .iter()
-        .flat_map(|name| headers.get_all(*name))
-    {
+    for value in PATH_OVERRIDES.iter().flat_map(|name| headers.get_all(name)) {
         let text = value.to_str().map_err(|_| TargetError::BadOverride)?;
         let uri: Uri = text.parse().map_err(|_| TargetError::BadOverride)?;
         other_paths.push(normal_path(uri.path())?.into_owned());

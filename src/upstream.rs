@@ -34,13 +34,13 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1), so a
 /// proxy must not pass them on; headers named in `Connection` are dropped as well.
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "te",
-    "transfer-encoding",
-    "upgrade",
+static HOP_BY_HOP: [HeaderName; 6] = [
+    HeaderName::from_static("connection"),
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("te"),
+    HeaderName::from_static("transfer-encoding"),
+    HeaderName::from_static("upgrade"),
 ];
 
 /// Why a forward got no answer.
@@ -218,7 +218,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }

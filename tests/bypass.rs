@@ -258,14 +258,7 @@ async fn a_key_no_store_can_hold_is_refused_at_once_not_failed_for_ever() {
     assert_eq!((reply.status, reply.dedupe()), (200, "unkeyed"));
     assert_eq!(upstream.requests(), 1);
     app.shutdown().await.unwrap();
-    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    drop_postgres_tables(&table).await;
 }
 
 /// A signed route keyed on a header its signature does not cover guards by body by

@@ -154,16 +154,7 @@ async fn on_postgres_a_slow_answer_keeps_its_claim() {
     let table = format!("dedupe_lease_{:08x}", rand::random::<u32>());
     let store = format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {table} }} }}");
     retries_never_run_twice(Some(&store)).await;
-    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities"
-        ))
-        .await
-        .unwrap();
+    drop_postgres_tables(&table).await;
 }
 
 /// A store that does not answer renewals lets a lease end while its delivery still runs:

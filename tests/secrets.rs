@@ -198,16 +198,7 @@ async fn a_running_proxy_never_shows_the_password() {
         assert!(log.contains("DEBUG"), "{form}: a debug log");
         assert_no_password(&format!("the log, {form}"), &log);
     }
-    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities"
-        ))
-        .await
-        .unwrap();
+    drop_postgres_tables(&table).await;
 }
 
 /// Signature secrets and the admin token are never shown either: not by `check`, the log

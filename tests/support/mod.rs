@@ -629,6 +629,20 @@ pub async fn service_available(name: &str, port: u16) -> bool {
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
+/// Drops a proxy's PostgreSQL tables (`table` and `<table>_entities`), if they are there.
+pub async fn drop_postgres_tables(table: &str) {
+    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities"
+        ))
+        .await
+        .unwrap();
+}
+
 /// The servers `tests/servers` starts besides the plain Redis and PostgreSQL: a Redis that
 /// speaks only TLS (and wants a client certificate), a PostgreSQL that takes only TLS
 /// (its certificate names `localhost` only), a six-node Redis Cluster, and the
