@@ -30,22 +30,10 @@ async fn shared_store(kind: &str, name: &str) -> Option<String> {
             format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
         }
         _ => {
-            drop_table(name).await;
+            drop_postgres_tables(name).await;
             format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {name} }} }}")
         }
     })
-}
-
-/// Starts a test's PostgreSQL table afresh (the replicas create it again).
-async fn drop_table(name: &str) {
-    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
-        .await
-        .unwrap();
 }
 
 /// The route's settings in most tests: a short lease.
@@ -222,4 +210,91 @@ async fn redis_a_killed_replica_leaves_the_event_to_another_after_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_killed_replica_leaves_the_event_to_another_after_the_lease() {
     a_killed_replica_leaves_the_event_to_another_after_the_lease("postgres").await;
+}
+
+/// The claims table as a version before held keys made it: two states, no `hold_reason`,
+/// `response_headers` or held index, and one record.
+const TABLE_FROM_BEFORE_HELD: &str = "CREATE TABLE {table} (
+       key text PRIMARY KEY,
+       state text NOT NULL CHECK (state IN ('in_flight', 'done')),
+       owner text,
+       claimed_at bigint NOT NULL,
+       expires_at bigint NOT NULL,
+       completed_at bigint,
+       upstream_status integer,
+       body_sha256 bytea NOT NULL,
+       response_status integer,
+       response_content_type text,
+       response_body bytea
+     );
+     INSERT INTO {table} VALUES
+       ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', 201, 'text/plain', '\\x6869');";
+
+/// Four replicas starting at the same moment (a Deployment rolling out, a node coming
+/// back) on an empty database and on a table an earlier version made: every one becomes
+/// ready, every time. Each start brings the schema up to date, and the steps that meet
+/// another replica's (the table's lock, the index built without blocking writes) wait
+/// their turn instead of deadlocking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_four_replicas_starting_together_all_become_ready() {
+    if !service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let table = "replicas_start_together";
+    let config = dedupe_proxy::config::PostgresConfig {
+        url: dedupe_proxy::config::ServerUrl::Written(dedupe_proxy::values::Secret::new(
+            POSTGRES_URL.into(),
+        )),
+        table: dedupe_proxy::values::TableName(table.into()),
+        timeout: dedupe_proxy::values::HumanDuration(Duration::from_secs(5)),
+        pool_size: 2,
+        ssl_mode: dedupe_proxy::config::SslMode::Disable,
+        tls: None,
+    };
+    let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    for round in 0..40 {
+        let old_schema = round % 2 == 1;
+        drop_postgres_tables(table).await;
+        if old_schema {
+            client
+                .batch_execute(&TABLE_FROM_BEFORE_HELD.replace("{table}", table))
+                .await
+                .unwrap();
+        }
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+        let mut starts = JoinSet::new();
+        for _ in 0..4 {
+            let (config, barrier) = (config.clone(), barrier.clone());
+            starts.spawn(async move {
+                barrier.wait().await;
+                dedupe_proxy::store::postgres::PostgresStore::connect(&config, None)
+                    .await
+                    .map(drop)
+            });
+        }
+        while let Some(started) = starts.join_next().await {
+            let schema = if old_schema {
+                "an old table"
+            } else {
+                "no table"
+            };
+            if let Err(error) = started.unwrap() {
+                panic!("round {round} on {schema}: a replica failed to start: {error}");
+            }
+        }
+        let valid: bool = client
+            .query_one(
+                &format!(
+                    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('{table}_held')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(valid, "round {round}: the held index is built and valid");
+    }
 }

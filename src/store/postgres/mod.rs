@@ -15,6 +15,7 @@
 //! each store keeps one connection listening ([`hear`]).
 
 mod batch;
+mod schema;
 
 use std::collections::HashSet;
 use std::fmt::Display;
@@ -645,154 +646,14 @@ impl PostgresStore {
             },
             stop_hearing: CancellationToken::new(),
         };
-        store
-            .create_table(&config.table.0)
+        let prepared = async {
+            let mut client = store.lanes.get().pool.get().await?;
+            schema::prepare(&mut client, &config.table.0).await
+        };
+        prepared
             .await
             .map_err(|error| error.context(&format!("cannot prepare postgres at {url}")))?;
         Ok(store)
-    }
-
-    /// Creates the claims table, or brings one made by an earlier version up to date. A
-    /// table that is up to date is not locked: each change runs only where it is missing,
-    /// and waits at most 10 s for the table's lock (then the start fails, to be tried
-    /// again) rather than hold every replica's claims up behind it.
-    async fn create_table(&self, table: &str) -> Result<(), StoreError> {
-        let mut client = self.lanes.get().pool.get().await?;
-        let transaction = client.transaction().await?;
-        // Replicas starting together would race on CREATE TABLE: one at a time.
-        transaction
-            .batch_execute(
-                "SELECT pg_advisory_xact_lock(hashtext('dedupe-proxy schema'));
-                 SET LOCAL lock_timeout = '10s';",
-            )
-            .await?;
-        transaction
-            .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {table} (
-                   key text PRIMARY KEY,
-                   state text NOT NULL CONSTRAINT dedupe_claim_state
-                     CHECK (state IN ('in_flight', 'done', 'held')),
-                   owner text,
-                   claimed_at bigint NOT NULL,
-                   expires_at bigint NOT NULL,
-                   completed_at bigint,
-                   upstream_status integer,
-                   body_sha256 bytea NOT NULL,
-                   response_status integer,
-                   response_content_type text,
-                   response_body bytea,
-                   response_headers bytea,
-                   hold_reason text
-                 )"
-            ))
-            .await?;
-        // A table made before `held` existed has no `hold_reason` and allows two states:
-        // its check gives way (NOT VALID: every row passes the new one, none is read).
-        transaction
-            .batch_execute(&format!(
-                "DO $$
-                 DECLARE old record;
-                 BEGIN
-                   IF to_regclass('{table}_expires_at') IS NULL THEN
-                     CREATE INDEX {table}_expires_at ON {table} (expires_at);
-                   END IF;
-                   IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                                  WHERE attrelid = '{table}'::regclass
-                                    AND attname = 'hold_reason' AND NOT attisdropped) THEN
-                     ALTER TABLE {table} ADD COLUMN hold_reason text;
-                   END IF;
-                   IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                                  WHERE attrelid = '{table}'::regclass
-                                    AND attname = 'response_headers' AND NOT attisdropped) THEN
-                     ALTER TABLE {table} ADD COLUMN response_headers bytea;
-                   END IF;
-                   IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                                  WHERE conrelid = '{table}'::regclass
-                                    AND conname = 'dedupe_claim_state') THEN
-                     FOR old IN SELECT conname FROM pg_constraint
-                                WHERE conrelid = '{table}'::regclass AND contype = 'c'
-                                  AND pg_get_constraintdef(oid) LIKE '%in_flight%' LOOP
-                       EXECUTE format('ALTER TABLE {table} DROP CONSTRAINT %I', old.conname);
-                     END LOOP;
-                     ALTER TABLE {table} ADD CONSTRAINT dedupe_claim_state
-                       CHECK (state IN ('in_flight', 'done', 'held')) NOT VALID;
-                   END IF;
-                 END $$;"
-            ))
-            .await?;
-        let entities = entities_table(table);
-        let expiry_index = format!("{}_entity_expiry", &table[..table.len().min(50)]);
-        transaction
-            .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {entities} (
-                   key text PRIMARY KEY,
-                   sort_key text COLLATE \"C\" NOT NULL,
-                   version text NOT NULL,
-                   recorded_at bigint NOT NULL,
-                   expires_at bigint NOT NULL
-                 );
-                 DO $$
-                 BEGIN
-                   IF to_regclass('{expiry_index}') IS NULL THEN
-                     CREATE INDEX {expiry_index} ON {entities} (expires_at);
-                   END IF;
-                 END $$;"
-            ))
-            .await?;
-        transaction.commit().await?;
-        self.create_held_index(&client, table).await
-    }
-
-    /// The partial index of held keys. On a table that has rows it is built without
-    /// blocking writes (`CONCURRENTLY`, which cannot run in a transaction), under a
-    /// session lock so that replicas starting together build it once; a build that
-    /// failed half-way left an invalid index, made again.
-    async fn create_held_index(
-        &self,
-        client: &deadpool_postgres::Object,
-        table: &str,
-    ) -> Result<(), StoreError> {
-        let valid = format!(
-            "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass('{table}_held')"
-        );
-        if client
-            .query(&valid, &[])
-            .await?
-            .first()
-            .is_some_and(|row| row.get(0))
-        {
-            return Ok(());
-        }
-        client
-            .batch_execute("SELECT pg_advisory_lock(hashtext('dedupe-proxy held index'))")
-            .await?;
-        let built = async {
-            match client
-                .query(&valid, &[])
-                .await?
-                .first()
-                .map(|row| row.get::<_, bool>(0))
-            {
-                Some(true) => return Ok(()),
-                Some(false) => {
-                    client
-                        .batch_execute(&format!("DROP INDEX CONCURRENTLY {table}_held"))
-                        .await?;
-                }
-                None => {}
-            }
-            client
-                .batch_execute(&format!(
-                    "CREATE INDEX CONCURRENTLY {table}_held ON {table} (key) WHERE state = 'held'"
-                ))
-                .await
-        }
-        .await;
-        let unlocked = client
-            .batch_execute("SELECT pg_advisory_unlock(hashtext('dedupe-proxy held index'))")
-            .await;
-        built?;
-        Ok(unlocked?)
     }
 
     /// Runs `statement` with `params` (a cached prepared statement) within the timeout,

@@ -1,0 +1,215 @@
+//! The claims table's schema: made at a replica's start, or brought up to date from an
+//! earlier version's. Replicas start together (a Deployment rolling out), so every step
+//! here may meet another replica's same step: the table's changes run one replica at a
+//! time under a transaction lock, the held index is built by whichever replica takes its
+//! lock first (the others go on without waiting for it), and a step the server aborted
+//! to break a deadlock or a lock wait is tried again, a bounded number of times.
+
+use std::time::Duration;
+
+use deadpool_postgres::Object;
+use tokio_postgres::error::SqlState;
+
+use super::entities_table;
+use crate::store::StoreError;
+
+/// How many times a start tries the schema steps when another replica's get in the way.
+const ATTEMPTS: u32 = 5;
+
+/// Creates the claims table and its entities' table, or brings those of an earlier
+/// version up to date, keeping their records.
+pub(super) async fn prepare(client: &mut Object, table: &str) -> Result<(), StoreError> {
+    let mut attempt = 1;
+    loop {
+        let prepared = match update_tables(client, table).await {
+            Ok(()) => build_held_index(client, table).await,
+            Err(error) => Err(error),
+        };
+        match prepared {
+            Ok(()) => return Ok(()),
+            Err(error) if attempt < ATTEMPTS && met_another_start(&error) => {
+                tracing::info!(
+                    table,
+                    attempt,
+                    %error,
+                    "the schema step met another replica's; trying again"
+                );
+                // Apart in time, so that the replicas that met do not meet again.
+                let pause = 50 * u64::from(attempt) + rand::random::<u64>() % 100;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                attempt += 1;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Whether `error` is the server breaking a deadlock, a serialization conflict or a lock
+/// wait that ran out: another replica's step was in the way, and trying again passes.
+fn met_another_start(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        [
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::LOCK_NOT_AVAILABLE,
+        ]
+        .contains(code)
+    })
+}
+
+/// The tables, columns, constraint and plain indexes, in one transaction. A table that
+/// is up to date is not locked: each change runs only where it is missing, and waits at
+/// most 10 s for the table's lock rather than hold every replica's claims up behind it.
+/// A table made here gets its held index at once (it is empty: nothing to block).
+async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_postgres::Error> {
+    let transaction = client.transaction().await?;
+    transaction
+        .batch_execute(
+            "SELECT pg_advisory_xact_lock(hashtext('dedupe-proxy schema'));
+             SET LOCAL lock_timeout = '10s';",
+        )
+        .await?;
+    let existed: bool = transaction
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0);
+    transaction
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+               key text PRIMARY KEY,
+               state text NOT NULL CONSTRAINT dedupe_claim_state
+                 CHECK (state IN ('in_flight', 'done', 'held')),
+               owner text,
+               claimed_at bigint NOT NULL,
+               expires_at bigint NOT NULL,
+               completed_at bigint,
+               upstream_status integer,
+               body_sha256 bytea NOT NULL,
+               response_status integer,
+               response_content_type text,
+               response_body bytea,
+               response_headers bytea,
+               hold_reason text
+             )"
+        ))
+        .await?;
+    if !existed {
+        transaction
+            .batch_execute(&format!(
+                "CREATE INDEX {table}_held ON {table} (key) WHERE state = 'held'"
+            ))
+            .await?;
+    }
+    // A table made before `held` existed has no `hold_reason` and allows two states:
+    // its check gives way (NOT VALID: every row passes the new one, none is read).
+    transaction
+        .batch_execute(&format!(
+            "DO $$
+             DECLARE old record;
+             BEGIN
+               IF to_regclass('{table}_expires_at') IS NULL THEN
+                 CREATE INDEX {table}_expires_at ON {table} (expires_at);
+               END IF;
+               IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                              WHERE attrelid = '{table}'::regclass
+                                AND attname = 'hold_reason' AND NOT attisdropped) THEN
+                 ALTER TABLE {table} ADD COLUMN hold_reason text;
+               END IF;
+               IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                              WHERE attrelid = '{table}'::regclass
+                                AND attname = 'response_headers' AND NOT attisdropped) THEN
+                 ALTER TABLE {table} ADD COLUMN response_headers bytea;
+               END IF;
+               IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                              WHERE conrelid = '{table}'::regclass
+                                AND conname = 'dedupe_claim_state') THEN
+                 FOR old IN SELECT conname FROM pg_constraint
+                            WHERE conrelid = '{table}'::regclass AND contype = 'c'
+                              AND pg_get_constraintdef(oid) LIKE '%in_flight%' LOOP
+                   EXECUTE format('ALTER TABLE {table} DROP CONSTRAINT %I', old.conname);
+                 END LOOP;
+                 ALTER TABLE {table} ADD CONSTRAINT dedupe_claim_state
+                   CHECK (state IN ('in_flight', 'done', 'held')) NOT VALID;
+               END IF;
+             END $$;"
+        ))
+        .await?;
+    let entities = entities_table(table);
+    let expiry_index = format!("{}_entity_expiry", &table[..table.len().min(50)]);
+    transaction
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {entities} (
+               key text PRIMARY KEY,
+               sort_key text COLLATE \"C\" NOT NULL,
+               version text NOT NULL,
+               recorded_at bigint NOT NULL,
+               expires_at bigint NOT NULL
+             );
+             DO $$
+             BEGIN
+               IF to_regclass('{expiry_index}') IS NULL THEN
+                 CREATE INDEX {expiry_index} ON {entities} (expires_at);
+               END IF;
+             END $$;"
+        ))
+        .await?;
+    transaction.commit().await
+}
+
+/// The partial index of held keys on a table that had none. It is built without blocking
+/// writes (`CONCURRENTLY`, which cannot run in a transaction) by the replica that takes
+/// the table's build lock; one that finds the lock taken goes on without waiting: the
+/// index only speeds up listing held keys, and a replica waiting in a statement would
+/// be among the transactions the build waits for, a deadlock. A build that failed half-way
+/// left an invalid index, made again.
+async fn build_held_index(client: &Object, table: &str) -> Result<(), tokio_postgres::Error> {
+    if held_index_valid(client, table).await? == Some(true) {
+        return Ok(());
+    }
+    let lock = format!("hashtext('dedupe-proxy held index {table}')");
+    let taken: bool = client
+        .query_one(&format!("SELECT pg_try_advisory_lock({lock})"), &[])
+        .await?
+        .get(0);
+    if !taken {
+        tracing::info!(table, "another replica is building the held keys' index");
+        return Ok(());
+    }
+    let built = async {
+        match held_index_valid(client, table).await? {
+            Some(true) => return Ok(()),
+            Some(false) => {
+                client
+                    .batch_execute(&format!("DROP INDEX CONCURRENTLY {table}_held"))
+                    .await?;
+            }
+            None => {}
+        }
+        client
+            .batch_execute(&format!(
+                "CREATE INDEX CONCURRENTLY {table}_held ON {table} (key) WHERE state = 'held'"
+            ))
+            .await
+    }
+    .await;
+    let unlocked = client
+        .batch_execute(&format!("SELECT pg_advisory_unlock({lock})"))
+        .await;
+    built?;
+    unlocked
+}
+
+/// Whether the held index is valid; `None` when there is none.
+async fn held_index_valid(
+    client: &Object,
+    table: &str,
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    let valid = format!(
+        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass('{table}_held')"
+    );
+    Ok(client
+        .query(&valid, &[])
+        .await?
+        .first()
+        .map(|row| row.get(0)))
+}
