@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{
+    ALLOW, CONTENT_ENCODING, CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{BodyError, ProxyBody, full};
@@ -343,7 +345,8 @@ pub enum AdminRefusal {
     BadRequest(String),
     StoreUnavailable(String),
     InvalidConfig(String),
-    MethodNotAllowed,
+    /// A known endpoint asked with a method it does not take; the ones it takes.
+    MethodNotAllowed(&'static str),
     Internal(String),
     /// The request names the port by another host than its own address, `localhost` or
     /// `admin.hosts`: a web page's rebound name, say.
@@ -434,10 +437,10 @@ impl AdminRefusal {
                 "invalid_config",
                 error.clone(),
             ),
-            AdminRefusal::MethodNotAllowed => (
+            AdminRefusal::MethodNotAllowed(allow) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
-                "use GET or DELETE (or POST .../resolve for a held key)".into(),
+                format!("this endpoint takes {allow}"),
             ),
             AdminRefusal::Internal(failure) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -471,10 +474,18 @@ impl AdminRefusal {
         // A store's or a reload's message may quote what a driver was given.
         let detail = crate::redact::text(&detail);
         let mut response = json_response(status, error_body(code, &detail));
-        if matches!(self, AdminRefusal::Unauthorized) {
-            response
-                .headers_mut()
-                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        match self {
+            AdminRefusal::Unauthorized => {
+                response
+                    .headers_mut()
+                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            AdminRefusal::MethodNotAllowed(allow) => {
+                response
+                    .headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static(allow));
+            }
+            _ => {}
         }
         response
     }
@@ -655,7 +666,7 @@ mod tests {
             | AdminRefusal::BadRequest(_)
             | AdminRefusal::StoreUnavailable(_)
             | AdminRefusal::InvalidConfig(_)
-            | AdminRefusal::MethodNotAllowed
+            | AdminRefusal::MethodNotAllowed(_)
             | AdminRefusal::Internal(_)
             | AdminRefusal::HostNotAllowed(_)
             | AdminRefusal::CrossOrigin
@@ -677,7 +688,7 @@ mod tests {
             AdminRefusal::BadRequest(String::new()),
             AdminRefusal::StoreUnavailable(String::new()),
             AdminRefusal::InvalidConfig(String::new()),
-            AdminRefusal::MethodNotAllowed,
+            AdminRefusal::MethodNotAllowed("GET"),
             AdminRefusal::Internal(String::new()),
             AdminRefusal::HostNotAllowed(String::new()),
             AdminRefusal::CrossOrigin,

@@ -151,6 +151,60 @@ async fn unknown_routes_and_keys_are_404() {
     );
 }
 
+/// A known path asked with a method it does not take is a 405 that names the ones it
+/// takes in `Allow`; HEAD goes wherever GET does, answered without a body.
+#[tokio::test]
+async fn a_wrong_method_is_405_with_allow_and_head_answers_as_get_without_a_body() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    post_event(proxy.addr, "evt_methods").await;
+    let wrong = [
+        ("POST", "/metrics", "GET, HEAD"),
+        ("DELETE", "/healthz", "GET, HEAD"),
+        ("PUT", "/readyz", "GET, HEAD"),
+        ("GET", "/v1/reload", "POST"),
+        ("DELETE", "/v1/keys", "GET, HEAD"),
+        ("PATCH", "/v1/keys/hooks/evt_methods", "GET, HEAD, DELETE"),
+        ("GET", "/v1/keys/hooks/evt_methods/resolve", "POST"),
+        ("POST", "/v1/entities/hooks/e", "GET, HEAD, DELETE"),
+    ];
+    // With a JSON content type, as a POST needs to pass the access rules.
+    let json = [("content-type", "application/json")];
+    for (method, path, allow) in wrong {
+        let reply = send(proxy.admin, method, path, &json, "").await;
+        assert_eq!(
+            (reply.status, reply.json()["error"].as_str()),
+            (405, Some("method_not_allowed")),
+            "{method} {path}"
+        );
+        assert_eq!(reply.headers["allow"], allow, "{method} {path}");
+    }
+    assert_eq!(
+        send(proxy.admin, "GET", "/v1/nope", &[], "").await.status,
+        404
+    );
+    let port = proxy.admin.port();
+    for (path, status) in [
+        ("/metrics", "200"),
+        ("/healthz", "200"),
+        ("/v1/keys/hooks/evt_methods", "200"),
+        ("/v1/keys/hooks/never", "404"),
+    ] {
+        let answer = raw(
+            proxy.admin,
+            format!("HEAD {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "HEAD {path}: {head}"
+        );
+        assert_eq!(body, "", "HEAD {path} has no body");
+    }
+}
+
 #[tokio::test]
 async fn scoped_routes_share_their_keys_in_the_admin_view() {
     let upstream = Upstream::start().await;

@@ -7,6 +7,7 @@
 //! out, and the bearer token of `/v1/*`.
 
 mod access;
+mod endpoint;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -30,6 +31,7 @@ use crate::store::{
     StateFilter, StoreError, body_key, entity_key, store_key,
 };
 use access::{Access, Rules};
+use endpoint::Endpoint;
 
 /// The most connections the admin port takes: probes, a scraper and a few operators need
 /// few, and the descriptors they take are set aside from the proxy's.
@@ -103,55 +105,44 @@ impl Admin {
         if let Err(refusal) = self.rules.check(&request, ends.local) {
             return refusal.into_response();
         }
-        let path = request.uri().path();
-        match (request.method(), path) {
-            (&Method::GET, "/healthz") => {
-                json_response(StatusCode::OK, json!({"status": "ok"}).to_string())
-            }
-            (&Method::GET, "/readyz") => self.readiness(),
-            (&Method::GET, "/metrics") => self.metrics(),
-            (_, path) if path.starts_with("/v1/") => {
-                let Some(serving) = self.serving.get() else {
-                    return AdminRefusal::Starting.into_response();
-                };
-                match (request.method(), path) {
-                    (&Method::GET, "/v1/routes") => routes(serving),
-                    (&Method::POST, "/v1/reload") => reload(serving).await,
-                    (&Method::GET, "/v1/keys") => list_keys(serving, request.uri().query()).await,
-                    (&Method::POST, path) if path.starts_with("/v1/keys/") => {
-                        let target = path
-                            .strip_prefix("/v1/keys/")
-                            .and_then(|rest| rest.strip_suffix("/resolve"))
-                            .and_then(|rest| rest.split_once('/'));
-                        match target {
-                            Some((route, key)) => {
-                                let (route, key) = (route.to_owned(), key.to_owned());
-                                resolve(serving, &route, &key, request).await
-                            }
-                            None => AdminRefusal::NotFound.into_response(),
-                        }
-                    }
-                    (_, path) if path.starts_with("/v1/entities/") => match path
-                        .strip_prefix("/v1/entities/")
-                        .and_then(|rest| rest.split_once('/'))
-                    {
-                        Some((route, entity)) => {
-                            entity_request(serving, request.method(), route, entity).await
-                        }
-                        None => AdminRefusal::NotFound.into_response(),
-                    },
-                    _ => match path
-                        .strip_prefix("/v1/keys/")
-                        .and_then(|rest| rest.split_once('/'))
-                    {
-                        Some((route, key)) => {
-                            key_request(serving, request.method(), route, key).await
-                        }
-                        None => AdminRefusal::NotFound.into_response(),
-                    },
+        let Some(endpoint) = Endpoint::parse(request.uri().path()) else {
+            return AdminRefusal::NotFound.into_response();
+        };
+        if !endpoint.takes(request.method()) {
+            return AdminRefusal::MethodNotAllowed(endpoint.allow()).into_response();
+        }
+        // hyper leaves a HEAD answer's body out; it is a GET otherwise.
+        let method = match *request.method() {
+            Method::HEAD => Method::GET,
+            ref method => method.clone(),
+        };
+        if !endpoint.is_api() {
+            return match endpoint {
+                Endpoint::Health => {
+                    json_response(StatusCode::OK, json!({"status": "ok"}).to_string())
                 }
+                Endpoint::Ready => self.readiness(),
+                _ => self.metrics(),
+            };
+        }
+        let Some(serving) = self.serving.get() else {
+            return AdminRefusal::Starting.into_response();
+        };
+        match endpoint {
+            Endpoint::Routes => routes(serving),
+            Endpoint::Reload => reload(serving).await,
+            Endpoint::Keys => list_keys(serving, request.uri().query()).await,
+            Endpoint::Key { route, key } => key_request(serving, &method, route, key).await,
+            Endpoint::Resolve { route, key } => {
+                let (route, key) = (route.to_owned(), key.to_owned());
+                resolve(serving, &route, &key, request).await
             }
-            _ => AdminRefusal::NotFound.into_response(),
+            Endpoint::Entity { route, entity } => {
+                entity_request(serving, &method, route, entity).await
+            }
+            Endpoint::Health | Endpoint::Ready | Endpoint::Metrics => {
+                unreachable!("answered above")
+            }
         }
     }
 
@@ -221,14 +212,6 @@ async fn key_request(
     let full_key = store_key(&route.namespace, &key);
     let store = proxy.store();
     match *method {
-        Method::GET => match store.inspect(&full_key).await {
-            Ok(Some(state)) => json_response(
-                StatusCode::OK,
-                describe(route_name, &key, &state).to_string(),
-            ),
-            Ok(None) => AdminRefusal::Absent.into_response(),
-            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
-        },
         Method::DELETE => match forget(store.as_ref(), &routing, route, &full_key).await {
             Ok(Forgotten::Removed) => {
                 tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
@@ -241,7 +224,15 @@ async fn key_request(
             Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
             Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
         },
-        _ => AdminRefusal::MethodNotAllowed.into_response(),
+        // GET, or HEAD answered as one: the endpoint takes no other.
+        _ => match store.inspect(&full_key).await {
+            Ok(Some(state)) => json_response(
+                StatusCode::OK,
+                describe(route_name, &key, &state).to_string(),
+            ),
+            Ok(None) => AdminRefusal::Absent.into_response(),
+            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+        },
     }
 }
 
@@ -264,7 +255,18 @@ async fn entity_request(
     let full_key = entity_key(&route.namespace, &entity);
     let store = serving.proxy.store();
     match *method {
-        Method::GET => match store.newest_version(&full_key).await {
+        Method::DELETE => match store.forget_entity(&full_key).await {
+            Ok(true) => {
+                tracing::info!(route = route_name, entity = %entity, "entity's version forgotten through the admin API");
+                let mut response = Response::new(empty());
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+            }
+            Ok(false) => AdminRefusal::NoVersion.into_response(),
+            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+        },
+        // GET, or HEAD answered as one: the endpoint takes no other.
+        _ => match store.newest_version(&full_key).await {
             Ok(Some(record)) => {
                 let body = json!({
                     "route": route_name,
@@ -278,17 +280,6 @@ async fn entity_request(
             Ok(None) => AdminRefusal::NoVersion.into_response(),
             Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
         },
-        Method::DELETE => match store.forget_entity(&full_key).await {
-            Ok(true) => {
-                tracing::info!(route = route_name, entity = %entity, "entity's version forgotten through the admin API");
-                let mut response = Response::new(empty());
-                *response.status_mut() = StatusCode::NO_CONTENT;
-                response
-            }
-            Ok(false) => AdminRefusal::NoVersion.into_response(),
-            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
-        },
-        _ => AdminRefusal::MethodNotAllowed.into_response(),
     }
 }
 
