@@ -1,12 +1,14 @@
 //! The binary: parse the command line, set up logging, load the configuration (exit 2 if
-//! it is invalid), and run until a shutdown signal.
+//! it is invalid), and run until a shutdown signal; or check a configuration, run the
+//! demonstration, or drive a running proxy's admin API.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
-use dedupe_proxy::cli::{Cli, Command, ConfigArgs, LogFormat};
-use dedupe_proxy::config::Config;
+use std::path::Path;
+
+use dedupe_proxy::cli::{CheckArgs, Cli, Command, LogFormat, RunArgs};
+use dedupe_proxy::config::{Config, Overrides};
 use dedupe_proxy::redact;
 use dedupe_proxy::telemetry::Telemetry;
 use tracing_subscriber::EnvFilter;
@@ -25,19 +27,21 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static JEMALLOC_OPTIONS: &u8 = &b"narenas:1\0"[0];
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_checked();
+    let config = cli.config.as_deref();
     match cli.command.unwrap_or(Command::Run(cli.run)) {
-        Command::Run(args) => serve(&args),
-        Command::Check(args) => check(&args),
+        Command::Run(args) => serve(config, &args),
+        Command::Check(args) => check(config, &args),
         Command::Demo(args) => {
             init_logging(LogFormat::Text, "warn", None);
             runtime().block_on(dedupe_proxy::demo::run(&args))
         }
+        admin => dedupe_proxy::cli::admin::run(config, admin),
     }
 }
 
-fn serve(args: &ConfigArgs) -> ExitCode {
-    let config = match load(args) {
+fn serve(path: Option<&Path>, args: &RunArgs) -> ExitCode {
+    let config = match load(path, &args.overrides()) {
         Ok(config) => config,
         Err(code) => return code,
     };
@@ -64,15 +68,28 @@ fn serve(args: &ConfigArgs) -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error, "dedupe-proxy failed");
-            eprintln!("error: {}", redact::text(&error.to_string()));
+            // Once: as a JSON log line where logs are read by machines, else as text.
+            match args.log_format {
+                LogFormat::Json => tracing::error!(%error, "dedupe-proxy failed"),
+                LogFormat::Text => eprintln!("error: {}", redact::text(&error.to_string())),
+            }
             ExitCode::FAILURE
         }
     }
 }
 
-fn check(args: &ConfigArgs) -> ExitCode {
-    let config = match load(args) {
+fn check(path: Option<&Path>, args: &CheckArgs) -> ExitCode {
+    let overrides = Overrides {
+        listen: args.file.listen,
+        upstream: args.file.upstream.clone(),
+        workers: None,
+    };
+    let (config, stood_in) = if args.without_secrets {
+        dedupe_proxy::values::without_secrets(|| load(path, &overrides))
+    } else {
+        (load(path, &overrides), Vec::new())
+    };
+    let config = match config {
         Ok(config) => config,
         Err(code) => return code,
     };
@@ -86,16 +103,22 @@ fn check(args: &ConfigArgs) -> ExitCode {
         config.source.display(),
         config.routes.len()
     );
+    if !stood_in.is_empty() {
+        eprintln!(
+            "not checked: the secrets of {} (not set here; `run` needs them)",
+            stood_in.join(", ")
+        );
+    }
     ExitCode::SUCCESS
 }
 
 /// Loads the configuration, or prints why not and gives exit status 2.
-fn load(args: &ConfigArgs) -> Result<Config, ExitCode> {
-    let Some(path) = &args.config else {
+fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ExitCode> {
+    let Some(path) = path else {
         eprintln!("error: no configuration: pass --config FILE or set DEDUPE_PROXY_CONFIG");
         return Err(ExitCode::from(2));
     };
-    let config = Config::load(path, &args.overrides()).map_err(|error| {
+    let config = Config::load(path, overrides).map_err(|error| {
         eprintln!("error: {error}");
         ExitCode::from(2)
     })?;

@@ -158,6 +158,11 @@ impl ServerUrl {
         }
     }
 
+    /// Whether the URL's variable is stood in for (`check --without-secrets`).
+    fn is_stand_in(&self) -> bool {
+        matches!(self, ServerUrl::FromEnv(env) if env.secret.is_stand_in())
+    }
+
     /// The URL with any password replaced by `***`, for messages and `check`.
     pub fn masked(&self) -> String {
         mask_password(self.expose())
@@ -179,6 +184,7 @@ fn server_url(url: Option<String>, url_env: Option<EnvSecret>) -> Result<ServerU
             dsn::check(&url)?;
             Ok(ServerUrl::Written(Secret::new(url)))
         }
+        (None, Some(env)) if env.secret.is_stand_in() => Ok(ServerUrl::FromEnv(env)),
         (None, Some(env)) => {
             dsn::check(env.secret.expose())
                 .map_err(|error| format!("the URL in {}: {error}", env.variable))?;
@@ -395,10 +401,12 @@ fn redis_section<'de, D: Deserializer<'de>>(
             .chain(file.nodes.iter().map(String::as_str))
             .filter(|url| url.starts_with("rediss://"))
             .count();
-        if tls_urls != 0 && tls_urls != 1 + file.nodes.len() {
+        // A URL stood in for (`check --without-secrets`) may be either.
+        let stand_in = usize::from(url.is_stand_in());
+        if tls_urls != 0 && tls_urls + stand_in != 1 + file.nodes.len() {
             return Err("`url` and `nodes` must all be `rediss://` (TLS) or all `redis://`".into());
         }
-        if file.tls.is_some() && tls_urls == 0 {
+        if file.tls.is_some() && tls_urls + stand_in == 0 {
             return Err("`tls` needs a `rediss://` URL; `redis://` is plain text".into());
         }
         Ok(Some(RedisConfig {

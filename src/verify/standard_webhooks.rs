@@ -52,6 +52,9 @@ impl StandardWebhooks {
         let mut symmetric = Vec::new();
         let mut public = Vec::new();
         for env in &file.secret_env.0 {
+            if env.secret.is_stand_in() {
+                continue;
+            }
             let secret = env.secret.expose();
             let invalid = || {
                 format!(

@@ -1,0 +1,264 @@
+//! Command-line arguments: `run` (the default), `check` and `demo`, and the commands that
+//! drive a running proxy through its admin API (`routes`, `reload`, `keys`, `entities`;
+//! carried out in [`admin`]).
+
+pub mod admin;
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::Overrides;
+use crate::values::UpstreamUrl;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dedupe-proxy",
+    version,
+    about = "A webhook deduplication proxy: forwards each event to the application once"
+)]
+pub struct Cli {
+    /// The YAML configuration file (for the admin commands: where to find the admin API
+    /// and its token).
+    #[arg(short, long, env = "DEDUPE_PROXY_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Without a subcommand, `run` with these arguments.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+impl Cli {
+    /// Parses the command line, exiting with clap's message when it is wrong; `run`'s
+    /// flags given before another command are refused (they would do nothing).
+    pub fn parse_checked() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        if let Some(command) = &cli.command {
+            let given = ["listen", "upstream", "workers", "log_format"]
+                .into_iter()
+                .find(|id| {
+                    matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+                });
+            if let Some(id) = given {
+                let name = command_name(command);
+                Cli::command()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        format!(
+                            "--{} is a flag of `run`, not of `{name}`",
+                            id.replace('_', "-")
+                        ),
+                    )
+                    .exit();
+            }
+        }
+        cli
+    }
+}
+
+/// The name a command is given by on the command line.
+fn command_name(command: &Command) -> &'static str {
+    match command {
+        Command::Run(_) => "run",
+        Command::Check(_) => "check",
+        Command::Demo(_) => "demo",
+        Command::Routes(_) => "routes",
+        Command::Reload(_) => "reload",
+        Command::Keys { .. } => "keys",
+        Command::Entities { .. } => "entities",
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve until SIGTERM or SIGINT (the default).
+    Run(RunArgs),
+    /// Validate the configuration, print the resolved routes, exit 0 (valid) or 2.
+    Check(CheckArgs),
+    /// Run a self-contained demonstration: a sample app, the proxy, a burst of deliveries.
+    Demo(DemoArgs),
+    /// Print a running proxy's resolved routes.
+    Routes(AdminArgs),
+    /// Make a running proxy read its configuration file again.
+    Reload(AdminArgs),
+    /// List, inspect and forget a running proxy's keys, and resolve held ones.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Inspect or forget the newest version done for an entity (routes with `order:`).
+    Entities {
+        #[command(subcommand)]
+        command: EntitiesCommand,
+    },
+}
+
+/// Settings of the file that the command line overrides.
+#[derive(Debug, Clone, Default, Args)]
+pub struct FileOverrides {
+    /// Listen here instead of the file's `listen`.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Forward to this application instead of the file's `upstream`.
+    #[arg(long)]
+    pub upstream: Option<UpstreamUrl>,
+}
+
+/// What `run` takes besides the configuration file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub file: FileOverrides,
+    /// How many threads serve connections (default: one per CPU this process may use,
+    /// which counts a cgroup CPU limit but not a node's other tenants).
+    #[arg(long, env = "DEDUPE_PROXY_WORKERS")]
+    pub workers: Option<NonZeroUsize>,
+    /// Log lines as human-readable text or as JSON objects.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl RunArgs {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.file.listen,
+            upstream: self.file.upstream.clone(),
+            workers: self.workers,
+        }
+    }
+}
+
+/// What `check` takes besides the configuration file.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub file: FileOverrides,
+    /// Check everything but the secrets' values: a secret's variable that is not set is
+    /// listed, not refused (for a pipeline that holds no secrets; `run` still needs them).
+    #[arg(long)]
+    pub without_secrets: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// How many distinct events the simulated provider sends.
+    #[arg(long, default_value_t = 200)]
+    pub events: usize,
+}
+
+/// Where the admin API is and how its answers are printed.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// The admin API's URL (default: the configuration's `admin.listen`, else
+    /// http://127.0.0.1:9091). Its token is read from the variable the configuration's
+    /// `admin.token_env` names, else from DEDUPE_ADMIN_TOKEN.
+    #[arg(long, env = "DEDUPE_ADMIN_URL")]
+    pub admin: Option<String>,
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// A page of a route's live keys (every page with --all).
+    List {
+        /// The route whose keys to list.
+        #[arg(long)]
+        route: String,
+        /// Only the keys in this state.
+        #[arg(long, value_enum)]
+        state: Option<KeyStateArg>,
+        /// The most keys on a page (1 to 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The page after this cursor (the `next` a listing printed).
+        #[arg(long)]
+        after: Option<String>,
+        /// Follow the cursor to the last page.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// One key's state.
+    Show {
+        route: String,
+        key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Forget a done key, so that a redelivery runs the work again.
+    Forget {
+        route: String,
+        key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Resolve a held key: `done` (the work happened) or `release` (the next delivery
+    /// runs it).
+    Resolve {
+        route: String,
+        key: String,
+        #[arg(long, value_enum)]
+        outcome: Outcome,
+        /// Only if the key is still held since this time (as `show` printed `held_at`).
+        #[arg(long)]
+        held_at: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EntitiesCommand {
+    /// The newest version done for an entity.
+    Show {
+        route: String,
+        entity: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Forget an entity's newest version (a version far ahead made real events stale).
+    Forget {
+        route: String,
+        entity: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeyStateArg {
+    InFlight,
+    Done,
+    Held,
+}
+
+impl KeyStateArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyStateArg::InFlight => "in_flight",
+            KeyStateArg::Done => "done",
+            KeyStateArg::Held => "held",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Outcome {
+    Done,
+    Release,
+}

@@ -1,0 +1,310 @@
+//! The command line, through the real binary: `-c` before or after `check`, each
+//! command's help listing only its own flags, `check --without-secrets` on every shipped
+//! configuration, and the admin commands against a running proxy (tables, `--json`,
+//! refusals, the API found and its token read through the configuration).
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use support::*;
+
+/// Runs the binary with `args` and only `env` in its environment (and PATH).
+fn dedupe(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(binary_path())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn example() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config/example.yaml")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn the_configuration_goes_before_or_after_the_command() {
+    for args in [
+        ["-c", &example(), "check"],
+        ["check", "-c", &example()],
+        ["--config", &example(), "check"],
+    ] {
+        let output = dedupe(&args, &[]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(stderr(&output).contains("valid, "), "{args:?}");
+    }
+}
+
+#[test]
+fn a_flag_of_run_before_another_command_is_refused() {
+    let output = dedupe(
+        &["--listen", "127.0.0.1:8080", "check", "-c", &example()],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("--listen is a flag of `run`, not of `check`"),
+        "{}",
+        stderr(&output)
+    );
+    // Without a command, the flags are `run`'s, as before.
+    let help = stdout(&dedupe(&["--help"], &[]));
+    assert!(help.contains("--listen") && help.contains("keys"), "{help}");
+}
+
+#[test]
+fn each_command_lists_only_its_own_flags() {
+    let check = stdout(&dedupe(&["check", "--help"], &[]));
+    for run_only in ["--workers", "--log-format"] {
+        assert!(
+            !check.contains(run_only),
+            "check --help lists {run_only}:\n{check}"
+        );
+    }
+    assert!(check.contains("--without-secrets") && check.contains("--config"));
+    let run = stdout(&dedupe(&["run", "--help"], &[]));
+    assert!(run.contains("--listen") && !run.contains("--without-secrets"));
+    let keys = stdout(&dedupe(&["keys", "list", "--help"], &[]));
+    assert!(keys.contains("--admin") && keys.contains("--json") && !keys.contains("--listen"));
+}
+
+/// Every shipped configuration is checked in an environment with no secret at all: the
+/// variables are listed, and plain `check` (like `run`) still refuses the files that
+/// need one.
+#[test]
+fn every_shipped_configuration_checks_without_its_secrets() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut needing = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let file = entry.unwrap().path().display().to_string();
+        let without = dedupe(&["check", "--without-secrets", "-c", &file], &[]);
+        assert_eq!(
+            without.status.code(),
+            Some(0),
+            "{file}: {}",
+            stderr(&without)
+        );
+        let strict = dedupe(&["check", "-c", &file], &[]);
+        if stderr(&without).contains("not checked: the secrets of ") {
+            needing += 1;
+            assert_eq!(strict.status.code(), Some(2), "{file}: {}", stderr(&strict));
+            assert!(stderr(&strict).contains("is not set"), "{file}");
+        } else {
+            assert_eq!(strict.status.code(), Some(0), "{file}: {}", stderr(&strict));
+        }
+    }
+    assert!(needing >= 6, "{needing} shipped files name a secret");
+    let stripe = dir.join("stripe.yaml").display().to_string();
+    let listed = stderr(&dedupe(&["check", "--without-secrets", "-c", &stripe], &[]));
+    assert!(listed.contains("STRIPE_WEBHOOK_SECRET"), "{listed}");
+}
+
+/// A value a secret's form check would refuse is still refused when it is set.
+#[test]
+fn a_set_secret_is_still_checked_without_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sw.yaml");
+    std::fs::write(
+        &file,
+        "upstream: http://127.0.0.1:8080\nroutes:\n  - name: sw\n    match: { path: /sw }\n    preset: standard_webhooks\n    verify: { standard_webhooks: { secret_env: SW_SECRET } }\n",
+    )
+    .unwrap();
+    let file = file.display().to_string();
+    let output = dedupe(
+        &["check", "--without-secrets", "-c", &file],
+        &[("SW_SECRET", "not base64!")],
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("SW_SECRET"), "{}", stderr(&output));
+}
+
+/// A free port on loopback, for a configuration that must name its admin port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_commands_drive_a_running_proxy() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        config_text(upstream.addr, &dir.path().join("data"), &json_route("")),
+    )
+    .unwrap();
+    let proxy = Binary::start(&config);
+    // The first delivery is slow, so that the listing (of keys in flight: the embedded
+    // store lists no done keys) shows it.
+    upstream.script([Answer::ok().after(std::time::Duration::from_secs(2))]);
+    let slow = tokio::spawn(post_event(proxy.addr, "evt_slow"));
+    upstream.wait_for_requests(1).await;
+    post_event(proxy.addr, "evt/one two").await;
+    let admin = format!("http://{}", proxy.admin);
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--admin", &admin]);
+        dedupe(&all, &[])
+    };
+
+    let routes = run(&["routes"]);
+    assert_eq!(routes.status.code(), Some(0), "{}", stderr(&routes));
+    let table = stdout(&routes);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(
+        table.contains("hooks") && table.contains("{json:/id}"),
+        "{table}"
+    );
+
+    let listed = run(&["keys", "list", "--route", "hooks"]);
+    let table = stdout(&listed);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    assert!(
+        table
+            .lines()
+            .any(|line| line.starts_with("evt_slow") && line.contains("in_flight")),
+        "{table}"
+    );
+
+    let json = run(&[
+        "keys",
+        "list",
+        "--route",
+        "hooks",
+        "--state",
+        "in-flight",
+        "--json",
+    ]);
+    let page: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(page["keys"][0]["key"], "evt_slow");
+    slow.await.unwrap();
+
+    // A key with a slash and a space reaches its own record.
+    let shown = run(&["keys", "show", "hooks", "evt/one two", "--json"]);
+    let record: serde_json::Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    assert_eq!(
+        (record["key"].as_str(), record["state"].as_str()),
+        (Some("evt/one two"), Some("done"))
+    );
+
+    // Resolving a key that is not held is the API's refusal: its detail, exit 1.
+    let resolved = run(&[
+        "keys",
+        "resolve",
+        "hooks",
+        "evt/one two",
+        "--outcome",
+        "release",
+    ]);
+    assert_eq!(resolved.status.code(), Some(1));
+    assert!(
+        stderr(&resolved).contains("(not_held, HTTP 409)"),
+        "{}",
+        stderr(&resolved)
+    );
+
+    let forgotten = run(&["keys", "forget", "hooks", "evt/one two"]);
+    assert_eq!(forgotten.status.code(), Some(0), "{}", stderr(&forgotten));
+    assert_eq!(
+        post_event(proxy.addr, "evt/one two").await.dedupe(),
+        "forwarded"
+    );
+
+    let absent = run(&["keys", "show", "hooks", "never"]);
+    assert_eq!(absent.status.code(), Some(1));
+    assert!(
+        stderr(&absent).contains("(absent, HTTP 404)"),
+        "{}",
+        stderr(&absent)
+    );
+
+    let reloaded = run(&["reload"]);
+    assert_eq!(reloaded.status.code(), Some(0), "{}", stderr(&reloaded));
+    assert!(
+        stdout(&reloaded).contains("reloaded: 1 route(s)"),
+        "{}",
+        stdout(&reloaded)
+    );
+
+    let entity = run(&["entities", "show", "hooks", "e1"]);
+    assert_eq!(entity.status.code(), Some(1));
+    assert!(stderr(&entity).contains("no_order"), "{}", stderr(&entity));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_commands_find_the_api_and_its_token_through_the_configuration() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let port = free_port();
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:{port}, token_env: CLI_TEST_TOKEN }}\n{}",
+        json_route("")
+    );
+    std::fs::write(
+        &config,
+        config_text(upstream.addr, &dir.path().join("data"), &rest),
+    )
+    .unwrap();
+    let token = ("CLI_TEST_TOKEN", "a-token-of-the-test");
+    let _proxy = Binary::start_with_env(&config, &[token]);
+    let config = config.display().to_string();
+
+    let listed = dedupe(&["-c", &config, "routes"], &[token]);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    assert!(stdout(&listed).contains("hooks"));
+
+    let without = dedupe(&["routes", "-c", &config], &[]);
+    assert_eq!(without.status.code(), Some(2));
+    assert!(
+        stderr(&without).contains("CLI_TEST_TOKEN"),
+        "{}",
+        stderr(&without)
+    );
+
+    let wrong = dedupe(&["-c", &config, "routes"], &[("CLI_TEST_TOKEN", "wrong")]);
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        stderr(&wrong).contains("(unauthorized, HTTP 401)"),
+        "{}",
+        stderr(&wrong)
+    );
+}
+
+#[test]
+fn an_admin_api_out_of_reach_is_said_so() {
+    let port = free_port();
+    let output = dedupe(&["routes", "--admin", &format!("127.0.0.1:{port}")], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("cannot reach the admin API"),
+        "{}",
+        stderr(&output)
+    );
+    let tls = dedupe(&["routes", "--admin", "https://127.0.0.1:9091"], &[]);
+    assert_eq!(tls.status.code(), Some(2));
+    assert!(stderr(&tls).contains("plain HTTP"));
+}
