@@ -186,7 +186,7 @@ impl Proxy {
         span.in_scope(|| {
             let (status, elapsed_ms) = (
                 response.status().as_u16(),
-                started.elapsed().as_secs_f64() * 1000.0,
+                started.elapsed().as_micros() as f64 / 1000.0,
             );
             // A refusal is whatever a sender chose to send: at info level, anyone could
             // fill the log. Its count is in the metrics.

@@ -146,7 +146,7 @@ impl Refusal {
                 "body_timeout",
                 format!(
                     "the body did not arrive within {}",
-                    humantime::format_duration(*after)
+                    crate::values::HumanDuration(*after)
                 ),
             ),
             Refusal::Signature(failure) => (
@@ -194,7 +194,7 @@ impl Refusal {
                 "upstream_timeout",
                 format!(
                     "the application did not answer within {}",
-                    humantime::format_duration(*timeout)
+                    crate::values::HumanDuration(*timeout)
                 ),
             ),
             Refusal::Overloaded => (

@@ -4,6 +4,8 @@
 //! any error; each serializes back to the form a user would write, for `dedupe-proxy
 //! check`.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::marker::PhantomData;
 use std::str::FromStr;
@@ -133,9 +135,32 @@ impl FromStr for HumanDuration {
 /// The longest duration a setting may have.
 const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// The units a duration is printed in, largest first, with their length in nanoseconds.
+const DURATION_UNITS: [(&str, u128); 7] = [
+    ("d", 86_400_000_000_000),
+    ("h", 3_600_000_000_000),
+    ("m", 60_000_000_000),
+    ("s", 1_000_000_000),
+    ("ms", 1_000_000),
+    ("us", 1_000),
+    ("ns", 1),
+];
+
+/// Printed in the short units a configuration is written in, largest first: `7d`,
+/// `1h30m`, `250ms` (humantime's own form spells some out: `7days` beside `5m`).
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        humantime::format_duration(self.0).fmt(f)
+        let mut rest = self.0.as_nanos();
+        if rest == 0 {
+            return f.write_str("0s");
+        }
+        for (unit, length) in DURATION_UNITS {
+            if rest >= length {
+                write!(f, "{}{unit}", rest / length)?;
+                rest %= length;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -234,18 +259,80 @@ impl fmt::Display for StatusValue {
 string_value!(StatusValue, "an HTTP status code", number);
 serialize_status!(StatusValue);
 
-/// An HTTP method name.
+/// A listener's address (`listen`, `admin.listen`), with a message that says what is
+/// wrong with one that is not.
+pub fn socket_address<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<std::net::SocketAddr, D::Error> {
+    struct Address;
+
+    impl Visitor<'_> for Address {
+        type Value = std::net::SocketAddr;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an address and port like 0.0.0.0:8080")
+        }
+
+        // Inside the visitor, so that the error carries the value's line and column.
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            text.parse().map_err(|_| {
+                let port = text.rsplit_once(':').map(|(_, port)| port);
+                let reason = match port.map(str::parse::<u64>) {
+                    None => "it needs a port: `ADDRESS:PORT`, like `0.0.0.0:8080`".to_owned(),
+                    Some(Ok(port)) if port > u64::from(u16::MAX) => {
+                        format!("port {port} is out of range (0 to 65535)")
+                    }
+                    Some(Ok(_)) => "the part before the port is not an IP address (a name is not taken; IPv6 goes in brackets, like `[::]:8080`)".to_owned(),
+                    Some(Err(_)) => "the port is not a number".to_owned(),
+                };
+                E::custom(format!("`{text}` is not a listening address: {reason}"))
+            })
+        }
+    }
+
+    deserializer.deserialize_str(Address)
+}
+
+/// An HTTP method name: one HTTP defines (RFC 9110 and PATCH), since no webhook sender
+/// uses another, and a misspelt one would match nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MethodValue(pub Method);
+
+/// The methods a route may name.
+const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+];
 
 impl FromStr for MethodValue {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        Method::from_bytes(text.to_ascii_uppercase().as_bytes())
-            .map(MethodValue)
-            .map_err(|_| format!("invalid HTTP method `{text}`"))
+        let upper = text.to_ascii_uppercase();
+        if METHODS.contains(&upper.as_str()) {
+            return Ok(MethodValue(
+                Method::from_bytes(upper.as_bytes()).expect("a standard method"),
+            ));
+        }
+        let mut message = format!("`{text}` is not an HTTP method ({})", METHODS.join(", "));
+        if let Some(near) = closest(&upper, METHODS) {
+            message.push_str(&format!("; did you mean `{near}`?"));
+        }
+        Err(message)
     }
+}
+
+/// The one of `candidates` nearest to `written` (a misspelling's likely intent), if one is
+/// near enough: at most a third of its letters changed, or two letters swapped.
+pub fn closest<'a>(
+    written: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|candidate| (strsim::osa_distance(written, candidate), candidate))
+        .filter(|(distance, candidate)| *distance <= (candidate.len() / 3).max(1))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
 }
 
 impl fmt::Display for MethodValue {
@@ -722,24 +809,67 @@ string_value!(TableName, "a table name");
 
 /// A secret read from the environment; never printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
+pub struct Secret {
+    value: String,
+    /// Stands in for a variable that is not set, while `check --without-secrets` loads.
+    stand_in: bool,
+}
+
+thread_local! {
+    /// The variables stood in for on this thread, while [`without_secrets`] runs.
+    static STOOD_IN: RefCell<Option<BTreeSet<String>>> = const { RefCell::new(None) };
+}
+
+/// Runs `load` with every secret's variable that is not set (or empty) stood in for by
+/// an empty secret that no check of a secret's form refuses; returns what `load` did and
+/// the variables stood in for, sorted. For `check` in a pipeline that holds no secrets.
+pub fn without_secrets<T>(load: impl FnOnce() -> T) -> (T, Vec<String>) {
+    STOOD_IN.with(|stood_in| *stood_in.borrow_mut() = Some(BTreeSet::new()));
+    let loaded = load();
+    let variables = STOOD_IN.with(|stood_in| stood_in.borrow_mut().take());
+    (loaded, variables.into_iter().flatten().collect())
+}
 
 impl Secret {
     pub fn new(value: String) -> Secret {
-        Secret(value)
+        Secret {
+            value,
+            stand_in: false,
+        }
     }
 
     /// Reads the secret held by the environment variable `variable`.
     pub fn from_env(variable: &str) -> Result<Secret, String> {
-        match std::env::var(variable) {
-            Ok(value) if !value.is_empty() => Ok(Secret(value)),
-            Ok(_) => Err(format!("environment variable {variable} is empty")),
-            Err(_) => Err(format!("environment variable {variable} is not set")),
+        let missing = match std::env::var(variable) {
+            Ok(value) if !value.is_empty() => return Ok(Secret::new(value)),
+            Ok(_) => format!("environment variable {variable} is empty"),
+            Err(_) => format!("environment variable {variable} is not set"),
+        };
+        let stood_in = STOOD_IN.with(|stood_in| {
+            stood_in
+                .borrow_mut()
+                .as_mut()
+                .map(|stood_in| stood_in.insert(variable.to_owned()))
+                .is_some()
+        });
+        if stood_in {
+            Ok(Secret {
+                value: String::new(),
+                stand_in: true,
+            })
+        } else {
+            Err(missing)
         }
     }
 
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.value
+    }
+
+    /// Whether the secret stands in for an unset variable ([`without_secrets`]): its form
+    /// cannot be checked.
+    pub fn is_stand_in(&self) -> bool {
+        self.stand_in
     }
 }
 
@@ -771,7 +901,19 @@ mod tests {
             "7d".parse::<HumanDuration>().unwrap().0,
             Duration::from_secs(7 * 86400)
         );
-        assert_eq!("72h".parse::<HumanDuration>().unwrap().to_string(), "3days");
+        assert_eq!("72h".parse::<HumanDuration>().unwrap().to_string(), "3d");
+        for written in [
+            "0s",
+            "5m",
+            "7d",
+            "1h30m",
+            "1m5ms",
+            "2d3h4m5s6ms7us8ns",
+            "250ms",
+        ] {
+            let duration: HumanDuration = written.parse().unwrap();
+            assert_eq!(duration.to_string(), written, "printed as written");
+        }
         assert!("5 parsecs".parse::<HumanDuration>().is_err());
         assert!("30".parse::<HumanDuration>().is_err());
     }
@@ -837,6 +979,9 @@ mod tests {
 
     #[test]
     fn secrets_never_print() {
-        assert_eq!(format!("{:?}", Secret("hunter2".into())), "Secret(***)");
+        assert_eq!(
+            format!("{:?}", Secret::new("hunter2".into())),
+            "Secret(***)"
+        );
     }
 }

@@ -149,3 +149,65 @@ fn command_line_overrides_win_over_the_file() {
         "{stdout}"
     );
 }
+
+/// A misspelt field name gets the nearest one the file could have meant, and no message
+/// states its location again after the `file:line:column:` it starts with.
+#[test]
+fn messages_suggest_the_nearest_name_and_state_their_location_once() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid");
+    let misspelt = check(&["check", "-c"], &dir.join("unknown_route_field.yaml"));
+    assert!(
+        String::from_utf8_lossy(&misspelt.stderr)
+            .trim_end()
+            .ends_with("did you mean `retention`?"),
+        "{}",
+        String::from_utf8_lossy(&misspelt.stderr)
+    );
+    for file in yaml_files("tests/fixtures/invalid") {
+        let stderr = String::from_utf8_lossy(&check(&["check", "-c"], &file).stderr).into_owned();
+        // `error: FILE.yaml:LINE:COLUMN: message`
+        let location = stderr.split(".yaml:").nth(1).unwrap_or_default();
+        let mut parts = location.splitn(3, ':');
+        let (line, column) = (
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+        );
+        assert!(
+            !stderr.contains(&format!("line {line} column {column}")),
+            "{}: {stderr}",
+            file.display()
+        );
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "{}: one line: {stderr}",
+            file.display()
+        );
+    }
+}
+
+/// A file without routes passes `check`, but says loudly that it dedupes nothing.
+#[test]
+fn a_file_without_routes_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, says) in [
+        (
+            "upstream: http://127.0.0.1:8080\nroutes: []\n",
+            "every request is forwarded unchecked",
+        ),
+        (
+            "upstream: http://127.0.0.1:8080\nunmatched: reject\n",
+            "with `unmatched: reject`, every request is refused",
+        ),
+    ] {
+        let file = dir.path().join("empty.yaml");
+        std::fs::write(&file, text).unwrap();
+        let output = check(&["check", "-c"], &file);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0));
+        assert!(
+            stderr.contains(&format!("warning: no routes: {says}")),
+            "{stderr}"
+        );
+    }
+}

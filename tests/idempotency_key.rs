@@ -130,7 +130,7 @@ async fn the_routes_endpoint_states_how_long_a_key_is_kept() {
         "{routes}"
     );
     // The draft asks a server to publish how long it keeps a key.
-    assert_eq!(policy["retention"], "7days", "{routes}");
+    assert_eq!(policy["retention"], "7d", "{routes}");
     assert_eq!(policy["fingerprint"], "request");
     assert_eq!(policy["on_payload_mismatch"], "reject");
     assert_eq!(policy["duplicate_response"]["replay"], true);

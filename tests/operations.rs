@@ -260,7 +260,7 @@ async fn the_resolved_routes_are_listed() {
     let route = &body["routes"][0];
     assert_eq!(route["name"], "hooks");
     assert_eq!(route["key"], "{json:/id}");
-    assert_eq!(route["retention"], "3days");
+    assert_eq!(route["retention"], "3d");
     assert_eq!(route["lease"], "1m");
     assert_eq!(route["match"]["path"], "/hooks");
     assert_eq!(body["unmatched"], "forward");

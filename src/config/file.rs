@@ -26,7 +26,7 @@ use crate::route::{
 };
 use crate::values::{
     HeaderText, HumanDuration, Methods, Name, RefusalStatus, ReplayHeader, Size, StatusPattern,
-    StatusValue, UpstreamUrl,
+    StatusValue, UpstreamUrl, socket_address,
 };
 use crate::verify::{Verify, VerifySetting};
 
@@ -34,7 +34,7 @@ use crate::verify::{Verify, VerifySetting};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ConfigFile {
-    #[serde(default = "defaults::listen")]
+    #[serde(default = "defaults::listen", deserialize_with = "socket_address")]
     pub(super) listen: SocketAddr,
     pub(super) upstream: UpstreamUrl,
     #[serde(default)]
@@ -135,7 +135,7 @@ impl RouteFile {
         {
             return Err(format!(
                 "`lease` must be at least {} (it is renewed every third of it while its delivery runs)",
-                humantime::format_duration(defaults::LEASE_MIN)
+                crate::values::HumanDuration(defaults::LEASE_MIN)
             ));
         }
         if self
@@ -144,7 +144,7 @@ impl RouteFile {
         {
             return Err(format!(
                 "`in_flight_wait` must be at most {} (a sender waits that long for an answer)",
-                humantime::format_duration(defaults::IN_FLIGHT_WAIT_MAX)
+                crate::values::HumanDuration(defaults::IN_FLIGHT_WAIT_MAX)
             ));
         }
         if self.success_status.as_ref().is_some_and(Vec::is_empty) {

@@ -124,10 +124,12 @@ fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
     let (line, column) = error
         .location()
         .map_or((1, 1), |location| (location.line(), location.column()));
-    let text = error.to_string();
-    let suffix = format!(" at line {line} column {column}");
+    // The location goes before the message, once (a syntax error's may be inside it).
+    let text = error
+        .to_string()
+        .replacen(&format!(" at line {line} column {column}"), "", 1);
     // The parser may quote a value of the file: a store URL's password must not go with it.
-    let message = crate::dsn::masked_anywhere(text.strip_suffix(&suffix).unwrap_or(&text));
+    let message = crate::dsn::masked_anywhere(&with_suggestion(text));
     ConfigError::Invalid {
         file: path.display().to_string(),
         line,
@@ -136,11 +138,34 @@ fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
     }
 }
 
+/// serde's message for an unknown field or value (`unknown field `retension`, expected
+/// one of ...`), with the expected name nearest to the one written.
+fn with_suggestion(message: String) -> String {
+    let written = ["unknown field `", "unknown variant `"]
+        .iter()
+        .find_map(|start| message.split_once(start))
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(written, _)| written);
+    let expected = message
+        .split_once("expected ")
+        .map(|(_, list)| list.split('`').skip(1).step_by(2));
+    let near = written
+        .zip(expected)
+        .and_then(|(written, expected)| crate::values::closest(written, expected));
+    match near {
+        Some(near) => format!("{message}; did you mean `{near}`?"),
+        None => message,
+    }
+}
+
 /// `admin:`: the listener for health, readiness and key inspection.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    #[serde(default = "defaults::admin_listen")]
+    #[serde(
+        default = "defaults::admin_listen",
+        deserialize_with = "crate::values::socket_address"
+    )]
     pub listen: SocketAddr,
     /// When set, `/v1/*` needs `Authorization: Bearer <the variable's value>`.
     #[serde(default)]

@@ -27,6 +27,12 @@ impl ConfigFile {
             .map(|route| resolve_route(route, &self.defaults, &upstream))
             .collect();
         let mut warnings: Vec<String> = routes.iter().flat_map(Route::warnings).collect();
+        if routes.is_empty() {
+            warnings.push(match self.unmatched {
+                Unmatched::Forward => "no routes: every request is forwarded unchecked and nothing is deduplicated (add a route under `routes:`)".to_owned(),
+                Unmatched::Reject => "no routes: with `unmatched: reject`, every request is refused (add a route under `routes:`)".to_owned(),
+            });
+        }
         // A lease is renewed every third of it; a renewal may take the store's timeout, so
         // a shorter lease could end while its delivery still runs.
         if let Some(timeout) = self.store.timeout() {
@@ -34,8 +40,8 @@ impl ConfigFile {
                 format!(
                     "route `{}`: lease ({}) is shorter than three times the store's timeout ({}): a renewal the store is slow to answer could come after the lease ends, and another replica could run the event while this one still does",
                     route.name,
-                    humantime::format_duration(route.policy.lease),
-                    humantime::format_duration(timeout)
+                    HumanDuration(route.policy.lease),
+                    HumanDuration(timeout)
                 )
             }));
         }
