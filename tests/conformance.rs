@@ -1280,24 +1280,10 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
         return;
     };
     client
-        .batch_execute(
-            "DROP TABLE IF EXISTS dedupe_before_held;
-             CREATE TABLE dedupe_before_held (
-               key text PRIMARY KEY,
-               state text NOT NULL CHECK (state IN ('in_flight', 'done')),
-               owner text,
-               claimed_at bigint NOT NULL,
-               expires_at bigint NOT NULL,
-               completed_at bigint,
-               upstream_status integer,
-               body_sha256 bytea NOT NULL,
-               response_status integer,
-               response_content_type text,
-               response_body bytea
-             );
-             INSERT INTO dedupe_before_held VALUES
-               ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', 201, 'text/plain', '\\x6869');",
-        )
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS dedupe_before_held; {}",
+            support::table_from_before_held("dedupe_before_held")
+        ))
         .await
         .unwrap();
     let config = PostgresConfig {

@@ -212,24 +212,6 @@ async fn postgres_a_killed_replica_leaves_the_event_to_another_after_the_lease()
     a_killed_replica_leaves_the_event_to_another_after_the_lease("postgres").await;
 }
 
-/// The claims table as a version before held keys made it: two states, no `hold_reason`,
-/// `response_headers` or held index, and one record.
-const TABLE_FROM_BEFORE_HELD: &str = "CREATE TABLE {table} (
-       key text PRIMARY KEY,
-       state text NOT NULL CHECK (state IN ('in_flight', 'done')),
-       owner text,
-       claimed_at bigint NOT NULL,
-       expires_at bigint NOT NULL,
-       completed_at bigint,
-       upstream_status integer,
-       body_sha256 bytea NOT NULL,
-       response_status integer,
-       response_content_type text,
-       response_body bytea
-     );
-     INSERT INTO {table} VALUES
-       ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', 201, 'text/plain', '\\x6869');";
-
 /// Four replicas starting at the same moment (a Deployment rolling out, a node coming
 /// back) on an empty database and on a table an earlier version made: every one becomes
 /// ready, every time. Each start brings the schema up to date, and the steps that meet
@@ -260,7 +242,7 @@ async fn postgres_four_replicas_starting_together_all_become_ready() {
         drop_postgres_tables(table).await;
         if old_schema {
             client
-                .batch_execute(&TABLE_FROM_BEFORE_HELD.replace("{table}", table))
+                .batch_execute(&table_from_before_held(table))
                 .await
                 .unwrap();
         }

@@ -629,6 +629,29 @@ pub async fn service_available(name: &str, port: u16) -> bool {
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
+/// The statements that make a claims table `table` as a version before held keys did: two
+/// states, no `hold_reason`, `response_headers` or held index, and one done record,
+/// `t:old`, answered `201` `text/plain` `hi`.
+pub fn table_from_before_held(table: &str) -> String {
+    format!(
+        "CREATE TABLE {table} (
+           key text PRIMARY KEY,
+           state text NOT NULL CHECK (state IN ('in_flight', 'done')),
+           owner text,
+           claimed_at bigint NOT NULL,
+           expires_at bigint NOT NULL,
+           completed_at bigint,
+           upstream_status integer,
+           body_sha256 bytea NOT NULL,
+           response_status integer,
+           response_content_type text,
+           response_body bytea
+         );
+         INSERT INTO {table} VALUES
+           ('t:old', 'done', NULL, 1, 9999999999999, 2, 201, '\\x07', 201, 'text/plain', '\\x6869');"
+    )
+}
+
 /// Drops a proxy's PostgreSQL tables (`table` and `<table>_entities`), if they are there.
 pub async fn drop_postgres_tables(table: &str) {
     let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
