@@ -151,6 +151,46 @@ async fn unknown_routes_and_keys_are_404() {
     );
 }
 
+/// HEAD probes come through a load balancer's name as GET ones do, and a HEAD answer over
+/// HTTP/2 (which hyper does not trim) has the GET answer's length and no body.
+#[tokio::test]
+async fn head_probes_pass_the_host_check_and_h2_head_answers_have_no_body() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let port = proxy.admin.port();
+    let answer = raw(
+        proxy.admin,
+        format!("HEAD /healthz HTTP/1.1\r\nhost: dedupe.svc:{port}\r\nconnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    let client: Client<_, Full<Bytes>> = Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    for path in ["/metrics", "/healthz"] {
+        let head = http::Request::head(format!("http://{}{path}", proxy.admin))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = client.request(head).await.unwrap();
+        assert_eq!(
+            (response.version(), response.status()),
+            (http::Version::HTTP_2, http::StatusCode::OK)
+        );
+        let length: usize = response.headers()["content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(length > 0, "{path}: the GET answer's length");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.is_empty(), "{path}: {} bytes of body", body.len());
+    }
+}
+
 /// A known path asked with a method it does not take is a 405 that names the ones it
 /// takes in `Allow`; HEAD goes wherever GET does, answered without a body.
 #[tokio::test]

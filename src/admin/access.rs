@@ -47,7 +47,8 @@ impl Rules {
     /// Checks a request that came to `local`; `Err` is the refusal to answer with.
     pub fn check<B>(&self, request: &Request<B>, local: SocketAddr) -> Result<(), AdminRefusal> {
         let path = request.uri().path();
-        let probe = request.method() == Method::GET && matches!(path, "/healthz" | "/readyz");
+        let probe = matches!(*request.method(), Method::GET | Method::HEAD)
+            && matches!(path, "/healthz" | "/readyz");
         if !probe {
             self.check_host(request.uri(), request.headers(), local)?;
         }

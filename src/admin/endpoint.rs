@@ -4,12 +4,25 @@
 
 use http::Method;
 
-/// An endpoint of the admin port, with the parts its path names still percent-encoded.
+/// An endpoint of the admin port: a probe, or one of the API's under `/v1/`.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Endpoint<'a> {
+    Probe(Probe),
+    Api(Api<'a>),
+}
+
+/// The endpoints that answer from the start, without the token.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Probe {
     Health,
     Ready,
     Metrics,
+}
+
+/// The API under `/v1/`, which the token guards and which answers once the store is open;
+/// the parts its path names are still percent-encoded.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Api<'a> {
     Routes,
     Reload,
     Keys,
@@ -32,39 +45,35 @@ pub(super) enum Endpoint<'a> {
 impl<'a> Endpoint<'a> {
     /// The endpoint `path` names, if any.
     pub(super) fn parse(path: &'a str) -> Option<Endpoint<'a>> {
-        let endpoint = match path {
-            "/healthz" => Endpoint::Health,
-            "/readyz" => Endpoint::Ready,
-            "/metrics" => Endpoint::Metrics,
-            "/v1/routes" => Endpoint::Routes,
-            "/v1/reload" => Endpoint::Reload,
-            "/v1/keys" => Endpoint::Keys,
+        let api = match path {
+            "/healthz" => return Some(Endpoint::Probe(Probe::Health)),
+            "/readyz" => return Some(Endpoint::Probe(Probe::Ready)),
+            "/metrics" => return Some(Endpoint::Probe(Probe::Metrics)),
+            "/v1/routes" => Api::Routes,
+            "/v1/reload" => Api::Reload,
+            "/v1/keys" => Api::Keys,
             _ => {
                 if let Some(rest) = path.strip_prefix("/v1/keys/") {
                     let (route, key) = named(rest)?;
                     match key.strip_suffix("/resolve").filter(|key| !key.is_empty()) {
-                        Some(key) => Endpoint::Resolve { route, key },
-                        None => Endpoint::Key { route, key },
+                        Some(key) => Api::Resolve { route, key },
+                        None => Api::Key { route, key },
                     }
                 } else {
                     let (route, entity) = named(path.strip_prefix("/v1/entities/")?)?;
-                    Endpoint::Entity { route, entity }
+                    Api::Entity { route, entity }
                 }
             }
         };
-        Some(endpoint)
+        Some(Endpoint::Api(api))
     }
 
     /// The methods the endpoint takes, as `Allow` lists them.
     pub(super) fn allow(&self) -> &'static str {
         match self {
-            Endpoint::Health
-            | Endpoint::Ready
-            | Endpoint::Metrics
-            | Endpoint::Routes
-            | Endpoint::Keys => "GET, HEAD",
-            Endpoint::Reload | Endpoint::Resolve { .. } => "POST",
-            Endpoint::Key { .. } | Endpoint::Entity { .. } => "GET, HEAD, DELETE",
+            Endpoint::Probe(_) | Endpoint::Api(Api::Routes | Api::Keys) => "GET, HEAD",
+            Endpoint::Api(Api::Reload | Api::Resolve { .. }) => "POST",
+            Endpoint::Api(Api::Key { .. } | Api::Entity { .. }) => "GET, HEAD, DELETE",
         }
     }
 
@@ -73,12 +82,6 @@ impl<'a> Endpoint<'a> {
         self.allow()
             .split(", ")
             .any(|allowed| allowed == method.as_str())
-    }
-
-    /// Whether the endpoint is of the API under `/v1/`, which the token guards and which
-    /// answers only once the store is open.
-    pub(super) fn is_api(&self) -> bool {
-        !matches!(self, Endpoint::Health | Endpoint::Ready | Endpoint::Metrics)
     }
 }
 
@@ -94,27 +97,34 @@ mod tests {
 
     #[test]
     fn paths_name_their_endpoints() {
-        assert_eq!(Endpoint::parse("/metrics"), Some(Endpoint::Metrics));
         assert_eq!(
-            Endpoint::parse("/v1/keys/stripe/evt_1"),
-            Some(Endpoint::Key {
+            Endpoint::parse("/metrics"),
+            Some(Endpoint::Probe(Probe::Metrics))
+        );
+        let api = |path| match Endpoint::parse(path) {
+            Some(Endpoint::Api(api)) => api,
+            other => panic!("{path}: {other:?}"),
+        };
+        assert_eq!(
+            api("/v1/keys/stripe/evt_1"),
+            Api::Key {
                 route: "stripe",
                 key: "evt_1"
-            })
+            }
         );
         assert_eq!(
-            Endpoint::parse("/v1/keys/stripe/a/b/resolve"),
-            Some(Endpoint::Resolve {
+            api("/v1/keys/stripe/a/b/resolve"),
+            Api::Resolve {
                 route: "stripe",
                 key: "a/b"
-            })
+            }
         );
         assert_eq!(
-            Endpoint::parse("/v1/keys/stripe/resolve"),
-            Some(Endpoint::Key {
+            api("/v1/keys/stripe/resolve"),
+            Api::Key {
                 route: "stripe",
                 key: "resolve"
-            })
+            }
         );
         for unknown in [
             "/",
@@ -133,6 +143,6 @@ mod tests {
         let key = Endpoint::parse("/v1/keys/r/k").unwrap();
         assert!(key.takes(&Method::HEAD) && key.takes(&Method::DELETE));
         assert!(!key.takes(&Method::POST));
-        assert!(!Endpoint::Reload.takes(&Method::GET));
+        assert!(!Endpoint::Api(Api::Reload).takes(&Method::GET));
     }
 }

@@ -4,7 +4,7 @@
 //! (127.0.0.1 by default) so that providers never reach it.
 //!
 //! Every request first meets [`access`]: the Host and Origin rules that keep web pages
-//! out, and the bearer token of `/v1/*`.
+//! out, and the bearer token of `/v1/*`; then [`endpoint`] names what it asks for.
 
 mod access;
 mod endpoint;
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
@@ -31,7 +31,7 @@ use crate::store::{
     StateFilter, StoreError, body_key, entity_key, store_key,
 };
 use access::{Access, Rules};
-use endpoint::Endpoint;
+use endpoint::{Api, Endpoint, Probe};
 
 /// The most connections the admin port takes: probes, a scraper and a few operators need
 /// few, and the descriptors they take are set aside from the proxy's.
@@ -105,44 +105,30 @@ impl Admin {
         if let Err(refusal) = self.rules.check(&request, ends.local) {
             return refusal.into_response();
         }
-        let Some(endpoint) = Endpoint::parse(request.uri().path()) else {
+        // Owned: a resolution takes the request's body along with the path's parts.
+        let path = request.uri().path().to_owned();
+        let Some(endpoint) = Endpoint::parse(&path) else {
             return AdminRefusal::NotFound.into_response();
         };
         if !endpoint.takes(request.method()) {
             return AdminRefusal::MethodNotAllowed(endpoint.allow()).into_response();
         }
-        // hyper leaves a HEAD answer's body out; it is a GET otherwise.
-        let method = match *request.method() {
-            Method::HEAD => Method::GET,
-            ref method => method.clone(),
+        let head = request.method() == Method::HEAD;
+        let answer = match endpoint {
+            Endpoint::Probe(probe) => self.probe(probe),
+            Endpoint::Api(api) => match self.serving.get() {
+                Some(serving) => serve_api(serving, api, request).await,
+                None => AdminRefusal::Starting.into_response(),
+            },
         };
-        if !endpoint.is_api() {
-            return match endpoint {
-                Endpoint::Health => {
-                    json_response(StatusCode::OK, json!({"status": "ok"}).to_string())
-                }
-                Endpoint::Ready => self.readiness(),
-                _ => self.metrics(),
-            };
-        }
-        let Some(serving) = self.serving.get() else {
-            return AdminRefusal::Starting.into_response();
-        };
-        match endpoint {
-            Endpoint::Routes => routes(serving),
-            Endpoint::Reload => reload(serving).await,
-            Endpoint::Keys => list_keys(serving, request.uri().query()).await,
-            Endpoint::Key { route, key } => key_request(serving, &method, route, key).await,
-            Endpoint::Resolve { route, key } => {
-                let (route, key) = (route.to_owned(), key.to_owned());
-                resolve(serving, &route, &key, request).await
-            }
-            Endpoint::Entity { route, entity } => {
-                entity_request(serving, &method, route, entity).await
-            }
-            Endpoint::Health | Endpoint::Ready | Endpoint::Metrics => {
-                unreachable!("answered above")
-            }
+        if head { without_body(answer) } else { answer }
+    }
+
+    fn probe(&self, probe: Probe) -> Response<ProxyBody> {
+        match probe {
+            Probe::Health => json_response(StatusCode::OK, json!({"status": "ok"}).to_string()),
+            Probe::Ready => self.readiness(),
+            Probe::Metrics => self.metrics(),
         }
     }
 
@@ -170,6 +156,34 @@ impl Admin {
         };
         json_response(status, json!({ "status": text }).to_string())
     }
+}
+
+/// Answers a request to the API (`GET` for a `HEAD`: its body is left out after).
+async fn serve_api(
+    serving: &Serving,
+    api: Api<'_>,
+    request: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let method = request.method();
+    match api {
+        Api::Routes => routes(serving),
+        Api::Reload => reload(serving).await,
+        Api::Keys => list_keys(serving, request.uri().query()).await,
+        Api::Key { route, key } => key_request(serving, method, route, key).await,
+        Api::Entity { route, entity } => entity_request(serving, method, route, entity).await,
+        Api::Resolve { route, key } => resolve(serving, route, key, request).await,
+    }
+}
+
+/// A `HEAD` answer: the `GET` answer's status and headers, its length, no body. hyper
+/// leaves the body out over HTTP/1.1 but sends it over HTTP/2.
+fn without_body(answer: Response<ProxyBody>) -> Response<ProxyBody> {
+    let (mut head, body) = answer.into_parts();
+    if let Some(length) = hyper::body::Body::size_hint(&body).exact() {
+        head.headers
+            .insert(CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    Response::from_parts(head, empty())
 }
 
 /// `GET /v1/routes`: every route with its resolved settings, and where unmatched
