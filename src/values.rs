@@ -275,22 +275,28 @@ pub fn socket_address<'de, D: Deserializer<'de>>(
 
         // Inside the visitor, so that the error carries the value's line and column.
         fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-            text.parse().map_err(|_| {
-                let port = text.rsplit_once(':').map(|(_, port)| port);
-                let reason = match port.map(str::parse::<u64>) {
-                    None => "it needs a port: `ADDRESS:PORT`, like `0.0.0.0:8080`".to_owned(),
-                    Some(Ok(port)) if port > u64::from(u16::MAX) => {
-                        format!("port {port} is out of range (0 to 65535)")
-                    }
-                    Some(Ok(_)) => "the part before the port is not an IP address (a name is not taken; IPv6 goes in brackets, like `[::]:8080`)".to_owned(),
-                    Some(Err(_)) => "the port is not a number".to_owned(),
-                };
-                E::custom(format!("`{text}` is not a listening address: {reason}"))
-            })
+            parse_listen(text).map_err(E::custom)
         }
     }
 
     deserializer.deserialize_str(Address)
+}
+
+/// A listening address, or a message that says what is wrong with it: a port out of
+/// range, a name where an address goes, no port.
+pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse().map_err(|_| {
+        let port = text.rsplit_once(':').map(|(_, port)| port);
+        let reason = match port.map(str::parse::<u64>) {
+            None => "it needs a port: `ADDRESS:PORT`, like `0.0.0.0:8080`".to_owned(),
+            Some(Ok(port)) if port > u64::from(u16::MAX) => {
+                format!("port {port} is out of range (0 to 65535)")
+            }
+            Some(Ok(_)) => "the part before the port is not an IP address (a name is not taken; IPv6 goes in brackets, like `[::]:8080`)".to_owned(),
+            Some(Err(_)) => "the port is not a number".to_owned(),
+        };
+        format!("`{text}` is not a listening address: {reason}")
+    })
 }
 
 /// An HTTP method name: one HTTP defines (RFC 9110 and PATCH), since no webhook sender
@@ -775,10 +781,14 @@ impl fmt::Display for HeaderNameValue {
 
 string_value!(HeaderNameValue, "a header name");
 
-/// A PostgreSQL table name: `[a-z_][a-z0-9_]*`, at most 63 bytes, so that it can go into
+/// A PostgreSQL table name: `[a-z_][a-z0-9_]*`, at most 52 bytes, so that it can go into
 /// SQL as it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableName(pub String);
+
+/// The longest table name: PostgreSQL cuts names at 63 bytes, and a cut index name could
+/// be another relation's (`<table>_held` the table's own).
+const TABLE_NAME_MAX: usize = 52;
 
 impl FromStr for TableName {
     type Err = String;
@@ -789,7 +799,11 @@ impl FromStr for TableName {
             .next()
             .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
         let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if first_ok && rest_ok && text.len() <= 63 {
+        if first_ok && rest_ok && text.len() > TABLE_NAME_MAX {
+            Err(format!(
+                "table name `{text}` is longer than {TABLE_NAME_MAX} bytes: the names of its indexes (`<table>_expires_at`) must fit PostgreSQL's 63"
+            ))
+        } else if first_ok && rest_ok {
             Ok(TableName(text.to_owned()))
         } else {
             Err(format!(
@@ -882,6 +896,13 @@ impl fmt::Debug for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_names_leave_room_for_their_indexes_names() {
+        assert!("t".repeat(52).parse::<TableName>().is_ok());
+        let error = "t".repeat(53).parse::<TableName>().unwrap_err();
+        assert!(error.contains("longer than 52 bytes"), "{error}");
+    }
 
     #[test]
     fn durations_no_clock_can_add_are_refused() {

@@ -10,7 +10,8 @@
 //! `<table>_entities`, whose `sort_key` compares byte by byte (`COLLATE "C"`): one
 //! `INSERT ... ON CONFLICT DO UPDATE ... WHERE <the new sort key is larger, or the row
 //! has expired>` keeps the largest version. Times come from the database's clock, which all replicas share.
-//! Claims and done marks travel in batches, one statement for many (`batch.rs`). The
+//! Claims and done marks travel in batches, one statement for many (`batch.rs`); the
+//! table is made or brought up to date at start (`schema.rs`). The
 //! outcomes of claims made with `announce` are notified on `<table>_outcomes`, on which
 //! each store keeps one connection listening ([`hear`]).
 

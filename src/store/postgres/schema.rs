@@ -2,7 +2,7 @@
 //! earlier version's. Replicas start together (a Deployment rolling out), so every step
 //! here may meet another replica's same step: the table's changes run one replica at a
 //! time under a transaction lock, the held index is built by whichever replica takes its
-//! lock first (the others go on without waiting for it), and a step the server aborted
+//! lock first (the others ask again until it is built), and a step the server aborted
 //! to break a deadlock or a lock wait is tried again, a bounded number of times.
 
 use std::time::Duration;
@@ -157,23 +157,34 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
 }
 
 /// The partial index of held keys on a table that had none. It is built without blocking
-/// writes (`CONCURRENTLY`, which cannot run in a transaction) by the replica that takes
-/// the table's build lock; one that finds the lock taken goes on without waiting: the
-/// index only speeds up listing held keys, and a replica waiting in a statement would
-/// be among the transactions the build waits for, a deadlock. A build that failed half-way
-/// left an invalid index, made again.
+/// writes (`CONCURRENTLY`, which cannot run in a transaction) under a session lock, which
+/// the others wait for by asking again every [`LOCK_POLL`], outside any statement: a
+/// replica waiting inside one would be among the transactions the build waits for, a
+/// deadlock (the lock's key is the one earlier versions take, so that they build in turn
+/// too). After [`LOCK_WAIT`], a replica starts without the index: it only speeds up
+/// listing held keys. A build that failed half-way left an invalid index, made again.
 async fn build_held_index(client: &Object, table: &str) -> Result<(), tokio_postgres::Error> {
     if held_index_valid(client, table).await? == Some(true) {
         return Ok(());
     }
-    let lock = format!("hashtext('dedupe-proxy held index {table}')");
-    let taken: bool = client
-        .query_one(&format!("SELECT pg_try_advisory_lock({lock})"), &[])
-        .await?
-        .get(0);
-    if !taken {
-        tracing::info!(table, "another replica is building the held keys' index");
-        return Ok(());
+    let lock = "hashtext('dedupe-proxy held index')";
+    let waiting = tokio::time::Instant::now();
+    loop {
+        let taken: bool = client
+            .query_one(&format!("SELECT pg_try_advisory_lock({lock})"), &[])
+            .await?
+            .get(0);
+        if taken {
+            break;
+        }
+        if waiting.elapsed() >= LOCK_WAIT {
+            tracing::warn!(
+                table,
+                "another replica has been building an index for {LOCK_WAIT:?}; starting without the held keys' index (the next start builds it)"
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(LOCK_POLL).await;
     }
     let built = async {
         match held_index_valid(client, table).await? {
@@ -198,6 +209,10 @@ async fn build_held_index(client: &Object, table: &str) -> Result<(), tokio_post
     built?;
     unlocked
 }
+
+/// How often a replica asks for the index build's lock, and for how long at most.
+const LOCK_POLL: Duration = Duration::from_millis(100);
+const LOCK_WAIT: Duration = Duration::from_secs(60);
 
 /// Whether the held index is valid; `None` when there is none.
 async fn held_index_valid(
