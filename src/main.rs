@@ -79,11 +79,7 @@ fn serve(path: Option<&Path>, args: &RunArgs) -> ExitCode {
 }
 
 fn check(path: Option<&Path>, args: &CheckArgs) -> ExitCode {
-    let overrides = Overrides {
-        listen: args.file.listen,
-        upstream: args.file.upstream.clone(),
-        workers: None,
-    };
+    let overrides = args.file.overrides();
     let (config, stood_in) = if args.without_secrets {
         dedupe_proxy::values::without_secrets(|| load(path, &overrides))
     } else {
@@ -105,7 +101,7 @@ fn check(path: Option<&Path>, args: &CheckArgs) -> ExitCode {
     );
     if !stood_in.is_empty() {
         eprintln!(
-            "not checked: the secrets of {} (not set here; `run` needs them)",
+            "not checked: the secrets of {} (not set or empty here; `run` needs them)",
             stood_in.join(", ")
         );
     }

@@ -226,8 +226,10 @@ async fn the_admin_commands_drive_a_running_proxy() {
         stderr(&resolved)
     );
 
-    let forgotten = run(&["keys", "forget", "hooks", "evt/one two"]);
+    let forgotten = run(&["keys", "forget", "hooks", "evt/one two", "--json"]);
     assert_eq!(forgotten.status.code(), Some(0), "{}", stderr(&forgotten));
+    let said: serde_json::Value = serde_json::from_str(&stdout(&forgotten)).unwrap();
+    assert_eq!(said["forgotten"]["key"], "evt/one two");
     assert_eq!(
         post_event(proxy.addr, "evt/one two").await.dedupe(),
         "forwarded"
@@ -248,6 +250,9 @@ async fn the_admin_commands_drive_a_running_proxy() {
         "{}",
         stdout(&reloaded)
     );
+
+    let too_many = run(&["keys", "list", "--route", "hooks", "--limit", "5000"]);
+    assert_eq!(too_many.status.code(), Some(2), "a wrong command");
 
     let entity = run(&["entities", "show", "hooks", "e1"]);
     assert_eq!(entity.status.code(), Some(1));

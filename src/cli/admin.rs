@@ -20,9 +20,6 @@ use serde_json::{Value, json};
 
 use super::{AdminArgs, Command, EntitiesCommand, KeysCommand, Outcome};
 
-/// The admin API's address when neither `--admin` nor a configuration names one.
-const DEFAULT_ADMIN: &str = "http://127.0.0.1:9091";
-
 /// The variable the token is read from when the configuration names none.
 const DEFAULT_TOKEN_ENV: &str = "DEDUPE_ADMIN_TOKEN";
 
@@ -32,12 +29,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest answer read (a page of 1 000 keys is about 300 KiB).
 const MAX_ANSWER: usize = 16 << 20;
 
-/// What a path segment escapes: all but RFC 3986's unreserved characters.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+/// What a path segment escapes: all but RFC 3986's unreserved characters, and dots too,
+/// so that no intermediary reads a key `..` as a dot segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
 /// reached, 2 when the command itself is wrong.
@@ -106,9 +100,13 @@ async fn carry_out(config: Option<&Path>, command: Command) -> Result<(), Failur
             };
             let api = Api::find(config, &admin)?;
             let path = format!("/v1/entities/{}/{}", segment(&route), segment(&entity));
-            let answer = api.call(method.clone(), &path, None).await?;
-            if method == Method::DELETE {
-                println!("forgotten: the newest version of {route}/{entity}");
+            let forgetting = method == Method::DELETE;
+            let answer = api.call(method, &path, None).await?;
+            if forgetting {
+                let forgotten = json!({ "forgotten": { "route": route, "entity": entity } });
+                print(&admin, &forgotten, |_| {
+                    format!("forgotten: the newest version of {route}/{entity}\n")
+                });
             } else {
                 print(&admin, &answer, fields);
             }
@@ -131,6 +129,7 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             admin,
         } => {
             let api = Api::find(config, &admin)?;
+            let mut first = true;
             loop {
                 let mut query = form_urlencoded::Serializer::new(String::new());
                 query.append_pair("route", &route);
@@ -145,11 +144,20 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
                 }
                 let path = format!("/v1/keys?{}", query.finish());
                 let answer = api.call(Method::GET, &path, None).await?;
-                print(&admin, &answer, keys_table);
-                after = answer["next"].as_str().map(str::to_owned);
-                if !all || after.is_none() {
+                let next = answer["next"].as_str().map(str::to_owned);
+                // Under --all, one table: headings once, no cursor to pass on.
+                print(&admin, &answer, |answer| keys_table(answer, first, !all));
+                first = false;
+                if !all || next.is_none() {
                     break;
                 }
+                if next == after {
+                    return Err(Failure::Api(format!(
+                        "the listing's cursor did not move ({}): stopped",
+                        next.unwrap_or_default()
+                    )));
+                }
+                after = next;
             }
         }
         KeysCommand::Show { route, key, admin } => {
@@ -161,7 +169,10 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             let api = Api::find(config, &admin)?;
             api.call(Method::DELETE, &key_path(&route, &key), None)
                 .await?;
-            println!("forgotten: {route}/{key}");
+            let forgotten = json!({ "forgotten": { "route": route, "key": key } });
+            print(&admin, &forgotten, |_| {
+                format!("forgotten: {route}/{key}\n")
+            });
         }
         KeysCommand::Resolve {
             route,
@@ -205,7 +216,7 @@ impl Api {
         let base = match (&admin.admin, written.listen) {
             (Some(url), _) => url.trim_end_matches('/').to_owned(),
             (None, Some(listen)) => format!("http://{listen}"),
-            (None, None) => DEFAULT_ADMIN.to_owned(),
+            (None, None) => format!("http://{}", crate::config::default_admin_listen()),
         };
         let base = if base.contains("://") {
             base
@@ -275,7 +286,7 @@ impl Api {
             let body = Limited::new(body, MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(|error| unreachable(&error))?
+                .map_err(|error| Failure::Api(format!("the answer could not be read: {error}")))?
                 .to_bytes();
             Ok::<_, Failure>((head.status, body))
         };
@@ -318,16 +329,16 @@ struct AdminSection {
 fn admin_section(path: &Path) -> Result<AdminSection, Failure> {
     let text = std::fs::read_to_string(path)
         .map_err(|error| Failure::Usage(format!("{}: {error}", path.display())))?;
-    let document: serde_yaml::Value = serde_yaml::from_str(&text)
-        .map_err(|error| Failure::Usage(format!("{}: {error}", path.display())))?;
+    let document: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|error| {
+        // The parser may quote a line of the file, a store URL's password with it.
+        let error = crate::dsn::masked_anywhere(&error.to_string());
+        Failure::Usage(format!("{}: {error}", path.display()))
+    })?;
     let admin = &document["admin"];
     let listen = match admin["listen"].as_str() {
         Some(written) => {
-            let address: std::net::SocketAddr = written.parse().map_err(|_| {
-                Failure::Usage(format!(
-                    "{}: admin.listen `{written}` is not an address and port",
-                    path.display()
-                ))
+            let address = crate::values::parse_listen(written).map_err(|reason| {
+                Failure::Usage(format!("{}: admin.listen: {reason}", path.display()))
             })?;
             let ip = match address.ip() {
                 ip if !ip.is_unspecified() => ip,
@@ -383,7 +394,9 @@ fn fields(answer: &Value) -> String {
     text
 }
 
-fn keys_table(answer: &Value) -> String {
+/// A page of keys, under headings if `headings`, with the cursor of the next page if
+/// `more`.
+fn keys_table(answer: &Value, headings: bool, more: bool) -> String {
     let rows: Vec<Vec<String>> = answer["keys"]
         .as_array()
         .into_iter()
@@ -407,7 +420,13 @@ fn keys_table(answer: &Value) -> String {
         &["KEY", "STATE", "UPSTREAM", "DONE/HELD AT", "EXPIRES"],
         &rows,
     );
-    if let Some(next) = answer["next"].as_str() {
+    if !headings {
+        text = text
+            .split_once('\n')
+            .map(|(_, rows)| rows.to_owned())
+            .unwrap_or_default();
+    }
+    if let Some(next) = answer["next"].as_str().filter(|_| more) {
         let _ = writeln!(text, "more: --after {next}");
     }
     text
@@ -473,7 +492,8 @@ mod tests {
 
     #[test]
     fn segments_escape_all_but_unreserved_characters() {
-        assert_eq!(segment("evt_1.a-b~c"), "evt_1.a-b~c");
+        assert_eq!(segment("evt_1-b~c"), "evt_1-b~c");
+        assert_eq!(segment(".."), "%2E%2E");
         assert_eq!(segment("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
     }
 

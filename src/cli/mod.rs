@@ -38,39 +38,26 @@ impl Cli {
         use clap::{CommandFactory, FromArgMatches};
         let matches = Cli::command().get_matches();
         let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
-        if let Some(command) = &cli.command {
-            let given = ["listen", "upstream", "workers", "log_format"]
-                .into_iter()
-                .find(|id| {
-                    matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
-                });
-            if let Some(id) = given {
-                let name = command_name(command);
-                Cli::command()
-                    .error(
-                        clap::error::ErrorKind::ArgumentConflict,
-                        format!(
-                            "--{} is a flag of `run`, not of `{name}`",
-                            id.replace('_', "-")
-                        ),
-                    )
-                    .exit();
-            }
+        // `run`'s own flags, as clap knows them: given before another command, they
+        // would do nothing.
+        let run_flags = RunArgs::augment_args(clap::Command::new("run"));
+        let command = matches.subcommand_name().filter(|name| *name != "run");
+        let given = run_flags.get_arguments().find(|flag| {
+            matches.value_source(flag.get_id().as_str())
+                == Some(clap::parser::ValueSource::CommandLine)
+        });
+        if let (Some(command), Some(flag)) = (command, given) {
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "--{} is a flag of `run`, not of `{command}`",
+                        flag.get_long().unwrap_or_default()
+                    ),
+                )
+                .exit();
         }
         cli
-    }
-}
-
-/// The name a command is given by on the command line.
-fn command_name(command: &Command) -> &'static str {
-    match command {
-        Command::Run(_) => "run",
-        Command::Check(_) => "check",
-        Command::Demo(_) => "demo",
-        Command::Routes(_) => "routes",
-        Command::Reload(_) => "reload",
-        Command::Keys { .. } => "keys",
-        Command::Entities { .. } => "entities",
     }
 }
 
@@ -126,9 +113,18 @@ pub struct RunArgs {
 impl RunArgs {
     pub fn overrides(&self) -> Overrides {
         Overrides {
-            listen: self.file.listen,
-            upstream: self.file.upstream.clone(),
             workers: self.workers,
+            ..self.file.overrides()
+        }
+    }
+}
+
+impl FileOverrides {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen,
+            upstream: self.upstream.clone(),
+            workers: None,
         }
     }
 }
@@ -182,8 +178,8 @@ pub enum KeysCommand {
         #[arg(long, value_enum)]
         state: Option<KeyStateArg>,
         /// The most keys on a page (1 to 1000).
-        #[arg(long)]
-        limit: Option<usize>,
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: Option<u16>,
         /// The page after this cursor (the `next` a listing printed).
         #[arg(long)]
         after: Option<String>,
@@ -242,6 +238,8 @@ pub enum EntitiesCommand {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KeyStateArg {
+    /// As the API spells it; `in-flight` is taken too.
+    #[value(name = "in_flight", alias = "in-flight")]
     InFlight,
     Done,
     Held,

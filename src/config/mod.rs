@@ -23,6 +23,8 @@ use crate::values::{
 };
 use file::ConfigFile;
 
+/// Where the admin port listens when the file does not say.
+pub use defaults::admin_listen as default_admin_listen;
 pub use store::{
     Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode, StoreConfig,
     TlsConfig, driver_url,
