@@ -482,6 +482,10 @@ impl Proxy {
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
         open.if_dropped = ReleaseReason::TaskFailed;
+        let (progress, holds) = (
+            Arc::clone(&open.claims().progress),
+            route.policy.on_ambiguous == OnAmbiguous::Hold,
+        );
         let proxy = Arc::clone(self);
         let route = Arc::clone(route);
         self.forwards.spawn(
@@ -496,8 +500,14 @@ impl Proxy {
             .instrument(Span::current()),
         );
         answered.await.unwrap_or_else(|_| {
-            // The task died (a panic); dropping its open claim released the key.
-            (DedupeStatus::Released, Refusal::Internal.into_response())
+            // The task died (a panic); dropping its open claim held the key if the request
+            // had gone out on a route that holds, else released it.
+            let status = if holds && progress.dispatched.load(Ordering::SeqCst) {
+                DedupeStatus::Held
+            } else {
+                DedupeStatus::Released
+            };
+            (status, Refusal::Internal.into_response())
         })
     }
 
@@ -721,11 +731,7 @@ impl Proxy {
         }
     }
 
-    /// `on_ambiguous: hold`: the application may have done the work, so nothing runs it
-    /// again until an operator resolves the key. Returns whether the event's key is held.
-    /// If its hold cannot be written, the key stays in flight until its lease ends (then a
-    /// redelivery runs the work), and a guarded body is released rather than held alone,
-    /// where no operator could reach it.
+    /// Holds `claims` (see [`hold_claims`]); returns whether the event's key is held.
     async fn hold(
         &self,
         route: &str,
@@ -733,40 +739,8 @@ impl Proxy {
         claims: &Claims,
         ambiguity: Ambiguity,
     ) -> bool {
-        claims.progress.settling.store(true, Ordering::SeqCst);
-        let held = self.hold_one(&claims.event, retention, ambiguity).await;
-        if let Some(body) = &claims.body {
-            if held {
-                self.hold_one(body, retention, ambiguity).await;
-            } else if let Err(error) = self.store.release(body).await {
-                tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
-            }
-            self.waiting.announce(&body.key);
-        }
-        if held {
-            tracing::warn!(
-                reason = ambiguity.as_str(),
-                route,
-                key = %claims.event.key,
-                "delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{{route}}/{{key}}/resolve)"
-            );
-        }
-        held
-    }
-
-    async fn hold_one(&self, claim: &Claim, retention: Duration, ambiguity: Ambiguity) -> bool {
-        let held = match self.store.hold(claim, ambiguity, retention).await {
-            Ok(()) => true,
-            Err(error) => {
-                if matches!(error, StoreError::Backend(_)) {
-                    self.metrics.store_error();
-                }
-                tracing::error!(%error, key = %claim.key, "the key could not be held; when its lease ends a redelivery runs the work again");
-                false
-            }
-        };
-        self.waiting.announce(&claim.key);
-        held
+        let (store, waiting, metrics) = (&*self.store, &*self.waiting, &*self.metrics);
+        hold_claims(store, waiting, metrics, route, retention, claims, ambiguity).await
     }
 
     /// Records the entity's version (`order:`) and marks the key (and a guarded body)
@@ -1021,6 +995,63 @@ async fn release_claims(
         metrics.released(route, reason);
         tracing::debug!(reason = reason.as_str(), "claim released");
     }
+}
+
+/// `on_ambiguous: hold`: the application may have done the work, so nothing runs it
+/// again until an operator resolves the key. Returns whether the event's key is held.
+/// If its hold cannot be written, the key stays in flight until its lease ends (then a
+/// redelivery runs the work), and a guarded body is released rather than held alone,
+/// where no operator could reach it.
+async fn hold_claims(
+    store: &dyn ClaimStore,
+    waiting: &Waiting,
+    metrics: &Metrics,
+    route: &str,
+    retention: Duration,
+    claims: &Claims,
+    ambiguity: Ambiguity,
+) -> bool {
+    claims.progress.settling.store(true, Ordering::SeqCst);
+    let held = hold_claim(store, waiting, metrics, &claims.event, retention, ambiguity).await;
+    if let Some(body) = &claims.body {
+        if held {
+            hold_claim(store, waiting, metrics, body, retention, ambiguity).await;
+        } else if let Err(error) = store.release(body).await {
+            tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
+        }
+        waiting.announce(&body.key);
+    }
+    if held {
+        tracing::warn!(
+            reason = ambiguity.as_str(),
+            route,
+            key = %claims.event.key,
+            "delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{{route}}/{{key}}/resolve)"
+        );
+    }
+    held
+}
+
+async fn hold_claim(
+    store: &dyn ClaimStore,
+    waiting: &Waiting,
+    metrics: &Metrics,
+    claim: &Claim,
+    retention: Duration,
+    ambiguity: Ambiguity,
+) -> bool {
+    let held = match store.hold(claim, ambiguity, retention).await {
+        Ok(()) => true,
+        Err(error) => {
+            if matches!(error, StoreError::Backend(_)) {
+                metrics.store_error();
+            }
+            tracing::error!(%error, key = %claim.key, "the key could not be held; when its lease ends a redelivery runs the work again");
+            false
+        }
+    };
+    waiting.announce(&claim.key);
+    held
 }
 
 /// A relay's place, kept until its timeout if the relay is dropped (its sender hung up)
@@ -1287,7 +1318,6 @@ impl ClaimRegistry {
         OpenClaim {
             registry: self.clone(),
             claims,
-            route: route.name.clone(),
             store: Arc::clone(&proxy.store),
             waiting: Arc::clone(&proxy.waiting),
             metrics: Arc::clone(&proxy.metrics),
@@ -1309,7 +1339,6 @@ impl ClaimRegistry {
 struct OpenClaim {
     registry: ClaimRegistry,
     claims: Claims,
-    route: String,
     store: Arc<dyn ClaimStore>,
     waiting: Arc<Waiting>,
     metrics: Arc<Metrics>,
@@ -1351,21 +1380,35 @@ impl OpenClaim {
 
 impl Drop for OpenClaim {
     fn drop(&mut self) {
-        let still_open = self
-            .registry
-            .lock()
-            .remove(&self.claims.event.token)
-            .is_some();
-        if still_open && !self.settled {
-            let (store, waiting) = (Arc::clone(&self.store), Arc::clone(&self.waiting));
-            let metrics = Arc::clone(&self.metrics);
-            let (route, claims, reason) =
-                (self.route.clone(), self.claims.clone(), self.if_dropped);
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    release_claims(&*store, &waiting, &metrics, &route, &claims, reason).await;
-                });
-            }
+        let Some(Registered { route, .. }) = self.registry.lock().remove(&self.claims.event.token)
+        else {
+            return;
+        };
+        if self.settled {
+            return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, waiting) = (Arc::clone(&self.store), Arc::clone(&self.waiting));
+        let metrics = Arc::clone(&self.metrics);
+        let (claims, reason) = (self.claims.clone(), self.if_dropped);
+        // A forward that failed after its request went out may have done the work: on a
+        // route that holds such keys, it is held like any other ambiguous forward.
+        let hold = reason == ReleaseReason::TaskFailed
+            && route.policy.on_ambiguous == OnAmbiguous::Hold
+            && claims.progress.dispatched.load(Ordering::SeqCst);
+        runtime.spawn(async move {
+            if hold {
+                let (name, retention) = (&route.name, route.policy.retention);
+                let ambiguity = Ambiguity::ForwardFailed;
+                hold_claims(
+                    &*store, &waiting, &metrics, name, retention, &claims, ambiguity,
+                )
+                .await;
+            } else {
+                release_claims(&*store, &waiting, &metrics, &route.name, &claims, reason).await;
+            }
+        });
     }
 }

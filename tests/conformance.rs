@@ -314,6 +314,25 @@ async fn held(h: &Harness, name: &str, retention: Duration) -> Claim {
     claim
 }
 
+/// Every reason a key is held for is read back as it was written.
+async fn every_hold_reason_is_kept(h: Harness) {
+    let reasons = [
+        Ambiguity::UpstreamTimeout,
+        Ambiguity::UpstreamDropped,
+        Ambiguity::Shutdown,
+        Ambiguity::ForwardFailed,
+    ];
+    for (index, reason) in reasons.into_iter().enumerate() {
+        let name = format!("reason{index}");
+        let claim = h.claimed_for(&name, LEASE).await;
+        h.store.hold(&claim, reason, RETENTION).await.unwrap();
+        let Some(KeyState::Held(record)) = h.state(&name).await else {
+            panic!("{reason:?}: held expected");
+        };
+        assert_eq!(record.reason, reason);
+    }
+}
+
 async fn a_held_key_stops_every_claim_until_an_operator_resolves_it(h: Harness) {
     let claim = h.claimed_for("k", SHORT_LEASE).await;
     let impostor = Claim {
@@ -1025,6 +1044,7 @@ macro_rules! conformance {
 conformance!(
     announced_outcomes_are_heard,
     a_held_key_stops_every_claim_until_an_operator_resolves_it,
+    every_hold_reason_is_kept,
     only_a_held_key_is_resolved_and_a_released_one_runs_again,
     a_held_key_expires_with_its_retention,
     listing_pages_through_a_namespace_by_state,

@@ -353,3 +353,71 @@ async fn a_hold_the_store_cannot_write_is_not_reported_as_held() {
     assert_eq!(deliver("evt_2").await.dedupe(), "forwarded");
     app.shutdown().await.unwrap();
 }
+
+/// A forward whose task fails (a panic) after the request went out may have done the
+/// work: on a route that holds, its key is held (`forward_failed`) rather than released
+/// for the redelivery to run it again; on a route that does not, it is released as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_that_panics_after_the_request_went_out_is_held() {
+    for (holds, extra) in [(true, "    on_ambiguous: hold\n"), (false, "")] {
+        let upstream = Upstream::start().await;
+        let (app, _data) = proxy_on_store(&upstream, &json_route(extra), |inner| FailingStore {
+            panic_finish: true,
+            ..FailingStore::new(inner)
+        })
+        .await;
+        let first = post_event(app.proxy_addr, "evt_panic").await;
+        assert_eq!(upstream.executions("evt_panic"), 1);
+        let key = eventually_json(app.admin_addr, "/v1/keys/hooks/evt_panic", |key| {
+            key["state"] != "in_flight"
+        })
+        .await;
+        if holds {
+            assert_eq!(
+                (first.status, first.dedupe()),
+                (500, "held"),
+                "{}",
+                first.body
+            );
+            assert_eq!(
+                (key["state"].as_str(), key["held_because"].as_str()),
+                (Some("held"), Some("forward_failed")),
+                "{key}"
+            );
+            let again = post_event(app.proxy_addr, "evt_panic").await;
+            assert_eq!(again.dedupe(), "held", "{}", again.body);
+            assert_eq!(upstream.executions("evt_panic"), 1, "not run again");
+        } else {
+            assert_eq!(
+                (first.status, first.dedupe()),
+                (500, "released"),
+                "{}",
+                first.body
+            );
+            assert!(key.is_null(), "released: {key}");
+        }
+        app.shutdown().await.unwrap();
+    }
+}
+
+/// The admin API's record of a key once `settled` says so (`null` while it is absent),
+/// waiting up to 5 s: a dropped forward settles its claim in a task of its own.
+async fn eventually_json(
+    admin: std::net::SocketAddr,
+    path: &str,
+    settled: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let reply = send(admin, "GET", path, &[], "").await;
+        let record = if reply.status == 404 {
+            serde_json::Value::Null
+        } else {
+            reply.json()
+        };
+        if settled(&record) || std::time::Instant::now() > deadline {
+            return record;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -170,6 +170,9 @@ pub enum Ambiguity {
     UpstreamDropped,
     /// The proxy shut down while the forward was under way.
     Shutdown,
+    /// The forward's task failed (a panic) after the request went out. Last: the stores
+    /// encode a reason by its place.
+    ForwardFailed,
 }
 
 impl Ambiguity {
@@ -178,6 +181,7 @@ impl Ambiguity {
             Ambiguity::UpstreamTimeout => "upstream_timeout",
             Ambiguity::UpstreamDropped => "upstream_dropped",
             Ambiguity::Shutdown => "shutdown",
+            Ambiguity::ForwardFailed => "forward_failed",
         }
     }
 
@@ -186,6 +190,7 @@ impl Ambiguity {
             Ambiguity::UpstreamTimeout,
             Ambiguity::UpstreamDropped,
             Ambiguity::Shutdown,
+            Ambiguity::ForwardFailed,
         ]
         .into_iter()
         .find(|reason| reason.as_str() == text)

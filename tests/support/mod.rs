@@ -739,6 +739,8 @@ pub struct FailingStore {
     /// Fails every claim after this many.
     pub fail_claims_after: Option<usize>,
     pub fail_finish: bool,
+    /// Panics in `finish`, as a bug in the proxy's recording would.
+    pub panic_finish: bool,
     pub fail_hold: bool,
     /// Fails reading and recording entities' versions (`order:`).
     pub fail_versions: bool,
@@ -756,6 +758,7 @@ impl FailingStore {
             fail_claims: false,
             fail_claims_after: None,
             fail_finish: false,
+            panic_finish: false,
             fail_hold: false,
             fail_versions: false,
             slow_body_claims: false,
@@ -786,6 +789,10 @@ impl ClaimStore for FailingStore {
         if self.fail_finish {
             return Err(StoreError::Backend("injected finish failure".into()));
         }
+        assert!(
+            !self.panic_finish,
+            "injected panic while recording the outcome"
+        );
         self.inner.finish(claim, completion).await
     }
     async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
