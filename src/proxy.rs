@@ -359,7 +359,7 @@ impl Proxy {
         if route.replay_guard != ReplayGuard::Off {
             keys.push(body_key(&route.namespace, &fingerprint));
         }
-        let Some(mut waiter) = self.waiting.register(keys) else {
+        let Some(mut waiter) = self.waiting.register(&route.namespace, keys) else {
             return in_flight(route);
         };
         let mut last_look = false;

@@ -34,6 +34,10 @@ pub struct Waiting {
     /// Registered waiters, so that an announcement with none costs one atomic read.
     registered: AtomicUsize,
     places: Arc<Semaphore>,
+    /// Waiters per key scope: one scope takes at most `scope_places` (half the places),
+    /// so that a sender flooding one route with duplicates leaves the others room.
+    by_scope: Mutex<HashMap<String, usize>>,
+    scope_places: usize,
     next_id: AtomicU64,
     closing: CancellationToken,
 }
@@ -50,24 +54,34 @@ pub enum Woken {
 }
 
 impl Waiting {
-    /// At most `places` deliveries wait at once.
+    /// At most `places` deliveries wait at once, at most half of them on one scope.
     pub fn new(places: usize) -> Waiting {
+        let places = places.max(1);
         Waiting {
             by_key: Mutex::new(HashMap::new()),
             registered: AtomicUsize::new(0),
-            places: Arc::new(Semaphore::new(places.max(1))),
+            places: Arc::new(Semaphore::new(places)),
+            by_scope: Mutex::new(HashMap::new()),
+            scope_places: (places / 2).max(1),
             next_id: AtomicU64::new(0),
             closing: CancellationToken::new(),
         }
     }
 
-    /// Registers a waiter on `keys`, or `None` when every place is taken or the proxy is
-    /// shutting down.
-    pub fn register(self: &Arc<Self>, keys: Vec<String>) -> Option<Waiter> {
+    /// Registers a waiter of the key scope `scope` on `keys`, or `None` when every place,
+    /// or every place the scope may take, is taken, or the proxy is shutting down.
+    pub fn register(self: &Arc<Self>, scope: &str, keys: Vec<String>) -> Option<Waiter> {
         if self.closing.is_cancelled() {
             return None;
         }
+        let mut by_scope = self.by_scope.lock();
+        let taken = by_scope.get(scope).copied().unwrap_or(0);
+        if taken >= self.scope_places {
+            return None;
+        }
         let place = Arc::clone(&self.places).try_acquire_owned().ok()?;
+        by_scope.insert(scope.to_owned(), taken + 1);
+        drop(by_scope);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         let mut by_key = self.by_key.lock();
@@ -81,6 +95,7 @@ impl Waiting {
         Some(Waiter {
             waiting: Arc::clone(self),
             id,
+            scope: scope.to_owned(),
             keys,
             wake,
             recheck: RECHECK,
@@ -117,6 +132,7 @@ impl Waiting {
 pub struct Waiter {
     waiting: Arc<Waiting>,
     id: u64,
+    scope: String,
     keys: Vec<String>,
     wake: Arc<Notify>,
     /// The pause before the next look without an announcement.
@@ -151,6 +167,14 @@ impl Drop for Waiter {
                 }
             }
         }
+        drop(by_key);
+        let mut by_scope = self.waiting.by_scope.lock();
+        if let Some(taken) = by_scope.get_mut(&self.scope) {
+            *taken -= 1;
+            if *taken == 0 {
+                by_scope.remove(&self.scope);
+            }
+        }
         self.waiting.registered.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -166,8 +190,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_announcement_wakes_the_waiters_of_its_key_only() {
         let waiting = Arc::new(Waiting::new(8));
-        let mut a = waiting.register(keys(&["a", "body"])).unwrap();
-        let mut b = waiting.register(keys(&["b"])).unwrap();
+        let mut a = waiting.register("s", keys(&["a", "body"])).unwrap();
+        let mut b = waiting.register("s", keys(&["b"])).unwrap();
         let until = Instant::now() + Duration::from_secs(10);
         // Announced before the wait began: the permit is kept.
         waiting.announce("body");
@@ -189,26 +213,47 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_wait_runs_out_at_its_deadline_and_ends_at_shutdown() {
         let waiting = Arc::new(Waiting::new(8));
-        let mut waiter = waiting.register(keys(&["a"])).unwrap();
+        let mut waiter = waiting.register("s", keys(&["a"])).unwrap();
         let until = Instant::now() + Duration::from_millis(100);
         assert_eq!(waiter.wait(until).await, Woken::TimedOut);
         waiting.close();
         let later = Instant::now() + Duration::from_secs(10);
         assert_eq!(waiter.wait(later).await, Woken::Closing);
-        assert!(waiting.register(keys(&["b"])).is_none(), "no new waits");
+        assert!(
+            waiting.register("s", keys(&["b"])).is_none(),
+            "no new waits"
+        );
+    }
+
+    #[test]
+    fn one_scope_takes_at_most_half_the_places() {
+        let waiting = Arc::new(Waiting::new(4));
+        let flood: Vec<_> = (0..2)
+            .map(|_| waiting.register("flooded", keys(&["a"])).unwrap())
+            .collect();
+        assert!(waiting.register("flooded", keys(&["a"])).is_none());
+        let _other = waiting.register("other", keys(&["b"])).unwrap();
+        drop(flood);
+        assert!(waiting.by_scope.lock().get("flooded").is_none(), "emptied");
+        assert!(waiting.register("flooded", keys(&["a"])).is_some());
     }
 
     #[test]
     fn waiters_are_bounded_and_dropping_one_frees_its_place_and_keys() {
-        let waiting = Arc::new(Waiting::new(2));
-        let first = waiting.register(keys(&["a"])).unwrap();
-        let _second = waiting.register(keys(&["a"])).unwrap();
-        assert!(waiting.register(keys(&["c"])).is_none(), "beyond the cap");
-        assert_eq!(waiting.count(), 2);
+        let waiting = Arc::new(Waiting::new(4));
+        let first = waiting.register("s", keys(&["a"])).unwrap();
+        let _second = waiting.register("t", keys(&["a"])).unwrap();
+        let _third = waiting.register("u", keys(&["a"])).unwrap();
+        let _fourth = waiting.register("v", keys(&["a"])).unwrap();
+        assert!(
+            waiting.register("w", keys(&["c"])).is_none(),
+            "beyond the cap"
+        );
+        assert_eq!(waiting.count(), 4);
         drop(first);
-        assert_eq!(waiting.count(), 1);
-        assert_eq!(waiting.by_key.lock()["a"].len(), 1);
-        let third = waiting.register(keys(&["c"])).unwrap();
+        assert_eq!(waiting.count(), 3);
+        assert_eq!(waiting.by_key.lock()["a"].len(), 3);
+        let third = waiting.register("s", keys(&["c"])).unwrap();
         drop(third);
         assert!(
             !waiting.by_key.lock().contains_key("c"),

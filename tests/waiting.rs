@@ -113,12 +113,14 @@ async fn a_wait_that_runs_out_gets_the_in_flight_answer() {
     assert_eq!(upstream.requests(), 1);
 }
 
+/// A quarter of `max_requests` may wait, half of them on one route's scope: with 16, a
+/// route takes 2 waiting places.
 #[tokio::test]
-async fn beyond_a_quarter_of_max_requests_duplicates_get_the_in_flight_answer_at_once() {
+async fn beyond_a_routes_share_of_the_waiting_places_duplicates_get_the_in_flight_answer_at_once() {
     let upstream = Upstream::start().await;
     upstream.script([Answer::ok().after(Duration::from_millis(1500))]);
     let route = format!(
-        "limits: {{ max_requests: 8 }}\n{}",
+        "limits: {{ max_requests: 16 }}\n{}",
         waiting_route("    in_flight_wait: 5s\n")
     );
     let proxy = Proxy::start(upstream.addr, &route).await;
@@ -140,6 +142,52 @@ async fn beyond_a_quarter_of_max_requests_duplicates_get_the_in_flight_answer_at
     }
     first.await.unwrap();
     assert_eq!(waiting(&proxy).await, 0);
+}
+
+/// A sender flooding one route with duplicates of an event in flight takes at most half
+/// the waiting places: another route's duplicates still wait for their outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_duplicates_on_one_route_leaves_other_routes_room_to_wait() {
+    let upstream = Upstream::start().await;
+    let slow = || Answer::ok().after(Duration::from_millis(1500));
+    upstream.script([slow(), slow()]);
+    let routes = "limits: { max_requests: 16 }\nroutes:\n  - name: flooded\n    match: { path: /hooks }\n    key: \"{json:/id}\"\n    on_in_flight: wait\n    in_flight_wait: 5s\n  - name: other\n    match: { path: /other }\n    key: \"{json:/id}\"\n    on_in_flight: wait\n    in_flight_wait: 5s\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let first = tokio::spawn(post_event(proxy.addr, "evt_flood"));
+    upstream.wait_for_requests(1).await;
+    let flood: Vec<_> = (0..6)
+        .map(|_| tokio::spawn(post_event(proxy.addr, "evt_flood")))
+        .collect();
+    until_waiting(&proxy, 2).await;
+    let addr = proxy.addr;
+    let other = || post_json(addr, "/other", r#"{"id":"evt_other"}"#);
+    let other_first = tokio::spawn(other());
+    upstream.wait_for_requests(2).await;
+    let other_duplicate = other().await;
+    assert_eq!(
+        (other_duplicate.status, other_duplicate.dedupe()),
+        (200, "duplicate"),
+        "waited for its own outcome: {}",
+        other_duplicate.body
+    );
+    assert_eq!(other_first.await.unwrap().dedupe(), "forwarded");
+    let mut outcomes = Vec::new();
+    for duplicate in flood {
+        outcomes.push(duplicate.await.unwrap().dedupe().to_owned());
+    }
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            "duplicate",
+            "duplicate",
+            "in-flight",
+            "in-flight",
+            "in-flight",
+            "in-flight"
+        ]
+    );
+    first.await.unwrap();
 }
 
 #[tokio::test]
