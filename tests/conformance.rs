@@ -1331,6 +1331,120 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
     drop(PostgresStore::connect(&config, None).await.unwrap());
 }
 
+/// A batch of done marks locks its rows in the plan's order, which another transaction
+/// can cross: here one holds `b` while the batch (`a`, `b`) holds `a` and waits, then asks
+/// for `a`. The batch waited first, so the server aborts it as the deadlock's victim; it
+/// changed nothing, runs again once the other commits, and every mark is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_batch_the_server_aborts_as_a_deadlock_runs_again() {
+    let Some(observer) = postgres_client().await else {
+        return;
+    };
+    let table = "dedupe_batch_deadlock";
+    support::drop_postgres_tables(table).await;
+    let config = PostgresConfig {
+        table: TableName(table.into()),
+        pool_size: 1,
+        ..postgres_config()
+    };
+    let store = Arc::new(PostgresStore::connect(&config, None).await.unwrap());
+    let mut claims = Vec::new();
+    for key in ["a", "b", "c"] {
+        match store.claim(key, BODY, LEASE).await.unwrap() {
+            ClaimOutcome::Claimed(claim) => claims.push(claim),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    let [a, b, c] = <[Claim; 3]>::try_from(claims).unwrap();
+    let lock_row = |key: &'static str| async move {
+        let holder = postgres_client().await.unwrap();
+        holder
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM {table} WHERE key = '{key}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+        holder
+    };
+    // Waiting statements other than the observer's.
+    let waiting = || async {
+        let row = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    };
+    let until_waiting = |count: i64| async move {
+        for _ in 0..500 {
+            if waiting().await >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{count} statements never waited for a lock");
+    };
+    let deadlocks = || async {
+        observer
+            .query_one(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let deadlocks_before = deadlocks().await;
+    let (holding_c, holding_b) = (lock_row("c").await, lock_row("b").await);
+    // `c`'s mark takes the store's only connection and waits for its row...
+    let finishing_c = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.finish(&c, done(200)).await }
+    });
+    until_waiting(1).await;
+    // ...so that `a`'s and `b`'s queue meanwhile, and go in one statement.
+    let finishing = [a.clone(), b.clone()].map(|claim| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.finish(&claim, done(200)).await })
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holding_c.batch_execute("ROLLBACK").await.unwrap();
+    finishing_c.await.unwrap().unwrap();
+    // The batch has `a` and waits for `b`; the holder of `b` now asks for `a`, checking
+    // for deadlocks later than the batch does, so that the batch is the one aborted.
+    until_waiting(1).await;
+    let crossing = tokio::spawn(async move {
+        holding_b
+            .batch_execute(&format!(
+                "SET deadlock_timeout = '10s'; SELECT 1 FROM {table} WHERE key = 'a' FOR UPDATE; COMMIT"
+            ))
+            .await
+    });
+    for finished in finishing {
+        finished.await.unwrap().unwrap();
+    }
+    crossing.await.unwrap().unwrap();
+    // The statistics reach the view within its stats interval.
+    support::eventually(
+        Duration::from_secs(3),
+        "the deadlock is counted",
+        || async { deadlocks().await > deadlocks_before },
+    )
+    .await;
+    for claim in [&a, &b] {
+        assert!(
+            matches!(
+                store.inspect(&claim.key).await.unwrap(),
+                Some(KeyState::Done(_))
+            ),
+            "{} is done",
+            claim.key
+        );
+    }
+}
+
 /// A plain connection to the test database, for what a test reads or writes behind the
 /// store; none (the test skipped) without PostgreSQL.
 async fn postgres_client() -> Option<tokio_postgres::Client> {

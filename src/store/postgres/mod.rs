@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Hook, HookError, Object, Pool, PoolConfig, Runtime, Timeouts};
 use futures_util::StreamExt;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -358,7 +359,26 @@ impl Batched for ClaimMany {
     }
 }
 
-/// Runs a batch's statement (prepared once per connection) within `timeout`.
+/// Whether `error` is the server breaking a deadlock, a serialization conflict or a lock
+/// wait that ran out: another transaction was in the way, and trying again passes.
+fn passes_when_tried_again(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        [
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::LOCK_NOT_AVAILABLE,
+        ]
+        .contains(code)
+    })
+}
+
+/// How many times a batch's statement runs when the server aborts it to break a deadlock
+/// or a serialization conflict.
+const BATCH_ATTEMPTS: u32 = 3;
+
+/// Runs a batch's statement (prepared once per connection) within `timeout`. Its keys
+/// are in order, but the order rows are locked in is the plan's, which the batch cannot
+/// choose: a statement the server aborts as a deadlock changed nothing, and runs again.
 async fn batch_query(
     client: &Object,
     statement: &str,
@@ -367,7 +387,20 @@ async fn batch_query(
 ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
     within("postgres", timeout, async {
         let prepared = client.prepare_cached(statement).await?;
-        client.query(&prepared, params).await
+        let mut attempt = 1;
+        loop {
+            match client.query(&prepared, params).await {
+                Err(error) if attempt < BATCH_ATTEMPTS && passes_when_tried_again(&error) => {
+                    tracing::debug!(%error, attempt, "a batch met another transaction; running it again");
+                    // A moment apart, for the other transaction to take the rows the
+                    // aborted one gave up: at once, the two could meet again the same way.
+                    let pause = 20 * u64::from(attempt) + rand::random::<u64>() % 20;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    attempt += 1;
+                }
+                ran => return ran,
+            }
+        }
     })
     .await
 }

@@ -8,9 +8,8 @@
 use std::time::Duration;
 
 use deadpool_postgres::Object;
-use tokio_postgres::error::SqlState;
 
-use super::entities_table;
+use super::{entities_table, passes_when_tried_again};
 use crate::store::StoreError;
 
 /// How many times a start tries the schema steps when another replica's get in the way.
@@ -27,7 +26,7 @@ pub(super) async fn prepare(client: &mut Object, table: &str) -> Result<(), Stor
         };
         match prepared {
             Ok(()) => return Ok(()),
-            Err(error) if attempt < ATTEMPTS && met_another_start(&error) => {
+            Err(error) if attempt < ATTEMPTS && passes_when_tried_again(&error) => {
                 tracing::info!(
                     table,
                     attempt,
@@ -42,19 +41,6 @@ pub(super) async fn prepare(client: &mut Object, table: &str) -> Result<(), Stor
             Err(error) => return Err(error.into()),
         }
     }
-}
-
-/// Whether `error` is the server breaking a deadlock, a serialization conflict or a lock
-/// wait that ran out: another replica's step was in the way, and trying again passes.
-fn met_another_start(error: &tokio_postgres::Error) -> bool {
-    error.code().is_some_and(|code| {
-        [
-            SqlState::T_R_DEADLOCK_DETECTED,
-            SqlState::T_R_SERIALIZATION_FAILURE,
-            SqlState::LOCK_NOT_AVAILABLE,
-        ]
-        .contains(code)
-    })
 }
 
 /// The tables, columns, constraint and plain indexes, in one transaction. A table that
