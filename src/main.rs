@@ -60,6 +60,9 @@ fn serve(path: Option<&Path>, args: &RunArgs) -> ExitCode {
         dedupe_proxy::run(config, shutdown).await
     });
     if let Some(telemetry) = telemetry {
+        // Said, since it may take a while after `dedupe-proxy stopped` (up to 5 s; 0.8 s
+        // toward a collector that is not there).
+        tracing::info!("exporting the last traces before exiting");
         // It blocks until the last spans are out, which the runtime's threads carry.
         runtime
             .block_on(async { tokio::task::spawn_blocking(|| telemetry.shutdown()).await })
