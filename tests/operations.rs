@@ -744,3 +744,83 @@ async fn a_reload_cannot_put_an_unchecked_route_in_a_signed_routes_scope() {
     assert_eq!((real.status, real.dedupe()), (200, "forwarded"));
     proxy.app.shutdown().await.unwrap();
 }
+
+/// The README's walkthrough as a new user runs it: `examples/app.py` behind the proxy on
+/// `config/example.yaml`; an event twice is forwarded once; its key is shown and
+/// forgotten, after which the replay runs again; an event without its key is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_walkthrough_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let app_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut app = std::process::Command::new("python3")
+        .arg(root.join("examples/app.py"))
+        .arg(app_port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the example app");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("example.yaml");
+    let example = std::fs::read_to_string(root.join("config/example.yaml")).unwrap();
+    let data = dir.path().join("dedupe-data");
+    std::fs::write(
+        &config,
+        example
+            .replace("./dedupe-data", &data.display().to_string())
+            .replace("127.0.0.1:9091", "127.0.0.1:0"),
+    )
+    .unwrap();
+    let upstream = format!("http://127.0.0.1:{app_port}");
+    let args = [
+        "run",
+        "-c",
+        &config.display().to_string(),
+        "--upstream",
+        &upstream,
+        "--listen",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+    ]
+    .map(str::to_owned);
+    let proxy = Binary::spawn(&args, &[]);
+    let event = r#"{"id":"evt_1","type":"invoice.paid"}"#;
+    let mut first = None;
+    for _ in 0..100 {
+        // The app may still be starting: until it answers, the event is released.
+        let reply = post_json(proxy.addr, "/webhooks/stripe", event).await;
+        if reply.dedupe() == "forwarded" {
+            first = Some(reply);
+            break;
+        }
+        assert_eq!(reply.dedupe(), "released", "{}", reply.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = first.expect("the app came up");
+    assert_eq!((first.status, first.body.as_str()), (200, r#"{"ok":true}"#));
+    let second = post_json(proxy.addr, "/webhooks/stripe", event).await;
+    assert_eq!(
+        (second.status, second.dedupe(), second.body.as_str()),
+        (200, "duplicate", r#"{"received":true,"duplicate":true}"#)
+    );
+    let key = send(proxy.admin, "GET", "/v1/keys/stripe/evt_1", &[], "").await;
+    assert_eq!(key.json()["state"], "done", "{}", key.body);
+    let forgotten = send(proxy.admin, "DELETE", "/v1/keys/stripe/evt_1", &[], "").await;
+    assert_eq!(forgotten.status, 204);
+    let replay = post_json(proxy.addr, "/webhooks/stripe", event).await;
+    assert_eq!(replay.dedupe(), "forwarded");
+    let keyless = post_json(proxy.addr, "/webhooks/stripe", r#"{"type":"no id"}"#).await;
+    assert_eq!((keyless.status, keyless.dedupe()), (400, "rejected"));
+    assert_eq!(keyless.json()["error"], "missing_key");
+    app.kill().unwrap();
+    let output = app.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        printed.matches("app did the work for evt_1").count(),
+        2,
+        "once, and once more after the key was forgotten: {printed}"
+    );
+}
