@@ -481,11 +481,9 @@ impl Proxy {
         permit: RequestPermit,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
+        let (dropped, settled_on_drop) = oneshot::channel();
         open.if_dropped = ReleaseReason::TaskFailed;
-        let (progress, holds) = (
-            Arc::clone(&open.claims().progress),
-            route.policy.on_ambiguous == OnAmbiguous::Hold,
-        );
+        open.on_drop = Some(dropped);
         let proxy = Arc::clone(self);
         let route = Arc::clone(route);
         self.forwards.spawn(
@@ -499,16 +497,18 @@ impl Proxy {
             }
             .instrument(Span::current()),
         );
-        answered.await.unwrap_or_else(|_| {
-            // The task died (a panic); dropping its open claim held the key if the request
-            // had gone out on a route that holds, else released it.
-            let status = if holds && progress.dispatched.load(Ordering::SeqCst) {
-                DedupeStatus::Held
-            } else {
-                DedupeStatus::Released
-            };
-            (status, Refusal::Internal.into_response())
-        })
+        match answered.await {
+            Ok(answer) => answer,
+            // The task died (a panic): dropping its open claim held the key if the request
+            // had gone out on a route that holds (and the hold was written), else released it.
+            Err(_) => {
+                let status = match settled_on_drop.await {
+                    Ok(true) => DedupeStatus::Held,
+                    _ => DedupeStatus::Released,
+                };
+                (status, Refusal::Internal.into_response())
+            }
+        }
     }
 
     /// Runs `handling` (a claimed delivery's forward and the recording of its outcome)
@@ -1323,6 +1323,8 @@ impl ClaimRegistry {
             metrics: Arc::clone(&proxy.metrics),
             settled: false,
             if_dropped: ReleaseReason::Abandoned,
+            on_drop: None,
+            forwards: proxy.forwards.clone(),
         }
     }
 
@@ -1345,6 +1347,10 @@ struct OpenClaim {
     settled: bool,
     /// Why the claims are released if this is dropped unsettled.
     if_dropped: ReleaseReason,
+    /// Told, if this is dropped unsettled, whether its claims were held.
+    on_drop: Option<oneshot::Sender<bool>>,
+    /// Where a dropped claim is settled: among the forwards, which a drain waits for.
+    forwards: TaskTracker,
 }
 
 impl OpenClaim {
@@ -1392,23 +1398,28 @@ impl Drop for OpenClaim {
         };
         let (store, waiting) = (Arc::clone(&self.store), Arc::clone(&self.waiting));
         let metrics = Arc::clone(&self.metrics);
-        let (claims, reason) = (self.claims.clone(), self.if_dropped);
+        let (claims, reason, told) = (self.claims.clone(), self.if_dropped, self.on_drop.take());
         // A forward that failed after its request went out may have done the work: on a
         // route that holds such keys, it is held like any other ambiguous forward.
         let hold = reason == ReleaseReason::TaskFailed
             && route.policy.on_ambiguous == OnAmbiguous::Hold
             && claims.progress.dispatched.load(Ordering::SeqCst);
-        runtime.spawn(async move {
-            if hold {
+        let settling = async move {
+            let held = if hold {
                 let (name, retention) = (&route.name, route.policy.retention);
                 let ambiguity = Ambiguity::ForwardFailed;
                 hold_claims(
                     &*store, &waiting, &metrics, name, retention, &claims, ambiguity,
                 )
-                .await;
+                .await
             } else {
                 release_claims(&*store, &waiting, &metrics, &route.name, &claims, reason).await;
+                false
+            };
+            if let Some(told) = told {
+                let _ = told.send(held);
             }
-        });
+        };
+        self.forwards.spawn_on(settling, &runtime);
     }
 }

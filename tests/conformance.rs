@@ -1370,7 +1370,9 @@ async fn postgres_a_batch_the_server_aborts_as_a_deadlock_runs_again() {
     let waiting = || async {
         let row = observer
             .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+                   AND datname = current_database() AND query LIKE '%dedupe_batch_deadlock%'
+                   AND pid <> pg_backend_pid()",
                 &[],
             )
             .await
@@ -1409,7 +1411,7 @@ async fn postgres_a_batch_the_server_aborts_as_a_deadlock_runs_again() {
         let store = Arc::clone(&store);
         tokio::spawn(async move { store.finish(&claim, done(200)).await })
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     holding_c.batch_execute("ROLLBACK").await.unwrap();
     finishing_c.await.unwrap().unwrap();
     // The batch has `a` and waits for `b`; the holder of `b` now asks for `a`, checking

@@ -398,6 +398,23 @@ async fn a_forward_that_panics_after_the_request_went_out_is_held() {
         }
         app.shutdown().await.unwrap();
     }
+    // A hold the store cannot write is not reported as one: the key stays in flight.
+    let upstream = Upstream::start().await;
+    let route = json_route("    on_ambiguous: hold\n");
+    let (app, _data) = proxy_on_store(&upstream, &route, |inner| FailingStore {
+        panic_finish: true,
+        fail_hold: true,
+        ..FailingStore::new(inner)
+    })
+    .await;
+    let first = post_event(app.proxy_addr, "evt_panic").await;
+    assert_eq!(
+        (first.status, first.dedupe()),
+        (500, "released"),
+        "{}",
+        first.body
+    );
+    app.shutdown().await.unwrap();
 }
 
 /// The admin API's record of a key once `settled` says so (`null` while it is absent),
