@@ -115,6 +115,11 @@ pub(super) struct MatchFile {
     pub(super) host: Option<String>,
 }
 
+/// The fields of a route that `defaults:` may not set, in the order [`RouteFile::check_defaults`]
+/// looks at them.
+pub(super) const ROUTE_ONLY: [&str; 7] =
+    ["name", "match", "key", "scope", "preset", "verify", "order"];
+
 impl RouteFile {
     /// Checks shared by routes and `defaults`.
     fn check_policy(&self) -> Result<(), String> {
@@ -254,15 +259,15 @@ impl RouteFile {
 
     fn check_defaults(&self) -> Result<(), String> {
         let per_route = [
-            ("name", self.name.is_some()),
-            ("match", self.matcher.is_some()),
-            ("key", self.key.is_some()),
-            ("scope", self.scope.is_some()),
-            ("preset", self.preset.is_some()),
-            ("verify", self.verify.is_some()),
-            ("order", self.order.is_some()),
+            self.name.is_some(),
+            self.matcher.is_some(),
+            self.key.is_some(),
+            self.scope.is_some(),
+            self.preset.is_some(),
+            self.verify.is_some(),
+            self.order.is_some(),
         ];
-        if let Some((field, _)) = per_route.iter().find(|(_, set)| *set) {
+        if let Some((field, _)) = ROUTE_ONLY.iter().zip(per_route).find(|(_, set)| *set) {
             return Err(format!("`{field}` belongs to a route, not to `defaults`"));
         }
         self.check_policy()

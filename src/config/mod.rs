@@ -131,13 +131,29 @@ fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
         .to_string()
         .replacen(&format!(" at line {line} column {column}"), "", 1);
     // The parser may quote a value of the file: a store URL's password must not go with it.
-    let message = crate::dsn::masked_anywhere(&with_suggestion(text));
+    let message = crate::dsn::masked_anywhere(&with_suggestion(defaults_fields_only(text)));
     ConfigError::Invalid {
         file: path.display().to_string(),
         line,
         column,
         message,
     }
+}
+
+/// serde's message for an unknown field of `defaults:` lists a route's fields, those
+/// `defaults:` may not set among them: the list keeps only the ones it may.
+fn defaults_fields_only(message: String) -> String {
+    let Some((head, list)) = message
+        .strip_prefix("defaults: unknown field `")
+        .and_then(|_| message.split_once("expected one of "))
+    else {
+        return message;
+    };
+    let allowed: Vec<&str> = list
+        .split(", ")
+        .filter(|field| !file::ROUTE_ONLY.contains(&field.trim_matches('`')))
+        .collect();
+    format!("{head}expected one of {}", allowed.join(", "))
 }
 
 /// serde's message for an unknown field or value (`unknown field `retension`, expected
