@@ -71,15 +71,19 @@ pub(super) struct RouteFile {
     pub(super) verify: Option<VerifySetting>,
     pub(super) scope: Option<Name>,
     pub(super) upstream: Option<UpstreamUrl>,
+    #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) retention: Option<HumanDuration>,
+    #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) lease: Option<HumanDuration>,
     pub(super) max_body: Option<Size>,
+    #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) upstream_timeout: Option<HumanDuration>,
     pub(super) success_status: Option<Vec<StatusPattern>>,
     pub(super) on_missing_key: Option<OnMissingKey>,
     pub(super) on_store_error: Option<OnStoreError>,
     pub(super) on_payload_mismatch: Option<OnPayloadMismatch>,
     pub(super) on_in_flight: Option<OnInFlight>,
+    #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) in_flight_wait: Option<HumanDuration>,
     pub(super) on_ambiguous: Option<OnAmbiguous>,
     pub(super) duplicate_response: Option<DuplicateResponseFile>,
@@ -123,17 +127,6 @@ pub(super) const ROUTE_ONLY: [&str; 7] =
 impl RouteFile {
     /// Checks shared by routes and `defaults`.
     fn check_policy(&self) -> Result<(), String> {
-        let positive = [
-            ("retention", self.retention),
-            ("lease", self.lease),
-            ("upstream_timeout", self.upstream_timeout),
-            ("in_flight_wait", self.in_flight_wait),
-        ];
-        for (field, value) in positive {
-            if value.is_some_and(|duration| duration.0.is_zero()) {
-                return Err(format!("`{field}` must be longer than zero"));
-            }
-        }
         if self
             .lease
             .is_some_and(|lease| lease.0 < defaults::LEASE_MIN)
@@ -291,6 +284,34 @@ impl MatchFile {
         }
         Ok(())
     }
+}
+
+/// A duration that must be longer than zero (`retention`, `lease`, `upstream_timeout`,
+/// `in_flight_wait`), refused inside its visitor so that the error points at the value.
+fn longer_than_zero<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<HumanDuration>, D::Error> {
+    struct Positive;
+
+    impl Visitor<'_> for Positive {
+        type Value = Option<HumanDuration>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration longer than zero, like 30s")
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            let duration: HumanDuration = text.parse().map_err(E::custom)?;
+            if duration.0.is_zero() {
+                return Err(E::custom(format!(
+                    "`{text}`: the duration must be longer than zero"
+                )));
+            }
+            Ok(Some(duration))
+        }
+    }
+
+    deserializer.deserialize_str(Positive)
 }
 
 /// Deserializes a YAML map as `T`, then converts it with `convert` inside the map's
