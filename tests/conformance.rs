@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode};
+use dedupe_proxy::config::{
+    DirectUrl, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
+};
 use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
@@ -71,6 +73,7 @@ fn redis_config() -> RedisConfig {
 fn postgres_config() -> PostgresConfig {
     PostgresConfig {
         url: ServerUrl::Written(Secret::new(support::POSTGRES_URL.into())),
+        direct_url: None,
         table: TableName("dedupe_conformance".into()),
         timeout: HumanDuration(Duration::from_secs(5)),
         pool_size: 8,
@@ -113,6 +116,22 @@ fn postgres_tls_config(servers: &support::TestServers) -> PostgresConfig {
         url: ServerUrl::Written(Secret::new(url)),
         ssl_mode: SslMode::VerifyFull,
         tls: Some(servers.tls("ca.pem", false)),
+        ..postgres_config()
+    }
+}
+
+/// The plain PostgreSQL through PgBouncer in transaction mode, with `direct_url` past it.
+fn postgres_pooled_config(servers: &support::TestServers) -> PostgresConfig {
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/test",
+        servers.pgbouncer_port
+    );
+    PostgresConfig {
+        url: ServerUrl::Written(Secret::new(url)),
+        direct_url: Some(DirectUrl(ServerUrl::Written(Secret::new(
+            support::POSTGRES_URL.into(),
+        )))),
+        table: TableName("dedupe_conformance_pooled".into()),
         ..postgres_config()
     }
 }
@@ -169,6 +188,14 @@ impl Harness {
         match PostgresStore::connect(&config, None).await {
             Ok(store) => Some(Harness::shared(Arc::new(store))),
             Err(error) => unavailable("PostgreSQL over TLS", error),
+        }
+    }
+
+    async fn postgres_pooled() -> Option<Harness> {
+        let config = postgres_pooled_config(&support::TestServers::get()?);
+        match PostgresStore::connect(&config, None).await {
+            Ok(store) => Some(Harness::shared(Arc::new(store))),
+            Err(error) => unavailable("PostgreSQL through PgBouncer", error),
         }
     }
 
@@ -1038,6 +1065,7 @@ macro_rules! conformance {
         backend!(redis_tls_backend, redis_tls, $($test),*);
         backend!(redis_cluster_backend, redis_cluster, $($test),*);
         backend!(postgres_tls_backend, postgres_tls, $($test),*);
+        backend!(postgres_pooled_backend, postgres_pooled, $($test),*);
     };
 }
 

@@ -2,8 +2,8 @@
 //! on Redis and then on PostgreSQL. A storm spread across them runs the work once; a
 //! replica killed while it holds a claim leaves the event to another replica after the
 //! lease; a duplicate waiting on one replica (`on_in_flight: wait`) is answered as soon as
-//! the first delivery ends on another. (Skipped locally without the servers; a failure in
-//! CI.)
+//! the first delivery ends on another. The PostgreSQL tests run again through PgBouncer in
+//! transaction mode. (Skipped locally without the servers; a failure in CI.)
 
 mod support;
 
@@ -28,6 +28,13 @@ async fn shared_store(kind: &str, name: &str) -> Option<String> {
     Some(match kind {
         "redis" => {
             format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
+        }
+        "postgres_pooled" => {
+            let pooler = TestServers::get()?.pgbouncer_port;
+            drop_postgres_tables(name).await;
+            format!(
+                "store: {{ postgres: {{ url: \"postgres://postgres@127.0.0.1:{pooler}/test\", direct_url: \"{POSTGRES_URL}\", table: {name} }} }}"
+            )
         }
         _ => {
             drop_postgres_tables(name).await;
@@ -192,6 +199,19 @@ async fn postgres_a_duplicate_waiting_on_another_replica_is_answered_when_the_fi
     a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done("postgres").await;
 }
 
+/// Through PgBouncer in transaction mode, with `direct_url` for listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_pgbouncer_a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done()
+ {
+    a_duplicate_waiting_on_another_replica_is_answered_when_the_first_is_done("postgres_pooled")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_pgbouncer_a_storm_across_three_replicas_runs_the_work_once() {
+    a_storm_across_three_replicas_runs_the_work_once("postgres_pooled").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_storm_across_three_replicas_runs_the_work_once() {
     a_storm_across_three_replicas_runs_the_work_once("redis").await;
@@ -227,6 +247,7 @@ async fn postgres_four_replicas_starting_together_all_become_ready() {
         url: dedupe_proxy::config::ServerUrl::Written(dedupe_proxy::values::Secret::new(
             POSTGRES_URL.into(),
         )),
+        direct_url: None,
         table: dedupe_proxy::values::TableName(table.into()),
         timeout: dedupe_proxy::values::HumanDuration(Duration::from_secs(5)),
         pool_size: 2,

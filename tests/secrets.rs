@@ -78,6 +78,13 @@ fn store_forms(port: u16, table: &str) -> Vec<StoreForm> {
             vec![],
         ),
         (
+            "direct URL past a pooler",
+            format!(
+                "store: {{ postgres: {{ url: \"postgres://postgres@127.0.0.1:{port}/test\", direct_url: \"postgres://postgres:{encoded}@127.0.0.1:{port}/test\", table: {table} }} }}"
+            ),
+            vec![],
+        ),
+        (
             "URL in a variable",
             format!("store: {{ postgres: {{ url_env: DEDUPE_TEST_DB_URL, table: {table} }} }}"),
             vec![("DEDUPE_TEST_DB_URL".to_owned(), url_env)],

@@ -28,6 +28,7 @@ fn redis(url: String, tls: Option<TlsConfig>) -> RedisConfig {
 fn postgres(url: String, ssl_mode: SslMode, tls: Option<TlsConfig>) -> PostgresConfig {
     PostgresConfig {
         url: ServerUrl::Written(Secret::new(url)),
+        direct_url: None,
         table: TableName("dedupe_tls_test".into()),
         timeout: HumanDuration(Duration::from_secs(5)),
         pool_size: 2,

@@ -26,8 +26,8 @@ use file::ConfigFile;
 /// Where the admin port listens when the file does not say.
 pub use defaults::admin_listen as default_admin_listen;
 pub use store::{
-    Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode, StoreConfig,
-    TlsConfig, driver_url,
+    DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
+    StoreConfig, TlsConfig, driver_url,
 };
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.

@@ -125,7 +125,10 @@ impl StoreConfig {
                     .flat_map(|node| dsn::passwords(node.expose()));
                 redis.url.passwords().into_iter().chain(nodes).collect()
             }
-            StoreConfig::Postgres(postgres) => postgres.url.passwords(),
+            StoreConfig::Postgres(postgres) => {
+                let direct = postgres.direct_url.iter().flat_map(|url| url.0.passwords());
+                postgres.url.passwords().into_iter().chain(direct).collect()
+            }
         }
     }
 }
@@ -140,11 +143,34 @@ pub enum ServerUrl {
 /// `url: <with the password masked>` or `url_env: <the variable's name>`.
 impl Serialize for ServerUrl {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.serialize_as("url", serializer)
+    }
+}
+
+/// `postgres.direct_url`: the server itself, past a pooler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectUrl(pub ServerUrl);
+
+/// `direct_url: <with the password masked>` or `direct_url_env: <the variable's name>`.
+impl Serialize for DirectUrl {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize_as("direct_url", serializer)
+    }
+}
+
+impl ServerUrl {
+    fn serialize_as<S: serde::Serializer>(
+        &self,
+        field: &str,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(Some(1))?;
         match self {
-            ServerUrl::Written(url) => map.serialize_entry("url", &mask_password(url.expose()))?,
-            ServerUrl::FromEnv(env) => map.serialize_entry("url_env", &env.variable)?,
+            ServerUrl::Written(url) => map.serialize_entry(field, &mask_password(url.expose()))?,
+            ServerUrl::FromEnv(env) => {
+                map.serialize_entry(&format!("{field}_env"), &env.variable)?
+            }
         }
         map.end()
     }
@@ -221,6 +247,11 @@ pub struct RedisConfig {
 pub struct PostgresConfig {
     #[serde(flatten)]
     pub url: ServerUrl,
+    /// The server itself, when `url` goes through a pooler in transaction mode: the
+    /// schema's steps at start and the listening connection need sessions of their own,
+    /// and statements on `url` then leave nothing in theirs.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub direct_url: Option<DirectUrl>,
     /// The claims table, created at start if missing.
     pub table: TableName,
     /// How long one statement may take before it counts as a store failure.
@@ -366,6 +397,8 @@ struct RedisFile {
 struct PostgresFile {
     url: Option<String>,
     url_env: Option<EnvSecret>,
+    direct_url: Option<String>,
+    direct_url_env: Option<EnvSecret>,
     #[serde(default = "defaults::postgres_table")]
     table: TableName,
     #[serde(default = "defaults::server_timeout")]
@@ -445,8 +478,24 @@ fn postgres_section<'de, D: Deserializer<'de>>(
             (None, Some(_)) => SslMode::VerifyFull,
             (None, None) => SslMode::Disable,
         };
+        let direct_url = match (file.direct_url, file.direct_url_env) {
+            (None, None) => None,
+            (url, env) => {
+                let direct = server_url(url, env).map_err(|error| {
+                    error
+                        .replace("`url`", "`direct_url`")
+                        .replace("`url_env`", "`direct_url_env`")
+                })?;
+                let mode = SslMode::of(direct.expose())?;
+                if !direct.is_stand_in() && mode.is_some_and(|mode| mode != ssl_mode) {
+                    return Err("`direct_url` takes the same `sslmode` as `url` (or none)".into());
+                }
+                Some(DirectUrl(direct))
+            }
+        };
         Ok(Some(PostgresConfig {
             url,
+            direct_url,
             table: file.table,
             timeout: file.timeout,
             pool_size: file.pool_size,

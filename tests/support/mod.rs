@@ -678,6 +678,9 @@ pub struct TestServers {
     pub redis_tls_named_port: u16,
     pub postgres_tls_port: u16,
     pub cluster_ports: Vec<u16>,
+    /// PgBouncer in transaction mode, two server connections, before the plain
+    /// PostgreSQL's `test` database.
+    pub pgbouncer_port: u16,
 }
 
 #[allow(dead_code)]
@@ -703,6 +706,7 @@ impl TestServers {
                     .split(',')
                     .map(|port| port.parse().ok())
                     .collect::<Option<_>>()?,
+                pgbouncer_port: setting("PGBOUNCER_PORT")?.parse().ok()?,
             })
         })();
         if servers.is_none() {

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use deadpool_postgres::Object;
 
-use super::{entities_table, passes_when_tried_again};
+use super::connection::passes_when_tried_again;
+use super::statements::entities_table;
 use crate::store::StoreError;
 
 /// How many times a start tries the schema steps when another replica's get in the way.

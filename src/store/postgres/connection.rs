@@ -1,0 +1,286 @@
+//! How the PostgreSQL store reaches its server: the driver's settings and TLS, the pools,
+//! and the one place that sends a statement, prepared once per connection or, through a
+//! pooler that keeps no session, unnamed with its parameters' types.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use deadpool_postgres::{Hook, HookError, Object, Pool, PoolConfig, Runtime, Timeouts};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{NoTls, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::config::{PostgresConfig, ServerUrl, SslMode, driver_url};
+use crate::store::{StoreError, tls, within};
+
+/// How each connection plans. Every statement here finds its rows through an index, and
+/// is planned once: a batch's plan does not depend on how many keys it carries, and
+/// planning it again for each batch would cost more than running it. A cached plan is
+/// made with the table's size at that moment: made on a new, empty table it would scan
+/// the whole table, and keep doing so as the table grows, so such scans are ruled out.
+const SESSION_SETTINGS: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
+
+/// What a connection from the pool is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sessions {
+    /// A session of its own: statements are prepared once per connection and planned as
+    /// [`SESSION_SETTINGS`] says.
+    Own,
+    /// A client of a pooler in transaction mode (`direct_url` is set): each transaction
+    /// may run in a session that other clients use next, so nothing is left in one:
+    /// statements travel unnamed with their parameters' types, and are planned each time
+    /// with the table's size at that time.
+    Pooled,
+}
+
+impl Sessions {
+    pub(super) fn of(config: &PostgresConfig) -> Sessions {
+        if config.direct_url.is_some() {
+            Sessions::Pooled
+        } else {
+            Sessions::Own
+        }
+    }
+}
+
+/// A statement's text and its parameters' types, sent as the pool's sessions allow.
+pub(super) struct Sql {
+    pub(super) text: String,
+    pub(super) types: &'static [Type],
+    pub(super) sessions: Sessions,
+}
+
+impl Sql {
+    /// Runs the statement on `client`, returning its rows.
+    pub(super) async fn query(
+        &self,
+        client: &Object,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match self.sessions {
+            Sessions::Own => {
+                let prepared = client.prepare_cached(&self.text).await?;
+                client.query(&prepared, params).await
+            }
+            Sessions::Pooled => client.query_typed(&self.text, &self.typed(params)).await,
+        }
+    }
+
+    /// Runs the statement on `client`, returning how many rows it changed.
+    pub(super) async fn execute(
+        &self,
+        client: &Object,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        match self.sessions {
+            Sessions::Own => {
+                let prepared = client.prepare_cached(&self.text).await?;
+                client.execute(&prepared, params).await
+            }
+            Sessions::Pooled => client.execute_typed(&self.text, &self.typed(params)).await,
+        }
+    }
+
+    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        debug_assert_eq!(params.len(), self.types.len(), "{}", self.text);
+        params
+            .iter()
+            .copied()
+            .zip(self.types.iter().cloned())
+            .collect()
+    }
+}
+
+/// Whether `error` is the server breaking a deadlock, a serialization conflict or a lock
+/// wait that ran out: another transaction was in the way, and trying again passes.
+pub(super) fn passes_when_tried_again(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        [
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::LOCK_NOT_AVAILABLE,
+        ]
+        .contains(code)
+    })
+}
+
+/// How many times a batch's statement runs when the server aborts it to break a deadlock
+/// or a serialization conflict.
+const BATCH_ATTEMPTS: u32 = 3;
+
+/// Runs a batch's statement within `timeout`. Its keys are in order, but the order rows
+/// are locked in is the plan's, which the batch cannot choose: a statement the server
+/// aborts as a deadlock changed nothing, and runs again.
+pub(super) async fn batch_query(
+    client: &Object,
+    statement: &Sql,
+    params: &[&(dyn ToSql + Sync)],
+    timeout: Duration,
+) -> Result<Vec<Row>, StoreError> {
+    within("postgres", timeout, async {
+        let mut attempt = 1;
+        loop {
+            match statement.query(client, params).await {
+                Err(error) if attempt < BATCH_ATTEMPTS && passes_when_tried_again(&error) => {
+                    tracing::debug!(%error, attempt, "a batch met another transaction; running it again");
+                    // A moment apart, for the other transaction to take the rows the
+                    // aborted one gave up: at once, the two could meet again the same way.
+                    let pause = 20 * u64::from(attempt) + rand::random::<u64>() % 20;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    attempt += 1;
+                }
+                ran => return ran,
+            }
+        }
+    })
+    .await
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> StoreError {
+        StoreError::caused("postgres", &error)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::caused("postgres", &error)
+    }
+}
+
+/// The driver's settings for `url`, and how its connections speak TLS.
+fn driver(
+    config: &PostgresConfig,
+    url: &ServerUrl,
+) -> Result<(deadpool_postgres::Config, Connector), StoreError> {
+    let mut driver = deadpool_postgres::Config::new();
+    driver.url = Some(driver_url(url.expose()));
+    let connector = match config.ssl_mode {
+        SslMode::Disable => {
+            driver.ssl_mode = Some(deadpool_postgres::SslMode::Disable);
+            Connector::Plain
+        }
+        mode => {
+            // Never `prefer`: a server that will not speak TLS is refused, not used plain.
+            driver.ssl_mode = Some(deadpool_postgres::SslMode::Require);
+            let rustls = tls::postgres_config(mode, config.tls.as_ref())?;
+            Connector::Tls(MakeRustlsConnect::new(rustls))
+        }
+    };
+    Ok((driver, connector))
+}
+
+/// How connections speak to the server: as `sslmode` says.
+#[derive(Clone)]
+pub(super) enum Connector {
+    Plain,
+    Tls(MakeRustlsConnect),
+}
+
+fn invalid_url(url: &ServerUrl, error: &dyn Display) -> StoreError {
+    StoreError::Backend(format!("postgres URL {}: {error}", url.masked()))
+}
+
+/// The URL for what needs a session of its own (the schema's locks, `LISTEN`): the
+/// server itself, past any pooler.
+fn session_url(config: &PostgresConfig) -> &ServerUrl {
+    config
+        .direct_url
+        .as_ref()
+        .map_or(&config.url, |direct| &direct.0)
+}
+
+/// A pool of at most `size` connections for statements, opened when first needed.
+pub(super) fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
+    let settings = Sessions::of(config) == Sessions::Own;
+    pool_at(config, &config.url, size, settings)
+}
+
+/// One connection with a session of its own, for the schema's steps at start.
+pub(super) fn session_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
+    pool_at(config, session_url(config), 1, false)
+}
+
+/// The server for the listening connection, which names itself so that another replica
+/// can tell a listener that stopped reading (`listener.rs`).
+pub(super) fn listener_server(
+    config: &PostgresConfig,
+) -> Result<(tokio_postgres::Config, Connector), StoreError> {
+    let url = session_url(config);
+    let (driver, connector) = driver(config, url)?;
+    let mut server = driver
+        .get_pg_config()
+        .map_err(|error| invalid_url(url, &error))?;
+    server.application_name(super::listener::APPLICATION_NAME);
+    Ok((server, connector))
+}
+
+fn pool_at(
+    config: &PostgresConfig,
+    url: &ServerUrl,
+    size: usize,
+    settings: bool,
+) -> Result<Pool, StoreError> {
+    let (mut driver, connector) = driver(config, url)?;
+    let mut limits = PoolConfig::new(size);
+    limits.timeouts = Timeouts {
+        wait: Some(config.timeout.0),
+        create: Some(config.timeout.0),
+        recycle: Some(config.timeout.0),
+    };
+    driver.pool = Some(limits);
+    let builder = match connector {
+        Connector::Plain => driver.builder(NoTls),
+        Connector::Tls(tls) => driver.builder(tls),
+    };
+    let builder = builder
+        .map_err(|error| invalid_url(url, &error))?
+        .runtime(Runtime::Tokio1);
+    let builder = if settings {
+        builder.post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                client
+                    .batch_execute(SESSION_SETTINGS)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
+    } else {
+        builder
+    };
+    builder.build().map_err(|error| invalid_url(url, &error))
+}
+
+/// Warns when `url` seems to reach the server through a pooler (the server was reached on
+/// another port, or over its Unix socket): in transaction mode, such a pooler hands this
+/// proxy's session settings to its other clients, and `LISTEN` hears nothing.
+pub(super) async fn warn_if_pooled(
+    config: &PostgresConfig,
+    client: &Object,
+) -> Result<(), StoreError> {
+    let Ok(server) = driver(config, &config.url)?.0.get_pg_config() else {
+        return Ok(());
+    };
+    let tcp = server
+        .get_hosts()
+        .iter()
+        .any(|host| matches!(host, tokio_postgres::config::Host::Tcp(_)));
+    let port = server.get_ports().first().copied().unwrap_or(5432);
+    if !tcp || server.get_hosts().len() != 1 {
+        return Ok(());
+    }
+    let row = client.query_one("SELECT inet_server_port()", &[]).await?;
+    let reached: Option<i32> = row.get(0);
+    if reached != Some(i32::from(port)) {
+        let reached = reached.map_or_else(
+            || "its Unix socket".to_owned(),
+            |port| format!("port {port}"),
+        );
+        tracing::warn!(
+            url = %config.url.masked(),
+            "the PostgreSQL server was reached on {reached}, not the URL's port {port}: if `url` goes through a pooler in transaction mode (PgBouncer's pool_mode = transaction, Supavisor's port 6543), set `direct_url` to the server itself, or this proxy's settings reach the pooler's other clients and waiters are not told of outcomes"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Listening for the outcomes of announced claims: one connection per store, opened again
+//! when it fails, which also keeps the server's notification queue from filling.
+//!
+//! The server keeps every notification until each listening session has read past it.
+//! A replica that stops reading (frozen, cut off with its connection still open) would
+//! let the queue fill, and once it is full every transaction that notifies fails, on
+//! every replica and for every application on the server. So each listener, at each
+//! check, ends the sessions of stalled listeners: those of this program, under the same
+//! role, blocked writing to their client while the queue is past [`QUEUE_BOUND`]. A
+//! replica whose listener was ended listens again when it runs again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::connection::Connector;
+use crate::store::{Heard, StoreError, within};
+
+/// How often the listening connection is checked: a connection that died without a word
+/// would otherwise leave waiters to their rechecks for good, and a stalled listener
+/// elsewhere would go on filling the queue.
+const LISTEN_CHECK: Duration = Duration::from_secs(10);
+
+/// How a listening connection names itself (`application_name`), for other replicas'
+/// checks to find.
+pub(super) const APPLICATION_NAME: &str = "dedupe-proxy listener";
+
+/// The share of the notification queue past which a stalled listener is ended: 8 MB of
+/// PostgreSQL's default 8 GB, far beyond what listeners that read ever leave behind.
+const QUEUE_BOUND: f64 = 0.001;
+
+/// Ends the sessions of listeners that stopped reading while the queue is past the
+/// bound, answering their process ids.
+fn stalled_listeners() -> String {
+    format!(
+        "WITH stalled AS MATERIALIZED (
+           SELECT pid FROM pg_stat_activity
+           WHERE application_name = '{APPLICATION_NAME}' AND usename = current_user
+             AND pid <> pg_backend_pid() AND wait_event = 'ClientWrite'
+             AND pg_notification_queue_usage() >= {QUEUE_BOUND})
+         SELECT pid FROM stalled WHERE pg_terminate_backend(pid)"
+    )
+}
+
+/// Where the connection that listens for announced outcomes goes, and what it listens on.
+#[derive(Clone)]
+pub(super) struct Listener {
+    pub(super) server: tokio_postgres::Config,
+    pub(super) connector: Connector,
+    pub(super) channel: String,
+    pub(super) timeout: Duration,
+}
+
+/// Listens on the outcomes channel and passes each notified store key to `heard`, for
+/// ever: a connection that fails is opened again, after a pause that grows up to 5 s
+/// while the server does not answer.
+pub(super) async fn hear(listener: Listener, heard: Heard) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let server = &listener.server;
+        let listened = match &listener.connector {
+            Connector::Plain => listen(server.connect(NoTls), &listener, &heard, &mut pause).await,
+            Connector::Tls(tls) => {
+                listen(server.connect(tls.clone()), &listener, &heard, &mut pause).await
+            }
+        };
+        if let Err(error) = listened {
+            tracing::warn!(%error, "not listening for announced outcomes; waiters look at the store again from time to time");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection's `LISTEN`, until it fails. A connection makes progress only while it
+/// is polled, so its messages are read in the same loop that sends its statements.
+async fn listen<S, T>(
+    connecting: impl Future<
+        Output = Result<
+            (tokio_postgres::Client, tokio_postgres::Connection<S, T>),
+            tokio_postgres::Error,
+        >,
+    >,
+    listener: &Listener,
+    heard: &Heard,
+    pause: &mut Duration,
+) -> Result<(), StoreError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let timeout = listener.timeout;
+    let stalled = stalled_listeners();
+    let (client, mut connection) = within("postgres", timeout, connecting).await?;
+    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+    let listen = format!("LISTEN {}", listener.channel);
+    let mut statement: Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + '_>> =
+        Box::pin(within("postgres", timeout, client.batch_execute(&listen)));
+    let mut checks = tokio::time::interval(LISTEN_CHECK);
+    checks.tick().await;
+    let mut listening = false;
+    loop {
+        tokio::select! {
+            done = &mut statement => {
+                done?;
+                // Past a check, the connection has held for a while: a server that drops
+                // it at once is not connected to again at once.
+                if listening {
+                    *pause = Duration::from_millis(100);
+                }
+                listening = true;
+                // Nothing to send until the next check.
+                statement = Box::pin(std::future::pending());
+            }
+            message = messages.next() => match message {
+                Some(Ok(AsyncMessage::Notification(notification))) => heard(notification.payload()),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error.into()),
+                None => return Err(StoreError::of("postgres", "the listening connection closed")),
+            },
+            _ = checks.tick() => {
+                statement = Box::pin(within("postgres", timeout, end_stalled_listeners(&client, &stalled)));
+            }
+        }
+    }
+}
+
+/// Ends stalled listeners' sessions (see the module's doc), which also shows that this
+/// connection still answers.
+async fn end_stalled_listeners(
+    client: &tokio_postgres::Client,
+    stalled: &str,
+) -> Result<(), tokio_postgres::Error> {
+    for row in client.query(stalled, &[]).await? {
+        let pid: i32 = row.get(0);
+        tracing::warn!(
+            pid,
+            "ended a replica's listening session that stopped reading while the server's notification queue filled; that replica listens again when it runs again"
+        );
+    }
+    Ok(())
+}
