@@ -118,7 +118,10 @@ fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ExitCode> 
         return Err(ExitCode::from(2));
     };
     let config = Config::load(path, overrides).map_err(|error| {
-        eprintln!("error: {error}");
+        // One line per error, when the file has several.
+        for line in error.to_string().lines() {
+            eprintln!("error: {line}");
+        }
         ExitCode::from(2)
     })?;
     redact::remember(config.secrets());

@@ -211,3 +211,28 @@ fn a_file_without_routes_is_warned_about() {
         );
     }
 }
+
+/// A file with several mistakes gets one line for each, in the file's order, each with its
+/// own line and column (and a route's index as the file counts it): the operator fixes
+/// them all in one go instead of one per run.
+#[test]
+fn every_error_a_file_has_is_shown_in_one_run() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/several_errors.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let expected: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# expect: ")?.split_once(' '))
+        .collect();
+    let output = check(&["check", "-c"], &file);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, (location, fragment)) in lines.iter().zip(&expected) {
+        let prefix = format!("error: {}:{location}: ", file.display());
+        assert!(
+            line.starts_with(&prefix) && line.contains(fragment),
+            "wanted `{prefix}…{fragment}…`, got: {line}"
+        );
+    }
+}

@@ -7,6 +7,7 @@
 //! the built-in values of [`defaults`]. `docs/configuration.md` documents the file.
 
 mod defaults;
+mod errors;
 mod file;
 mod resolve;
 mod store;
@@ -75,6 +76,14 @@ pub enum ConfigError {
         column: usize,
         message: String,
     },
+    /// More than one error, each `Invalid`, in the file's order: one per line.
+    #[error("{}", lines(.0))]
+    Several(Vec<ConfigError>),
+}
+
+fn lines(errors: &[ConfigError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("\n")
 }
 
 /// Command-line settings that win over the file.
@@ -116,63 +125,9 @@ impl Config {
 
     /// Validates configuration text; `path` is used in messages and kept as the source.
     pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let file: ConfigFile = serde_yaml::from_str(text).map_err(|error| located(path, &error))?;
+        let file: ConfigFile =
+            serde_yaml::from_str(text).map_err(|error| errors::every_error(text, path, &error))?;
         Ok(file.resolve(path, overrides))
-    }
-}
-
-/// Turns a serde_yaml error into `file:line:column: message`.
-fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
-    let (line, column) = error
-        .location()
-        .map_or((1, 1), |location| (location.line(), location.column()));
-    // The location goes before the message, once (a syntax error's may be inside it).
-    let text = error
-        .to_string()
-        .replacen(&format!(" at line {line} column {column}"), "", 1);
-    // The parser may quote a value of the file: a store URL's password must not go with it.
-    let message = crate::dsn::masked_anywhere(&with_suggestion(defaults_fields_only(text)));
-    ConfigError::Invalid {
-        file: path.display().to_string(),
-        line,
-        column,
-        message,
-    }
-}
-
-/// serde's message for an unknown field of `defaults:` lists a route's fields, those
-/// `defaults:` may not set among them: the list keeps only the ones it may.
-fn defaults_fields_only(message: String) -> String {
-    let Some((head, list)) = message
-        .strip_prefix("defaults: unknown field `")
-        .and_then(|_| message.split_once("expected one of "))
-    else {
-        return message;
-    };
-    let allowed: Vec<&str> = list
-        .split(", ")
-        .filter(|field| !file::ROUTE_ONLY.contains(&field.trim_matches('`')))
-        .collect();
-    format!("{head}expected one of {}", allowed.join(", "))
-}
-
-/// serde's message for an unknown field or value (`unknown field `retension`, expected
-/// one of ...`), with the expected name nearest to the one written.
-fn with_suggestion(message: String) -> String {
-    let written = ["unknown field `", "unknown variant `"]
-        .iter()
-        .find_map(|start| message.split_once(start))
-        .and_then(|(_, rest)| rest.split_once('`'))
-        .map(|(written, _)| written);
-    let expected = message
-        .split_once("expected ")
-        .map(|(_, list)| list.split('`').skip(1).step_by(2));
-    let near = written
-        .zip(expected)
-        .and_then(|(written, expected)| crate::values::closest(written, expected));
-    match near {
-        Some(near) => format!("{message}; did you mean `{near}`?"),
-        None => message,
     }
 }
 
@@ -316,6 +271,76 @@ mod tests {
         assert_eq!(sled.flush_every.0, Duration::from_millis(100));
         assert_eq!(sled.cache.0, 8 << 20);
         assert!(config.routes.is_empty());
+    }
+
+    fn errors_of(text: &str) -> Vec<(usize, usize, String)> {
+        let single = |error: ConfigError| match error {
+            ConfigError::Invalid {
+                line,
+                column,
+                message,
+                ..
+            } => (line, column, message),
+            other => panic!("not one error: {other:?}"),
+        };
+        match parse(text) {
+            Err(ConfigError::Several(errors)) => errors.into_iter().map(single).collect(),
+            Err(error) => vec![single(error)],
+            Ok(_) => panic!("valid: {text}"),
+        }
+    }
+
+    const ROUTE: &str = "    match: { path: /p }\n    key: \"{json:/id}\"\n";
+
+    #[test]
+    fn a_bad_upstream_is_stood_in_for_and_the_errors_after_it_found() {
+        let text = format!("upstream: ftp://x\nroutes:\n  - name: a\n{ROUTE}    lease: 0s\n");
+        let errors = errors_of(&text);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!((errors[0].0, errors[0].1), (1, 11));
+        assert_eq!((errors[1].0, errors[1].1), (6, 12));
+    }
+
+    #[test]
+    fn leaving_a_route_out_makes_up_no_error() {
+        // The second `a` would be a duplicate of the first, which is left out once its
+        // own error is found: no duplicate is reported, and the later error is.
+        let text = format!(
+            "upstream: http://127.0.0.1:1\nroutes:\n  - name: a\n{ROUTE}    lease: 0s\n  - name: a\n{ROUTE}  - name: c\n{ROUTE}    retention: 0s\n"
+        );
+        let errors = errors_of(&text);
+        let messages: Vec<&str> = errors.iter().map(|e| e.2.as_str()).collect();
+        assert_eq!(errors.len(), 2, "{messages:?}");
+        assert!(messages[0].starts_with("routes[0].lease"), "{messages:?}");
+        assert!(
+            messages[1].starts_with("routes[2].retention"),
+            "{messages:?}"
+        );
+    }
+
+    #[test]
+    fn only_the_first_error_where_the_parts_cannot_be_told_apart() {
+        // A list written inline, a syntax error, a missing `upstream`: one error each.
+        let inline = "upstream: http://127.0.0.1:1\nroutes: [ { name: a, key: \"{json:/id}\", lease: 0s }, { name: b, retention: 0s } ]\n";
+        assert_eq!(errors_of(inline).len(), 1);
+        assert_eq!(errors_of("upstream: [\nroutes: 5\n").len(), 1);
+        // Each section's error, then the missing `upstream`, once.
+        assert_eq!(
+            errors_of("listen: nowhere\nlimits: { max_conections: 5 }\n").len(),
+            3
+        );
+        let missing = errors_of("limits: { max_requests: 5 }\n");
+        assert_eq!(missing.len(), 1, "{missing:?}");
+    }
+
+    #[test]
+    fn columns_hold_after_wide_characters_are_left_out() {
+        let text = format!(
+            "upstream: http://127.0.0.1:1\nroutes:\n  - name: a\n    # ✓ é 日本\n{ROUTE}    lease: 0s\n  - name: b\n{ROUTE}    retention: 0s # ✓\n"
+        );
+        let errors = errors_of(&text);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!((errors[1].0, errors[1].1), (11, 16), "{errors:?}");
     }
 
     #[test]

@@ -1,0 +1,332 @@
+//! A file's errors as the operator reads them: each at its file, line and column, with a
+//! suggestion where a name was misspelt, and every one that can be found in one reading,
+//! not only the first.
+//!
+//! serde stops at the first error. To find the next, the part of the file that holds it
+//! (one route, or one top-level section) is blanked out, keeping every other line and
+//! column where it was, and the file is read again; a required `upstream` gets a stand-in
+//! instead. The parts' extents come from a YAML parser that reports positions
+//! (`yaml-rust2`), since serde_yaml keeps none. Blanking a part can only hide errors that
+//! depend on it (a duplicate name), never make one up, and the search stops at an error it
+//! cannot place in a part.
+
+use std::path::Path;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::Marker;
+
+use super::ConfigError;
+use super::file::{ConfigFile, ROUTE_ONLY};
+
+/// At most this many errors are reported for one file.
+const MOST_ERRORS: usize = 20;
+
+/// Every error of `text` that can be found, given the first one serde found.
+pub(super) fn every_error(text: &str, path: &Path, first: &serde_yaml::Error) -> ConfigError {
+    let mut errors = vec![located(path, first)];
+    let mut text = text.to_owned();
+    // The routes left out so far: serde counts the routes after them from fewer.
+    let mut routes_left_out = 0;
+    while errors.len() < MOST_ERRORS {
+        let Some(ConfigError::Invalid { line, column, .. }) = errors.last() else {
+            break;
+        };
+        let at = (*line, *column);
+        let Some(part) = parts(&text).into_iter().find(|part| part.holds(at)) else {
+            break;
+        };
+        text = part.left_out(&text);
+        routes_left_out += usize::from(part.route);
+        let Err(error) = serde_yaml::from_str::<ConfigFile>(&text) else {
+            break;
+        };
+        let next = counted_from_the_file(located(path, &error), routes_left_out);
+        // An error at or before the last one, or one already told (a missing field,
+        // told again where the file's top-level map now ends), is not a new one.
+        let told = |message: &str| {
+            errors.iter().any(|error| {
+                matches!(error, ConfigError::Invalid { message: earlier, .. } if earlier == message)
+            })
+        };
+        match &next {
+            ConfigError::Invalid {
+                line,
+                column,
+                message,
+                ..
+            } if (*line, *column) > at && !told(message) => errors.push(next),
+            _ => break,
+        }
+    }
+    if errors.len() == 1 {
+        errors.remove(0)
+    } else {
+        ConfigError::Several(errors)
+    }
+}
+
+/// `error` with its route's index counted as in the file, where `left_out` routes before
+/// it were left out (serde names it `routes[<index among the rest>]`).
+fn counted_from_the_file(error: ConfigError, left_out: usize) -> ConfigError {
+    let ConfigError::Invalid {
+        file,
+        line,
+        column,
+        message,
+    } = error
+    else {
+        return error;
+    };
+    let renumbered = message
+        .strip_prefix("routes[")
+        .and_then(|rest| rest.split_once(']'))
+        .and_then(|(index, rest)| Some((index.parse::<usize>().ok()? + left_out, rest)))
+        .map(|(index, rest)| format!("routes[{index}]{rest}"));
+    ConfigError::Invalid {
+        file,
+        line,
+        column,
+        message: renumbered.unwrap_or(message),
+    }
+}
+
+/// A part of the file that can be left out on its own: a top-level entry or a route.
+#[derive(Debug)]
+struct Part {
+    /// Byte offsets: from its first character (a route's `-`) to the next part's.
+    start: usize,
+    end: usize,
+    /// Line and column (from 1) of its first character, and of the next part's.
+    from: (usize, usize),
+    to: (usize, usize),
+    /// For the top-level `upstream`, which may not be left out: where its value starts.
+    required_value: Option<usize>,
+    /// An entry of `routes:`.
+    route: bool,
+}
+
+impl Part {
+    fn holds(&self, at: (usize, usize)) -> bool {
+        self.from <= at && at < self.to
+    }
+
+    /// `text` with this part blanked out (every character but line ends made a space),
+    /// or `upstream`'s value replaced by a stand-in that parses.
+    fn left_out(&self, text: &str) -> String {
+        let blank = |part: &str| -> String {
+            part.chars()
+                .map(|c| if c == '\n' || c == '\r' { c } else { ' ' })
+                .collect()
+        };
+        match self.required_value {
+            Some(value) => format!(
+                "{}http://127.0.0.1:1{}{}",
+                &text[..value],
+                blank(&text[value..self.end]),
+                &text[self.end..]
+            ),
+            None => format!(
+                "{}{}{}",
+                &text[..self.start],
+                blank(&text[self.start..self.end]),
+                &text[self.end..]
+            ),
+        }
+    }
+}
+
+/// The top-level entries of `text` and the entries of its `routes:` list, as a YAML
+/// parser sees them (none if it cannot read the file, or the list is not a block list).
+fn parts(text: &str) -> Vec<Part> {
+    let mut walk = Walk::default();
+    if Parser::new_from_str(text).load(&mut walk, false).is_err() {
+        return Vec::new();
+    }
+    // The parser counts characters; the parts are cut at bytes.
+    let offsets: Vec<usize> = text
+        .char_indices()
+        .map(|(offset, _)| offset)
+        .chain([text.len()])
+        .collect();
+    let byte = |mark: Marker| offsets.get(mark.index()).copied().unwrap_or(text.len());
+    let mut parts = Vec::new();
+    let bounds = |starts: &[(Marker, Option<Marker>)], end: Marker| {
+        starts
+            .iter()
+            .enumerate()
+            .map(|(index, (start, value))| {
+                let next = starts.get(index + 1).map_or(end, |(next, _)| *next);
+                (*start, next, *value)
+            })
+            .collect::<Vec<_>>()
+    };
+    let Some(top_end) = walk.top_end else {
+        return parts;
+    };
+    for (start, next, value) in bounds(&walk.top, top_end) {
+        parts.push(Part {
+            start: byte(start),
+            end: byte(next),
+            from: (start.line(), start.col() + 1),
+            to: (next.line(), next.col() + 1),
+            required_value: value.map(byte),
+            route: false,
+        });
+    }
+    if let Some(routes_end) = walk.routes_end {
+        // Each route from its `-`, so that no empty entry is left behind.
+        let mut dashes = Vec::new();
+        for start in &walk.routes {
+            let before = text[..byte(*start)].trim_end_matches(' ');
+            let Some(dash) = before.strip_suffix('-') else {
+                return Vec::new();
+            };
+            // Only spaces lie between the `-` and the route: a byte is a column.
+            let column = (start.col() + 1).saturating_sub(byte(*start) - dash.len());
+            dashes.push((dash.len(), (start.line(), column)));
+        }
+        let end = (byte(routes_end), (routes_end.line(), routes_end.col() + 1));
+        for (index, &(start, from)) in dashes.iter().enumerate() {
+            let (end, to) = dashes.get(index + 1).copied().unwrap_or(end);
+            parts.push(Part {
+                start,
+                end,
+                from,
+                to,
+                required_value: None,
+                route: true,
+            });
+        }
+    }
+    // A route lies inside the `routes:` entry: the innermost part holding an error is
+    // found first.
+    parts.reverse();
+    parts
+}
+
+/// Where the top-level entries and the routes start, from the parser's events.
+#[derive(Default)]
+struct Walk {
+    /// Nesting: 1 inside the top-level mapping.
+    depth: usize,
+    /// At depth 1: whether the next scalar or collection is a key.
+    expecting_key: bool,
+    /// The key at depth 1 whose value is being read.
+    key: Option<String>,
+    top: Vec<(Marker, Option<Marker>)>,
+    top_end: Option<Marker>,
+    /// Inside `routes:` (depth 2 is its list).
+    in_routes: bool,
+    /// A route that is a map has just started: the parser marks a block map where it
+    /// found its first key's end, so the first key's own mark is its start.
+    route_opened: bool,
+    routes: Vec<Marker>,
+    routes_end: Option<Marker>,
+}
+
+impl MarkedEventReceiver for Walk {
+    fn on_event(&mut self, event: Event, mark: Marker) {
+        let opens = matches!(event, Event::MappingStart(..) | Event::SequenceStart(..));
+        let closes = matches!(event, Event::MappingEnd | Event::SequenceEnd);
+        if self.depth == 1 && !closes {
+            if self.expecting_key {
+                let key = match &event {
+                    Event::Scalar(key, ..) => key.clone(),
+                    _ => String::new(),
+                };
+                self.top.push((mark, None));
+                self.key = Some(key);
+            } else {
+                if self.key.as_deref() == Some("upstream")
+                    && let Some(entry) = self.top.last_mut()
+                {
+                    entry.1 = Some(mark);
+                }
+                self.in_routes = self.key.as_deref() == Some("routes")
+                    && matches!(event, Event::SequenceStart(..));
+            }
+            self.expecting_key = !self.expecting_key;
+        } else if self.depth == 2 && self.in_routes && !closes {
+            self.routes.push(mark);
+            self.route_opened = opens;
+        } else if self.route_opened {
+            self.route_opened = false;
+            if let Some(route) = self.routes.last_mut()
+                && mark.index() < route.index()
+            {
+                *route = mark;
+            }
+        }
+        if opens {
+            self.depth += 1;
+            if self.depth == 1 {
+                self.expecting_key = true;
+            }
+        } else if closes {
+            self.depth = self.depth.saturating_sub(1);
+            match self.depth {
+                0 => self.top_end = Some(mark),
+                1 if self.in_routes => {
+                    self.routes_end = Some(mark);
+                    self.in_routes = false;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Turns a serde_yaml error into `file:line:column: message`.
+pub(super) fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
+    let (line, column) = error
+        .location()
+        .map_or((1, 1), |location| (location.line(), location.column()));
+    // The location goes before the message, once (a syntax error's may be inside it).
+    let text = error
+        .to_string()
+        .replacen(&format!(" at line {line} column {column}"), "", 1);
+    // The parser may quote a value of the file: a store URL's password must not go with it.
+    let message = crate::dsn::masked_anywhere(&with_suggestion(defaults_fields_only(text)));
+    ConfigError::Invalid {
+        file: path.display().to_string(),
+        line,
+        column,
+        message,
+    }
+}
+
+/// serde's message for an unknown field of `defaults:` lists a route's fields, those
+/// `defaults:` may not set among them: the list keeps only the ones it may.
+fn defaults_fields_only(message: String) -> String {
+    let Some((head, list)) = message
+        .strip_prefix("defaults: unknown field `")
+        .and_then(|_| message.split_once("expected one of "))
+    else {
+        return message;
+    };
+    let allowed: Vec<&str> = list
+        .split(", ")
+        .filter(|field| !ROUTE_ONLY.contains(&field.trim_matches('`')))
+        .collect();
+    format!("{head}expected one of {}", allowed.join(", "))
+}
+
+/// serde's message for an unknown field or value (`unknown field `retension`, expected
+/// one of ...`), with the expected name nearest to the one written.
+fn with_suggestion(message: String) -> String {
+    let written = ["unknown field `", "unknown variant `"]
+        .iter()
+        .find_map(|start| message.split_once(start))
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(written, _)| written);
+    let expected = message
+        .split_once("expected ")
+        .map(|(_, list)| list.split('`').skip(1).step_by(2));
+    let near = written
+        .zip(expected)
+        .and_then(|(written, expected)| crate::values::closest(written, expected));
+    match near {
+        Some(near) => format!("{message}; did you mean `{near}`?"),
+        None => message,
+    }
+}
