@@ -69,7 +69,8 @@ impl Reloader {
             Ok(loaded) => loaded,
             Err(error) => {
                 self.metrics.reloaded(false);
-                tracing::error!(%error, "configuration reload failed; the running routes stay");
+                let reason = error.on_one_line();
+                tracing::error!(error = %reason, "configuration reload failed; the running routes stay");
                 return Err(error);
             }
         };

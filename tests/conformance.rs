@@ -122,12 +122,8 @@ fn postgres_tls_config(servers: &support::TestServers) -> PostgresConfig {
 
 /// The plain PostgreSQL through PgBouncer in transaction mode, with `direct_url` past it.
 fn postgres_pooled_config(servers: &support::TestServers) -> PostgresConfig {
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{}/test",
-        servers.pgbouncer_port
-    );
     PostgresConfig {
-        url: ServerUrl::Written(Secret::new(url)),
+        url: ServerUrl::Written(Secret::new(servers.pgbouncer_url())),
         direct_url: Some(DirectUrl(ServerUrl::Written(Secret::new(
             support::POSTGRES_URL.into(),
         )))),

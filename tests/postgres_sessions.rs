@@ -9,29 +9,17 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_proxy::config::{DirectUrl, PostgresConfig, ServerUrl, SslMode};
+use dedupe_proxy::config::{DirectUrl, PostgresConfig, ServerUrl};
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::{ClaimOutcome, ClaimStore, Completion};
-use dedupe_proxy::values::{HumanDuration, Secret, TableName};
+use dedupe_proxy::values::Secret;
 use support::*;
 
 fn config(table: &str, url: String, direct_url: Option<&str>) -> PostgresConfig {
     PostgresConfig {
-        url: ServerUrl::Written(Secret::new(url)),
         direct_url: direct_url.map(|url| DirectUrl(ServerUrl::Written(Secret::new(url.into())))),
-        table: TableName(table.into()),
-        timeout: HumanDuration(Duration::from_secs(5)),
-        pool_size: 8,
-        ssl_mode: SslMode::Disable,
-        tls: None,
+        ..postgres_config(&url, table)
     }
-}
-
-fn pooler_url(servers: &TestServers) -> String {
-    format!(
-        "postgres://postgres@127.0.0.1:{}/test",
-        servers.pgbouncer_port
-    )
 }
 
 async fn client(url: &str) -> tokio_postgres::Client {
@@ -53,7 +41,7 @@ async fn behind_pgbouncer_the_pooled_sessions_are_left_as_they_were() {
     };
     let table = "sessions_pooled";
     drop_postgres_tables(table).await;
-    let config = config(table, pooler_url(&servers), Some(POSTGRES_URL));
+    let config = config(table, servers.pgbouncer_url(), Some(POSTGRES_URL));
     let store = Arc::new(PostgresStore::connect(&config, None).await.unwrap());
     store.hear_outcomes(Arc::new(|_| {}));
     let mut work = tokio::task::JoinSet::new();
@@ -86,7 +74,7 @@ async fn behind_pgbouncer_the_pooled_sessions_are_left_as_they_were() {
     while let Some(done) = work.join_next().await {
         done.unwrap();
     }
-    let pooled = pooler_url(&servers);
+    let pooled = servers.pgbouncer_url();
     let (first, second) = (client(&pooled).await, client(&pooled).await);
     first.batch_execute("BEGIN").await.unwrap();
     second.batch_execute("BEGIN").await.unwrap();
@@ -117,6 +105,26 @@ async fn behind_pgbouncer_the_pooled_sessions_are_left_as_they_were() {
     }
 }
 
+/// A `direct_url` that reaches another database than `url` is refused at start: the
+/// schema and the outcomes heard there would not be `url`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_url_to_another_database_than_url_is_refused() {
+    let Some(servers) = TestServers::get() else {
+        return;
+    };
+    let elsewhere = POSTGRES_URL.replace("/test", "/postgres");
+    let config = config(
+        "sessions_elsewhere",
+        servers.pgbouncer_url(),
+        Some(&elsewhere),
+    );
+    let error = match PostgresStore::connect(&config, None).await {
+        Ok(_) => panic!("a direct URL to another database was taken"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("reach different databases"), "{error}");
+}
+
 /// Through a pooler without `direct_url`, the log says what to do; reached directly (or
 /// with `direct_url`), it says nothing of the kind.
 #[test]
@@ -126,7 +134,8 @@ fn a_store_that_seems_to_be_behind_a_pooler_says_to_set_direct_url() {
     };
     let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
     let dir = tempfile::tempdir().unwrap();
-    let pooled = pooler_url(&servers);
+    // A pool of its own: the proxy without `direct_url` leaves its settings in it.
+    let pooled = servers.pgbouncer_url().replace("/test", "/unguarded");
     for (name, store, warned) in [
         ("behind", format!("url: \"{pooled}\""), true),
         ("direct", format!("url: \"{POSTGRES_URL}\""), false),
@@ -165,9 +174,11 @@ async fn a_replica_that_stops_reading_its_notifications_is_cut_off_before_the_qu
     let channel = format!("{table}_outcomes");
     drop_postgres_tables(table).await;
     let observer = client(POSTGRES_URL).await;
+    // A listener's query is `LISTEN <channel>` until its first check, 10 s later: the
+    // frozen replica's is found before that, and a new one after its start.
     let listeners = format!(
-        "SELECT pid, wait_event FROM pg_stat_activity
-         WHERE application_name = 'dedupe-proxy listener' AND query LIKE 'LISTEN {channel}%'"
+        "SELECT pid FROM pg_stat_activity
+         WHERE application_name = 'dedupe-proxy listener' AND query = 'LISTEN {channel}'"
     );
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -193,10 +204,26 @@ async fn a_replica_that_stops_reading_its_notifications_is_cut_off_before_the_qu
     let frozen_pid = frozen_pid.expect("the replica listens");
     frozen.signal("STOP");
 
-    // The other replica, listening too.
+    // The other replica, listening too, and a third that listens and reads.
     let config = config(table, POSTGRES_URL.into(), None);
     let other = PostgresStore::connect(&config, None).await.unwrap();
     other.hear_outcomes(Arc::new(|_| {}));
+    let healthy = PostgresStore::connect(&config, None).await.unwrap();
+    healthy.hear_outcomes(Arc::new(|_| {}));
+    let mut listening = Vec::new();
+    for _ in 0..100 {
+        listening = observer.query(&listeners, &[]).await.unwrap();
+        if listening.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let readers: Vec<i32> = listening
+        .iter()
+        .map(|row| row.get(0))
+        .filter(|pid| *pid != frozen_pid)
+        .collect();
+    assert_eq!(readers.len(), 2, "the two replicas that read listen");
 
     // Notifications the frozen replica does not read: first its socket's buffers fill,
     // then the queue grows.
@@ -226,8 +253,9 @@ async fn a_replica_that_stops_reading_its_notifications_is_cut_off_before_the_qu
         "the frozen replica held the queue back (most used {most_used})"
     );
     let stalled = format!("SELECT 1 FROM pg_stat_activity WHERE pid = {frozen_pid}");
+    // Stalled once idle for three checks (30 s), ended at the next check.
     eventually(
-        Duration::from_secs(25),
+        Duration::from_secs(60),
         "the frozen replica's listening session is ended",
         || async { observer.query(&stalled, &[]).await.unwrap().is_empty() },
     )
@@ -246,6 +274,13 @@ async fn a_replica_that_stops_reading_its_notifications_is_cut_off_before_the_qu
     })
     .await;
 
+    for pid in &readers {
+        let alive = format!("SELECT 1 FROM pg_stat_activity WHERE pid = {pid}");
+        assert!(
+            !observer.query(&alive, &[]).await.unwrap().is_empty(),
+            "a listener that reads keeps its session"
+        );
+    }
     let thawed: std::time::SystemTime = observer
         .query_one("SELECT clock_timestamp()", &[])
         .await
@@ -265,5 +300,5 @@ async fn a_replica_that_stops_reading_its_notifications_is_cut_off_before_the_qu
         },
     )
     .await;
-    drop(other);
+    drop((other, healthy));
 }

@@ -30,10 +30,10 @@ async fn shared_store(kind: &str, name: &str) -> Option<String> {
             format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
         }
         "postgres_pooled" => {
-            let pooler = TestServers::get()?.pgbouncer_port;
+            let pooler = TestServers::get()?.pgbouncer_url();
             drop_postgres_tables(name).await;
             format!(
-                "store: {{ postgres: {{ url: \"postgres://postgres@127.0.0.1:{pooler}/test\", direct_url: \"{POSTGRES_URL}\", table: {name} }} }}"
+                "store: {{ postgres: {{ url: \"{pooler}\", direct_url: \"{POSTGRES_URL}\", table: {name} }} }}"
             )
         }
         _ => {
@@ -244,15 +244,8 @@ async fn postgres_four_replicas_starting_together_all_become_ready() {
     }
     let table = "replicas_start_together";
     let config = dedupe_proxy::config::PostgresConfig {
-        url: dedupe_proxy::config::ServerUrl::Written(dedupe_proxy::values::Secret::new(
-            POSTGRES_URL.into(),
-        )),
-        direct_url: None,
-        table: dedupe_proxy::values::TableName(table.into()),
-        timeout: dedupe_proxy::values::HumanDuration(Duration::from_secs(5)),
         pool_size: 2,
-        ssl_mode: dedupe_proxy::config::SslMode::Disable,
-        tls: None,
+        ..postgres_config(POSTGRES_URL, table)
     };
     let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
         .await

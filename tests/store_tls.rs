@@ -8,7 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use dedupe_proxy::config::{PostgresConfig, RedisConfig, ServerUrl, SslMode, TlsConfig};
+use dedupe_proxy::config::{DirectUrl, PostgresConfig, RedisConfig, ServerUrl, SslMode, TlsConfig};
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::values::{HumanDuration, Secret, TableName};
@@ -161,6 +161,33 @@ async fn postgres_over_tls_checks_what_sslmode_asks() {
     ))
     .await;
     assert!(error.contains("pg_hba.conf"), "plain text: {error}");
+}
+
+/// `direct_url` (the server past a pooler) is held to the same TLS checks as `url`: a
+/// direct URL by an address the certificate does not name is refused, though `url` passes.
+#[tokio::test]
+async fn postgres_direct_url_is_checked_as_url_is() {
+    let Some(servers) = TestServers::get() else {
+        return;
+    };
+    let port = servers.postgres_tls_port;
+    let url = |host: &str| format!("postgres://postgres@{host}:{port}/test");
+    let config = |direct: &str| PostgresConfig {
+        direct_url: Some(DirectUrl(ServerUrl::Written(Secret::new(direct.into())))),
+        ..postgres(
+            format!("{}?sslmode=verify-full", url("localhost")),
+            SslMode::VerifyFull,
+            Some(servers.tls("ca.pem", false)),
+        )
+    };
+    PostgresStore::connect(&config(&url("localhost")), None)
+        .await
+        .expect("a direct URL by the name the certificate holds");
+    let error = postgres_refusal(config(&url("127.0.0.1"))).await;
+    assert!(
+        error.contains("not valid for name"),
+        "a direct URL by a name the certificate lacks: {error}"
+    );
 }
 
 #[test]

@@ -205,7 +205,7 @@ async fn reload(serving: &Serving) -> Response<ProxyBody> {
     let reloaded = tokio::task::spawn_blocking(move || reloader.reload()).await;
     match reloaded {
         Ok(Ok(reloaded)) => json_response(StatusCode::OK, json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed }).to_string()),
-        Ok(Err(invalid)) => AdminRefusal::InvalidConfig(invalid.to_string()).into_response(),
+        Ok(Err(invalid)) => AdminRefusal::InvalidConfig(invalid.on_one_line()).into_response(),
         Err(failed) => AdminRefusal::Internal(failed.to_string()).into_response(),
     }
 }

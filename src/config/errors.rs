@@ -135,20 +135,53 @@ impl Part {
     }
 }
 
+/// Deeper than this, the file is not taken apart (nor walked further): no configuration
+/// nests so deep, and a file that does is answered with its first error alone.
+const DEEPEST: usize = 32;
+
 /// The top-level entries of `text` and the entries of its `routes:` list, as a YAML
-/// parser sees them (none if it cannot read the file, or the list is not a block list).
+/// parser sees them. None where parts could not be left out without making up an error
+/// or where the two parsers could disagree on positions: a file the parser cannot read or
+/// that nests deeper than [`DEEPEST`], a top level or a list written inline, anchors and
+/// aliases (a part left out could hold an anchor used elsewhere), line breaks other than
+/// `\n` and `\r\n` (the parsers count lines differently at those).
 fn parts(text: &str) -> Vec<Part> {
-    let mut walk = Walk::default();
-    if Parser::new_from_str(text).load(&mut walk, false).is_err() {
+    if text.contains(['\u{85}', '\u{2028}', '\u{2029}']) || text.replace("\r\n", "").contains('\r')
+    {
         return Vec::new();
     }
-    // The parser counts characters; the parts are cut at bytes.
-    let offsets: Vec<usize> = text
-        .char_indices()
-        .map(|(offset, _)| offset)
-        .chain([text.len()])
+    let mut walk = Walk::default();
+    // Event by event, not `Parser::load`, which recurses as deep as the file nests.
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        match parser.next_token() {
+            Ok((Event::StreamEnd, _)) => break,
+            Ok((event, mark)) => walk.on_event(event, mark),
+            Err(_) => return Vec::new(),
+        }
+        if walk.depth > DEEPEST || walk.anchored {
+            return Vec::new();
+        }
+    }
+    if walk.top.iter().any(|(key, _)| key.col() != 0) {
+        return Vec::new();
+    }
+    // Cut at bytes from lines and columns (the parser's own byte index drifts after
+    // some block scalars; its lines and columns do not).
+    let line_starts: Vec<usize> = std::iter::once(0)
+        .chain(text.match_indices('\n').map(|(at, _)| at + 1))
         .collect();
-    let byte = |mark: Marker| offsets.get(mark.index()).copied().unwrap_or(text.len());
+    let byte = |mark: Marker| {
+        let Some(&start) = line_starts.get(mark.line().saturating_sub(1)) else {
+            return text.len();
+        };
+        let line = &text[start..];
+        start
+            + line
+                .char_indices()
+                .nth(mark.col())
+                .map_or(line.len(), |(at, _)| at)
+    };
     let mut parts = Vec::new();
     let bounds = |starts: &[(Marker, Option<Marker>)], end: Marker| {
         starts
@@ -220,12 +253,21 @@ struct Walk {
     /// A route that is a map has just started: the parser marks a block map where it
     /// found its first key's end, so the first key's own mark is its start.
     route_opened: bool,
+    /// An anchor or an alias was seen.
+    anchored: bool,
     routes: Vec<Marker>,
     routes_end: Option<Marker>,
 }
 
 impl MarkedEventReceiver for Walk {
     fn on_event(&mut self, event: Event, mark: Marker) {
+        self.anchored |= matches!(
+            event,
+            Event::Alias(_)
+                | Event::Scalar(_, _, 1.., _)
+                | Event::MappingStart(1.., _)
+                | Event::SequenceStart(1.., _)
+        );
         let opens = matches!(event, Event::MappingStart(..) | Event::SequenceStart(..));
         let closes = matches!(event, Event::MappingEnd | Event::SequenceEnd);
         if self.depth == 1 && !closes {
@@ -277,7 +319,7 @@ impl MarkedEventReceiver for Walk {
 }
 
 /// Turns a serde_yaml error into `file:line:column: message`.
-pub(super) fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
+fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
     let (line, column) = error
         .location()
         .map_or((1, 1), |location| (location.line(), location.column()));

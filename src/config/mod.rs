@@ -81,6 +81,13 @@ pub enum ConfigError {
     Several(Vec<ConfigError>),
 }
 
+impl ConfigError {
+    /// The error on one line, several joined by `; `: for a log line or an API answer.
+    pub fn on_one_line(&self) -> String {
+        self.to_string().replace('\n', "; ")
+    }
+}
+
 fn lines(errors: &[ConfigError]) -> String {
     let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
     lines.join("\n")
@@ -331,6 +338,34 @@ mod tests {
         );
         let missing = errors_of("limits: { max_requests: 5 }\n");
         assert_eq!(missing.len(), 1, "{missing:?}");
+    }
+
+    /// A file nested far deeper than any configuration gets its first error, on any
+    /// thread's stack (a reload runs on a worker's): the search for more does not recurse.
+    #[test]
+    fn a_deeply_nested_file_gets_an_error_not_a_crash() {
+        let text = format!(
+            "upstream: http://127.0.0.1:1\nx:\n{}\n",
+            "- ".repeat(100_000)
+        );
+        let errors = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || errors_of(&text))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+    }
+
+    /// A route left out may hold an anchor that a later one uses: with anchors, only the
+    /// first error is told, never an "unknown anchor" the search made up.
+    #[test]
+    fn anchors_keep_the_search_to_the_first_error() {
+        let text = format!(
+            "upstream: http://127.0.0.1:1\nroutes:\n  - name: a\n{ROUTE}    lease: &short 0s\n  - name: b\n{ROUTE}    retention: *short\n"
+        );
+        let errors = errors_of(&text);
+        assert_eq!(errors.len(), 1, "{errors:?}");
     }
 
     #[test]

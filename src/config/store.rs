@@ -204,7 +204,12 @@ fn mask_password(url: &str) -> String {
     dsn::masked(url).into_owned()
 }
 
-fn server_url(url: Option<String>, url_env: Option<EnvSecret>) -> Result<ServerUrl, String> {
+/// The URL written as `<field>` or named by `<field>_env`.
+fn server_url(
+    field: &str,
+    url: Option<String>,
+    url_env: Option<EnvSecret>,
+) -> Result<ServerUrl, String> {
     match (url, url_env) {
         (Some(url), None) => {
             dsn::check(&url)?;
@@ -216,8 +221,10 @@ fn server_url(url: Option<String>, url_env: Option<EnvSecret>) -> Result<ServerU
                 .map_err(|error| format!("the URL in {}: {error}", env.variable))?;
             Ok(ServerUrl::FromEnv(env))
         }
-        (None, None) => Err("needs `url`, or `url_env` naming a variable that holds it".into()),
-        (Some(_), Some(_)) => Err("takes `url` or `url_env`, not both".into()),
+        (None, None) => Err(format!(
+            "needs `{field}`, or `{field}_env` naming a variable that holds it"
+        )),
+        (Some(_), Some(_)) => Err(format!("takes `{field}` or `{field}_env`, not both")),
     }
 }
 
@@ -423,7 +430,7 @@ fn redis_section<'de, D: Deserializer<'de>>(
         if file.timeout.0.is_zero() {
             return Err("`timeout` must be longer than zero".into());
         }
-        let url = server_url(file.url, file.url_env)?;
+        let url = server_url("url", file.url, file.url_env)?;
         for node in &file.nodes {
             dsn::check(node)?;
         }
@@ -463,7 +470,7 @@ fn postgres_section<'de, D: Deserializer<'de>>(
         if file.pool_size == 0 {
             return Err("`pool_size` must be at least 1".into());
         }
-        let url = server_url(file.url, file.url_env)?;
+        let url = server_url("url", file.url, file.url_env)?;
         let ssl_mode = match (SslMode::of(url.expose())?, &file.tls) {
             (Some(SslMode::Disable), Some(_)) => {
                 return Err("`tls` with `sslmode=disable`: choose one".into());
@@ -480,14 +487,11 @@ fn postgres_section<'de, D: Deserializer<'de>>(
         };
         let direct_url = match (file.direct_url, file.direct_url_env) {
             (None, None) => None,
-            (url, env) => {
-                let direct = server_url(url, env).map_err(|error| {
-                    error
-                        .replace("`url`", "`direct_url`")
-                        .replace("`url_env`", "`direct_url_env`")
-                })?;
+            (direct_url, direct_env) => {
+                let direct = server_url("direct_url", direct_url, direct_env)?;
                 let mode = SslMode::of(direct.expose())?;
-                if !direct.is_stand_in() && mode.is_some_and(|mode| mode != ssl_mode) {
+                let stood_in = url.is_stand_in() || direct.is_stand_in();
+                if !stood_in && mode.is_some_and(|mode| mode != ssl_mode) {
                     return Err("`direct_url` takes the same `sslmode` as `url` (or none)".into());
                 }
                 Some(DirectUrl(direct))

@@ -652,6 +652,23 @@ pub fn table_from_before_held(table: &str) -> String {
     )
 }
 
+/// A PostgreSQL store's settings for `url` and `table`: a 5 s timeout, 8 connections,
+/// no TLS, no pooler.
+#[allow(dead_code)]
+pub fn postgres_config(url: &str, table: &str) -> dedupe_proxy::config::PostgresConfig {
+    use dedupe_proxy::config::{PostgresConfig, ServerUrl, SslMode};
+    use dedupe_proxy::values::{HumanDuration, Secret, TableName};
+    PostgresConfig {
+        url: ServerUrl::Written(Secret::new(url.into())),
+        direct_url: None,
+        table: TableName(table.into()),
+        timeout: HumanDuration(Duration::from_secs(5)),
+        pool_size: 8,
+        ssl_mode: SslMode::Disable,
+        tls: None,
+    }
+}
+
 /// Drops a proxy's PostgreSQL tables (`table` and `<table>_entities`), if they are there.
 pub async fn drop_postgres_tables(table: &str) {
     let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
@@ -717,6 +734,11 @@ impl TestServers {
             eprintln!("skipped: the TLS and cluster servers are not started (run tests/setup)");
         }
         servers
+    }
+
+    /// The plain PostgreSQL's `test` database through PgBouncer.
+    pub fn pgbouncer_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/test", self.pgbouncer_port)
     }
 
     /// A PEM file made by `tests/servers`: `ca.pem`, `other-ca.pem`, `client.pem`, ...

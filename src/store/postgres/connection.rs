@@ -1,6 +1,7 @@
 //! How the PostgreSQL store reaches its server: the driver's settings and TLS, the pools,
-//! and the one place that sends a statement, prepared once per connection or, through a
-//! pooler that keeps no session, unnamed with its parameters' types.
+//! and how the store's statements (`statements.rs`) are sent: prepared once per
+//! connection or, through a pooler that keeps no session, unnamed with their parameters'
+//! types.
 
 use std::fmt::Display;
 use std::time::Duration;
@@ -14,41 +15,42 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use crate::config::{PostgresConfig, ServerUrl, SslMode, driver_url};
 use crate::store::{StoreError, tls, within};
 
-/// How each connection plans. Every statement here finds its rows through an index, and
-/// is planned once: a batch's plan does not depend on how many keys it carries, and
-/// planning it again for each batch would cost more than running it. A cached plan is
-/// made with the table's size at that moment: made on a new, empty table it would scan
-/// the whole table, and keep doing so as the table grows, so such scans are ruled out.
+/// How a connection of the statement pools plans, when statements are prepared. Every
+/// statement of `statements.rs` finds its rows through an index, and is planned once: a
+/// batch's plan does not depend on how many keys it carries, and planning it again for
+/// each batch would cost more than running it. A cached plan is made with the table's
+/// size at that moment: made on a new, empty table it would scan the whole table, and keep
+/// doing so as the table grows, so such scans are ruled out.
 const SESSION_SETTINGS: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
 
-/// What a connection from the pool is.
+/// How statements are sent on a connection of the statement pools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Sessions {
-    /// A session of its own: statements are prepared once per connection and planned as
-    /// [`SESSION_SETTINGS`] says.
-    Own,
-    /// A client of a pooler in transaction mode (`direct_url` is set): each transaction
-    /// may run in a session that other clients use next, so nothing is left in one:
-    /// statements travel unnamed with their parameters' types, and are planned each time
-    /// with the table's size at that time.
-    Pooled,
+pub(super) enum Sending {
+    /// The connection is a session of its own: statements are prepared once per
+    /// connection and planned as [`SESSION_SETTINGS`] says.
+    Prepared,
+    /// The connection goes through a pooler in transaction mode (`direct_url` is set):
+    /// each transaction may run in a session that other clients use next, so nothing is
+    /// left in one: statements travel unnamed with their parameters' types, and are
+    /// planned each time with the table's size at that time.
+    Unnamed,
 }
 
-impl Sessions {
-    pub(super) fn of(config: &PostgresConfig) -> Sessions {
+impl Sending {
+    pub(super) fn of(config: &PostgresConfig) -> Sending {
         if config.direct_url.is_some() {
-            Sessions::Pooled
+            Sending::Unnamed
         } else {
-            Sessions::Own
+            Sending::Prepared
         }
     }
 }
 
-/// A statement's text and its parameters' types, sent as the pool's sessions allow.
+/// A statement's text and its parameters' types, and how it is sent.
 pub(super) struct Sql {
     pub(super) text: String,
     pub(super) types: &'static [Type],
-    pub(super) sessions: Sessions,
+    pub(super) sending: Sending,
 }
 
 impl Sql {
@@ -58,12 +60,12 @@ impl Sql {
         client: &Object,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match self.sessions {
-            Sessions::Own => {
+        match self.sending {
+            Sending::Prepared => {
                 let prepared = client.prepare_cached(&self.text).await?;
                 client.query(&prepared, params).await
             }
-            Sessions::Pooled => client.query_typed(&self.text, &self.typed(params)).await,
+            Sending::Unnamed => client.query_typed(&self.text, &self.typed(params)).await,
         }
     }
 
@@ -73,12 +75,12 @@ impl Sql {
         client: &Object,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
-        match self.sessions {
-            Sessions::Own => {
+        match self.sending {
+            Sending::Prepared => {
                 let prepared = client.prepare_cached(&self.text).await?;
                 client.execute(&prepared, params).await
             }
-            Sessions::Pooled => client.execute_typed(&self.text, &self.typed(params)).await,
+            Sending::Unnamed => client.execute_typed(&self.text, &self.typed(params)).await,
         }
     }
 
@@ -150,7 +152,7 @@ impl From<deadpool_postgres::PoolError> for StoreError {
 }
 
 /// The driver's settings for `url`, and how its connections speak TLS.
-fn driver(
+pub(super) fn driver(
     config: &PostgresConfig,
     url: &ServerUrl,
 ) -> Result<(deadpool_postgres::Config, Connector), StoreError> {
@@ -178,13 +180,13 @@ pub(super) enum Connector {
     Tls(MakeRustlsConnect),
 }
 
-fn invalid_url(url: &ServerUrl, error: &dyn Display) -> StoreError {
+pub(super) fn invalid_url(url: &ServerUrl, error: &dyn Display) -> StoreError {
     StoreError::Backend(format!("postgres URL {}: {error}", url.masked()))
 }
 
 /// The URL for what needs a session of its own (the schema's locks, `LISTEN`): the
 /// server itself, past any pooler.
-fn session_url(config: &PostgresConfig) -> &ServerUrl {
+pub(super) fn direct_or_url(config: &PostgresConfig) -> &ServerUrl {
     config
         .direct_url
         .as_ref()
@@ -193,34 +195,22 @@ fn session_url(config: &PostgresConfig) -> &ServerUrl {
 
 /// A pool of at most `size` connections for statements, opened when first needed.
 pub(super) fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
-    let settings = Sessions::of(config) == Sessions::Own;
-    pool_at(config, &config.url, size, settings)
+    pool_at(config, &config.url, size, Sending::of(config))
 }
 
-/// One connection with a session of its own, for the schema's steps at start.
-pub(super) fn session_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
-    pool_at(config, session_url(config), 1, false)
+/// One connection with a session of its own, for the schema's steps at start (which
+/// prepare nothing: the planner settings are not for them).
+pub(super) fn schema_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
+    pool_at(config, direct_or_url(config), 1, Sending::Unnamed)
 }
 
-/// The server for the listening connection, which names itself so that another replica
-/// can tell a listener that stopped reading (`listener.rs`).
-pub(super) fn listener_server(
-    config: &PostgresConfig,
-) -> Result<(tokio_postgres::Config, Connector), StoreError> {
-    let url = session_url(config);
-    let (driver, connector) = driver(config, url)?;
-    let mut server = driver
-        .get_pg_config()
-        .map_err(|error| invalid_url(url, &error))?;
-    server.application_name(super::listener::APPLICATION_NAME);
-    Ok((server, connector))
-}
-
+/// A pool on `url`; its connections take [`SESSION_SETTINGS`] when statements are
+/// prepared on them.
 fn pool_at(
     config: &PostgresConfig,
     url: &ServerUrl,
     size: usize,
-    settings: bool,
+    sending: Sending,
 ) -> Result<Pool, StoreError> {
     let (mut driver, connector) = driver(config, url)?;
     let mut limits = PoolConfig::new(size);
@@ -237,7 +227,7 @@ fn pool_at(
     let builder = builder
         .map_err(|error| invalid_url(url, &error))?
         .runtime(Runtime::Tokio1);
-    let builder = if settings {
+    let builder = if sending == Sending::Prepared {
         builder.post_create(Hook::async_fn(|client, _| {
             Box::pin(async move {
                 client
@@ -262,16 +252,14 @@ pub(super) async fn warn_if_pooled(
     let Ok(server) = driver(config, &config.url)?.0.get_pg_config() else {
         return Ok(());
     };
-    let tcp = server
-        .get_hosts()
-        .iter()
-        .any(|host| matches!(host, tokio_postgres::config::Host::Tcp(_)));
-    let port = server.get_ports().first().copied().unwrap_or(5432);
-    if !tcp || server.get_hosts().len() != 1 {
+    let one_tcp_host = matches!(server.get_hosts(), [tokio_postgres::config::Host::Tcp(_)]);
+    if !one_tcp_host {
         return Ok(());
     }
-    let row = client.query_one("SELECT inet_server_port()", &[]).await?;
-    let reached: Option<i32> = row.get(0);
+    let port = server.get_ports().first().copied().unwrap_or(5432);
+    // A simple query: behind the pooler this warns of, a prepared one may not be found.
+    let reached = first_value(client, "SELECT inet_server_port()").await?;
+    let reached: Option<i32> = reached.and_then(|port| port.parse().ok());
     if reached != Some(i32::from(port)) {
         let reached = reached.map_or_else(
             || "its Unix socket".to_owned(),
@@ -283,4 +271,38 @@ pub(super) async fn warn_if_pooled(
         );
     }
     Ok(())
+}
+
+/// Refuses a `direct_url` that reaches another server or database than `url`: the
+/// schema made there and the outcomes heard there would not be `url`'s, and every claim
+/// would fail (or, with `on_store_error: forward`, go undeduplicated).
+pub(super) async fn same_server(
+    config: &PostgresConfig,
+    client: &Object,
+) -> Result<(), StoreError> {
+    const WHICH: &str =
+        "SELECT current_database() || ' on the server started at ' || pg_postmaster_start_time()";
+    let pooled = first_value(client, WHICH).await?;
+    let direct_pool = pool_at(config, direct_or_url(config), 1, Sending::Unnamed)?;
+    let direct = first_value(&direct_pool.get().await?, WHICH).await?;
+    if pooled != direct {
+        return Err(StoreError::Backend(format!(
+            "`url` and `direct_url` reach different databases: {} and {}",
+            pooled.unwrap_or_default(),
+            direct.unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+/// The first column of the first row of a simple query (no prepared statement).
+async fn first_value(client: &Object, query: &str) -> Result<Option<String>, StoreError> {
+    let messages = client.simple_query(query).await?;
+    Ok(messages
+        .iter()
+        .find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .flatten())
 }

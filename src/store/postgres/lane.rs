@@ -12,8 +12,8 @@ use tokio_postgres::types::ToSql;
 
 use super::batch::{Batched, Queue};
 use super::connection::batch_query;
+use super::record::{live_state, unsigned};
 use super::statements::Statements;
-use super::{live_state, unsigned};
 use crate::store::{Fingerprint, KeyState, StoreError};
 
 /// One worker's connections, and its queues of claims and of done marks, each sent in

@@ -20,6 +20,7 @@ mod batch;
 mod connection;
 mod lane;
 mod listener;
+mod record;
 mod schema;
 mod statements;
 
@@ -30,15 +31,16 @@ use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
 
-use self::connection::Sessions;
+use self::connection::Sending;
 use self::connection::Sql;
 use self::lane::{ClaimRequest, FinishRequest, Found, Lane};
 use self::listener::{Listener, hear};
-use self::statements::{Statements, outcomes_channel};
+use self::record::{live_state, signed, unsigned};
+use self::statements::Statements;
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, EntityRecord, Fingerprint,
-    Forgotten, Heard, HeldRecord, KeyState, Millis, Page, RecordedResponse, Resolution,
-    StateFilter, StoreError, Swept, Version, millis, owned, page, within,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Fingerprint, Forgotten,
+    Heard, KeyState, Page, RecordedResponse, Resolution, StateFilter, StoreError, Swept, Version,
+    millis, owned, page, within,
 };
 use crate::config::PostgresConfig;
 use crate::workers::{PerWorker, Workers};
@@ -63,15 +65,6 @@ impl Drop for PostgresStore {
     }
 }
 
-/// A time in milliseconds, as PostgreSQL's `bigint` holds it.
-fn signed(ms: Millis) -> i64 {
-    i64::try_from(ms).unwrap_or(i64::MAX)
-}
-
-pub(super) fn unsigned(ms: i64) -> Millis {
-    u64::try_from(ms).unwrap_or(0)
-}
-
 impl PostgresStore {
     /// Connects, and creates the claims table and its expiry index if they are missing.
     /// With `workers`, deliveries on each worker draw from a pool of their own.
@@ -80,7 +73,8 @@ impl PostgresStore {
         workers: Option<&Workers>,
     ) -> Result<PostgresStore, StoreError> {
         let url = config.url.masked();
-        let statements = Arc::new(Statements::for_table(&config.table.0, Sessions::of(config)));
+        let sending = Sending::of(config);
+        let statements = Arc::new(Statements::for_table(&config.table.0, sending));
         let timeout = config.timeout.0;
         let mut each = Vec::new();
         let outside_size = match workers {
@@ -106,25 +100,21 @@ impl PostgresStore {
             &statements,
             timeout,
         );
-        let (server, connector) = connection::listener_server(config)?;
+        let listener = Listener::new(config)?;
         let store = PostgresStore {
             lanes: PerWorker::new(outside, each),
             timeout,
             statements,
-            listener: Listener {
-                server,
-                connector,
-                channel: outcomes_channel(&config.table.0),
-                timeout,
-            },
+            listener,
             stop_hearing: CancellationToken::new(),
         };
         let prepared = async {
-            let mut client = connection::session_pool(config)?.get().await?;
+            let mut client = connection::schema_pool(config)?.get().await?;
             schema::prepare(&mut client, &config.table.0).await?;
-            if Sessions::of(config) == Sessions::Own {
-                let client = store.lanes.get().pool.get().await?;
-                connection::warn_if_pooled(config, &client).await?;
+            let client = store.lanes.get().pool.get().await?;
+            match sending {
+                Sending::Prepared => connection::warn_if_pooled(config, &client).await?,
+                Sending::Unnamed => connection::same_server(config, &client).await?,
             }
             Ok::<_, StoreError>(())
         };
@@ -172,61 +162,6 @@ impl PostgresStore {
         let rows = self.query(&self.statements.current, &[&key]).await?;
         Ok(rows.first().and_then(live_state))
     }
-}
-
-/// The record in `row` (the columns `Statements::current` and `claim_many` both return),
-/// unless there is none or it has expired by the row's `now`.
-pub(super) fn live_state(row: &tokio_postgres::Row) -> Option<KeyState> {
-    let (state, expires_at, now): (Option<String>, Option<i64>, i64) =
-        (row.get("state"), row.get("expires_at"), row.get("now"));
-    let (state, expires_at) = (state?, expires_at?);
-    if expires_at <= now {
-        return None;
-    }
-    let fingerprint: Fingerprint = row
-        .get::<_, Vec<u8>>("body_sha256")
-        .try_into()
-        .unwrap_or([0; 32]);
-    let claimed_at = unsigned(row.get("claimed_at"));
-    Some(match state.as_str() {
-        "in_flight" => KeyState::InFlight {
-            claimed_at,
-            lease_until: unsigned(expires_at),
-            fingerprint,
-        },
-        "held" => KeyState::Held(HeldRecord {
-            claimed_at,
-            held_at: unsigned(row.get::<_, Option<i64>>("completed_at").unwrap_or(0)),
-            expires_at: unsigned(expires_at),
-            fingerprint,
-            reason: row
-                .get::<_, Option<String>>("hold_reason")
-                .as_deref()
-                .and_then(Ambiguity::parse)
-                .unwrap_or(Ambiguity::UpstreamTimeout),
-        }),
-        _ => {
-            let response = row.get::<_, Option<i32>>("response_status").map(|status| {
-                RecordedResponse::read_back(
-                    status,
-                    row.get("response_headers"),
-                    row.get("response_content_type"),
-                    row.get("response_body"),
-                )
-            });
-            KeyState::Done(DoneRecord {
-                claimed_at,
-                completed_at: unsigned(row.get::<_, Option<i64>>("completed_at").unwrap_or(0)),
-                expires_at: unsigned(expires_at),
-                upstream_status: u16::try_from(
-                    row.get::<_, Option<i32>>("upstream_status").unwrap_or(0),
-                )
-                .unwrap_or(0),
-                fingerprint,
-                response,
-            })
-        }
-    })
 }
 
 #[async_trait]

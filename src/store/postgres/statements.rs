@@ -3,13 +3,13 @@
 
 use tokio_postgres::types::Type;
 
-use super::connection::{Sessions, Sql};
+use super::connection::{Sending, Sql};
 use crate::store::RESOLVED_STATUS;
 
 /// The database's time in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
-/// The columns of a record, as [`live_state`] reads them.
+/// The columns of a record, as `record.rs` reads them.
 const RECORD: &str = "state, claimed_at, expires_at, completed_at, upstream_status, body_sha256,
                       response_status, response_content_type, response_body, response_headers,
                       hold_reason";
@@ -24,13 +24,18 @@ const LISTED: &str = "state, claimed_at, expires_at, completed_at, upstream_stat
 /// `table` are notified, with the store key as the payload: `<table>_outcomes`, the table
 /// name cut to fit PostgreSQL's 63-byte names.
 pub(super) fn outcomes_channel(table: &str) -> String {
-    format!("{}_outcomes", &table[..table.len().min(54)])
+    beside(table, "_outcomes")
 }
 
 /// The table of entities' records beside `table`, its name cut to fit PostgreSQL's
 /// 63-byte names.
 pub(super) fn entities_table(table: &str) -> String {
-    format!("{}_entities", &table[..table.len().min(54)])
+    beside(table, "_entities")
+}
+
+/// `table` (its first 54 bytes: names are ASCII) followed by `suffix`.
+fn beside(table: &str, suffix: &str) -> String {
+    format!("{}{suffix}", &table[..table.len().min(54)])
 }
 
 /// The statements, with the table name filled in once.
@@ -56,11 +61,11 @@ pub(super) struct Statements {
 }
 
 impl Statements {
-    pub(super) fn for_table(table: &str, sessions: Sessions) -> Statements {
+    pub(super) fn for_table(table: &str, sending: Sending) -> Statements {
         let sql = |types: &'static [Type], text: String| Sql {
             text,
             types,
-            sessions,
+            sending,
         };
         let channel = outcomes_channel(table);
         let entities = entities_table(table);
@@ -332,7 +337,7 @@ mod tests {
         super::super::schema::prepare(&mut client, table)
             .await
             .unwrap();
-        let statements = Statements::for_table(table, Sessions::Pooled);
+        let statements = Statements::for_table(table, Sending::Unnamed);
         for sql in statements.every() {
             let prepared = client.prepare(&sql.text).await.unwrap();
             assert_eq!(prepared.params(), sql.types, "{}", sql.text);
