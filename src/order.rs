@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::key::{Delivery, KeyTemplate};
-use crate::store::{Version, entity_key};
+use crate::store::keys::{Version, entity_key};
 
 /// How many digits a sort key has: 20 whole (any `u64` and more), 9 fractional
 /// (nanoseconds). Digits past the ninth fractional one are not compared.

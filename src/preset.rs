@@ -7,8 +7,19 @@
 use serde::{Deserialize, Serialize};
 
 use crate::key::KeyTemplate;
-use crate::route::FingerprintScope;
 use crate::verify::{Github, Paddle, Secrets, Shopify, Slack, StandardWebhooks, Stripe, Verify};
+
+/// What a delivery's fingerprint (the hash a duplicate's is compared with) covers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FingerprintScope {
+    /// The body: a webhook provider resends the same body to the same URL.
+    #[default]
+    Body,
+    /// The method, the path and the body: a client's request under an Idempotency-Key,
+    /// which the draft says is another request if any of them changes.
+    Request,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]

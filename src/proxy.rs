@@ -49,10 +49,11 @@ use crate::config::Config;
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{KeyCounts, LeaseRenewal, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
+use crate::preset::FingerprintScope;
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
-    FingerprintScope, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
-    ReplayGuard, Route, Routing, Unmatched,
+    OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route,
+    Routing, Unmatched,
 };
 use crate::server::RequestPermit;
 use crate::store::{

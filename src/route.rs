@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::KeyTemplate;
 use crate::order::{OnStale, Order};
-use crate::preset::Preset;
+use crate::preset::{FingerprintScope, Preset};
 use crate::target::{self, Addressed, TargetError};
 use crate::values::{MethodValue, StatusPattern, UpstreamUrl, as_written};
 use crate::verify::Verify;
@@ -70,18 +70,6 @@ pub struct Policy {
     pub fingerprint: FingerprintScope,
     /// The proxy's own refusals as RFC 9457 problems (`idempotency_key`).
     pub problem_details: bool,
-}
-
-/// What a delivery's fingerprint (the hash a duplicate's is compared with) covers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FingerprintScope {
-    /// The body: a webhook provider resends the same body to the same URL.
-    #[default]
-    Body,
-    /// The method, the path and the body: a client's request under an Idempotency-Key,
-    /// which the draft says is another request if any of them changes.
-    Request,
 }
 
 /// What a duplicate of a done key is answered with.

@@ -15,8 +15,39 @@ use std::path::Path;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::Marker;
 
-use super::ConfigError;
 use super::file::{ConfigFile, ROUTE_ONLY};
+
+/// Why a configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read the configuration: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}:{column}: {message}")]
+    Invalid {
+        file: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// More than one error, each `Invalid`, in the file's order: one per line.
+    #[error("{}", lines(.0))]
+    Several(Vec<ConfigError>),
+}
+
+impl ConfigError {
+    /// The error on one line, several joined by `; `: for a log line or an API answer.
+    pub fn on_one_line(&self) -> String {
+        self.to_string().replace('\n', "; ")
+    }
+}
+
+fn lines(errors: &[ConfigError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("\n")
+}
 
 /// At most this many errors are reported for one file.
 const MOST_ERRORS: usize = 20;

@@ -9,14 +9,13 @@
 //! this is what lets every error point at its line.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::net::SocketAddr;
 
 use serde::Deserialize;
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
 use super::store::{StoreConfig, store_section};
+use super::whole_map::map_then;
 use super::{AdminConfig, Limits, TelemetryConfig, defaults};
 use crate::key::KeyTemplate;
 use crate::order::Order;
@@ -312,42 +311,6 @@ fn longer_than_zero<'de, D: Deserializer<'de>>(
     }
 
     deserializer.deserialize_str(Positive)
-}
-
-/// Deserializes a YAML map as `T`, then converts it with `convert` inside the map's
-/// visitor, so that a conversion error carries the map's line and column.
-pub(super) fn map_then<'de, D, T, U, F>(deserializer: D, convert: F) -> Result<U, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-    F: FnOnce(T) -> Result<U, String>,
-{
-    struct MapThen<T, F> {
-        convert: F,
-        target: PhantomData<T>,
-    }
-
-    impl<'de, T, U, F> Visitor<'de> for MapThen<T, F>
-    where
-        T: Deserialize<'de>,
-        F: FnOnce(T) -> Result<U, String>,
-    {
-        type Value = U;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a map")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<U, A::Error> {
-            let value = T::deserialize(MapAccessDeserializer::new(map))?;
-            (self.convert)(value).map_err(de::Error::custom)
-        }
-    }
-
-    deserializer.deserialize_map(MapThen {
-        convert,
-        target: PhantomData,
-    })
 }
 
 fn limits_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {

@@ -11,6 +11,7 @@ mod errors;
 mod file;
 mod resolve;
 mod store;
+mod whole_map;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -26,6 +27,7 @@ use file::ConfigFile;
 
 /// Where the admin port listens when the file does not say.
 pub use defaults::admin_listen as default_admin_listen;
+pub use errors::ConfigError;
 pub use store::{
     DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
     StoreConfig, TlsConfig, driver_url,
@@ -59,38 +61,6 @@ pub struct Config {
     /// Settings that are valid but probably not what the operator meant.
     #[serde(skip)]
     pub warnings: Vec<String>,
-}
-
-/// Why a configuration file could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{file}: cannot read the configuration: {source}")]
-    Read {
-        file: String,
-        source: std::io::Error,
-    },
-    #[error("{file}:{line}:{column}: {message}")]
-    Invalid {
-        file: String,
-        line: usize,
-        column: usize,
-        message: String,
-    },
-    /// More than one error, each `Invalid`, in the file's order: one per line.
-    #[error("{}", lines(.0))]
-    Several(Vec<ConfigError>),
-}
-
-impl ConfigError {
-    /// The error on one line, several joined by `; `: for a log line or an API answer.
-    pub fn on_one_line(&self) -> String {
-        self.to_string().replace('\n', "; ")
-    }
-}
-
-fn lines(errors: &[ConfigError]) -> String {
-    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    lines.join("\n")
 }
 
 /// Command-line settings that win over the file.

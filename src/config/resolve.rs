@@ -10,10 +10,9 @@ use bytes::Bytes;
 use super::file::{ConfigFile, DuplicateResponseFile, MatchFile, RouteFile};
 use super::{Config, Overrides, defaults};
 use crate::key::KeyTemplate;
-use crate::preset::Preset;
+use crate::preset::{FingerprintScope, Preset};
 use crate::route::{
-    DuplicateResponse, FingerprintScope, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing,
-    Unmatched,
+    DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing, Unmatched,
 };
 use crate::values::{HumanDuration, Name, Size, UpstreamUrl};
 use crate::verify::{Verify, VerifySetting};

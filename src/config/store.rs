@@ -10,7 +10,7 @@ use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
 
 use super::defaults;
-use super::file::map_then;
+use super::whole_map::map_then;
 use crate::dsn;
 use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 

@@ -21,10 +21,13 @@
 //! owner whose lease was taken over cannot overwrite the new owner's claim. Only an
 //! operator resolves a held key.
 
+pub(crate) mod keys;
 pub mod postgres;
 pub mod redis;
 pub mod sled;
 mod tls;
+
+pub use keys::{Fingerprint, Version, body_key, entity_key, store_key};
 
 use std::fmt::Display;
 use std::future::Future;
@@ -36,42 +39,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::config::StoreConfig;
-use crate::workers::Workers;
-
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
-
-/// A SHA-256 digest of a delivery's body (with the `idempotency_key` preset, of its
-/// method, target and body): what a duplicate's is compared with.
-pub type Fingerprint = [u8; 32];
-
-/// The full store key of an event: its route's namespace and its extracted key.
-pub fn store_key(namespace: &str, key: &str) -> String {
-    // Namespaces are `[a-z0-9_-]+`, so the first `:` always ends the namespace.
-    format!("{namespace}:{key}")
-}
-
-/// The store key under which a route's replay guard records a body: `#` cannot appear in
-/// a namespace, so no event key can ever be this one.
-pub fn body_key(namespace: &str, fingerprint: &Fingerprint) -> String {
-    format!("{namespace}#body:{}", hex::encode(fingerprint))
-}
-
-/// The store key of an entity's record (a route's `order:` guard): `#` cannot appear in a
-/// namespace, so no event key can be this one.
-pub fn entity_key(namespace: &str, entity: &str) -> String {
-    format!("{namespace}#entity:{entity}")
-}
-
-/// An event's version under a route's `order:` guard (made in `crate::order`): the text
-/// the event carried, and its sort key. Versions compare by their sort keys, byte by byte;
-/// every sort key has the same length, and only digits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Version {
-    pub sort_key: String,
-    pub text: String,
-}
 
 /// What a store keeps of an entity: the newest version whose event was done, until the
 /// retention of that event's route ends.
@@ -711,29 +680,6 @@ pub struct Swept {
     pub examined: usize,
     /// Records removed.
     pub removed: usize,
-}
-
-/// Opens the configured backend. May block on disk I/O, so it runs off the async workers.
-/// The shared stores open connections for each of `workers`.
-pub async fn open(
-    config: &StoreConfig,
-    workers: &Workers,
-) -> Result<Arc<dyn ClaimStore>, StoreError> {
-    match config {
-        StoreConfig::Sled(sled) => {
-            let sled = sled.clone();
-            let store = tokio::task::spawn_blocking(move || sled::SledStore::open(&sled))
-                .await
-                .map_err(|error| StoreError::Backend(error.to_string()))??;
-            Ok(Arc::new(store))
-        }
-        StoreConfig::Redis(config) => Ok(Arc::new(
-            redis::RedisStore::connect(config, Some(workers)).await?,
-        )),
-        StoreConfig::Postgres(config) => Ok(Arc::new(
-            postgres::PostgresStore::connect(config, Some(workers)).await?,
-        )),
-    }
 }
 
 /// The namespace of an event's store key; `None` for a body key.
