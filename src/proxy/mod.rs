@@ -23,23 +23,30 @@
 //! ```
 //!
 //! Every answer on a matched route carries `Dedupe-Status`, added in one place (`handle`).
+//!
+//! Beside the lifecycle: `ledger.rs` keeps each delivery's claims until they are settled
+//! (renewed meanwhile; done, released or held as the forward ended, or at shutdown),
+//! `answers.rs` the answers to deliveries not forwarded and what a failed forward means,
+//! `replay.rs` the fingerprint and the kept answer a duplicate gets, and `relay.rs` the
+//! place of a request forwarded without a claim.
 
-use std::collections::HashMap;
-use std::future::Future;
+mod answers;
+mod ledger;
+mod relay;
+mod replay;
+
+use self::answers::{Answer, failure, held, in_flight, unavailable};
+use self::ledger::{Ledger, OpenClaim};
+use self::relay::RelayPlace;
+use self::replay::fingerprint;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http::HeaderName;
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use parking_lot::{Mutex, MutexGuard};
-use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field};
@@ -47,18 +54,17 @@ use tracing::{Instrument, Span, field};
 use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::key::{Delivery, KeyError};
-use crate::metrics::{KeyCounts, LeaseRenewal, Metrics, OrderCheck, ReleaseReason};
+use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
-use crate::preset::FingerprintScope;
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
-    OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route,
-    Routing, Unmatched,
+    OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing,
+    Unmatched,
 };
 use crate::server::RequestPermit;
 use crate::store::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint,
-    RecordedResponse, STALE_SKIPPED_STATUS, StoreError, Version, body_key, store_key,
+    Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, STALE_SKIPPED_STATUS,
+    StoreError, Version, body_key, store_key,
 };
 use crate::target::{self, TargetError};
 use crate::telemetry;
@@ -67,10 +73,7 @@ use crate::values::UpstreamUrl;
 use crate::verify::SignatureWork;
 use crate::waiting::{Waiting, Woken};
 
-/// The largest upstream answer kept for `duplicate_response.replay`: its body and the
-/// headers recorded with it. Larger answers (or answers without a `Content-Length`)
-/// stream through and are not replayed.
-pub const REPLAY_RECORD_LIMIT: u64 = 64 * 1024;
+pub use replay::REPLAY_RECORD_LIMIT;
 
 /// The proxy service: shared by every connection.
 pub struct Proxy {
@@ -86,7 +89,8 @@ pub struct Proxy {
     /// at most half of `limits.max_requests`: the other half stays for deliveries, however
     /// slow the application's other pages are, or whoever asks for them.
     relay_places: Arc<Semaphore>,
-    open_claims: ClaimRegistry,
+    /// The claims of the deliveries under way, until they are settled.
+    ledger: Ledger,
     /// Deliveries waiting for the outcome of their key (`on_in_flight: wait`), at most a
     /// quarter of `limits.max_requests`.
     waiting: Arc<Waiting>,
@@ -112,14 +116,21 @@ impl Proxy {
                 waiting.announce(key);
             }
         }));
+        let forwards = TaskTracker::new();
+        let ledger = Ledger::new(
+            Arc::clone(&store),
+            Arc::clone(&waiting),
+            Arc::clone(&metrics),
+            forwards.clone(),
+        );
         Proxy {
             routing: ArcSwap::from_pointee(routing),
             body_read_timeout: config.limits.body_read_timeout.0,
             store,
             upstream: Upstream::new(workers),
-            forwards: TaskTracker::new(),
             relay_places: Arc::new(Semaphore::new((config.limits.max_requests / 2).max(1))),
-            open_claims: ClaimRegistry::default(),
+            ledger,
+            forwards,
             waiting,
             signature_work: SignatureWork::new(workers),
             metrics,
@@ -144,7 +155,7 @@ impl Proxy {
     /// This process's claims being forwarded, and the store's done records.
     pub fn key_counts(&self) -> KeyCounts {
         KeyCounts {
-            in_flight: self.open_claims.lock().len(),
+            in_flight: self.ledger.open_count(),
             waiting: self.waiting.count(),
             done: self.store.done_keys(),
         }
@@ -448,7 +459,7 @@ impl Proxy {
             ClaimOutcome::InFlight { .. } => return Ok(Claiming::InFlight),
             ClaimOutcome::Held(_) => return Ok(Claiming::Held),
         };
-        let mut open = self.open_claims.register(event, route, self);
+        let mut open = self.ledger.register(event, route);
         if route.replay_guard == ReplayGuard::Off {
             return Ok(Claiming::Claimed(open));
         }
@@ -482,16 +493,15 @@ impl Proxy {
         permit: RequestPermit,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
-        let (dropped, settled_on_drop) = oneshot::channel();
-        open.if_dropped = ReleaseReason::TaskFailed;
-        open.on_drop = Some(dropped);
+        let settled_on_drop = open.when_dropped(ReleaseReason::TaskFailed);
         let proxy = Arc::clone(self);
         let route = Arc::clone(route);
         self.forwards.spawn(
             async move {
                 let claims = open.claims().clone();
                 let handling = proxy.forward_in_order(&route, open, request);
-                let outcome = proxy.renewing(route.policy.lease, &claims, handling).await;
+                let lease = route.policy.lease;
+                let outcome = proxy.ledger.renewing(lease, &claims, handling).await;
                 // The sender may be gone; the outcome is recorded either way.
                 let _ = answer.send(outcome);
                 drop(permit);
@@ -512,58 +522,6 @@ impl Proxy {
         }
     }
 
-    /// Runs `handling` (a claimed delivery's forward and the recording of its outcome)
-    /// while renewing its claims every third of their lease: however long the app, its
-    /// answer's body or the store take, no claim ends while this proxy still handles its
-    /// delivery and reaches the store.
-    async fn renewing<T>(
-        &self,
-        lease: Duration,
-        claims: &Claims,
-        handling: impl Future<Output = T>,
-    ) -> T {
-        tokio::pin!(handling);
-        tokio::select! {
-            biased;
-            done = &mut handling => return done,
-            () = self.renew_until_settled(lease, claims) => {}
-        }
-        handling.await
-    }
-
-    /// Renews `claims` every third of `lease` until they are settled (or lost). A renewal
-    /// the store does not answer is tried again sooner, within the lease.
-    async fn renew_until_settled(&self, lease: Duration, claims: &Claims) {
-        let period = lease / 3;
-        let mut next = tokio::time::Instant::now() + period;
-        let settling = || claims.progress.settling.load(Ordering::SeqCst);
-        loop {
-            tokio::time::sleep_until(next).await;
-            let mut failed = false;
-            for claim in claims.iter() {
-                if settling() {
-                    return;
-                }
-                match self.store.renew(claim, lease).await {
-                    Ok(()) => self.metrics.lease_renewal(LeaseRenewal::Renewed),
-                    Err(StoreError::NotOwner) if settling() => return,
-                    Err(StoreError::NotOwner) => {
-                        self.metrics.lease_renewal(LeaseRenewal::Lost);
-                        tracing::error!(key = %claim.key, "the claim's lease was taken over while its delivery still runs: the event may run twice (the store was out of reach for longer than the lease)");
-                        return;
-                    }
-                    Err(error) => {
-                        self.metrics.store_error();
-                        self.metrics.lease_renewal(LeaseRenewal::Failed);
-                        tracing::warn!(%error, key = %claim.key, "a lease could not be renewed; trying again");
-                        failed = true;
-                    }
-                }
-            }
-            next = tokio::time::Instant::now() + if failed { period / 4 } else { period };
-        }
-    }
-
     /// With `order:`, forwards as the guard's verdict says: an event older than the newest
     /// done for its entity is forwarded marked with `Dedupe-Stale`, or skipped.
     async fn forward_in_order(&self, route: &Route, open: OpenClaim, outbound: Outbound) -> Answer {
@@ -581,7 +539,7 @@ impl Proxy {
                     retention: route.policy.retention,
                     response: None,
                 };
-                self.mark_done(open.claims(), &completion).await;
+                self.ledger.mark_done(open.claims(), &completion).await;
                 open.settle();
                 (DedupeStatus::Stale, response::stale())
             }
@@ -600,7 +558,8 @@ impl Proxy {
                     .await
             }
             Verdict::StoreFailed(_) => {
-                self.release(route, open.claims(), ReleaseReason::StoreError)
+                self.ledger
+                    .release(route, open.claims(), ReleaseReason::StoreError)
                     .await;
                 open.settle();
                 unavailable(route)
@@ -668,7 +627,7 @@ impl Proxy {
                 &route.upstream.address,
                 request,
                 route.policy.upstream_timeout,
-                &open.claims.progress.dispatched,
+                &open.claims().progress.dispatched,
             )
             .instrument(step)
             .await;
@@ -679,135 +638,12 @@ impl Proxy {
         }
         tracing::debug!(elapsed_ms = elapsed * 1000.0, "upstream answered");
         let outcome = self
+            .ledger
             .record_outcome(route, &open, sent, advance)
             .instrument(telemetry::step_span!("record"))
             .await;
         open.settle();
         outcome
-    }
-
-    /// Records what the forward came to: the key done (and the entity's version), released
-    /// for a retry, or held.
-    async fn record_outcome(
-        &self,
-        route: &Route,
-        open: &OpenClaim,
-        sent: Result<Response<Incoming>, UpstreamError>,
-        advance: Option<&Ordered>,
-    ) -> Answer {
-        match sent {
-            Ok(response) if route.is_success(response.status()) => (
-                DedupeStatus::Forwarded,
-                self.record_success(route, open.claims(), response, advance)
-                    .await,
-            ),
-            Ok(response) => {
-                self.release(route, open.claims(), ReleaseReason::UpstreamStatus)
-                    .await;
-                (DedupeStatus::Released, upstream::inbound(response))
-            }
-            Err(error) => {
-                tracing::warn!(%error, "forward failed");
-                let ambiguity = ambiguity(&error);
-                let (reason, refusal) = failure(error);
-                match ambiguity {
-                    Some(ambiguity) if route.policy.on_ambiguous == OnAmbiguous::Hold => {
-                        let retention = route.policy.retention;
-                        let held = self
-                            .hold(&route.name, retention, open.claims(), ambiguity)
-                            .await;
-                        let status = if held {
-                            DedupeStatus::Held
-                        } else {
-                            DedupeStatus::Released
-                        };
-                        (status, refusal.into_response())
-                    }
-                    _ => {
-                        self.release(route, open.claims(), reason).await;
-                        (DedupeStatus::Released, refusal.into_response())
-                    }
-                }
-            }
-        }
-    }
-
-    /// Holds `claims` (see [`hold_claims`]); returns whether the event's key is held.
-    async fn hold(
-        &self,
-        route: &str,
-        retention: Duration,
-        claims: &Claims,
-        ambiguity: Ambiguity,
-    ) -> bool {
-        let (store, waiting, metrics) = (&*self.store, &*self.waiting, &*self.metrics);
-        hold_claims(store, waiting, metrics, route, retention, claims, ambiguity).await
-    }
-
-    /// Records the entity's version (`order:`) and marks the key (and a guarded body)
-    /// done, then hands back the upstream's answer. If a mark cannot be written the answer is still
-    /// the upstream's success: the work happened, and an error would make the provider run
-    /// it again at once.
-    async fn record_success(
-        &self,
-        route: &Route,
-        claims: &Claims,
-        response: Response<Incoming>,
-        advance: Option<&Ordered>,
-    ) -> Response<ProxyBody> {
-        let upstream_status = response.status().as_u16();
-        let (response, recorded) = if route.policy.duplicate_response.replay {
-            let replayed = &route.policy.duplicate_response.replay_headers;
-            keep_for_replay(response, replayed, route.policy.upstream_timeout).await
-        } else {
-            (upstream::inbound(response), None)
-        };
-        let completion = Completion {
-            upstream_status,
-            retention: route.policy.retention,
-            response: recorded,
-        };
-        // The version first: should the done mark then fail, the redelivery carries the
-        // same version, which is not stale, and runs as it would without `order`.
-        if let Some(ordered) = advance {
-            let retention = route.policy.retention;
-            let recorded = self
-                .store
-                .record_version(&ordered.store_key, &ordered.version, retention)
-                .await;
-            if let Err(error) = recorded {
-                if matches!(error, StoreError::Backend(_)) {
-                    self.metrics.store_error();
-                }
-                tracing::error!(%error, "upstream succeeded but the entity's version was not recorded; an older event of it will not be found stale");
-            }
-        }
-        self.mark_done(claims, &completion).await;
-        response
-    }
-
-    /// Marks the claims done, waking their waiters.
-    async fn mark_done(&self, claims: &Claims, completion: &Completion) {
-        claims.progress.settling.store(true, Ordering::SeqCst);
-        for claim in claims.iter() {
-            if let Err(error) = self.store.finish(claim, completion.clone()).await {
-                self.metrics.store_error();
-                tracing::error!(%error, "the done mark was not recorded; a redelivery of this event would run again");
-            }
-            self.waiting.announce(&claim.key);
-        }
-    }
-
-    async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
-        release_claims(
-            &*self.store,
-            &self.waiting,
-            &self.metrics,
-            &route.name,
-            claims,
-            reason,
-        )
-        .await;
     }
 
     /// A request no route matches: streamed through untouched, or refused.
@@ -892,28 +728,7 @@ impl Proxy {
                 "forwards still running when the shutdown grace ended"
             );
         }
-        // Each claim is settled under the route it started with: a reload since may have
-        // renamed, changed or removed that route.
-        for Registered { route, claims } in self.open_claims.take_all() {
-            let policy = &route.policy;
-            if policy.on_ambiguous == OnAmbiguous::Hold
-                && claims.progress.dispatched.load(Ordering::SeqCst)
-                && self
-                    .hold(&route.name, policy.retention, &claims, Ambiguity::Shutdown)
-                    .await
-            {
-                continue;
-            }
-            release_claims(
-                &*self.store,
-                &self.waiting,
-                &self.metrics,
-                &route.name,
-                &claims,
-                ReleaseReason::Shutdown,
-            )
-            .await;
-        }
+        self.ledger.settle_the_rest().await;
     }
 
     /// The answer to a delivery whose key is done.
@@ -942,186 +757,6 @@ impl Proxy {
     }
 }
 
-/// The answer to a delivery whose key another delivery holds.
-fn in_flight(route: &Route) -> Answer {
-    let refusal = Refusal::InFlight {
-        status: route.policy.in_flight_status,
-        retry_after: route.policy.retry_after,
-    };
-    (DedupeStatus::InFlight, refusal.into_response())
-}
-
-/// The answer to a delivery refused because the store failed (`on_store_error: reject`).
-fn unavailable(route: &Route) -> Answer {
-    let refusal = Refusal::StoreUnavailable {
-        retry_after: route.policy.retry_after,
-    };
-    (DedupeStatus::Unavailable, refusal.into_response())
-}
-
-/// The answer to a delivery whose key is held.
-fn held(route: &Route) -> Answer {
-    let refusal = Refusal::Held {
-        status: route.policy.in_flight_status,
-        retry_after: route.policy.retry_after,
-    };
-    (DedupeStatus::Held, refusal.into_response())
-}
-
-/// Releases a delivery's claims so that a retry (or a waiting duplicate) runs the work,
-/// counting why (once per delivery).
-async fn release_claims(
-    store: &dyn ClaimStore,
-    waiting: &Waiting,
-    metrics: &Metrics,
-    route: &str,
-    claims: &Claims,
-    reason: ReleaseReason,
-) {
-    claims.progress.settling.store(true, Ordering::SeqCst);
-    let mut released = false;
-    for claim in claims.iter() {
-        match store.release(claim).await {
-            Ok(()) => released = true,
-            Err(error) => {
-                if matches!(error, StoreError::Backend(_)) {
-                    metrics.store_error();
-                }
-                tracing::warn!(%error, reason = reason.as_str(), key = %claim.key, "claim not released; the key frees itself when its lease ends");
-            }
-        }
-        waiting.announce(&claim.key);
-    }
-    if released {
-        metrics.released(route, reason);
-        tracing::debug!(reason = reason.as_str(), "claim released");
-    }
-}
-
-/// `on_ambiguous: hold`: the application may have done the work, so nothing runs it
-/// again until an operator resolves the key. Returns whether the event's key is held.
-/// If its hold cannot be written, the key stays in flight until its lease ends (then a
-/// redelivery runs the work), and a guarded body is released rather than held alone,
-/// where no operator could reach it.
-async fn hold_claims(
-    store: &dyn ClaimStore,
-    waiting: &Waiting,
-    metrics: &Metrics,
-    route: &str,
-    retention: Duration,
-    claims: &Claims,
-    ambiguity: Ambiguity,
-) -> bool {
-    claims.progress.settling.store(true, Ordering::SeqCst);
-    let held = hold_claim(store, waiting, metrics, &claims.event, retention, ambiguity).await;
-    if let Some(body) = &claims.body {
-        if held {
-            hold_claim(store, waiting, metrics, body, retention, ambiguity).await;
-        } else if let Err(error) = store.release(body).await {
-            tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
-        }
-        waiting.announce(&body.key);
-    }
-    if held {
-        tracing::warn!(
-            reason = ambiguity.as_str(),
-            route,
-            key = %claims.event.key,
-            "delivery held: the application may have done the work; nothing runs it again until an operator resolves the key (POST /v1/keys/{{route}}/{{key}}/resolve)"
-        );
-    }
-    held
-}
-
-async fn hold_claim(
-    store: &dyn ClaimStore,
-    waiting: &Waiting,
-    metrics: &Metrics,
-    claim: &Claim,
-    retention: Duration,
-    ambiguity: Ambiguity,
-) -> bool {
-    let held = match store.hold(claim, ambiguity, retention).await {
-        Ok(()) => true,
-        Err(error) => {
-            if matches!(error, StoreError::Backend(_)) {
-                metrics.store_error();
-            }
-            tracing::error!(%error, key = %claim.key, "the key could not be held; when its lease ends a redelivery runs the work again");
-            false
-        }
-    };
-    waiting.announce(&claim.key);
-    held
-}
-
-/// A relay's place, kept until its timeout if the relay is dropped (its sender hung up)
-/// before the upstream answered: the application may still be working on it, and the
-/// proxy cannot know when it stops. Costs a task only when abandoned.
-struct RelayPlace {
-    permit: Option<RequestPermit>,
-    deadline: tokio::time::Instant,
-}
-
-impl RelayPlace {
-    fn keep(permit: RequestPermit, timeout: Duration) -> RelayPlace {
-        RelayPlace {
-            permit: Some(permit),
-            deadline: tokio::time::Instant::now() + timeout,
-        }
-    }
-
-    /// The upstream answered (or failed): the place goes with the response.
-    fn answered(mut self) {
-        self.permit = None;
-    }
-}
-
-impl Drop for RelayPlace {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let deadline = self.deadline;
-            runtime.spawn(async move {
-                tokio::time::sleep_until(deadline).await;
-                drop(permit);
-            });
-        }
-    }
-}
-
-/// Why a forward got no answer, as a release reason and the sender's answer.
-fn failure(error: UpstreamError) -> (ReleaseReason, Refusal) {
-    match error {
-        UpstreamError::Unreachable(_) => (
-            ReleaseReason::UpstreamUnreachable,
-            Refusal::UpstreamUnreachable,
-        ),
-        UpstreamError::Dropped(_) => (ReleaseReason::UpstreamDropped, Refusal::UpstreamUnreachable),
-        UpstreamError::SenderBody(detail) => {
-            (ReleaseReason::Abandoned, Refusal::BodyUnreadable(detail))
-        }
-        UpstreamError::Timeout(after) => (
-            ReleaseReason::UpstreamTimeout,
-            Refusal::UpstreamTimeout(after),
-        ),
-    }
-}
-
-/// Whether a failed forward may have reached the application: a refused connection did
-/// not; a timeout, or a connection lost after the request went out, may have.
-fn ambiguity(error: &UpstreamError) -> Option<Ambiguity> {
-    match error {
-        UpstreamError::Unreachable(_) => None,
-        UpstreamError::Timeout(_) => Some(Ambiguity::UpstreamTimeout),
-        // Part of the request may have reached the app.
-        UpstreamError::Dropped(_) | UpstreamError::SenderBody(_) => {
-            Some(Ambiguity::UpstreamDropped)
-        }
-    }
-}
-
 /// The route a request goes to, if any, once its host and target are found sound: the
 /// first that takes it in any reading an application may take of it.
 fn find_route<'r>(
@@ -1137,9 +772,6 @@ fn find_route<'r>(
     )?;
     routing.table.find(&target)
 }
-
-/// What a delivery ends with: its `Dedupe-Status` and the answer.
-type Answer = (DedupeStatus, Response<ProxyBody>);
 
 /// A delivery that passed every step that needs no store.
 enum Checked {
@@ -1182,245 +814,10 @@ enum Claiming {
     Held,
 }
 
-/// The claims one delivery holds: its event key's, and its body's when the route guards
-/// against replays. They are finished or released together.
-#[derive(Debug, Clone)]
-struct Claims {
-    event: Claim,
-    body: Option<Claim>,
-    progress: Arc<Progress>,
-}
-
-/// How far a claimed delivery has gone, as the shutdown drain and the lease renewals see
-/// it.
-#[derive(Debug, Default)]
-struct Progress {
-    /// Its request went to the app (see `Upstream::send`).
-    dispatched: AtomicBool,
-    /// Its claims are being finished, held or released: a renewal refused from now on was
-    /// refused because of that, not because the lease was lost.
-    settling: AtomicBool,
-}
-
-impl Claims {
-    fn iter(&self) -> impl Iterator<Item = &Claim> {
-        std::iter::once(&self.event).chain(self.body.as_ref())
-    }
-}
-
-/// Buffers a small upstream answer so that duplicates can be answered with it, with the
-/// headers `replay_headers` names; a large or unsized one streams through and is not
-/// kept. Small means its body and those headers within [`REPLAY_RECORD_LIMIT`].
-async fn keep_for_replay(
-    response: Response<Incoming>,
-    replay_headers: &[HeaderName],
-    timeout: Duration,
-) -> (Response<ProxyBody>, Option<RecordedResponse>) {
-    // As the sender gets it: the headers that describe the connection are gone.
-    let response = upstream::inbound(response);
-    // The body is kept as the app encoded it, so its encoding goes with it, listed or not.
-    let unlisted_encoding =
-        (!replay_headers.contains(&CONTENT_ENCODING)).then_some(&CONTENT_ENCODING);
-    let headers: Vec<(String, Bytes)> = replay_headers
-        .iter()
-        .chain(unlisted_encoding)
-        .flat_map(|name| {
-            response.headers().get_all(name).iter().map(move |value| {
-                (
-                    name.as_str().to_owned(),
-                    Bytes::copy_from_slice(value.as_bytes()),
-                )
-            })
-        })
-        .collect();
-    let headers_size: u64 = headers
-        .iter()
-        .map(|(name, value)| (name.len() + value.len()) as u64)
-        .sum();
-    let small = response
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|length| length.saturating_add(headers_size) <= REPLAY_RECORD_LIMIT);
-    if !small {
-        return (response, None);
-    }
-    let (head, body) = response.into_parts();
-    let body = match tokio::time::timeout(timeout, body.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        _ => {
-            tracing::warn!("upstream answer body failed; relaying the status without it");
-            return (Response::from_parts(head, body::empty()), None);
-        }
-    };
-    let recorded = RecordedResponse {
-        status: head.status.as_u16(),
-        headers,
-        body: body.clone(),
-    };
-    (Response::from_parts(head, body::full(body)), Some(recorded))
-}
-
-/// The hash a duplicate's is compared with: of the body, or of the method, the target
-/// (path and query, as sent) and the body, each length-prefixed, so that no two requests
-/// share their bytes.
-fn fingerprint(scope: FingerprintScope, head: &http::request::Parts, body: &[u8]) -> Fingerprint {
-    match scope {
-        FingerprintScope::Body => Sha256::digest(body).into(),
-        FingerprintScope::Request => {
-            let mut hash = Sha256::new();
-            let target = head
-                .uri
-                .path_and_query()
-                .map_or("/", |target| target.as_str());
-            for part in [head.method.as_str().as_bytes(), target.as_bytes(), body] {
-                hash.update((part.len() as u64).to_be_bytes());
-                hash.update(part);
-            }
-            hash.finalize().into()
-        }
-    }
-}
-
 /// The Unix time in seconds, for signature timestamps.
 fn unix_now() -> i64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
-}
-
-/// Claims whose forward is under way, with their route's name. Shutdown releases (or
-/// holds) the ones still open when its grace ends; a delivery dropped before it settles
-/// its claims (its sender left before the forward began, or the forward task died)
-/// releases its own.
-#[derive(Clone, Default)]
-struct ClaimRegistry(Arc<Mutex<HashMap<u128, Registered>>>);
-
-/// An open claim as the registry keeps it.
-struct Registered {
-    /// The route the delivery matched, as it was then.
-    route: Arc<Route>,
-    claims: Claims,
-}
-
-impl ClaimRegistry {
-    fn register(&self, event: Claim, route: &Arc<Route>, proxy: &Proxy) -> OpenClaim {
-        let claims = Claims {
-            event,
-            body: None,
-            progress: Arc::default(),
-        };
-        let registered = Registered {
-            route: Arc::clone(route),
-            claims: claims.clone(),
-        };
-        self.lock().insert(claims.event.token, registered);
-        OpenClaim {
-            registry: self.clone(),
-            claims,
-            store: Arc::clone(&proxy.store),
-            waiting: Arc::clone(&proxy.waiting),
-            metrics: Arc::clone(&proxy.metrics),
-            settled: false,
-            if_dropped: ReleaseReason::Abandoned,
-            on_drop: None,
-            forwards: proxy.forwards.clone(),
-        }
-    }
-
-    fn take_all(&self) -> Vec<Registered> {
-        self.lock().drain().map(|(_, open)| open).collect()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<u128, Registered>> {
-        self.0.lock()
-    }
-}
-
-/// A delivery's claims until they are settled: finished or released.
-struct OpenClaim {
-    registry: ClaimRegistry,
-    claims: Claims,
-    store: Arc<dyn ClaimStore>,
-    waiting: Arc<Waiting>,
-    metrics: Arc<Metrics>,
-    settled: bool,
-    /// Why the claims are released if this is dropped unsettled.
-    if_dropped: ReleaseReason,
-    /// Told, if this is dropped unsettled, whether its claims were held.
-    on_drop: Option<oneshot::Sender<bool>>,
-    /// Where a dropped claim is settled: among the forwards, which a drain waits for.
-    forwards: TaskTracker,
-}
-
-impl OpenClaim {
-    fn claims(&self) -> &Claims {
-        &self.claims
-    }
-
-    /// Adds the body's claim (a route that guards against replays).
-    fn add_body(&mut self, body: Claim) {
-        self.claims.body = Some(body);
-        if let Some(registered) = self.registry.lock().get_mut(&self.claims.event.token) {
-            registered.claims.body.clone_from(&self.claims.body);
-        }
-    }
-
-    /// Releases the claims without counting a release, or waking waiters: nothing was
-    /// forwarded, and what stopped it (the body's own claim) still stands.
-    async fn give_back(mut self) {
-        self.settled = true;
-        self.claims.progress.settling.store(true, Ordering::SeqCst);
-        self.registry.lock().remove(&self.claims.event.token);
-        for claim in self.claims.iter() {
-            if let Err(error) = self.store.release(claim).await {
-                tracing::warn!(%error, "claim not released; the key frees itself when its lease ends");
-            }
-        }
-    }
-
-    fn settle(mut self) {
-        self.settled = true;
-    }
-}
-
-impl Drop for OpenClaim {
-    fn drop(&mut self) {
-        let Some(Registered { route, .. }) = self.registry.lock().remove(&self.claims.event.token)
-        else {
-            return;
-        };
-        if self.settled {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, waiting) = (Arc::clone(&self.store), Arc::clone(&self.waiting));
-        let metrics = Arc::clone(&self.metrics);
-        let (claims, reason, told) = (self.claims.clone(), self.if_dropped, self.on_drop.take());
-        // A forward that failed after its request went out may have done the work: on a
-        // route that holds such keys, it is held like any other ambiguous forward.
-        let hold = reason == ReleaseReason::TaskFailed
-            && route.policy.on_ambiguous == OnAmbiguous::Hold
-            && claims.progress.dispatched.load(Ordering::SeqCst);
-        let settling = async move {
-            let held = if hold {
-                let (name, retention) = (&route.name, route.policy.retention);
-                let ambiguity = Ambiguity::ForwardFailed;
-                hold_claims(
-                    &*store, &waiting, &metrics, name, retention, &claims, ambiguity,
-                )
-                .await
-            } else {
-                release_claims(&*store, &waiting, &metrics, &route.name, &claims, reason).await;
-                false
-            };
-            if let Some(told) = told {
-                let _ = told.send(held);
-            }
-        };
-        self.forwards.spawn_on(settling, &runtime);
-    }
 }

@@ -1,0 +1,100 @@
+//! What a duplicate is compared with and answered with: the delivery's fingerprint, and
+//! the application's first answer, kept when it is small enough to replay.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderName;
+use http::Response;
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+
+use crate::body::{self, ProxyBody};
+use crate::preset::FingerprintScope;
+use crate::store::{Fingerprint, RecordedResponse};
+use crate::upstream;
+
+/// The largest upstream answer kept for `duplicate_response.replay`: its body and the
+/// headers recorded with it. Larger answers (or answers without a `Content-Length`)
+/// stream through and are not replayed.
+pub const REPLAY_RECORD_LIMIT: u64 = 64 * 1024;
+
+/// Buffers a small upstream answer so that duplicates can be answered with it, with the
+/// headers `replay_headers` names; a large or unsized one streams through and is not
+/// kept. Small means its body and those headers within [`REPLAY_RECORD_LIMIT`].
+pub(super) async fn keep_for_replay(
+    response: Response<Incoming>,
+    replay_headers: &[HeaderName],
+    timeout: Duration,
+) -> (Response<ProxyBody>, Option<RecordedResponse>) {
+    // As the sender gets it: the headers that describe the connection are gone.
+    let response = upstream::inbound(response);
+    // The body is kept as the app encoded it, so its encoding goes with it, listed or not.
+    let unlisted_encoding =
+        (!replay_headers.contains(&CONTENT_ENCODING)).then_some(&CONTENT_ENCODING);
+    let headers: Vec<(String, Bytes)> = replay_headers
+        .iter()
+        .chain(unlisted_encoding)
+        .flat_map(|name| {
+            response.headers().get_all(name).iter().map(move |value| {
+                (
+                    name.as_str().to_owned(),
+                    Bytes::copy_from_slice(value.as_bytes()),
+                )
+            })
+        })
+        .collect();
+    let headers_size: u64 = headers
+        .iter()
+        .map(|(name, value)| (name.len() + value.len()) as u64)
+        .sum();
+    let small = response
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|length| length.saturating_add(headers_size) <= REPLAY_RECORD_LIMIT);
+    if !small {
+        return (response, None);
+    }
+    let (head, body) = response.into_parts();
+    let body = match tokio::time::timeout(timeout, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => {
+            tracing::warn!("upstream answer body failed; relaying the status without it");
+            return (Response::from_parts(head, body::empty()), None);
+        }
+    };
+    let recorded = RecordedResponse {
+        status: head.status.as_u16(),
+        headers,
+        body: body.clone(),
+    };
+    (Response::from_parts(head, body::full(body)), Some(recorded))
+}
+
+/// The hash a duplicate's is compared with: of the body, or of the method, the target
+/// (path and query, as sent) and the body, each length-prefixed, so that no two requests
+/// share their bytes.
+pub(super) fn fingerprint(
+    scope: FingerprintScope,
+    head: &http::request::Parts,
+    body: &[u8],
+) -> Fingerprint {
+    match scope {
+        FingerprintScope::Body => Sha256::digest(body).into(),
+        FingerprintScope::Request => {
+            let mut hash = Sha256::new();
+            let target = head
+                .uri
+                .path_and_query()
+                .map_or("/", |target| target.as_str());
+            for part in [head.method.as_str().as_bytes(), target.as_bytes(), body] {
+                hash.update((part.len() as u64).to_be_bytes());
+                hash.update(part);
+            }
+            hash.finalize().into()
+        }
+    }
+}
