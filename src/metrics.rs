@@ -200,137 +200,136 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::default();
-        let requests = Family::<RouteOutcome, Counter>::default();
-        registry.register(
-            "dedupe_requests",
-            "Requests by route and outcome (the Dedupe-Status value; `unmatched` for requests no route took)",
-            requests.clone(),
-        );
-        // 1 ms to about 33 s: a local application's answer, up to the longest timeouts.
-        let upstream_duration = Family::<RouteLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(exponential_buckets(0.001, 2.0, 16))) as fn() -> Histogram,
-        );
-        registry.register(
-            "dedupe_upstream_duration_seconds",
-            "Time from forwarding a claimed delivery to the upstream's answer head, or its failure",
-            upstream_duration.clone(),
-        );
-        let claims_released = Family::<RouteReason, Counter>::default();
-        registry.register(
-            "dedupe_claims_released",
-            "Claims released so that a retry runs the work, by route and reason",
-            claims_released.clone(),
-        );
-        let store_errors = Counter::default();
-        registry.register(
-            "dedupe_store_errors",
-            "Claim-store operations that failed",
-            store_errors.clone(),
-        );
-        let store_keys = Family::<StateLabel, Gauge>::default();
-        registry.register(
-            "dedupe_store_keys",
-            "Keys in the store by state (done: records on disk, expired ones until swept)",
-            store_keys.clone(),
-        );
-        let waiting = Gauge::default();
-        registry.register(
-            "dedupe_waiting_deliveries",
-            "Deliveries waiting for the outcome of their key's delivery in flight (on_in_flight: wait)",
-            waiting.clone(),
-        );
-        let keys_held = Family::<RouteLabel, Gauge>::default();
-        registry.register(
-            "dedupe_keys_held",
-            "Held keys (on_ambiguous: hold) in the store by route, counted every few seconds; each waits for an operator",
-            keys_held.clone(),
-        );
-        let lease_renewals = Family::<ResultLabel, Counter>::default();
-        registry.register(
-            "dedupe_lease_renewals",
-            "Renewals of the leases of claims whose delivery is still being handled: renewed, failed (the store did not answer; tried again), lost (the claim was taken over: its event may run twice)",
-            lease_renewals.clone(),
-        );
+        let mut metrics = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            // 1 ms to about 33 s: a local application's answer, up to the longest timeouts.
+            upstream_duration: Family::new_with_constructor(
+                (|| Histogram::new(exponential_buckets(0.001, 2.0, 16))) as fn() -> Histogram,
+            ),
+            claims_released: Family::default(),
+            store_errors: Counter::default(),
+            store_keys: Family::default(),
+            waiting: Gauge::default(),
+            keys_held: Family::default(),
+            sweep_removed: Counter::default(),
+            sweep_succeeded_at: Gauge::default(),
+            payload_mismatch: Family::default(),
+            order_checks: Family::default(),
+            signatures_refused: Family::default(),
+            config_reloads: Family::default(),
+            last_reload_successful: Gauge::default(),
+            lease_renewals: Family::default(),
+        };
+        metrics.register_deliveries();
+        metrics.register_the_rest();
+        // Series that exist from the start, at zero (reloads: none tried is a success).
         for result in LeaseRenewal::ALL {
-            let _ = lease_renewals.get_or_create(&ResultLabel {
+            let _ = metrics.lease_renewals.get_or_create(&ResultLabel {
                 result: result.as_str(),
             });
         }
-        let sweep_removed = Counter::default();
-        registry.register(
-            "dedupe_sweep_removed",
-            "Expired records removed by the background sweep",
-            sweep_removed.clone(),
+        for result in ["success", "failure"] {
+            let _ = metrics
+                .config_reloads
+                .get_or_create(&ResultLabel { result });
+        }
+        metrics.last_reload_successful.set(1);
+        metrics
+    }
+
+    /// Registers the metrics of deliveries: requests, the app's answers, releases,
+    /// waits, holds, leases, payloads, order checks and signatures.
+    fn register_deliveries(&mut self) {
+        self.registry.register(
+            "dedupe_requests",
+            "Requests by route and outcome (the Dedupe-Status value; `unmatched` for requests no route took)",
+            self.requests.clone(),
         );
-        let sweep_succeeded_at = Gauge::default();
-        registry.register(
-            "dedupe_sweep_last_success_timestamp_seconds",
-            "Unix time at which the background sweep last ran to the end without an error (0 before the first)",
-            sweep_succeeded_at.clone(),
+        self.registry.register(
+            "dedupe_upstream_duration_seconds",
+            "Time from forwarding a claimed delivery to the upstream's answer head, or its failure",
+            self.upstream_duration.clone(),
         );
-        let payload_mismatch = Family::<RouteLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
+            "dedupe_claims_released",
+            "Claims released so that a retry runs the work, by route and reason",
+            self.claims_released.clone(),
+        );
+        self.registry.register(
+            "dedupe_waiting_deliveries",
+            "Deliveries waiting for the outcome of their key's delivery in flight (on_in_flight: wait)",
+            self.waiting.clone(),
+        );
+        self.registry.register(
+            "dedupe_keys_held",
+            "Held keys (on_ambiguous: hold) in the store by route, counted every few seconds; each waits for an operator",
+            self.keys_held.clone(),
+        );
+        self.registry.register(
+            "dedupe_lease_renewals",
+            "Renewals of the leases of claims whose delivery is still being handled: renewed, failed (the store did not answer; tried again), lost (the claim was taken over: its event may run twice)",
+            self.lease_renewals.clone(),
+        );
+        self.registry.register(
             "dedupe_payload_mismatch",
             "Duplicates whose body differs from the delivery that was processed, by route",
-            payload_mismatch.clone(),
+            self.payload_mismatch.clone(),
         );
-        let order_checks = Family::<RouteResult, Counter>::default();
-        registry.register(
+        self.registry.register(
             "dedupe_order_checks",
             "Deliveries on routes with order: by route and what the stale-event guard found",
-            order_checks.clone(),
+            self.order_checks.clone(),
         );
-        let signatures_refused = Family::<RouteReason, Counter>::default();
-        registry.register(
+        self.registry.register(
             "dedupe_signatures_refused",
             "Deliveries refused for their signature, by route and reason",
-            signatures_refused.clone(),
+            self.signatures_refused.clone(),
         );
-        registry.register(
+    }
+
+    /// Registers the metrics of the store, the sweep, the trace export and reloads.
+    fn register_the_rest(&mut self) {
+        self.registry.register(
+            "dedupe_store_errors",
+            "Claim-store operations that failed",
+            self.store_errors.clone(),
+        );
+        self.registry.register(
+            "dedupe_store_keys",
+            "Keys in the store by state (done: records on disk, expired ones until swept)",
+            self.store_keys.clone(),
+        );
+        self.registry.register(
+            "dedupe_sweep_removed",
+            "Expired records removed by the background sweep",
+            self.sweep_removed.clone(),
+        );
+        self.registry.register(
+            "dedupe_sweep_last_success_timestamp_seconds",
+            "Unix time at which the background sweep last ran to the end without an error (0 before the first)",
+            self.sweep_succeeded_at.clone(),
+        );
+        self.registry.register(
             "dedupe_trace_spans_dropped",
             "Spans not exported because the export queue was full (the collector slow or away); deliveries are never held up for them",
             SPANS_DROPPED.clone(),
         );
-        registry.register(
+        self.registry.register(
             "dedupe_trace_exports_failed",
             "Exports of a batch of spans that failed: the collector refused them or did not answer in time",
             SPAN_EXPORTS_FAILED.clone(),
         );
-        let config_reloads = Family::<ResultLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "dedupe_config_reloads",
             "Configuration reloads by result (an invalid file keeps the running routes)",
-            config_reloads.clone(),
+            self.config_reloads.clone(),
         );
-        for result in ["success", "failure"] {
-            let _ = config_reloads.get_or_create(&ResultLabel { result });
-        }
-        let last_reload_successful = Gauge::default();
-        last_reload_successful.set(1);
-        registry.register(
+        self.registry.register(
             "dedupe_config_last_reload_successful",
             "1 if the last configuration reload succeeded (or none was tried since the start), 0 if it failed and the running routes are not the file's",
-            last_reload_successful.clone(),
+            self.last_reload_successful.clone(),
         );
-        Metrics {
-            registry,
-            requests,
-            upstream_duration,
-            claims_released,
-            store_errors,
-            store_keys,
-            waiting,
-            keys_held,
-            sweep_removed,
-            sweep_succeeded_at,
-            payload_mismatch,
-            order_checks,
-            signatures_refused,
-            config_reloads,
-            last_reload_successful,
-            lease_renewals,
-        }
     }
 
     /// Creates every series of the routes about to serve, at zero, so that `rate()` and

@@ -127,97 +127,78 @@ pub enum Refusal {
 
 impl Refusal {
     fn parts(&self) -> (StatusCode, &'static str, String) {
+        (self.status(), self.code(), self.detail())
+    }
+
+    /// The answer's status.
+    fn status(&self) -> StatusCode {
         match self {
-            Refusal::NoRoute => (
-                StatusCode::NOT_FOUND,
-                "no_route",
-                "no route matches this request".into(),
-            ),
-            Refusal::BodyTooLarge { limit } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("the body exceeds this route's max_body of {limit} bytes"),
-            ),
-            Refusal::BodyUnreadable(reason) => {
-                (StatusCode::BAD_REQUEST, "body_unreadable", reason.clone())
-            }
-            Refusal::BodyTimeout(after) => (
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                format!(
-                    "the body did not arrive within {}",
-                    crate::values::HumanDuration(*after)
-                ),
-            ),
-            Refusal::Signature(failure) => (
-                StatusCode::UNAUTHORIZED,
-                failure.code(),
-                failure.to_string(),
-            ),
-            Refusal::MissingKey(reason) => (
-                StatusCode::BAD_REQUEST,
-                "missing_key",
-                format!("no usable event key: {reason}"),
-            ),
-            Refusal::KeyTooLong(length) => (
-                StatusCode::BAD_REQUEST,
-                "key_too_long",
-                format!("the event key is {length} bytes; the limit is {MAX_KEY_BYTES}"),
-            ),
-            Refusal::StoreUnavailable { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                "the claim store is unavailable; retry later".into(),
-            ),
-            Refusal::InFlight { status, .. } => (
-                *status,
-                "in_flight",
-                "another delivery of this event is being processed; retry later".into(),
-            ),
-            Refusal::Held { status, .. } => (
-                *status,
-                "held",
-                "an earlier delivery of this event may have been processed; it waits for an operator to resolve it".into(),
-            ),
-            Refusal::PayloadMismatch => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "payload_mismatch",
-                "this key was already processed with a different request (its body; with the idempotency_key preset, its method, target or body)".into(),
-            ),
-            Refusal::UpstreamUnreachable => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
-                "the application could not be reached; retry later".into(),
-            ),
-            Refusal::UpstreamTimeout(timeout) => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                format!(
-                    "the application did not answer within {}",
-                    crate::values::HumanDuration(*timeout)
-                ),
-            ),
-            Refusal::Overloaded => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "too many requests are being handled; retry shortly".into(),
-            ),
-            Refusal::TooManyConnections => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_connections",
-                "connection limit reached; retry".into(),
-            ),
-            Refusal::BadTarget(reason) => (StatusCode::BAD_REQUEST, "bad_request", reason.clone()),
-            Refusal::Closing => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "closing",
-                "this connection is closing; retry on a new one".into(),
-            ),
-            Refusal::Internal => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the delivery failed inside the proxy; retry later".into(),
-            ),
+            Refusal::NoRoute => StatusCode::NOT_FOUND,
+            Refusal::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
+            Refusal::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Refusal::Signature(_) => StatusCode::UNAUTHORIZED,
+            Refusal::MissingKey(_) => StatusCode::BAD_REQUEST,
+            Refusal::KeyTooLong(_) => StatusCode::BAD_REQUEST,
+            Refusal::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::InFlight { status, .. } => *status,
+            Refusal::Held { status, .. } => *status,
+            Refusal::PayloadMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Refusal::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Refusal::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::BadTarget(_) => StatusCode::BAD_REQUEST,
+            Refusal::Closing => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The error code of the body.
+    fn code(&self) -> &'static str {
+        match self {
+            Refusal::NoRoute => "no_route",
+            Refusal::BodyTooLarge { .. } => "body_too_large",
+            Refusal::BodyUnreadable(_) => "body_unreadable",
+            Refusal::BodyTimeout(_) => "body_timeout",
+            Refusal::Signature(failure) => failure.code(),
+            Refusal::MissingKey(_) => "missing_key",
+            Refusal::KeyTooLong(_) => "key_too_long",
+            Refusal::StoreUnavailable { .. } => "store_unavailable",
+            Refusal::InFlight { .. } => "in_flight",
+            Refusal::Held { .. } => "held",
+            Refusal::PayloadMismatch => "payload_mismatch",
+            Refusal::UpstreamUnreachable => "upstream_unreachable",
+            Refusal::UpstreamTimeout(_) => "upstream_timeout",
+            Refusal::Overloaded => "overloaded",
+            Refusal::TooManyConnections => "too_many_connections",
+            Refusal::BadTarget(_) => "bad_request",
+            Refusal::Closing => "closing",
+            Refusal::Internal => "internal",
+        }
+    }
+
+    /// What the body says of it.
+    fn detail(&self) -> String {
+        match self {
+            Refusal::NoRoute => "no route matches this request".into(),
+            Refusal::BodyTooLarge { limit } => format!("the body exceeds this route's max_body of {limit} bytes"),
+            Refusal::BodyUnreadable(reason) => reason.clone(),
+            Refusal::BodyTimeout(after) => format!("the body did not arrive within {}", crate::values::HumanDuration(*after)),
+            Refusal::Signature(failure) => failure.to_string(),
+            Refusal::MissingKey(reason) => format!("no usable event key: {reason}"),
+            Refusal::KeyTooLong(length) => format!("the event key is {length} bytes; the limit is {MAX_KEY_BYTES}"),
+            Refusal::StoreUnavailable { .. } => "the claim store is unavailable; retry later".into(),
+            Refusal::InFlight { .. } => "another delivery of this event is being processed; retry later".into(),
+            Refusal::Held { .. } => "an earlier delivery of this event may have been processed; it waits for an operator to resolve it".into(),
+            Refusal::PayloadMismatch => "this key was already processed with a different request (its body; with the idempotency_key preset, its method, target or body)".into(),
+            Refusal::UpstreamUnreachable => "the application could not be reached; retry later".into(),
+            Refusal::UpstreamTimeout(timeout) => format!("the application did not answer within {}", crate::values::HumanDuration(*timeout)),
+            Refusal::Overloaded => "too many requests are being handled; retry shortly".into(),
+            Refusal::TooManyConnections => "connection limit reached; retry".into(),
+            Refusal::BadTarget(reason) => reason.clone(),
+            Refusal::Closing => "this connection is closing; retry on a new one".into(),
+            Refusal::Internal => "the delivery failed inside the proxy; retry later".into(),
         }
     }
 
@@ -359,112 +340,86 @@ pub enum AdminRefusal {
 
 impl AdminRefusal {
     fn parts(&self) -> (StatusCode, &'static str, String) {
+        (self.status(), self.code(), self.detail())
+    }
+
+    /// The answer's status.
+    fn status(&self) -> StatusCode {
         match self {
-            AdminRefusal::Closed => (
-                StatusCode::FORBIDDEN,
-                "admin_api_closed",
-                "the admin API listens beyond loopback without admin.token_env, so /v1/* is off; set a token to use it".into(),
-            ),
-            AdminRefusal::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "a valid bearer token is required".into(),
-            ),
-            AdminRefusal::Starting => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "starting",
-                "the store is not open yet".into(),
-            ),
-            AdminRefusal::NotFound => (
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such admin endpoint".into(),
-            ),
-            AdminRefusal::NoSuchRoute(name) => (
-                StatusCode::NOT_FOUND,
-                "no_such_route",
-                format!("no route named `{name}`"),
-            ),
-            AdminRefusal::NoOrder(name) => (
-                StatusCode::NOT_FOUND,
-                "no_order",
-                format!("route `{name}` has no `order:`, so it records no versions"),
-            ),
-            AdminRefusal::NoVersion => (
-                StatusCode::NOT_FOUND,
-                "absent",
-                "no version is recorded for the entity: none was done, or its record expired"
+            AdminRefusal::Closed => StatusCode::FORBIDDEN,
+            AdminRefusal::Unauthorized => StatusCode::UNAUTHORIZED,
+            AdminRefusal::Starting => StatusCode::SERVICE_UNAVAILABLE,
+            AdminRefusal::NotFound => StatusCode::NOT_FOUND,
+            AdminRefusal::NoSuchRoute(_) => StatusCode::NOT_FOUND,
+            AdminRefusal::NoOrder(_) => StatusCode::NOT_FOUND,
+            AdminRefusal::NoVersion => StatusCode::NOT_FOUND,
+            AdminRefusal::Absent => StatusCode::NOT_FOUND,
+            AdminRefusal::InFlight => StatusCode::CONFLICT,
+            AdminRefusal::Held => StatusCode::CONFLICT,
+            AdminRefusal::NotHeld => StatusCode::CONFLICT,
+            AdminRefusal::HeldAgain => StatusCode::CONFLICT,
+            AdminRefusal::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AdminRefusal::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AdminRefusal::InvalidConfig(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            AdminRefusal::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            AdminRefusal::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            AdminRefusal::HostNotAllowed(_) => StatusCode::FORBIDDEN,
+            AdminRefusal::CrossOrigin => StatusCode::FORBIDDEN,
+            AdminRefusal::JsonRequired => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        }
+    }
+
+    /// The error code of the body.
+    fn code(&self) -> &'static str {
+        match self {
+            AdminRefusal::Closed => "admin_api_closed",
+            AdminRefusal::Unauthorized => "unauthorized",
+            AdminRefusal::Starting => "starting",
+            AdminRefusal::NotFound => "not_found",
+            AdminRefusal::NoSuchRoute(_) => "no_such_route",
+            AdminRefusal::NoOrder(_) => "no_order",
+            AdminRefusal::NoVersion => "absent",
+            AdminRefusal::Absent => "absent",
+            AdminRefusal::InFlight => "in_flight",
+            AdminRefusal::Held => "held",
+            AdminRefusal::NotHeld => "not_held",
+            AdminRefusal::HeldAgain => "held_again",
+            AdminRefusal::BadRequest(_) => "bad_request",
+            AdminRefusal::StoreUnavailable(_) => "store_unavailable",
+            AdminRefusal::InvalidConfig(_) => "invalid_config",
+            AdminRefusal::MethodNotAllowed(_) => "method_not_allowed",
+            AdminRefusal::Internal(_) => "internal",
+            AdminRefusal::HostNotAllowed(_) => "host_not_allowed",
+            AdminRefusal::CrossOrigin => "cross_origin",
+            AdminRefusal::JsonRequired => "json_required",
+        }
+    }
+
+    /// What the body says of it.
+    fn detail(&self) -> String {
+        match self {
+            AdminRefusal::Closed => "the admin API listens beyond loopback without admin.token_env, so /v1/* is off; set a token to use it".into(),
+            AdminRefusal::Unauthorized => "a valid bearer token is required".into(),
+            AdminRefusal::Starting => "the store is not open yet".into(),
+            AdminRefusal::NotFound => "no such admin endpoint".into(),
+            AdminRefusal::NoSuchRoute(name) => format!("no route named `{name}`"),
+            AdminRefusal::NoOrder(name) => format!("route `{name}` has no `order:`, so it records no versions"),
+            AdminRefusal::NoVersion => "no version is recorded for the entity: none was done, or its record expired"
                     .into(),
-            ),
-            AdminRefusal::Absent => (
-                StatusCode::NOT_FOUND,
-                "absent",
-                "the key is absent, released or expired".into(),
-            ),
-            AdminRefusal::InFlight => (
-                StatusCode::CONFLICT,
-                "in_flight",
-                "the key is being processed; forgetting it could run the event twice at once"
+            AdminRefusal::Absent => "the key is absent, released or expired".into(),
+            AdminRefusal::InFlight => "the key is being processed; forgetting it could run the event twice at once"
                     .into(),
-            ),
-            AdminRefusal::Held => (
-                StatusCode::CONFLICT,
-                "held",
-                "the key is held; resolve it with POST .../resolve and {\"outcome\":\"done\"} or {\"outcome\":\"release\"}".into(),
-            ),
-            AdminRefusal::NotHeld => (
-                StatusCode::CONFLICT,
-                "not_held",
-                "the key is not held, so there is nothing to resolve".into(),
-            ),
-            AdminRefusal::HeldAgain => (
-                StatusCode::CONFLICT,
-                "held_again",
-                "the key was held again since the held_at given: look at it again".into(),
-            ),
-            AdminRefusal::BadRequest(reason) => (
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                reason.clone(),
-            ),
-            AdminRefusal::StoreUnavailable(failure) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                failure.clone(),
-            ),
-            AdminRefusal::InvalidConfig(error) => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_config",
-                error.clone(),
-            ),
-            AdminRefusal::MethodNotAllowed(allow) => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!("this endpoint takes {allow}"),
-            ),
-            AdminRefusal::Internal(failure) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                failure.clone(),
-            ),
-            AdminRefusal::HostNotAllowed(host) => (
-                StatusCode::FORBIDDEN,
-                "host_not_allowed",
-                format!(
-                    "the admin port answers to its own address, localhost and admin.hosts, not to `{}`",
-                    host.chars().take(256).collect::<String>()
-                ),
-            ),
-            AdminRefusal::CrossOrigin => (
-                StatusCode::FORBIDDEN,
-                "cross_origin",
-                "a change from a page of another origin is refused".into(),
-            ),
-            AdminRefusal::JsonRequired => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "json_required",
-                "a POST to the admin port needs Content-Type: application/json (or an Authorization header)".into(),
-            ),
+            AdminRefusal::Held => "the key is held; resolve it with POST .../resolve and {\"outcome\":\"done\"} or {\"outcome\":\"release\"}".into(),
+            AdminRefusal::NotHeld => "the key is not held, so there is nothing to resolve".into(),
+            AdminRefusal::HeldAgain => "the key was held again since the held_at given: look at it again".into(),
+            AdminRefusal::BadRequest(reason) => reason.clone(),
+            AdminRefusal::StoreUnavailable(failure) => failure.clone(),
+            AdminRefusal::InvalidConfig(error) => error.clone(),
+            AdminRefusal::MethodNotAllowed(allow) => format!("this endpoint takes {allow}"),
+            AdminRefusal::Internal(failure) => failure.clone(),
+            AdminRefusal::HostNotAllowed(host) => format!("the admin port answers to its own address, localhost and admin.hosts, not to `{}`", host.chars().take(256).collect::<String>()),
+            AdminRefusal::CrossOrigin => "a change from a page of another origin is refused".into(),
+            AdminRefusal::JsonRequired => "a POST to the admin port needs Content-Type: application/json (or an Authorization header)".into(),
         }
     }
 

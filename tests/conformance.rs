@@ -715,7 +715,11 @@ async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
 }
 
 async fn a_renewed_lease_outlives_its_first_end_for_its_owner_only(h: Harness) {
-    let claim = h.claimed_for("k", SHORT_LEASE).await;
+    // Long enough that a store answering slowly under the whole suite's load (the claim
+    // below waits its turn in a batch) still asks within the renewed lease: with 400 ms,
+    // 100 ms of delay made this fail now and then.
+    const RENEWED: Duration = Duration::from_secs(2);
+    let claim = h.claimed_for("k", RENEWED).await;
     let Some(KeyState::InFlight {
         lease_until: first_end,
         ..
@@ -723,9 +727,10 @@ async fn a_renewed_lease_outlives_its_first_end_for_its_owner_only(h: Harness) {
     else {
         panic!("in flight expected");
     };
-    h.pass(SHORT_LEASE / 2).await;
-    h.store.renew(&claim, SHORT_LEASE).await.unwrap();
-    h.pass(SHORT_LEASE / 2 + Duration::from_millis(100)).await;
+    h.pass(RENEWED / 2).await;
+    h.store.renew(&claim, RENEWED).await.unwrap();
+    // Past the first lease's end, well within the renewed one.
+    h.pass(RENEWED / 2 + RENEWED / 10).await;
     assert!(
         matches!(
             h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap(),

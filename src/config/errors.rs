@@ -177,10 +177,30 @@ const DEEPEST: usize = 32;
 /// aliases (a part left out could hold an anchor used elsewhere), line breaks other than
 /// `\n` and `\r\n` (the parsers count lines differently at those).
 fn parts(text: &str) -> Vec<Part> {
-    if text.contains(['\u{85}', '\u{2028}', '\u{2029}']) || text.replace("\r\n", "").contains('\r')
-    {
+    let odd_line_breaks = text.contains(['\u{85}', '\u{2028}', '\u{2029}'])
+        || text.replace("\r\n", "").contains('\r');
+    let Some(walk) = walked(text).filter(|_| !odd_line_breaks) else {
         return Vec::new();
-    }
+    };
+    let Some(top_end) = walk.top_end else {
+        return Vec::new();
+    };
+    let offsets = Offsets::of(text);
+    let Some(mut parts) = route_parts(text, &walk, &offsets) else {
+        return Vec::new();
+    };
+    // A route lies inside the `routes:` entry: the innermost part holding an error is
+    // found first.
+    parts.reverse();
+    let mut top = top_parts(&walk, top_end, &offsets);
+    top.reverse();
+    parts.extend(top);
+    parts
+}
+
+/// The file's top level and routes as the parser's events show them, unless the file
+/// cannot be taken apart (see [`parts`]).
+fn walked(text: &str) -> Option<Walk> {
     let mut walk = Walk::default();
     // Event by event, not `Parser::load`, which recurses as deep as the file nests.
     let mut parser = Parser::new_from_str(text);
@@ -188,84 +208,97 @@ fn parts(text: &str) -> Vec<Part> {
         match parser.next_token() {
             Ok((Event::StreamEnd, _)) => break,
             Ok((event, mark)) => walk.on_event(event, mark),
-            Err(_) => return Vec::new(),
+            Err(_) => return None,
         }
         if walk.depth > DEEPEST || walk.anchored {
-            return Vec::new();
+            return None;
         }
     }
-    if walk.top.iter().any(|(key, _)| key.col() != 0) {
-        return Vec::new();
+    let block_style = walk.top.iter().all(|(key, _)| key.col() == 0);
+    block_style.then_some(walk)
+}
+
+/// Byte offsets from the parser's lines and columns (its own byte index drifts after
+/// some block scalars; its lines and columns do not).
+struct Offsets<'t> {
+    text: &'t str,
+    line_starts: Vec<usize>,
+}
+
+impl<'t> Offsets<'t> {
+    fn of(text: &'t str) -> Offsets<'t> {
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(at, _)| at + 1))
+            .collect();
+        Offsets { text, line_starts }
     }
-    // Cut at bytes from lines and columns (the parser's own byte index drifts after
-    // some block scalars; its lines and columns do not).
-    let line_starts: Vec<usize> = std::iter::once(0)
-        .chain(text.match_indices('\n').map(|(at, _)| at + 1))
-        .collect();
-    let byte = |mark: Marker| {
-        let Some(&start) = line_starts.get(mark.line().saturating_sub(1)) else {
-            return text.len();
+
+    fn byte(&self, mark: Marker) -> usize {
+        let Some(&start) = self.line_starts.get(mark.line().saturating_sub(1)) else {
+            return self.text.len();
         };
-        let line = &text[start..];
+        let line = &self.text[start..];
         start
             + line
                 .char_indices()
                 .nth(mark.col())
                 .map_or(line.len(), |(at, _)| at)
-    };
-    let mut parts = Vec::new();
-    let bounds = |starts: &[(Marker, Option<Marker>)], end: Marker| {
-        starts
-            .iter()
-            .enumerate()
-            .map(|(index, (start, value))| {
-                let next = starts.get(index + 1).map_or(end, |(next, _)| *next);
-                (*start, next, *value)
-            })
-            .collect::<Vec<_>>()
-    };
-    let Some(top_end) = walk.top_end else {
-        return parts;
-    };
-    for (start, next, value) in bounds(&walk.top, top_end) {
-        parts.push(Part {
-            start: byte(start),
-            end: byte(next),
-            from: (start.line(), start.col() + 1),
-            to: (next.line(), next.col() + 1),
-            required_value: value.map(byte),
-            route: false,
-        });
     }
-    if let Some(routes_end) = walk.routes_end {
-        // Each route from its `-`, so that no empty entry is left behind.
-        let mut dashes = Vec::new();
-        for start in &walk.routes {
-            let before = text[..byte(*start)].trim_end_matches(' ');
-            let Some(dash) = before.strip_suffix('-') else {
-                return Vec::new();
-            };
-            // Only spaces lie between the `-` and the route: a byte is a column.
-            let column = (start.col() + 1).saturating_sub(byte(*start) - dash.len());
-            dashes.push((dash.len(), (start.line(), column)));
-        }
-        let end = (byte(routes_end), (routes_end.line(), routes_end.col() + 1));
-        for (index, &(start, from)) in dashes.iter().enumerate() {
+}
+
+/// The top-level entries, each up to the next.
+fn top_parts(walk: &Walk, end: Marker, offsets: &Offsets) -> Vec<Part> {
+    walk.top
+        .iter()
+        .enumerate()
+        .map(|(index, (start, value))| {
+            let next = walk.top.get(index + 1).map_or(end, |(next, _)| *next);
+            Part {
+                start: offsets.byte(*start),
+                end: offsets.byte(next),
+                from: (start.line(), start.col() + 1),
+                to: (next.line(), next.col() + 1),
+                required_value: value.map(|value| offsets.byte(value)),
+                route: false,
+            }
+        })
+        .collect()
+}
+
+/// The routes, each from its `-` (so that no empty entry is left behind) up to the next;
+/// none if the list is not a block list.
+fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> {
+    let Some(routes_end) = walk.routes_end else {
+        return Some(Vec::new());
+    };
+    let mut dashes = Vec::new();
+    for start in &walk.routes {
+        let before = text[..offsets.byte(*start)].trim_end_matches(' ');
+        let dash = before.strip_suffix('-')?;
+        // Only spaces lie between the `-` and the route: a byte is a column.
+        let column = (start.col() + 1).saturating_sub(offsets.byte(*start) - dash.len());
+        dashes.push((dash.len(), (start.line(), column)));
+    }
+    let end = (
+        offsets.byte(routes_end),
+        (routes_end.line(), routes_end.col() + 1),
+    );
+    let parts = dashes
+        .iter()
+        .enumerate()
+        .map(|(index, &(start, from))| {
             let (end, to) = dashes.get(index + 1).copied().unwrap_or(end);
-            parts.push(Part {
+            Part {
                 start,
                 end,
                 from,
                 to,
                 required_value: None,
                 route: true,
-            });
-        }
-    }
-    // A route lies inside the `routes:` entry: the innermost part holding an error is
-    // found first.
-    parts.reverse();
-    parts
+            }
+        })
+        .collect();
+    Some(parts)
 }
 
 /// Where the top-level entries and the routes start, from the parser's events.

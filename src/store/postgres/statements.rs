@@ -62,7 +62,7 @@ pub(super) struct Statements {
 
 impl Statements {
     pub(super) fn for_table(table: &str, sending: Sending) -> Statements {
-        let sql = |types: &'static [Type], text: String| Sql {
+        let sql = |(types, text): (&'static [Type], String)| Sql {
             text,
             types,
             sending,
@@ -70,196 +70,262 @@ impl Statements {
         let channel = outcomes_channel(table);
         let entities = entities_table(table);
         Statements {
-            claim_many: sql(
-                &[
-                    Type::TEXT_ARRAY,
-                    Type::TEXT_ARRAY,
-                    Type::INT8_ARRAY,
-                    Type::BYTEA_ARRAY,
-                ],
-                format!(
-                    "WITH now AS (SELECT {NOW_MS} AS ms),
-                 wanted AS (
-                   SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[])
-                     WITH ORDINALITY AS w(key, owner, lease, body_sha256, position)),
-                 claimed AS (
-                   INSERT INTO {table} AS c (key, state, owner, claimed_at, expires_at, body_sha256)
-                   SELECT w.key, 'in_flight', w.owner, now.ms, now.ms + w.lease, w.body_sha256
-                   FROM wanted w, now
-                   ON CONFLICT (key) DO UPDATE SET
-                     state = 'in_flight', owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at,
-                     expires_at = EXCLUDED.expires_at, body_sha256 = EXCLUDED.body_sha256,
-                     completed_at = NULL, upstream_status = NULL, response_status = NULL,
-                     response_content_type = NULL, response_body = NULL, response_headers = NULL,
-                     hold_reason = NULL
-                   WHERE c.expires_at <= EXCLUDED.claimed_at
-                   RETURNING c.key)
-                 SELECT w.key, claimed.key IS NOT NULL AS claimed, t.state, t.claimed_at,
-                        t.expires_at, t.completed_at, t.upstream_status, t.body_sha256,
-                        t.response_status, t.response_content_type, t.response_body,
-                        t.response_headers, t.hold_reason, now.ms AS now
-                 FROM wanted w CROSS JOIN now
-                 LEFT JOIN claimed ON claimed.key = w.key
-                 LEFT JOIN {table} t ON t.key = w.key AND claimed.key IS NULL
-                 ORDER BY w.position"
-                ),
-            ),
-            current: sql(
-                &[Type::TEXT],
-                format!("SELECT {RECORD}, {NOW_MS} AS now FROM {table} WHERE key = $1"),
-            ),
-            hold: sql(
-                &[Type::TEXT, Type::TEXT, Type::INT8, Type::TEXT, Type::BOOL],
-                format!(
-                    "WITH held AS (
-                   UPDATE {table} SET state = 'held', owner = NULL, completed_at = {NOW_MS},
-                          expires_at = {NOW_MS} + $3, hold_reason = $4
-                   WHERE key = $1 AND owner = $2 AND state = 'in_flight'
-                   RETURNING key)
-                 SELECT key, CASE WHEN $5 THEN pg_notify('{channel}', key) END FROM held"
-                ),
-            ),
-            resolve_done: sql(
-                &[Type::TEXT, Type::INT8],
-                format!(
-                    "UPDATE {table} SET state = 'done', completed_at = {NOW_MS},
-                        expires_at = {NOW_MS} + $2, upstream_status = {RESOLVED_STATUS},
-                        hold_reason = NULL
-                 WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
-                ),
-            ),
-            resolve_release: sql(
-                &[Type::TEXT],
-                format!(
-                    "DELETE FROM {table} WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
-                ),
-            ),
-            // A key that starts with the namespace's prefix sorts at or after it in any
-            // collation, so the walk of the key's index begins there.
-            list: sql(
-                &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8],
-                format!(
-                    "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
-                 WHERE starts_with(key, $1) AND key >= $1 AND key > $2
-                   AND expires_at > {NOW_MS} AND ($3::text IS NULL OR state = $3)
-                 ORDER BY key LIMIT $4"
-                ),
-            ),
-            // Held keys alone, through their partial index (the generic plan of `list`
-            // cannot know that `$3` is 'held').
-            list_held: sql(
-                &[Type::TEXT, Type::TEXT, Type::INT8],
-                format!(
-                    "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
-                 WHERE state = 'held' AND starts_with(key, $1) AND key >= $1 AND key > $2
-                   AND expires_at > {NOW_MS}
-                 ORDER BY key LIMIT $3"
-                ),
-            ),
-            finish_many: sql(
-                &[
-                    Type::TEXT_ARRAY,
-                    Type::TEXT_ARRAY,
-                    Type::INT8_ARRAY,
-                    Type::INT4_ARRAY,
-                    Type::INT4_ARRAY,
-                    Type::TEXT_ARRAY,
-                    Type::BYTEA_ARRAY,
-                    Type::BOOL_ARRAY,
-                    Type::BYTEA_ARRAY,
-                ],
-                format!(
-                    "WITH done AS (UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
-                        expires_at = {NOW_MS} + f.retention, upstream_status = f.upstream_status,
-                        response_status = f.response_status,
-                        response_content_type = f.response_content_type,
-                        response_body = f.response_body,
-                        response_headers = f.response_headers, owner = NULL
-                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::int[],
-                             $6::text[], $7::bytea[], $8::bool[], $9::bytea[])
-                   AS f(key, owner, retention, upstream_status, response_status,
-                        response_content_type, response_body, announce, response_headers)
-                 WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
-                 RETURNING t.key, f.announce)
-                 SELECT key, CASE WHEN announce THEN pg_notify('{channel}', key) END FROM done"
-                ),
-            ),
-            release: sql(
-                &[Type::TEXT, Type::TEXT, Type::BOOL],
-                format!(
-                    "WITH gone AS (
-                   DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'
-                   RETURNING key)
-                 SELECT key, CASE WHEN $3 THEN pg_notify('{channel}', key) END FROM gone"
-                ),
-            ),
-            renew: sql(
-                &[Type::TEXT, Type::TEXT, Type::INT8],
-                format!(
-                    "UPDATE {table} SET expires_at = {NOW_MS} + $3
-                 WHERE key = $1 AND owner = $2 AND state = 'in_flight'
-                 RETURNING key"
-                ),
-            ),
-            forget_done: sql(
-                &[Type::TEXT],
-                format!(
-                    "DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
-                ),
-            ),
-            count_held: sql(
-                &[],
-                format!(
-                    "SELECT split_part(key, ':', 1) AS namespace, count(*) AS held FROM {table}
-                 WHERE state = 'held' AND expires_at > {NOW_MS} GROUP BY 1"
-                ),
-            ),
-            state_of: sql(
-                &[Type::TEXT],
-                format!("SELECT state FROM {table} WHERE key = $1 AND expires_at > {NOW_MS}"),
-            ),
-            sweep: sql(
-                &[Type::INT8],
-                format!(
-                    "DELETE FROM {table} WHERE key IN (
-                   SELECT key FROM {table} WHERE expires_at <= {NOW_MS}
-                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
-                ),
-            ),
-            newest_version: sql(
-                &[Type::TEXT],
-                format!(
-                    "SELECT sort_key, version, recorded_at, expires_at FROM {entities}
-                 WHERE key = $1 AND expires_at > {NOW_MS}"
-                ),
-            ),
-            record_version: sql(
-                &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8],
-                format!(
-                    "INSERT INTO {entities} AS e (key, sort_key, version, recorded_at, expires_at)
-                 VALUES ($1, $2, $3, {NOW_MS}, {NOW_MS} + $4)
-                 ON CONFLICT (key) DO UPDATE SET
-                   sort_key = EXCLUDED.sort_key, version = EXCLUDED.version,
-                   recorded_at = EXCLUDED.recorded_at, expires_at = EXCLUDED.expires_at
-                 WHERE e.expires_at <= EXCLUDED.recorded_at OR e.sort_key < EXCLUDED.sort_key"
-                ),
-            ),
-            forget_entity: sql(
-                &[Type::TEXT],
-                format!(
-                    "DELETE FROM {entities} WHERE key = $1 RETURNING expires_at > {NOW_MS} AS live"
-                ),
-            ),
-            sweep_entities: sql(
-                &[Type::INT8],
-                format!(
-                    "DELETE FROM {entities} WHERE key IN (
-                   SELECT key FROM {entities} WHERE expires_at <= {NOW_MS}
-                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
-                ),
-            ),
+            claim_many: sql(claim_many(table)),
+            current: sql(current(table)),
+            hold: sql(hold(table, &channel)),
+            resolve_done: sql(resolve_done(table)),
+            resolve_release: sql(resolve_release(table)),
+            list: sql(list(table)),
+            list_held: sql(list_held(table)),
+            finish_many: sql(finish_many(table, &channel)),
+            release: sql(release(table, &channel)),
+            renew: sql(renew(table)),
+            forget_done: sql(forget_done(table)),
+            count_held: sql(count_held(table)),
+            state_of: sql(state_of(table)),
+            sweep: sql(sweep(table)),
+            newest_version: sql(newest_version(&entities)),
+            record_version: sql(record_version(&entities)),
+            forget_entity: sql(forget_entity(&entities)),
+            sweep_entities: sql(sweep_entities(&entities)),
         }
     }
+}
+
+fn claim_many(table: &str) -> (&'static [Type], String) {
+    (
+        &[
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+            Type::INT8_ARRAY,
+            Type::BYTEA_ARRAY,
+        ],
+        format!(
+            "WITH now AS (SELECT {NOW_MS} AS ms),
+         wanted AS (
+           SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[])
+             WITH ORDINALITY AS w(key, owner, lease, body_sha256, position)),
+         claimed AS (
+           INSERT INTO {table} AS c (key, state, owner, claimed_at, expires_at, body_sha256)
+           SELECT w.key, 'in_flight', w.owner, now.ms, now.ms + w.lease, w.body_sha256
+           FROM wanted w, now
+           ON CONFLICT (key) DO UPDATE SET
+             state = 'in_flight', owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at,
+             expires_at = EXCLUDED.expires_at, body_sha256 = EXCLUDED.body_sha256,
+             completed_at = NULL, upstream_status = NULL, response_status = NULL,
+             response_content_type = NULL, response_body = NULL, response_headers = NULL,
+             hold_reason = NULL
+           WHERE c.expires_at <= EXCLUDED.claimed_at
+           RETURNING c.key)
+         SELECT w.key, claimed.key IS NOT NULL AS claimed, t.state, t.claimed_at,
+                t.expires_at, t.completed_at, t.upstream_status, t.body_sha256,
+                t.response_status, t.response_content_type, t.response_body,
+                t.response_headers, t.hold_reason, now.ms AS now
+         FROM wanted w CROSS JOIN now
+         LEFT JOIN claimed ON claimed.key = w.key
+         LEFT JOIN {table} t ON t.key = w.key AND claimed.key IS NULL
+         ORDER BY w.position"
+        ),
+    )
+}
+
+fn current(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT],
+        format!("SELECT {RECORD}, {NOW_MS} AS now FROM {table} WHERE key = $1"),
+    )
+}
+
+fn hold(table: &str, channel: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::TEXT, Type::INT8, Type::TEXT, Type::BOOL],
+        format!(
+            "WITH held AS (
+           UPDATE {table} SET state = 'held', owner = NULL, completed_at = {NOW_MS},
+                  expires_at = {NOW_MS} + $3, hold_reason = $4
+           WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+           RETURNING key)
+         SELECT key, CASE WHEN $5 THEN pg_notify('{channel}', key) END FROM held"
+        ),
+    )
+}
+
+fn resolve_done(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::INT8],
+        format!(
+            "UPDATE {table} SET state = 'done', completed_at = {NOW_MS},
+                expires_at = {NOW_MS} + $2, upstream_status = {RESOLVED_STATUS},
+                hold_reason = NULL
+         WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
+        ),
+    )
+}
+
+fn resolve_release(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT],
+        format!("DELETE FROM {table} WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"),
+    )
+}
+
+/// A key that starts with the namespace's prefix sorts at or after it in any
+/// collation, so the walk of the key's index begins there.
+fn list(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8],
+        format!(
+            "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
+         WHERE starts_with(key, $1) AND key >= $1 AND key > $2
+           AND expires_at > {NOW_MS} AND ($3::text IS NULL OR state = $3)
+         ORDER BY key LIMIT $4"
+        ),
+    )
+}
+
+/// Held keys alone, through their partial index (the generic plan of `list`
+/// cannot know that `$3` is 'held').
+fn list_held(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::TEXT, Type::INT8],
+        format!(
+            "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
+         WHERE state = 'held' AND starts_with(key, $1) AND key >= $1 AND key > $2
+           AND expires_at > {NOW_MS}
+         ORDER BY key LIMIT $3"
+        ),
+    )
+}
+
+fn finish_many(table: &str, channel: &str) -> (&'static [Type], String) {
+    (
+        &[
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+            Type::INT8_ARRAY,
+            Type::INT4_ARRAY,
+            Type::INT4_ARRAY,
+            Type::TEXT_ARRAY,
+            Type::BYTEA_ARRAY,
+            Type::BOOL_ARRAY,
+            Type::BYTEA_ARRAY,
+        ],
+        format!(
+            "WITH done AS (UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
+                expires_at = {NOW_MS} + f.retention, upstream_status = f.upstream_status,
+                response_status = f.response_status,
+                response_content_type = f.response_content_type,
+                response_body = f.response_body,
+                response_headers = f.response_headers, owner = NULL
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::int[],
+                     $6::text[], $7::bytea[], $8::bool[], $9::bytea[])
+           AS f(key, owner, retention, upstream_status, response_status,
+                response_content_type, response_body, announce, response_headers)
+         WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
+         RETURNING t.key, f.announce)
+         SELECT key, CASE WHEN announce THEN pg_notify('{channel}', key) END FROM done"
+        ),
+    )
+}
+
+fn release(table: &str, channel: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::TEXT, Type::BOOL],
+        format!(
+            "WITH gone AS (
+           DELETE FROM {table} WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+           RETURNING key)
+         SELECT key, CASE WHEN $3 THEN pg_notify('{channel}', key) END FROM gone"
+        ),
+    )
+}
+
+fn renew(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::TEXT, Type::INT8],
+        format!(
+            "UPDATE {table} SET expires_at = {NOW_MS} + $3
+         WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+         RETURNING key"
+        ),
+    )
+}
+
+fn forget_done(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT],
+        format!("DELETE FROM {table} WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"),
+    )
+}
+
+fn count_held(table: &str) -> (&'static [Type], String) {
+    (
+        &[],
+        format!(
+            "SELECT split_part(key, ':', 1) AS namespace, count(*) AS held FROM {table}
+         WHERE state = 'held' AND expires_at > {NOW_MS} GROUP BY 1"
+        ),
+    )
+}
+
+fn state_of(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT],
+        format!("SELECT state FROM {table} WHERE key = $1 AND expires_at > {NOW_MS}"),
+    )
+}
+
+fn sweep(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::INT8],
+        format!(
+            "DELETE FROM {table} WHERE key IN (
+           SELECT key FROM {table} WHERE expires_at <= {NOW_MS}
+           ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+        ),
+    )
+}
+
+fn newest_version(entities: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT],
+        format!(
+            "SELECT sort_key, version, recorded_at, expires_at FROM {entities}
+         WHERE key = $1 AND expires_at > {NOW_MS}"
+        ),
+    )
+}
+
+fn record_version(entities: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8],
+        format!(
+            "INSERT INTO {entities} AS e (key, sort_key, version, recorded_at, expires_at)
+         VALUES ($1, $2, $3, {NOW_MS}, {NOW_MS} + $4)
+         ON CONFLICT (key) DO UPDATE SET
+           sort_key = EXCLUDED.sort_key, version = EXCLUDED.version,
+           recorded_at = EXCLUDED.recorded_at, expires_at = EXCLUDED.expires_at
+         WHERE e.expires_at <= EXCLUDED.recorded_at OR e.sort_key < EXCLUDED.sort_key"
+        ),
+    )
+}
+
+fn forget_entity(entities: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT],
+        format!("DELETE FROM {entities} WHERE key = $1 RETURNING expires_at > {NOW_MS} AS live"),
+    )
+}
+
+fn sweep_entities(entities: &str) -> (&'static [Type], String) {
+    (
+        &[Type::INT8],
+        format!(
+            "DELETE FROM {entities} WHERE key IN (
+           SELECT key FROM {entities} WHERE expires_at <= {NOW_MS}
+           ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -8,11 +8,14 @@
 //! written or removed during the listing (or a cluster resharded) may be missed or shown
 //! twice; a key that stays throughout is shown.
 
+use std::time::Duration;
+
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Value};
 
-use super::{Link, RedisStore, Stored};
-use crate::store::{KeyState, Page, StateFilter, StoreError};
+use super::connection::Link;
+use super::values::Stored;
+use crate::store::{KeyState, Page, StateFilter, StoreError, within};
 
 /// Keys `SCAN` looks at per call.
 const BATCH: usize = 1000;
@@ -66,7 +69,9 @@ fn glob_literal(text: &str) -> String {
 
 /// Up to `limit` live keys of `namespace` (in `state`, if given), after `after`.
 pub(super) async fn list(
-    store: &RedisStore,
+    mut connection: Link,
+    prefix: &str,
+    timeout: Duration,
     namespace: &str,
     state: Option<StateFilter>,
     after: Option<&str>,
@@ -77,13 +82,8 @@ pub(super) async fn list(
             .ok_or_else(|| StoreError::BadRequest(format!("`{text}` is not a listing cursor")))?,
         None => Cursor::default(),
     };
-    let mut connection = store.connection();
     let nodes = primaries(&mut connection).await?;
-    let pattern = format!(
-        "{}{}:*",
-        glob_literal(&store.prefix),
-        glob_literal(namespace)
-    );
+    let pattern = format!("{}{}:*", glob_literal(prefix), glob_literal(namespace));
     let mut page = Page::default();
     for _ in 0..BATCHES_PER_PAGE {
         let Some(node) = nodes.get(cursor.node) else {
@@ -96,13 +96,13 @@ pub(super) async fn list(
             batch.retain(|key| key > after);
         }
         for key in batch {
-            let Some(state_found) = live_state(store, &key).await? else {
+            let Some(state_found) = live_state(&mut connection, timeout, &key).await? else {
                 continue;
             };
             if state.is_some_and(|state| !state.admits(&state_found)) {
                 continue;
             }
-            let store_key = String::from_utf8_lossy(&key[store.prefix.len()..]).into_owned();
+            let store_key = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
             page.keys.push((store_key, state_found));
             if page.keys.len() == limit {
                 cursor.after = Some(key);
@@ -125,11 +125,14 @@ pub(super) async fn list(
 }
 
 /// The state of the Redis key `key`, if it is live and reads as a claim record.
-async fn live_state(store: &RedisStore, key: &[u8]) -> Result<Option<KeyState>, StoreError> {
-    let mut connection = store.connection();
-    let value: Option<Vec<u8>> = store
-        .bounded(redis::cmd("GET").arg(key).query_async(&mut connection))
-        .await?;
+async fn live_state(
+    connection: &mut Link,
+    timeout: Duration,
+    key: &[u8],
+) -> Result<Option<KeyState>, StoreError> {
+    let mut get = redis::cmd("GET");
+    get.arg(key);
+    let value: Option<Vec<u8>> = within("redis", timeout, get.query_async(connection)).await?;
     Ok(value
         .and_then(|value| Stored::decode(&value).ok())
         .map(Stored::state))

@@ -1,0 +1,313 @@
+//! The crate's module map stays as docs/design.md draws it: no source file imports, however
+//! indirectly, a file that imports it back (tests aside), every module is a `mod.rs` or a
+//! single file, and no file outgrows 700 lines of code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every library source file (the binary's `main.rs` aside), by its module path:
+/// `crate`, `crate::store`, `crate::store::postgres::lane`, ...
+fn modules() -> BTreeMap<String, PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&src(), &mut files);
+    let mut modules = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(src()).unwrap().with_extension("");
+        let mut parts: Vec<String> = relative
+            .iter()
+            .map(|part| part.to_string_lossy().into_owned())
+            .collect();
+        match parts.last().map(String::as_str) {
+            Some("main") if parts.len() == 1 => continue,
+            Some("lib") if parts.len() == 1 => parts.clear(),
+            Some("mod") => {
+                parts.pop();
+            }
+            _ => {}
+        }
+        let path = std::iter::once("crate".to_owned())
+            .chain(parts)
+            .collect::<Vec<_>>()
+            .join("::");
+        modules.insert(path, file);
+    }
+    modules
+}
+
+/// The file's code: comments and its `#[cfg(test)] mod tests` left out.
+fn code(text: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut all = text.lines().peekable();
+    while let Some(line) = all.next() {
+        let trimmed = line.trim();
+        if trimmed == "#[cfg(test)]"
+            && all
+                .peek()
+                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
+        {
+            break;
+        }
+        if !trimmed.is_empty() && !trimmed.starts_with("//") {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+/// The module paths a file names: `crate::a::b`, `super::c`, `self::d`, with each member
+/// of a braced group (`super::{a, b::c}`) on its own, made absolute from `module`.
+fn named_paths(module: &str, code: &str) -> Vec<String> {
+    let parent = |path: &str| {
+        path.rsplit_once("::")
+            .map_or("crate", |(up, _)| up)
+            .to_owned()
+    };
+    let mut found = Vec::new();
+    for (start, root) in [
+        ("crate::", "crate"),
+        ("super::", "super"),
+        ("self::", "self"),
+    ] {
+        for (at, _) in code.match_indices(start) {
+            // Only a path's start: not `x::super::`, not inside an identifier.
+            let before = code[..at].chars().last();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let base = match root {
+                "crate" => "crate".to_owned(),
+                "super" => parent(module),
+                _ => module.to_owned(),
+            };
+            let rest = &code[at + start.len()..];
+            collect(&base, rest, &mut found);
+        }
+    }
+    found
+}
+
+/// Adds the paths `rest` continues `base` with: a name chain, or a braced group.
+fn collect(base: &str, rest: &str, found: &mut Vec<String>) {
+    let rest = rest.trim_start();
+    if let Some(group) = rest.strip_prefix('{') {
+        let (mut depth, mut item_start) = (0, 0);
+        for (at, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    collect(base, &group[item_start..at], found);
+                    return;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    collect(base, &group[item_start..at], found);
+                    item_start = at + 1;
+                }
+                _ => {}
+            }
+        }
+        return;
+    }
+    let length = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let name = &rest[..length];
+    if name.is_empty() || name == "self" {
+        return;
+    }
+    let path = format!("{base}::{name}");
+    found.push(path.clone());
+    if let Some(after) = rest[length..].strip_prefix("::") {
+        collect(&path, after, found);
+    }
+}
+
+/// Which file imports which, by module path, as far as the code names modules.
+fn imports() -> BTreeMap<String, BTreeSet<String>> {
+    let modules = modules();
+    let mut graph = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = code(&text).join("\n");
+        let mut targets = BTreeSet::new();
+        for path in named_paths(module, &code) {
+            // The longest prefix of the path that is a file of the crate.
+            let mut candidate = path.as_str();
+            loop {
+                if modules.contains_key(candidate) {
+                    if candidate != module {
+                        targets.insert(candidate.to_owned());
+                    }
+                    break;
+                }
+                match candidate.rsplit_once("::") {
+                    Some((up, _)) => candidate = up,
+                    None => break,
+                }
+            }
+        }
+        // A parent names its children only to declare them (`mod x;`), which is no use.
+        graph.insert(module.clone(), targets);
+    }
+    graph
+}
+
+/// The files that import each other in a loop, each loop once.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    // Tarjan's strongly connected components.
+    struct State<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        on_stack: BTreeSet<&'g str>,
+        next: usize,
+        found: Vec<Vec<String>>,
+    }
+    fn visit<'g>(state: &mut State<'g>, node: &'g str) {
+        state.index.insert(node, state.next);
+        state.low.insert(node, state.next);
+        state.next += 1;
+        state.stack.push(node);
+        state.on_stack.insert(node);
+        for target in state.graph.get(node).into_iter().flatten() {
+            let target = target.as_str();
+            if !state.index.contains_key(target) {
+                visit(state, target);
+                let low = state.low[target].min(state.low[node]);
+                state.low.insert(node, low);
+            } else if state.on_stack.contains(target) {
+                let low = state.index[target].min(state.low[node]);
+                state.low.insert(node, low);
+            }
+        }
+        if state.low[node] == state.index[node] {
+            let mut component = Vec::new();
+            while let Some(member) = state.stack.pop() {
+                state.on_stack.remove(member);
+                component.push(member.to_owned());
+                if member == node {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                state.found.push(component);
+            }
+        }
+    }
+    let mut state = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        next: 0,
+        found: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !state.index.contains_key(node.as_str()) {
+            visit(&mut state, node);
+        }
+    }
+    state.found
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let graph = imports();
+    assert!(
+        graph.len() > 50,
+        "the crate's files were found: {}",
+        graph.len()
+    );
+    let found = cycles(&graph);
+    let described: Vec<String> = found
+        .iter()
+        .map(|cycle| {
+            let ties: Vec<String> = cycle
+                .iter()
+                .flat_map(|from| {
+                    graph[from]
+                        .iter()
+                        .filter(|to| cycle.contains(to))
+                        .map(move |to| format!("{from} -> {to}"))
+                })
+                .collect();
+            ties.join(", ")
+        })
+        .collect();
+    assert!(found.is_empty(), "import cycles:\n{}", described.join("\n"));
+}
+
+/// The check itself finds a cycle where there is one.
+#[test]
+fn a_cycle_is_found_where_there_is_one() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("crate::a", vec!["crate::b"]),
+        ("crate::b", vec!["crate::c"]),
+        ("crate::c", vec!["crate::a"]),
+        ("crate::d", vec!["crate::a"]),
+    ]
+    .into_iter()
+    .map(|(from, to)| (from.to_owned(), to.into_iter().map(str::to_owned).collect()))
+    .collect();
+    let found = cycles(&graph);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].len(), 3);
+    let paths = named_paths(
+        "crate::store::postgres::lane",
+        "use super::{record::{live_state, unsigned}, Store};\nuse crate::store::KeyState;",
+    );
+    for expected in [
+        "crate::store::postgres::record",
+        "crate::store::postgres::Store",
+        "crate::store::KeyState",
+    ] {
+        assert!(
+            paths.iter().any(|p| p == expected),
+            "{expected} in {paths:?}"
+        );
+    }
+}
+
+#[test]
+fn every_module_is_a_mod_rs_or_a_single_file() {
+    // A folder's module is its mod.rs: no `x.rs` beside an `x/` folder.
+    let mut mixed = Vec::new();
+    for file in modules().values() {
+        if file.file_name().is_some_and(|name| name != "mod.rs") && file.with_extension("").is_dir()
+        {
+            mixed.push(file.strip_prefix(src()).unwrap().display().to_string());
+        }
+    }
+    assert!(mixed.is_empty(), "modules beside their folder: {mixed:?}");
+}
+
+#[test]
+fn no_source_file_has_more_than_700_lines_of_code() {
+    let mut large = Vec::new();
+    for file in modules().values() {
+        let lines = code(&std::fs::read_to_string(file).unwrap()).len();
+        if lines > 700 {
+            large.push(format!(
+                "{}: {lines}",
+                file.strip_prefix(src()).unwrap().display()
+            ));
+        }
+    }
+    assert!(large.is_empty(), "files over 700 lines of code: {large:?}");
+}
