@@ -412,6 +412,13 @@ impl RouteTable {
             .find(|route| route.matcher.takes(method, host, path))
     }
 
+    /// Whether a route of `namespace` (a scope) guards against replays by body: then a
+    /// key of the namespace may have a body's record beside it.
+    pub fn guards_bodies(&self, namespace: &str) -> bool {
+        self.routes()
+            .any(|route| route.namespace == namespace && route.replay_guard == ReplayGuard::Body)
+    }
+
     pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
         self.routes.iter().find(|route| route.name == name)
     }

@@ -48,18 +48,27 @@ fn modules() -> BTreeMap<String, PathBuf> {
     modules
 }
 
-/// The file's code: comments and its `#[cfg(test)] mod tests` left out.
+/// The file's code: comments and its test-only modules (`#[cfg(test)] mod ...`) left out.
 fn code(text: &str) -> Vec<&str> {
     let mut lines = Vec::new();
     let mut all = text.lines().peekable();
     while let Some(line) = all.next() {
         let trimmed = line.trim();
-        if trimmed == "#[cfg(test)]"
-            && all
-                .peek()
-                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
-        {
-            break;
+        let test_module = trimmed == "#[cfg(test)]"
+            && all.peek().is_some_and(|next| {
+                let next = next.trim_start();
+                next.starts_with("mod ") || next.starts_with("pub(crate) mod ")
+            });
+        if test_module {
+            // Up to the line that closes the module's brace.
+            let mut depth = 0;
+            for line in all.by_ref() {
+                depth += line.matches('{').count() as i64 - line.matches('}').count() as i64;
+                if depth <= 0 && line.contains('}') {
+                    break;
+                }
+            }
+            continue;
         }
         if !trimmed.is_empty() && !trimmed.starts_with("//") {
             lines.push(line);
@@ -85,7 +94,8 @@ fn named_paths(module: &str, code: &str) -> Vec<String> {
         for (at, _) in code.match_indices(start) {
             // Only a path's start: not `x::super::`, not inside an identifier.
             let before = code[..at].chars().last();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            let visibility = code[..at].ends_with("pub(in ");
+            if visibility || before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
                 continue;
             }
             let base = match root {
@@ -310,4 +320,39 @@ fn no_source_file_has_more_than_700_lines_of_code() {
         }
     }
     assert!(large.is_empty(), "files over 700 lines of code: {large:?}");
+}
+
+/// A function that runs past 80 lines of code is split into named steps.
+#[test]
+fn no_function_runs_past_80_lines_of_code() {
+    let mut long = Vec::new();
+    for file in modules().values() {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines = code(&text);
+        for (start, line) in lines.iter().enumerate() {
+            let trimmed = line.trim_start();
+            let signature = ["fn ", "pub fn ", "async fn ", "pub async fn ", "pub(crate) fn "]
+                .iter()
+                .chain(&["pub(super) fn ", "pub(crate) async fn ", "pub(super) async fn "])
+                .any(|start| trimmed.starts_with(start));
+            if !signature || trimmed.ends_with(';') {
+                continue;
+            }
+            // Up to the `}` at the signature's indentation.
+            let indent = line.len() - trimmed.len();
+            let closing = format!("{}}}", " ".repeat(indent));
+            let length = lines[start..]
+                .iter()
+                .position(|line| line.trim_end() == closing)
+                .map_or(0, |end| end + 1);
+            if length > 80 {
+                let name = trimmed.split('(').next().unwrap_or(trimmed);
+                long.push(format!(
+                    "{} {name}: {length}",
+                    file.strip_prefix(src()).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(long.is_empty(), "functions over 80 lines of code: {long:?}");
 }

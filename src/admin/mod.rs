@@ -22,13 +22,14 @@ use crate::body::{self, ProxyBody, empty, full};
 use crate::config::{AdminConfig, Limits};
 use crate::metrics::{KeyCounts, Metrics};
 use crate::proxy::Proxy;
+use crate::proxy::operator::{self, Resolving};
 use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
-use crate::route::{ReplayGuard, Route, Routing};
+use crate::route::Route;
 use crate::server::{Ends, RequestPermit};
 use crate::store::{
-    ClaimStore, Forgotten, KeyState, Millis, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
-    StateFilter, StoreError, body_key, entity_key, store_key,
+    Forgotten, HeldRecord, KeyState, Millis, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
+    StateFilter, StoreError, entity_key, store_key,
 };
 use access::{Access, Rules};
 use endpoint::{Api, Endpoint, Probe};
@@ -226,18 +227,20 @@ async fn key_request(
     let full_key = store_key(&route.namespace, &key);
     let store = proxy.store();
     match *method {
-        Method::DELETE => match forget(store.as_ref(), &routing, route, &full_key).await {
-            Ok(Forgotten::Removed) => {
-                tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
-                let mut response = Response::new(empty());
-                *response.status_mut() = StatusCode::NO_CONTENT;
-                response
+        Method::DELETE => {
+            match operator::forget(store.as_ref(), &routing, route, &full_key).await {
+                Ok(Forgotten::Removed) => {
+                    tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
+                    let mut response = Response::new(empty());
+                    *response.status_mut() = StatusCode::NO_CONTENT;
+                    response
+                }
+                Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
+                Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
+                Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
+                Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
             }
-            Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
-            Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
-            Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
-            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
-        },
+        }
         // GET, or HEAD answered as one: the endpoint takes no other.
         _ => match store.inspect(&full_key).await {
             Ok(Some(state)) => json_response(
@@ -363,8 +366,8 @@ const RESOLVE_BODY_MAX: u64 = 1024;
 
 /// `POST /v1/keys/{route}/{key}/resolve` with `{"outcome":"done"}` (the work happened:
 /// duplicates get the duplicate answer) or `{"outcome":"release"}` (the next delivery runs
-/// it). Where a route of the key's scope guards against replays, the body the key held
-/// is resolved alike.
+/// it), and `"held_at"` if wanted (the hold the operator looked into, as `GET` showed it: a
+/// key held again since is left alone).
 async fn resolve(
     serving: &Serving,
     route_name: &str,
@@ -375,59 +378,26 @@ async fn resolve(
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
     };
-    let (head, body) = request.into_parts();
-    let body = match body::read_limited(&head.headers, body, RESOLVE_BODY_MAX, RESOLVE_READ_TIMEOUT)
-        .await
-    {
-        Ok(body) => body,
-        Err(error) => return AdminRefusal::BadRequest(error.to_string()).into_response(),
+    let (resolution, expected_hold) = match asked_resolution(route, request).await {
+        Ok(asked) => asked,
+        Err(refusal) => return refusal.into_response(),
     };
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Asked {
-        outcome: String,
-        /// The hold the operator looked into, as the admin API showed its `held_at`: a key
-        /// held again since (its hold expired, and another delivery was held) is left alone.
-        held_at: Option<String>,
-    }
-    let asked = serde_json::from_slice::<Asked>(&body).ok();
-    let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
-        Some("done") => Resolution::Done {
-            retention: route.policy.retention,
-        },
-        Some("release") => Resolution::Release,
-        _ => {
-            return AdminRefusal::BadRequest(
-                r#"the body must be {"outcome":"done"} or {"outcome":"release"}, with "held_at" if wanted"#.into(),
-            )
-            .into_response();
-        }
-    };
-    let expected_hold = asked.and_then(|asked| asked.held_at);
     let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
     let store = serving.proxy.store();
-    let resolved = async {
-        let Some(KeyState::Held(held)) = store.inspect(&full_key).await? else {
-            return Ok(Resolving::NotHeld);
-        };
-        if expected_hold.is_some_and(|expected| expected != timestamp(held.held_at)) {
-            return Ok(Resolving::HeldAgain);
-        }
-        // The body first: resolved alone, it could not be reached again through its key.
-        let guarded = routing.table.routes().any(|other| {
-            other.namespace == route.namespace && other.replay_guard == ReplayGuard::Body
-        });
-        if guarded {
-            let body = body_key(&route.namespace, &held.fingerprint);
-            store.resolve(&body, resolution).await?;
-        }
-        Ok::<_, StoreError>(if store.resolve(&full_key, resolution).await? {
-            Resolving::Resolved
-        } else {
-            Resolving::NotHeld
-        })
+    let is_the_hold = |held: &HeldRecord| {
+        expected_hold
+            .as_ref()
+            .is_none_or(|expected| *expected == timestamp(held.held_at))
     };
+    let resolved = operator::resolve(
+        store.as_ref(),
+        &routing,
+        route,
+        &full_key,
+        resolution,
+        is_the_hold,
+    );
     match resolved.await {
         Ok(Resolving::Resolved) => {
             let outcome = match resolution {
@@ -452,36 +422,38 @@ async fn resolve(
     }
 }
 
-/// What a resolution did.
-enum Resolving {
-    Resolved,
-    NotHeld,
-    /// Held, but not by the hold the operator named.
-    HeldAgain,
+/// The resolution a `POST .../resolve` body asks for, and the hold it names if any.
+async fn asked_resolution(
+    route: &Route,
+    request: Request<Incoming>,
+) -> Result<(Resolution, Option<String>), AdminRefusal> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Asked {
+        outcome: String,
+        held_at: Option<String>,
+    }
+    let (head, body) = request.into_parts();
+    let body = body::read_limited(&head.headers, body, RESOLVE_BODY_MAX, RESOLVE_READ_TIMEOUT)
+        .await
+        .map_err(|error| AdminRefusal::BadRequest(error.to_string()))?;
+    let asked = serde_json::from_slice::<Asked>(&body).ok();
+    let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
+        Some("done") => Resolution::Done {
+            retention: route.policy.retention,
+        },
+        Some("release") => Resolution::Release,
+        _ => {
+            return Err(AdminRefusal::BadRequest(
+                r#"the body must be {"outcome":"done"} or {"outcome":"release"}, with "held_at" if wanted"#.into(),
+            ));
+        }
+    };
+    Ok((resolution, asked.and_then(|asked| asked.held_at)))
 }
 
 /// How long `POST .../resolve` waits for its (small) body.
 const RESOLVE_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Forgets a done key and, where a route of its scope guards against replays, the body it
-/// recorded: else a redelivery would still be that body's duplicate.
-async fn forget(
-    store: &dyn ClaimStore,
-    routing: &Routing,
-    route: &Route,
-    full_key: &str,
-) -> Result<Forgotten, StoreError> {
-    let guarded = routing
-        .table
-        .routes()
-        .any(|other| other.namespace == route.namespace && other.replay_guard == ReplayGuard::Body);
-    if guarded && let Some(KeyState::Done(record)) = store.inspect(full_key).await? {
-        store
-            .forget(&body_key(&route.namespace, &record.fingerprint))
-            .await?;
-    }
-    store.forget(full_key).await
-}
 
 fn timestamp(at: Millis) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at)).to_string()

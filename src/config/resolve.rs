@@ -4,6 +4,7 @@
 //! [`Config::routing`], what a reload puts in force.
 
 use std::path::Path;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -25,88 +26,7 @@ impl ConfigFile {
             .into_iter()
             .map(|route| resolve_route(route, &self.defaults, &upstream))
             .collect();
-        let mut warnings: Vec<String> = routes.iter().flat_map(Route::warnings).collect();
-        if routes.is_empty() {
-            warnings.push(match self.unmatched {
-                Unmatched::Forward => "no routes: every request is forwarded unchecked and nothing is deduplicated (add a route under `routes:`)".to_owned(),
-                Unmatched::Reject => "no routes: with `unmatched: reject`, every request is refused (add a route under `routes:`)".to_owned(),
-            });
-        }
-        // A lease is renewed every third of it; a renewal may take the store's timeout, so
-        // a shorter lease could end while its delivery still runs.
-        if let Some(timeout) = self.store.timeout() {
-            warnings.extend(routes.iter().filter(|route| route.policy.lease < 3 * timeout).map(|route| {
-                format!(
-                    "route `{}`: lease ({}) is shorter than three times the store's timeout ({}): a renewal the store is slow to answer could come after the lease ends, and another replica could run the event while this one still does",
-                    route.name,
-                    HumanDuration(route.policy.lease),
-                    HumanDuration(timeout)
-                )
-            }));
-        }
-        // An API's clients choose their keys: sharing a scope with a webhook route would let
-        // one plant a provider's event ID, whose real delivery would then be a duplicate.
-        for (index, api) in routes.iter().enumerate() {
-            let mixed = routes.iter().skip(index + 1).find(|other| {
-                other.namespace == api.namespace
-                    && other.policy.fingerprint != api.policy.fingerprint
-            });
-            if let Some(other) = mixed {
-                warnings.push(format!(
-                    "routes `{}` and `{}` share the scope `{}`, but only one is keyed by its clients (idempotency_key): a client could send a key the other route's events use",
-                    api.name, other.name, api.namespace
-                ));
-            }
-        }
-        // A route an earlier one takes whole is never taken: paths one in normal form (a
-        // path's extension and case do not tell routes apart), or a wider route first.
-        for (index, later) in routes.iter().enumerate() {
-            if let Some(earlier) = routes[..index]
-                .iter()
-                .find(|earlier| earlier.matcher.covers(&later.matcher))
-            {
-                warnings.push(format!(
-                    "route `{}` is never taken: route `{}`, listed before it, takes every request it would (paths are compared in normal form, without case or a last extension)",
-                    later.name, earlier.name
-                ));
-            }
-        }
-        // Entities' versions are kept per scope: one route whose versions anyone can set
-        // steers every other route of its scope.
-        for (index, steered) in routes.iter().enumerate() {
-            let steering = routes.iter().enumerate().find(|(other, route)| {
-                *other != index
-                    && route.namespace == steered.namespace
-                    && route.steerable_versions()
-            });
-            if let (Some(_), Some((_, steering))) = (&steered.order, steering) {
-                warnings.push(format!(
-                    "route `{}` shares the scope `{}` with route `{}`, whose order versions can be set by whoever reaches it: its entities' versions are shared",
-                    steered.name, steered.namespace, steering.name
-                ));
-            }
-        }
-        if self.unmatched == Unmatched::Forward {
-            warnings.extend(routes.iter().filter_map(|route| {
-                let host = route.matcher.host()?;
-                Some(format!(
-                    "route `{}` takes only the host `{host}`: with `unmatched: forward`, the same path under another Host reaches the upstream without its check and claim",
-                    route.name
-                ))
-            }));
-            // A handler that takes any method (Go's `HandleFunc`, a PHP script, a Django
-            // view without `require_POST`) runs what another method sends it.
-            warnings.extend(routes.iter().filter(|route| route.verify.is_some()).filter_map(|route| {
-                let methods = route.matcher.methods();
-                (!methods.is_empty()).then(|| {
-                    format!(
-                        "route `{}` checks signatures for {} only: with `unmatched: forward`, another method on its path reaches the upstream without its check and claim, and an app handler that takes any method runs it (set `unmatched: reject`, or check every method)",
-                        route.name,
-                        methods.join(", ")
-                    )
-                })
-            }));
-        }
+        let warnings = warnings(&routes, self.unmatched, self.store.timeout());
         Config {
             source: path.to_owned(),
             listen: overrides.listen.unwrap_or(self.listen),
@@ -135,6 +55,115 @@ impl Config {
             unmatched_timeout: self.defaults.upstream_timeout,
         }
     }
+}
+
+/// Settings that are valid but probably not what the operator meant, each a sentence.
+fn warnings(
+    routes: &[Route],
+    unmatched: Unmatched,
+    store_timeout: Option<Duration>,
+) -> Vec<String> {
+    let mut warnings: Vec<String> = routes.iter().flat_map(Route::warnings).collect();
+    if routes.is_empty() {
+        warnings.push(match unmatched {
+            Unmatched::Forward => "no routes: every request is forwarded unchecked and nothing is deduplicated (add a route under `routes:`)".to_owned(),
+            Unmatched::Reject => "no routes: with `unmatched: reject`, every request is refused (add a route under `routes:`)".to_owned(),
+        });
+    }
+    short_leases(routes, store_timeout, &mut warnings);
+    scopes_shared_with_clients_keys(routes, &mut warnings);
+    routes_never_taken(routes, &mut warnings);
+    versions_steered_by_others(routes, &mut warnings);
+    if unmatched == Unmatched::Forward {
+        checks_passed_by_forward(routes, &mut warnings);
+    }
+    warnings
+}
+
+fn short_leases(routes: &[Route], store_timeout: Option<Duration>, warnings: &mut Vec<String>) {
+    // A lease is renewed every third of it; a renewal may take the store's timeout, so
+    // a shorter lease could end while its delivery still runs.
+    if let Some(timeout) = store_timeout {
+        warnings.extend(routes.iter().filter(|route| route.policy.lease < 3 * timeout).map(|route| {
+            format!(
+                "route `{}`: lease ({}) is shorter than three times the store's timeout ({}): a renewal the store is slow to answer could come after the lease ends, and another replica could run the event while this one still does",
+                route.name,
+                HumanDuration(route.policy.lease),
+                HumanDuration(timeout)
+            )
+        }));
+    }
+}
+
+fn scopes_shared_with_clients_keys(routes: &[Route], warnings: &mut Vec<String>) {
+    // An API's clients choose their keys: sharing a scope with a webhook route would let
+    // one plant a provider's event ID, whose real delivery would then be a duplicate.
+    for (index, api) in routes.iter().enumerate() {
+        let mixed = routes.iter().skip(index + 1).find(|other| {
+            other.namespace == api.namespace && other.policy.fingerprint != api.policy.fingerprint
+        });
+        if let Some(other) = mixed {
+            warnings.push(format!(
+                "routes `{}` and `{}` share the scope `{}`, but only one is keyed by its clients (idempotency_key): a client could send a key the other route's events use",
+                api.name, other.name, api.namespace
+            ));
+        }
+    }
+}
+
+fn routes_never_taken(routes: &[Route], warnings: &mut Vec<String>) {
+    // A route an earlier one takes whole is never taken: paths one in normal form (a
+    // path's extension and case do not tell routes apart), or a wider route first.
+    for (index, later) in routes.iter().enumerate() {
+        if let Some(earlier) = routes[..index]
+            .iter()
+            .find(|earlier| earlier.matcher.covers(&later.matcher))
+        {
+            warnings.push(format!(
+                "route `{}` is never taken: route `{}`, listed before it, takes every request it would (paths are compared in normal form, without case or a last extension)",
+                later.name, earlier.name
+            ));
+        }
+    }
+}
+
+fn versions_steered_by_others(routes: &[Route], warnings: &mut Vec<String>) {
+    // Entities' versions are kept per scope: one route whose versions anyone can set
+    // steers every other route of its scope.
+    for (index, steered) in routes.iter().enumerate() {
+        let steering = routes.iter().enumerate().find(|(other, route)| {
+            *other != index && route.namespace == steered.namespace && route.steerable_versions()
+        });
+        if let (Some(_), Some((_, steering))) = (&steered.order, steering) {
+            warnings.push(format!(
+                "route `{}` shares the scope `{}` with route `{}`, whose order versions can be set by whoever reaches it: its entities' versions are shared",
+                steered.name, steered.namespace, steering.name
+            ));
+        }
+    }
+}
+
+/// With `unmatched: forward`, what reaches the upstream past a route's check.
+fn checks_passed_by_forward(routes: &[Route], warnings: &mut Vec<String>) {
+    warnings.extend(routes.iter().filter_map(|route| {
+        let host = route.matcher.host()?;
+        Some(format!(
+            "route `{}` takes only the host `{host}`: with `unmatched: forward`, the same path under another Host reaches the upstream without its check and claim",
+            route.name
+        ))
+    }));
+    // A handler that takes any method (Go's `HandleFunc`, a PHP script, a Django
+    // view without `require_POST`) runs what another method sends it.
+    warnings.extend(routes.iter().filter(|route| route.verify.is_some()).filter_map(|route| {
+        let methods = route.matcher.methods();
+        (!methods.is_empty()).then(|| {
+            format!(
+                "route `{}` checks signatures for {} only: with `unmatched: forward`, another method on its path reaches the upstream without its check and claim, and an app handler that takes any method runs it (set `unmatched: reject`, or check every method)",
+                route.name,
+                methods.join(", ")
+            )
+        })
+    }));
 }
 
 /// Resolves a checked route entry (name, match and key present) against `defaults`.
@@ -182,9 +211,6 @@ fn inherit<T: Clone>(own: &Option<T>, default: &Option<T>, builtin: T) -> T {
 /// `own`, this resolves the defaults themselves.
 fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
     let d = defaults;
-    let none = DuplicateResponseFile::default();
-    let own_dup = own.duplicate_response.as_ref().unwrap_or(&none);
-    let default_dup = d.duplicate_response.as_ref().unwrap_or(&none);
     let duration = |own: &Option<HumanDuration>, default: &Option<HumanDuration>, builtin| {
         inherit(own, default, HumanDuration(builtin)).0
     };
@@ -216,40 +242,7 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             defaults::IN_FLIGHT_WAIT,
         ),
         on_ambiguous: inherit(&own.on_ambiguous, &d.on_ambiguous, Default::default()),
-        duplicate_response: DuplicateResponse {
-            status: own_dup
-                .status
-                .or(default_dup.status)
-                .map_or(defaults::DUPLICATE_STATUS, |status| status.0),
-            body: Bytes::from(inherit(
-                &own_dup.body,
-                &default_dup.body,
-                defaults::DUPLICATE_BODY.to_owned(),
-            )),
-            content_type: own_dup
-                .content_type
-                .as_ref()
-                .or(default_dup.content_type.as_ref())
-                .map_or(defaults::DUPLICATE_CONTENT_TYPE, |text| text.0.clone()),
-            replay: inherit(
-                &own_dup.replay,
-                &default_dup.replay,
-                defaults::DUPLICATE_REPLAY,
-            ),
-            replay_headers: own_dup
-                .replay_headers
-                .as_ref()
-                .or(default_dup.replay_headers.as_ref())
-                .map_or_else(
-                    || {
-                        defaults::REPLAY_HEADERS
-                            .iter()
-                            .map(|name| http::HeaderName::from_static(name))
-                            .collect()
-                    },
-                    |names| names.iter().map(|name| name.0.clone()).collect(),
-                ),
-        },
+        duplicate_response: resolve_duplicate_response(own, d),
         in_flight_status: own
             .in_flight_status
             .or(d.in_flight_status)
@@ -264,6 +257,47 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             .preset
             .map_or(FingerprintScope::Body, Preset::fingerprint_scope),
         problem_details: own.preset.is_some_and(Preset::problem_details),
+    }
+}
+
+/// `duplicate_response`: each field the route's own, else `defaults:`'s, else built in.
+fn resolve_duplicate_response(own: &RouteFile, defaults: &RouteFile) -> DuplicateResponse {
+    let none = DuplicateResponseFile::default();
+    let own_dup = own.duplicate_response.as_ref().unwrap_or(&none);
+    let default_dup = defaults.duplicate_response.as_ref().unwrap_or(&none);
+    DuplicateResponse {
+        status: own_dup
+            .status
+            .or(default_dup.status)
+            .map_or(defaults::DUPLICATE_STATUS, |status| status.0),
+        body: Bytes::from(inherit(
+            &own_dup.body,
+            &default_dup.body,
+            defaults::DUPLICATE_BODY.to_owned(),
+        )),
+        content_type: own_dup
+            .content_type
+            .as_ref()
+            .or(default_dup.content_type.as_ref())
+            .map_or(defaults::DUPLICATE_CONTENT_TYPE, |text| text.0.clone()),
+        replay: inherit(
+            &own_dup.replay,
+            &default_dup.replay,
+            defaults::DUPLICATE_REPLAY,
+        ),
+        replay_headers: own_dup
+            .replay_headers
+            .as_ref()
+            .or(default_dup.replay_headers.as_ref())
+            .map_or_else(
+                || {
+                    defaults::REPLAY_HEADERS
+                        .iter()
+                        .map(|name| http::HeaderName::from_static(name))
+                        .collect()
+                },
+                |names| names.iter().map(|name| name.0.clone()).collect(),
+            ),
     }
 }
 

@@ -202,88 +202,105 @@ impl KeyTemplate {
     pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
         let mut key = String::new();
         for part in &self.parts {
-            let missing = |reason| KeyError::Missing {
-                part: part.describe(),
-                reason,
-            };
-            match part {
-                Part::Literal(text) => key.push_str(text),
-                Part::Header(name) => {
-                    let value = delivery
-                        .headers
-                        .get(name)
-                        .ok_or_else(|| missing("header absent"))?;
-                    let value = value
-                        .to_str()
-                        .map_err(|_| missing("header is not visible ASCII"))?;
-                    key.push_str(usable(value).map_err(missing)?);
-                }
-                Part::SfString(name) => {
-                    // Several lines of one field are one value, joined by commas: two
-                    // keys are not a string, as the application would see.
-                    let mut lines = delivery.headers.get_all(name).iter();
-                    let first = lines.next().ok_or_else(|| missing("header absent"))?;
-                    if lines.next().is_some() {
-                        return Err(missing("header appears more than once"));
-                    }
-                    let item = sfv::Parser::new(first.as_bytes())
-                        .parse::<sfv::Item>()
-                        .map_err(|_| missing("header is not a Structured Field string"))?;
-                    let text = item
-                        .bare_item
-                        .as_string()
-                        .ok_or_else(|| missing("header is not a quoted Structured Field string"))?;
-                    key.push_str(usable(text.as_str()).map_err(missing)?);
-                }
-                Part::HeaderHash(name) => {
-                    let mut hash = Sha256::new();
-                    let mut lines = delivery.headers.get_all(name).iter().peekable();
-                    if lines.peek().is_none() {
-                        return Err(missing("header absent"));
-                    }
-                    for line in lines {
-                        hash.update((line.len() as u64).to_be_bytes());
-                        hash.update(line.as_bytes());
-                    }
-                    key.push_str(&hex::encode(&hash.finalize()[..16]));
-                }
-                Part::Query(name) => {
-                    let query = delivery.query.unwrap_or("").as_bytes();
-                    let value = first_pair(query, name).ok_or_else(|| missing("query absent"))?;
-                    key.push_str(usable(&value.map_err(missing)?).map_err(missing)?);
-                }
-                Part::Form(name) => {
-                    let value = first_pair(delivery.body, name)
-                        .ok_or_else(|| missing("form field absent"))?;
-                    key.push_str(usable(&value.map_err(missing)?).map_err(missing)?);
-                }
-                Part::Json { tokens, .. } => {
-                    let found = json::find(delivery.body, tokens)
-                        .map_err(|()| missing("body is not valid JSON"))?;
-                    match found {
-                        Some(json::Found::Text(text)) => {
-                            key.push_str(usable(&text).map_err(missing)?);
-                        }
-                        Some(json::Found::Number(text)) => {
-                            let room = MAX_KEY_BYTES.saturating_sub(key.len());
-                            let number = json::canonical_number(&text, room).map_err(|length| {
-                                KeyError::TooLong(key.len().saturating_add(length))
-                            })?;
-                            key.push_str(&number);
-                        }
-                        Some(json::Found::Other) => {
-                            return Err(missing("JSON value is not a string or number"));
-                        }
-                        None => return Err(missing("JSON value absent")),
-                    }
-                }
-            }
+            part.extract_into(delivery, &mut key)?;
         }
         if key.len() > MAX_KEY_BYTES {
             return Err(KeyError::TooLong(key.len()));
         }
         Ok(key)
     }
+}
+
+impl Part {
+    /// Adds this part's value in `delivery` to `key`.
+    fn extract_into(&self, delivery: &Delivery<'_>, key: &mut String) -> Result<(), KeyError> {
+        let missing = |reason| KeyError::Missing {
+            part: self.describe(),
+            reason,
+        };
+        match self {
+            Part::Literal(text) => key.push_str(text),
+            Part::Header(name) => {
+                let value = delivery
+                    .headers
+                    .get(name)
+                    .ok_or_else(|| missing("header absent"))?;
+                let value = value
+                    .to_str()
+                    .map_err(|_| missing("header is not visible ASCII"))?;
+                key.push_str(usable(value).map_err(missing)?);
+            }
+            Part::SfString(name) => {
+                let text = sf_string(delivery.headers, name).map_err(missing)?;
+                key.push_str(usable(&text).map_err(missing)?);
+            }
+            Part::HeaderHash(name) => {
+                key.push_str(&header_hash(delivery.headers, name).map_err(missing)?);
+            }
+            Part::Query(name) => {
+                let query = delivery.query.unwrap_or("").as_bytes();
+                let value = first_pair(query, name).ok_or_else(|| missing("query absent"))?;
+                key.push_str(usable(&value.map_err(missing)?).map_err(missing)?);
+            }
+            Part::Form(name) => {
+                let value =
+                    first_pair(delivery.body, name).ok_or_else(|| missing("form field absent"))?;
+                key.push_str(usable(&value.map_err(missing)?).map_err(missing)?);
+            }
+            Part::Json { tokens, .. } => {
+                let found = json::find(delivery.body, tokens)
+                    .map_err(|()| missing("body is not valid JSON"))?;
+                match found {
+                    Some(json::Found::Text(text)) => key.push_str(usable(&text).map_err(missing)?),
+                    Some(json::Found::Number(text)) => {
+                        let room = MAX_KEY_BYTES.saturating_sub(key.len());
+                        let number = json::canonical_number(&text, room).map_err(|length| {
+                            KeyError::TooLong(key.len().saturating_add(length))
+                        })?;
+                        key.push_str(&number);
+                    }
+                    Some(json::Found::Other) => {
+                        return Err(missing("JSON value is not a string or number"));
+                    }
+                    None => return Err(missing("JSON value absent")),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The quoted Structured Field string of the header `name`. Several lines of one field
+/// are one value, joined by commas: two keys are not a string, as the application would
+/// see.
+fn sf_string(headers: &HeaderMap, name: &HeaderName) -> Result<String, &'static str> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next().ok_or("header absent")?;
+    if lines.next().is_some() {
+        return Err("header appears more than once");
+    }
+    let item = sfv::Parser::new(first.as_bytes())
+        .parse::<sfv::Item>()
+        .map_err(|_| "header is not a Structured Field string")?;
+    let text = item
+        .bare_item
+        .as_string()
+        .ok_or("header is not a quoted Structured Field string")?;
+    Ok(text.as_str().to_owned())
+}
+
+/// The first 16 bytes of a SHA-256 over every line of the header `name`, in hex.
+fn header_hash(headers: &HeaderMap, name: &HeaderName) -> Result<String, &'static str> {
+    let mut hash = Sha256::new();
+    let mut lines = headers.get_all(name).iter().peekable();
+    if lines.peek().is_none() {
+        return Err("header absent");
+    }
+    for line in lines {
+        hash.update((line.len() as u64).to_be_bytes());
+        hash.update(line.as_bytes());
+    }
+    Ok(hex::encode(&hash.finalize()[..16]))
 }
 
 /// A part's value, if a key can hold it: not empty, and without control characters (which

@@ -32,6 +32,7 @@
 
 mod answers;
 mod ledger;
+pub(crate) mod operator;
 mod relay;
 mod replay;
 

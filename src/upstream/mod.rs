@@ -4,7 +4,10 @@
 //! removed) and of the upstream's answer back, and the three ways a forward fails:
 //! unreachable (502), connection lost after the request went out (502), or too slow (504).
 
+mod error;
 mod pool;
+
+pub use error::UpstreamError;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,23 +45,6 @@ static HOP_BY_HOP: [HeaderName; 6] = [
     HeaderName::from_static("transfer-encoding"),
     HeaderName::from_static("upgrade"),
 ];
-
-/// Why a forward got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("upstream unreachable: {0}")]
-    Unreachable(String),
-    #[error("upstream did not answer within {0:?}")]
-    Timeout(Duration),
-    /// The connection failed after the request went out, before an answer: the
-    /// application may have done the work.
-    #[error("upstream closed the connection before answering: {0}")]
-    Dropped(String),
-    /// The sender's own body broke off while it streamed to the upstream (a request no
-    /// route took, whose body is not read first): the sender's doing, not the app's.
-    #[error("the sender's body broke off while it was forwarded: {0}")]
-    SenderBody(String),
-}
 
 /// The connections that carry every forward, a pool per worker: a connection is driven
 /// by a task on the worker that opened it, so a pool shared by the workers would make most

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
-use super::UpstreamError;
+use super::error::UpstreamError;
 use crate::body::ProxyBody;
 
 /// How long an idle connection is kept for reuse: shorter than the keep-alive timeouts of

@@ -60,26 +60,7 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
         .await?
         .get(0);
-    transaction
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {table} (
-               key text PRIMARY KEY,
-               state text NOT NULL CONSTRAINT dedupe_claim_state
-                 CHECK (state IN ('in_flight', 'done', 'held')),
-               owner text,
-               claimed_at bigint NOT NULL,
-               expires_at bigint NOT NULL,
-               completed_at bigint,
-               upstream_status integer,
-               body_sha256 bytea NOT NULL,
-               response_status integer,
-               response_content_type text,
-               response_body bytea,
-               response_headers bytea,
-               hold_reason text
-             )"
-        ))
-        .await?;
+    transaction.batch_execute(&create_claims(table)).await?;
     if !existed {
         transaction
             .batch_execute(&format!(
@@ -87,60 +68,89 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
             ))
             .await?;
     }
-    // A table made before `held` existed has no `hold_reason` and allows two states:
-    // its check gives way (NOT VALID: every row passes the new one, none is read).
-    transaction
-        .batch_execute(&format!(
-            "DO $$
-             DECLARE old record;
-             BEGIN
-               IF to_regclass('{table}_expires_at') IS NULL THEN
-                 CREATE INDEX {table}_expires_at ON {table} (expires_at);
-               END IF;
-               IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                              WHERE attrelid = '{table}'::regclass
-                                AND attname = 'hold_reason' AND NOT attisdropped) THEN
-                 ALTER TABLE {table} ADD COLUMN hold_reason text;
-               END IF;
-               IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                              WHERE attrelid = '{table}'::regclass
-                                AND attname = 'response_headers' AND NOT attisdropped) THEN
-                 ALTER TABLE {table} ADD COLUMN response_headers bytea;
-               END IF;
-               IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                              WHERE conrelid = '{table}'::regclass
-                                AND conname = 'dedupe_claim_state') THEN
-                 FOR old IN SELECT conname FROM pg_constraint
-                            WHERE conrelid = '{table}'::regclass AND contype = 'c'
-                              AND pg_get_constraintdef(oid) LIKE '%in_flight%' LOOP
-                   EXECUTE format('ALTER TABLE {table} DROP CONSTRAINT %I', old.conname);
-                 END LOOP;
-                 ALTER TABLE {table} ADD CONSTRAINT dedupe_claim_state
-                   CHECK (state IN ('in_flight', 'done', 'held')) NOT VALID;
-               END IF;
-             END $$;"
-        ))
-        .await?;
+    transaction.batch_execute(&upgrade_claims(table)).await?;
+    transaction.batch_execute(&create_entities(table)).await?;
+    transaction.commit().await
+}
+
+/// The claims table, as this version makes it.
+fn create_claims(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+           key text PRIMARY KEY,
+           state text NOT NULL CONSTRAINT dedupe_claim_state
+             CHECK (state IN ('in_flight', 'done', 'held')),
+           owner text,
+           claimed_at bigint NOT NULL,
+           expires_at bigint NOT NULL,
+           completed_at bigint,
+           upstream_status integer,
+           body_sha256 bytea NOT NULL,
+           response_status integer,
+           response_content_type text,
+           response_body bytea,
+           response_headers bytea,
+           hold_reason text
+         )"
+    )
+}
+
+/// Brings an earlier version's claims table up to date, each change only where it is
+/// missing: the expiry index, the `hold_reason` and `response_headers` columns, and the
+/// state check, whose two-state form on a table made before `held` existed gives way
+/// (NOT VALID: every row passes the new one, none is read).
+fn upgrade_claims(table: &str) -> String {
+    format!(
+        "DO $$
+         DECLARE old record;
+         BEGIN
+           IF to_regclass('{table}_expires_at') IS NULL THEN
+             CREATE INDEX {table}_expires_at ON {table} (expires_at);
+           END IF;
+           IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                          WHERE attrelid = '{table}'::regclass
+                            AND attname = 'hold_reason' AND NOT attisdropped) THEN
+             ALTER TABLE {table} ADD COLUMN hold_reason text;
+           END IF;
+           IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                          WHERE attrelid = '{table}'::regclass
+                            AND attname = 'response_headers' AND NOT attisdropped) THEN
+             ALTER TABLE {table} ADD COLUMN response_headers bytea;
+           END IF;
+           IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                          WHERE conrelid = '{table}'::regclass
+                            AND conname = 'dedupe_claim_state') THEN
+             FOR old IN SELECT conname FROM pg_constraint
+                        WHERE conrelid = '{table}'::regclass AND contype = 'c'
+                          AND pg_get_constraintdef(oid) LIKE '%in_flight%' LOOP
+               EXECUTE format('ALTER TABLE {table} DROP CONSTRAINT %I', old.conname);
+             END LOOP;
+             ALTER TABLE {table} ADD CONSTRAINT dedupe_claim_state
+               CHECK (state IN ('in_flight', 'done', 'held')) NOT VALID;
+           END IF;
+         END $$;"
+    )
+}
+
+/// The entities' table beside the claims table, and its expiry index.
+fn create_entities(table: &str) -> String {
     let entities = entities_table(table);
     let expiry_index = format!("{}_entity_expiry", &table[..table.len().min(50)]);
-    transaction
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {entities} (
-               key text PRIMARY KEY,
-               sort_key text COLLATE \"C\" NOT NULL,
-               version text NOT NULL,
-               recorded_at bigint NOT NULL,
-               expires_at bigint NOT NULL
-             );
-             DO $$
-             BEGIN
-               IF to_regclass('{expiry_index}') IS NULL THEN
-                 CREATE INDEX {expiry_index} ON {entities} (expires_at);
-               END IF;
-             END $$;"
-        ))
-        .await?;
-    transaction.commit().await
+    format!(
+        "CREATE TABLE IF NOT EXISTS {entities} (
+           key text PRIMARY KEY,
+           sort_key text COLLATE \"C\" NOT NULL,
+           version text NOT NULL,
+           recorded_at bigint NOT NULL,
+           expires_at bigint NOT NULL
+         );
+         DO $$
+         BEGIN
+           IF to_regclass('{expiry_index}') IS NULL THEN
+             CREATE INDEX {expiry_index} ON {entities} (expires_at);
+           END IF;
+         END $$;"
+    )
 }
 
 /// The partial index of held keys on a table that had none. It is built without blocking
