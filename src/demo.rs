@@ -22,10 +22,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{ProxyBody, full};
-use crate::cli::DemoArgs;
-use crate::config::{Config, Overrides};
-use crate::workers::Workers;
+use dedupe_proxy::body::{ProxyBody, full};
+use dedupe_proxy::cli::DemoArgs;
+use dedupe_proxy::config::{Config, Overrides};
 
 /// Senders that deliver each event at the same moment, as a provider's retry storm does.
 const SENDERS_PER_EVENT: usize = 3;
@@ -158,26 +157,38 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// Serves the sample app over HTTP/1.1 until `stop`.
+async fn serve_app(listener: TcpListener, app: Arc<SampleApp>, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => continue,
+            },
+        };
+        let app = Arc::clone(&app);
+        let service = hyper::service::service_fn(move |request| {
+            let app = Arc::clone(&app);
+            async move { Ok::<_, std::convert::Infallible>(app.handle(request).await) }
+        });
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+        );
+    }
+}
+
 async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>> {
     let app = Arc::new(SampleApp::default());
     let stop_app = CancellationToken::new();
     let app_listener = TcpListener::bind("127.0.0.1:0").await?;
     let app_addr = app_listener.local_addr()?;
-    tokio::spawn(crate::server::serve(
-        app_listener,
-        {
-            let app = Arc::clone(&app);
-            move |request, _ends, _permit| Arc::clone(&app).handle(request)
-        },
-        crate::config::Limits::default(),
-        stop_app.clone(),
-        Duration::from_secs(1),
-        Arc::new(Workers::start(1)?),
-    ));
+    tokio::spawn(serve_app(app_listener, Arc::clone(&app), stop_app.clone()));
 
     let data = tempfile::tempdir()?;
     let config = demo_config(app_addr, data.path())?;
-    let proxy = crate::start(config).await?;
+    let proxy = dedupe_proxy::start(config).await?;
     let proxy_addr = proxy.proxy_addr;
     println!(
         "sample app on {app_addr}, dedupe-proxy on {proxy_addr}, store in {}",
@@ -213,7 +224,7 @@ async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>
     Ok(report)
 }
 
-fn demo_config(app: SocketAddr, data: &Path) -> Result<Config, crate::config::ConfigError> {
+fn demo_config(app: SocketAddr, data: &Path) -> Result<Config, dedupe_proxy::config::ConfigError> {
     let yaml = format!(
         r#"
 listen: 127.0.0.1:0

@@ -15,17 +15,17 @@
 //!   [`target`] checks a request's Host and gives the path's normal form routes match on;
 //!   [`key`] extracts keys; [`verify`] checks signatures; [`preset`] knows the major
 //!   providers; [`order`] reads an event's entity and version for the stale-event guard.
-//! - [`proxy`] is the lifecycle of one delivery: match, check (read, verify, key), claim,
+//! - `proxy` is the lifecycle of one delivery: match, check (read, verify, key), claim,
 //!   compare with the entity's newest version (`order:`), forward, finish.
 //! - [`store`] holds claims: absent → in_flight → done (or held, for an operator),
 //!   atomically, owner-checked, on sled (embedded) or shared by replicas on Redis or
-//!   PostgreSQL, and each entity's newest done version; [`waiting`] keeps the duplicates
+//!   PostgreSQL, and each entity's newest done version; `waiting` keeps the duplicates
 //!   that wait for an outcome.
-//! - [`upstream`] holds the pooled clients, one per worker; [`response`] writes every
+//! - [`upstream`] holds the pooled clients, one per worker; `response` writes every
 //!   answer the proxy makes.
-//! - [`server`] accepts connections within [`config::Limits`] and hands each to one of
-//!   the [`workers`] (a single-threaded runtime per core); [`admin`] serves the admin
-//!   port; [`metrics`] names every metric; [`reload`] applies a changed configuration;
+//! - `server` accepts connections within [`config::Limits`] and hands each to one of
+//!   the [`workers`] (a single-threaded runtime per core); `admin` serves the admin
+//!   port; `metrics` names every metric; `reload` applies a changed configuration;
 //!   [`shutdown`] waits for signals.
 //!
 //! # A delivery's life
@@ -45,25 +45,24 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
+pub(crate) mod admin;
 mod app;
 mod background;
 pub mod body;
 pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod descriptors;
+pub(crate) mod descriptors;
 pub mod dsn;
 pub mod key;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod order;
 pub mod preset;
-pub mod proxy;
+pub(crate) mod proxy;
 pub mod redact;
-pub mod reload;
-pub mod response;
+pub(crate) mod reload;
+pub(crate) mod response;
 pub mod route;
-pub mod server;
+pub(crate) mod server;
 pub mod shutdown;
 pub mod store;
 pub mod target;
@@ -71,7 +70,7 @@ pub mod telemetry;
 pub mod upstream;
 pub mod values;
 pub mod verify;
-pub mod waiting;
+pub(crate) mod waiting;
 pub mod workers;
 
 pub use app::{App, RunError, StartError, run, start, start_with_store};

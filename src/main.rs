@@ -2,6 +2,8 @@
 //! it is invalid), and run until a shutdown signal; or check a configuration, run the
 //! demonstration, or drive a running proxy's admin API.
 
+mod demo;
+
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
@@ -34,7 +36,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(config, &args),
         Command::Demo(args) => {
             init_logging(LogFormat::Text, "warn", None);
-            runtime().block_on(dedupe_proxy::demo::run(&args))
+            runtime().block_on(demo::run(&args))
         }
         admin => dedupe_proxy::cli::admin::run(config, admin),
     }

@@ -12,10 +12,11 @@ use http::header::{
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{BodyError, ProxyBody, full};
-use crate::key::MAX_KEY_BYTES;
+use crate::key::{KeyError, MAX_KEY_BYTES};
 use crate::route::DuplicateResponse;
 use crate::store::RecordedResponse;
-use crate::upstream::UnforwardableTarget;
+use crate::target::TargetError;
+use crate::upstream::{UnforwardableTarget, UpstreamError};
 use crate::verify::VerifyError;
 
 pub static DEDUPE_STATUS: HeaderName = HeaderName::from_static("dedupe-status");
@@ -459,6 +460,40 @@ impl From<BodyError> for Refusal {
 impl From<UnforwardableTarget> for Refusal {
     fn from(error: UnforwardableTarget) -> Refusal {
         Refusal::BadTarget(error.to_string())
+    }
+}
+
+impl From<TargetError> for Refusal {
+    fn from(error: TargetError) -> Refusal {
+        Refusal::BadTarget(error.to_string())
+    }
+}
+
+impl From<VerifyError> for Refusal {
+    fn from(failure: VerifyError) -> Refusal {
+        Refusal::Signature(failure)
+    }
+}
+
+impl From<KeyError> for Refusal {
+    fn from(error: KeyError) -> Refusal {
+        match error {
+            KeyError::TooLong(length) => Refusal::KeyTooLong(length),
+            missing @ KeyError::Missing { .. } => Refusal::MissingKey(missing.to_string()),
+        }
+    }
+}
+
+/// A forward that got no answer, as its sender hears of it.
+impl From<UpstreamError> for Refusal {
+    fn from(error: UpstreamError) -> Refusal {
+        match error {
+            UpstreamError::Unreachable(_) | UpstreamError::Dropped(_) => {
+                Refusal::UpstreamUnreachable
+            }
+            UpstreamError::SenderBody(detail) => Refusal::BodyUnreadable(detail),
+            UpstreamError::Timeout(after) => Refusal::UpstreamTimeout(after),
+        }
     }
 }
 

@@ -331,10 +331,20 @@ fn no_function_runs_past_80_lines_of_code() {
         let lines = code(&text);
         for (start, line) in lines.iter().enumerate() {
             let trimmed = line.trim_start();
-            let signature = ["fn ", "pub fn ", "async fn ", "pub async fn ", "pub(crate) fn "]
-                .iter()
-                .chain(&["pub(super) fn ", "pub(crate) async fn ", "pub(super) async fn "])
-                .any(|start| trimmed.starts_with(start));
+            let signature = [
+                "fn ",
+                "pub fn ",
+                "async fn ",
+                "pub async fn ",
+                "pub(crate) fn ",
+            ]
+            .iter()
+            .chain(&[
+                "pub(super) fn ",
+                "pub(crate) async fn ",
+                "pub(super) async fn ",
+            ])
+            .any(|start| trimmed.starts_with(start));
             if !signature || trimmed.ends_with(';') {
                 continue;
             }

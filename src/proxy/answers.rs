@@ -42,20 +42,13 @@ pub(super) fn held(route: &Route) -> Answer {
 
 /// Why a forward got no answer, as a release reason and the sender's answer.
 pub(super) fn failure(error: UpstreamError) -> (ReleaseReason, Refusal) {
-    match error {
-        UpstreamError::Unreachable(_) => (
-            ReleaseReason::UpstreamUnreachable,
-            Refusal::UpstreamUnreachable,
-        ),
-        UpstreamError::Dropped(_) => (ReleaseReason::UpstreamDropped, Refusal::UpstreamUnreachable),
-        UpstreamError::SenderBody(detail) => {
-            (ReleaseReason::Abandoned, Refusal::BodyUnreadable(detail))
-        }
-        UpstreamError::Timeout(after) => (
-            ReleaseReason::UpstreamTimeout,
-            Refusal::UpstreamTimeout(after),
-        ),
-    }
+    let reason = match &error {
+        UpstreamError::Unreachable(_) => ReleaseReason::UpstreamUnreachable,
+        UpstreamError::Dropped(_) => ReleaseReason::UpstreamDropped,
+        UpstreamError::SenderBody(_) => ReleaseReason::Abandoned,
+        UpstreamError::Timeout(_) => ReleaseReason::UpstreamTimeout,
+    };
+    (reason, Refusal::from(error))
 }
 
 /// Whether a failed forward may have reached the application: a refused connection did

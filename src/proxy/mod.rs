@@ -74,8 +74,6 @@ use crate::values::UpstreamUrl;
 use crate::verify::SignatureWork;
 use crate::waiting::{Waiting, Woken};
 
-pub use replay::REPLAY_RECORD_LIMIT;
-
 /// The proxy service: shared by every connection.
 pub struct Proxy {
     /// The routes and what to do without one; a reload swaps them at once, while a
@@ -176,7 +174,7 @@ impl Proxy {
             Ok(route) => route.cloned(),
             Err(error) => {
                 self.metrics.bad_request();
-                return Refusal::BadTarget(error.to_string()).into_response();
+                return Refusal::from(error).into_response();
             }
         };
         let Some(route) = route else {
@@ -284,7 +282,7 @@ impl Proxy {
             checked.map_err(|failure| {
                 tracing::debug!(reason = failure.code(), %failure, "signature refused");
                 self.metrics.signature_refused(&route.name, failure.code());
-                Refusal::Signature(failure)
+                failure
             })?;
         }
 
@@ -295,14 +293,15 @@ impl Proxy {
         };
         let key = match route.key.extract(&delivery) {
             Ok(key) => key,
-            Err(KeyError::TooLong(length)) => return Err(Refusal::KeyTooLong(length)),
-            Err(missing) if policy.on_missing_key == OnMissingKey::Forward => {
+            Err(missing @ KeyError::Missing { .. })
+                if policy.on_missing_key == OnMissingKey::Forward =>
+            {
                 tracing::debug!(%missing, "forwarding without a key");
                 let request =
                     upstream::outbound(head, body::full(body), &route.upstream, peer, None)?;
                 return Ok(Checked::Unkeyed(request));
             }
-            Err(missing) => return Err(Refusal::MissingKey(missing.to_string())),
+            Err(refused) => return Err(refused.into()),
         };
         Span::current().record("key", key.as_str());
         telemetry::keyed(&key);

@@ -32,7 +32,6 @@ pub use keys::{Fingerprint, Version, body_key, entity_key, store_key};
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -68,23 +67,27 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to.
+/// A clock that moves only when told to (tests only).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Default)]
-pub struct ManualClock(AtomicU64);
+pub struct ManualClock(std::sync::atomic::AtomicU64);
 
+#[cfg(any(test, feature = "testing"))]
 impl ManualClock {
     pub fn new(start: Millis) -> Arc<ManualClock> {
-        Arc::new(ManualClock(AtomicU64::new(start)))
+        Arc::new(ManualClock(std::sync::atomic::AtomicU64::new(start)))
     }
 
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(millis(by), Ordering::SeqCst);
+        self.0
+            .fetch_add(millis(by), std::sync::atomic::Ordering::SeqCst);
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Clock for ManualClock {
     fn now(&self) -> Millis {
-        self.0.load(Ordering::SeqCst)
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
