@@ -527,7 +527,7 @@ async fn a_web_page_cannot_drive_the_admin_api() {
     }
     let kept = send(proxy.admin, "GET", "/v1/keys/hooks/evt_kept", &[], "").await;
     assert_eq!(kept.json()["state"], "done", "nothing was forgotten");
-    let metrics = send(proxy.admin, "GET", "/metrics", &[], "").await.body;
+    let metrics = scrape(proxy.admin).await;
     assert!(
         !metrics.contains(r#"dedupe_config_reloads_total{result="success"} 1"#),
         "nothing was reloaded"

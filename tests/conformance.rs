@@ -31,6 +31,7 @@ use dedupe_proxy::store::{
 };
 use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 use dedupe_proxy::workers::{self, Workers};
+use support::done;
 
 /// Leases and retentions no test outlives unless it waits for them on purpose: the shared
 /// stores keep real time, and a loaded CI machine can stall a test for most of a second.
@@ -255,14 +256,6 @@ impl Harness {
     }
 }
 
-fn done(status: u16) -> Completion {
-    Completion {
-        upstream_status: status,
-        retention: RETENTION,
-        response: None,
-    }
-}
-
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap()
 }
@@ -300,9 +293,12 @@ async fn announced_outcomes_are_heard(h: Harness) {
         while heard.try_recv().is_ok() {}
     }
     let quiet = h.claimed("quiet").await;
-    h.store.finish(&quiet, done(200)).await.unwrap();
+    h.store.finish(&quiet, done(200, RETENTION)).await.unwrap();
     let finished = announced(&h, "finished").await;
-    h.store.finish(&finished, done(200)).await.unwrap();
+    h.store
+        .finish(&finished, done(200, RETENTION))
+        .await
+        .unwrap();
     let released = announced(&h, "released").await;
     h.store.release(&released).await.unwrap();
     assert!(matches!(h.state("finished").await, Some(KeyState::Done(_))));
@@ -383,7 +379,7 @@ async fn a_held_key_stops_every_claim_until_an_operator_resolves_it(h: Harness) 
     assert_eq!(h.state("k").await, Some(KeyState::Held(record)));
     // Neither its late owner nor a forget undoes a hold.
     assert!(matches!(
-        h.store.finish(&claim, done(200)).await,
+        h.store.finish(&claim, done(200, RETENTION)).await,
         Err(StoreError::NotOwner)
     ));
     assert!(matches!(
@@ -485,7 +481,10 @@ async fn listing_pages_through_a_namespace_by_state(h: Harness) {
     }
     for name in ["d", "e"] {
         let done_claim = claim(name).await;
-        h.store.finish(&done_claim, done(200)).await.unwrap();
+        h.store
+            .finish(&done_claim, done(200, RETENTION))
+            .await
+            .unwrap();
     }
     for name in ["f", "g", "h", "i"] {
         let held_claim = claim(name).await;
@@ -636,7 +635,7 @@ async fn claim_then_claim_again_is_in_flight(h: Harness) {
 
 async fn finish_records_done_and_duplicates_see_it(h: Harness) {
     let claim = h.claimed("k").await;
-    h.store.finish(&claim, done(201)).await.unwrap();
+    h.store.finish(&claim, done(201, RETENTION)).await.unwrap();
     let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), [0; 32], LEASE).await.unwrap()
     else {
         panic!("done expected");
@@ -667,7 +666,7 @@ async fn only_the_owner_finishes_or_releases(h: Harness) {
         ..claim.clone()
     };
     assert!(matches!(
-        h.store.finish(&impostor, done(200)).await,
+        h.store.finish(&impostor, done(200, RETENTION)).await,
         Err(StoreError::NotOwner)
     ));
     assert!(matches!(
@@ -683,11 +682,11 @@ async fn only_the_owner_finishes_or_releases(h: Harness) {
         ..claim.clone()
     };
     assert!(matches!(
-        h.store.finish(&stray, done(200)).await,
+        h.store.finish(&stray, done(200, RETENTION)).await,
         Err(StoreError::NotOwner)
     ));
     assert_eq!(h.state("never-claimed").await, None);
-    h.store.finish(&claim, done(200)).await.unwrap();
+    h.store.finish(&claim, done(200, RETENTION)).await.unwrap();
 }
 
 async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
@@ -695,7 +694,7 @@ async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
     h.pass(SHORT_LEASE + Duration::from_millis(100)).await;
     let taker = h.claimed("k").await;
     assert!(matches!(
-        h.store.finish(&late, done(200)).await,
+        h.store.finish(&late, done(200, RETENTION)).await,
         Err(StoreError::NotOwner)
     ));
     assert!(matches!(
@@ -706,7 +705,7 @@ async fn an_expired_lease_is_taken_over_and_the_late_owner_refused(h: Harness) {
         h.state("k").await,
         Some(KeyState::InFlight { .. })
     ));
-    h.store.finish(&taker, done(200)).await.unwrap();
+    h.store.finish(&taker, done(200, RETENTION)).await.unwrap();
     assert!(matches!(
         h.store.release(&late).await,
         Err(StoreError::NotOwner)
@@ -750,7 +749,7 @@ async fn a_renewed_lease_outlives_its_first_end_for_its_owner_only(h: Harness) {
         h.store.renew(&impostor, LEASE).await,
         Err(StoreError::NotOwner)
     ));
-    h.store.finish(&claim, done(200)).await.unwrap();
+    h.store.finish(&claim, done(200, RETENTION)).await.unwrap();
     assert!(matches!(
         h.store.renew(&claim, LEASE).await,
         Err(StoreError::NotOwner)
@@ -766,7 +765,7 @@ async fn a_renewed_lease_outlives_its_first_end_for_its_owner_only(h: Harness) {
         h.store.renew(&late, LEASE).await,
         Err(StoreError::NotOwner)
     ));
-    h.store.finish(&taker, done(200)).await.unwrap();
+    h.store.finish(&taker, done(200, RETENTION)).await.unwrap();
     let held = held(&h, "h", LEASE).await;
     assert!(matches!(
         h.store.renew(&held, LEASE).await,
@@ -779,7 +778,7 @@ async fn done_keys_expire_after_their_retention(h: Harness) {
     let claim = h.claimed("k").await;
     let completion = Completion {
         retention: SHORT_RETENTION,
-        ..done(200)
+        ..done(200, RETENTION)
     };
     h.store.finish(&claim, completion).await.unwrap();
     h.pass(SHORT_RETENTION / 4).await;
@@ -804,7 +803,7 @@ async fn forget_removes_done_keys_but_not_in_flight_ones(h: Harness) {
         h.store.forget(&h.key("k")).await.unwrap(),
         Forgotten::InFlight
     );
-    h.store.finish(&claim, done(200)).await.unwrap();
+    h.store.finish(&claim, done(200, RETENTION)).await.unwrap();
     assert_eq!(
         h.store.forget(&h.key("k")).await.unwrap(),
         Forgotten::Removed
@@ -840,7 +839,7 @@ async fn the_recorded_answer_is_kept_for_replay(h: Harness) {
         };
         let completion = Completion {
             response: Some(response.clone()),
-            ..done(201)
+            ..done(201, RETENTION)
         };
         h.store.finish(&claim, completion).await.unwrap();
         let outcome = h.store.claim(&h.key(name), BODY, LEASE).await.unwrap();
@@ -909,7 +908,7 @@ async fn every_key_the_proxy_accepts_is_stored_apart(h: Harness) {
     }
     for key in keys.iter().step_by(2) {
         let claim = h.claimed(key).await;
-        h.store.finish(&claim, done(200)).await.unwrap();
+        h.store.finish(&claim, done(200, RETENTION)).await.unwrap();
     }
     for (n, key) in keys.iter().enumerate() {
         let outcome = h.store.claim(&h.key(key), BODY, LEASE).await.unwrap();
@@ -1138,7 +1137,9 @@ async fn workers_connections_share_one_store(store: Arc<dyn ClaimStore>, workers
     ));
     let finishing = {
         let store = Arc::clone(&store);
-        workers.run_on(0, async move { store.finish(&claim, done(200)).await })
+        workers.run_on(0, async move {
+            store.finish(&claim, done(200, RETENTION)).await
+        })
     };
     finishing.await.unwrap().unwrap();
     assert!(matches!(on(1, "claim").await, Some(ClaimOutcome::Done(_))));
@@ -1162,7 +1163,7 @@ async fn overlapping_claims_from_two_workers(store: Arc<dyn ClaimStore>, workers
                 else {
                     panic!("{key} was absent");
                 };
-                store.finish(&claim, done(200)).await.unwrap();
+                store.finish(&claim, done(200, RETENTION)).await.unwrap();
             }
             1 => drop(store.claim(key, BODY, LEASE).await.unwrap()),
             _ => {}
@@ -1432,13 +1433,13 @@ async fn postgres_a_batch_the_server_aborts_as_a_deadlock_runs_again() {
     // `c`'s mark takes the store's only connection and waits for its row...
     let finishing_c = tokio::spawn({
         let store = Arc::clone(&store);
-        async move { store.finish(&c, done(200)).await }
+        async move { store.finish(&c, done(200, RETENTION)).await }
     });
     until_waiting(1).await;
     // ...so that `a`'s and `b`'s queue meanwhile, and go in one statement.
     let finishing = [a.clone(), b.clone()].map(|claim| {
         let store = Arc::clone(&store);
-        tokio::spawn(async move { store.finish(&claim, done(200)).await })
+        tokio::spawn(async move { store.finish(&claim, done(200, RETENTION)).await })
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     holding_c.batch_execute("ROLLBACK").await.unwrap();

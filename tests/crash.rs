@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,19 +12,12 @@ use dedupe_proxy::store::ClaimStore;
 use dedupe_proxy::store::sled::SledStore;
 use support::*;
 
-/// Writes a configuration for the binary: port 0, a data directory in `dir`.
-fn write_config(dir: &tempfile::TempDir, upstream: std::net::SocketAddr, rest: &str) -> PathBuf {
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, config_text(upstream, &dir.path().join("data"), rest)).unwrap();
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_delivery_then_the_retry_is_forwarded_at_once() {
     let upstream = Upstream::start().await;
     upstream.script([Answer::ok().after(Duration::from_secs(30))]);
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&dir, upstream.addr, &json_route(""));
+    let config = write_config(dir.path(), upstream.addr, &json_route(""));
     let mut proxy = Binary::start(&config);
     let sender = tokio::spawn(post_event_fallible(proxy.addr, "evt_crash"));
     upstream.wait_for_requests(1).await;
@@ -73,7 +65,7 @@ async fn post_event_fallible(addr: std::net::SocketAddr, id: &str) -> Result<u16
 async fn sigterm_exits_0_and_done_keys_survive_the_restart() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&dir, upstream.addr, &json_route(""));
+    let config = write_config(dir.path(), upstream.addr, &json_route(""));
     let mut proxy = Binary::start(&config);
     assert_eq!(
         post_event(proxy.addr, "evt_term").await.dedupe(),
@@ -96,7 +88,7 @@ async fn sigterm_exits_0_and_done_keys_survive_the_restart() {
 async fn sigint_is_a_clean_shutdown_too() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut proxy = Binary::start(&write_config(&dir, upstream.addr, &json_route("")));
+    let mut proxy = Binary::start(&write_config(dir.path(), upstream.addr, &json_route("")));
     proxy.signal("INT");
     assert_eq!(proxy.wait(Duration::from_secs(10)).code(), Some(0));
 }
@@ -106,7 +98,7 @@ async fn sigterm_lets_an_in_flight_forward_finish_and_record_its_outcome() {
     let upstream = Upstream::start().await;
     upstream.script([Answer::ok().after(Duration::from_millis(800))]);
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&dir, upstream.addr, &json_route(""));
+    let config = write_config(dir.path(), upstream.addr, &json_route(""));
     let mut proxy = Binary::start(&config);
     let sender = tokio::spawn(post_event(proxy.addr, "evt_drain"));
     upstream.wait_for_requests(1).await;
@@ -200,7 +192,7 @@ async fn with_fsync_a_done_mark_survives_kill_9_right_after_the_answer() {
 async fn a_second_process_on_the_same_data_directory_fails_clearly() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&dir, upstream.addr, &json_route(""));
+    let config = write_config(dir.path(), upstream.addr, &json_route(""));
     let first = Binary::start(&config);
     let second = std::process::Command::new(binary_path())
         .args(["run", "-c"])
@@ -218,7 +210,7 @@ async fn a_second_process_on_the_same_data_directory_fails_clearly() {
 async fn sighup_does_not_kill_the_proxy() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut proxy = Binary::start(&write_config(&dir, upstream.addr, &json_route("")));
+    let mut proxy = Binary::start(&write_config(dir.path(), upstream.addr, &json_route("")));
     proxy.signal("HUP");
     eventually(Duration::from_secs(5), "the SIGHUP is logged", || async {
         proxy.log_text().contains("SIGHUP received")
@@ -242,7 +234,7 @@ async fn with_hold_a_forward_cut_short_by_shutdown_stays_held_across_the_restart
     let dir = tempfile::tempdir().unwrap();
     let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 10s\n");
     let config = write_config(
-        &dir,
+        dir.path(),
         upstream.addr,
         &format!("shutdown_grace: 300ms\n{route}"),
     );
@@ -313,14 +305,18 @@ async fn a_reload_during_the_drain_leaves_a_deliverys_settings_as_they_were() {
     upstream.script([Answer::ok().after(Duration::from_secs(6))]);
     let dir = tempfile::tempdir().unwrap();
     let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 10s\n");
-    let config = write_config(&dir, upstream.addr, &format!("shutdown_grace: 2s\n{route}"));
+    let config = write_config(
+        dir.path(),
+        upstream.addr,
+        &format!("shutdown_grace: 2s\n{route}"),
+    );
     let mut proxy = Binary::start(&config);
     let _sender = tokio::spawn(post_event_fallible(proxy.addr, "evt_renamed"));
     upstream.wait_for_requests(1).await;
     proxy.signal("TERM");
     let renamed = json_route("").replace("name: hooks", "name: renamed");
     write_config(
-        &dir,
+        dir.path(),
         upstream.addr,
         &format!("shutdown_grace: 2s\n{renamed}"),
     );
@@ -336,7 +332,7 @@ async fn a_reload_during_the_drain_leaves_a_deliverys_settings_as_they_were() {
     assert_eq!(logged["fields"]["route"], "hooks", "{logged}");
 
     // Back under the route's first name, whose scope holds the key.
-    write_config(&dir, upstream.addr, &route);
+    write_config(dir.path(), upstream.addr, &route);
     let restarted = Binary::start(&config);
     let retry = post_event(restarted.addr, "evt_renamed").await;
     assert_eq!((retry.status, retry.dedupe()), (409, "held"));

@@ -365,7 +365,7 @@ fn store_section(dir: &Path, store: &str) -> String {
     }
 }
 
-fn write_config(dir: &Path, upstream: SocketAddr, store: &str, hold: bool) -> PathBuf {
+fn write_store_config(dir: &Path, upstream: SocketAddr, store: &str, hold: bool) -> PathBuf {
     let path = dir.join("config.yaml");
     // A shared store keeps a killed proxy's claims until their lease ends: keep it short.
     let lease = if store.starts_with("redis") || store.starts_with("postgres") {
@@ -571,7 +571,7 @@ async fn run_killing(
     let started = Instant::now();
     let (upstream_addr, upstream) = start_upstream(faults).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), upstream_addr, store, faults.hold);
+    let config = write_store_config(dir.path(), upstream_addr, store, faults.hold);
     let mut proxy = start_binary(config.clone()).await;
     let address = Arc::new(RwLock::new(Some(proxy.addr)));
 

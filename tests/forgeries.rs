@@ -92,7 +92,7 @@ async fn stuffed_signature_headers_are_refused_unhashed_and_unlogged() {
         answer.contains(r#""error":"signature_mismatch""#),
         "one signature is checked: {answer}"
     );
-    let text = send(proxy.admin, "GET", "/metrics", &[], "").await.body;
+    let text = scrape(proxy.admin).await;
     assert!(
         text.contains(
             r#"dedupe_signatures_refused_total{route="signed",reason="malformed_signature"} 20"#

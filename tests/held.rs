@@ -16,11 +16,6 @@ fn holding_route(extra: &str) -> String {
     ))
 }
 
-async fn admin(proxy: &Proxy, method: &str, path: &str, body: &str) -> Reply {
-    let json = [("content-type", "application/json")];
-    send(proxy.admin, method, path, &json, body.to_owned()).await
-}
-
 /// `POST /v1/keys/hooks/{key}/resolve` with `{"outcome": outcome}`.
 async fn resolve(proxy: &Proxy, key: &str, outcome: &str) -> Reply {
     let path = format!("/v1/keys/hooks/{key}/resolve");
@@ -29,7 +24,7 @@ async fn resolve(proxy: &Proxy, key: &str, outcome: &str) -> Reply {
 }
 
 async fn held_gauge(proxy: &Proxy) -> Option<u64> {
-    let text = admin(proxy, "GET", "/metrics", "").await.body;
+    let text = scrape(proxy.admin).await;
     text.lines()
         .find_map(|line| line.strip_prefix(r#"dedupe_keys_held{route="hooks"} "#))
         .map(|value| value.parse().unwrap())

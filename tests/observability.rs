@@ -16,10 +16,6 @@ use std::time::Duration;
 
 use support::*;
 
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
 /// A tool of Debian's `prometheus` package, if installed: a failure in CI otherwise.
 fn prometheus_tool(name: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
@@ -198,7 +194,7 @@ async fn every_dashboard_and_alert_expression_names_a_metric_the_proxy_exports()
         &observed_config(upstream.addr, dir.path()),
         &[("OBSERVED_SECRET", "s3cret")],
     );
-    let scrape = send(binary.admin, "GET", "/metrics", &[], "").await.body;
+    let scrape = scrape(binary.admin).await;
     let exported = exported_names(&scrape);
     let mut read = BTreeSet::new();
     for (what, expression) in dashboard_expressions()

@@ -91,17 +91,6 @@ async fn exchange(stream: &mut tokio::net::TcpStream, request: &str) -> String {
     }
 }
 
-fn metric(text: &str, line_start: &str) -> f64 {
-    text.lines()
-        .find(|line| line.starts_with(line_start))
-        .unwrap_or_else(|| panic!("no `{line_start}` in:\n{text}"))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn metrics_count_what_happened() {
     let upstream = Upstream::start().await;
@@ -116,7 +105,7 @@ async fn metrics_count_what_happened() {
         Duration::from_secs(5),
         "the sweep removes the expired key",
         || async {
-            let text = send(proxy.admin, "GET", "/metrics", &[], "").await.body;
+            let text = scrape(proxy.admin).await;
             text.contains("dedupe_sweep_removed_total 1")
         },
     )
@@ -132,7 +121,7 @@ async fn metrics_count_what_happened() {
     );
     let text = reply.body;
     // The sweep that removed it succeeded within the last seconds.
-    let swept_at = metric(&text, "dedupe_sweep_last_success_timestamp_seconds");
+    let swept_at = series_value(&text, "dedupe_sweep_last_success_timestamp_seconds");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -142,58 +131,58 @@ async fn metrics_count_what_happened() {
         "{swept_at} at {now}"
     );
     assert_eq!(
-        metric(
+        series_value(
             &text,
             r#"dedupe_requests_total{route="hooks",outcome="forwarded"}"#
         ),
         1.0
     );
     assert_eq!(
-        metric(
+        series_value(
             &text,
             r#"dedupe_requests_total{route="hooks",outcome="duplicate"}"#
         ),
         2.0
     );
     assert_eq!(
-        metric(
+        series_value(
             &text,
             r#"dedupe_requests_total{route="hooks",outcome="released"}"#
         ),
         1.0
     );
     assert_eq!(
-        metric(
+        series_value(
             &text,
             r#"dedupe_requests_total{route="(unmatched)",outcome="unmatched"}"#
         ),
         1.0
     );
     assert_eq!(
-        metric(
+        series_value(
             &text,
             r#"dedupe_upstream_duration_seconds_count{route="hooks"}"#
         ),
         2.0
     );
     assert_eq!(
-        metric(
+        series_value(
             &text,
             r#"dedupe_claims_released_total{route="hooks",reason="upstream_status"}"#
         ),
         1.0
     );
     assert_eq!(
-        metric(&text, r#"dedupe_payload_mismatch_total{route="hooks"}"#),
+        series_value(&text, r#"dedupe_payload_mismatch_total{route="hooks"}"#),
         1.0
     );
-    assert_eq!(metric(&text, "dedupe_store_errors_total"), 0.0);
+    assert_eq!(series_value(&text, "dedupe_store_errors_total"), 0.0);
     assert_eq!(
-        metric(&text, r#"dedupe_store_keys{state="in_flight"}"#),
+        series_value(&text, r#"dedupe_store_keys{state="in_flight"}"#),
         0.0
     );
     assert_eq!(
-        metric(&text, r#"dedupe_store_keys{state="done"}"#),
+        series_value(&text, r#"dedupe_store_keys{state="done"}"#),
         0.0,
         "the one done key was swept"
     );
@@ -308,17 +297,23 @@ async fn post_reload_applies_new_routes_and_refuses_invalid_files() {
         post_json(addr, "/b", r#"{"id":"e1"}"#).await.dedupe(),
         "duplicate"
     );
-    let text = send(admin, "GET", "/metrics", &[], "").await.body;
+    let text = scrape(admin).await;
     assert_eq!(
-        metric(&text, r#"dedupe_config_reloads_total{result="failure"}"#),
+        series_value(&text, r#"dedupe_config_reloads_total{result="failure"}"#),
         1.0
     );
-    assert_eq!(metric(&text, "dedupe_config_last_reload_successful"), 0.0);
+    assert_eq!(
+        series_value(&text, "dedupe_config_last_reload_successful"),
+        0.0
+    );
     // Mended, reloaded: the gauge says so.
     proxy.rewrite(&format!("routes:\n{}", route("a", "/a")));
     assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
-    let text = send(admin, "GET", "/metrics", &[], "").await.body;
-    assert_eq!(metric(&text, "dedupe_config_last_reload_successful"), 1.0);
+    let text = scrape(admin).await;
+    assert_eq!(
+        series_value(&text, "dedupe_config_last_reload_successful"),
+        1.0
+    );
     proxy.app.shutdown().await.unwrap();
 }
 
@@ -680,7 +675,7 @@ async fn every_route_has_its_series_before_its_first_event() {
     )
     .await;
     let admin = proxy.app.admin_addr;
-    let text = send(admin, "GET", "/metrics", &[], "").await.body;
+    let text = scrape(admin).await;
     for series in [
         r#"dedupe_claims_released_total{route="a",reason="upstream_status"}"#,
         r#"dedupe_claims_released_total{route="a",reason="upstream_timeout"}"#,
@@ -689,7 +684,7 @@ async fn every_route_has_its_series_before_its_first_event() {
         r#"dedupe_config_reloads_total{result="failure"}"#,
         "dedupe_store_errors_total",
     ] {
-        assert_eq!(metric(&text, series), 0.0, "{series}");
+        assert_eq!(series_value(&text, series), 0.0, "{series}");
     }
     proxy.rewrite(&format!(
         "routes:\n{}{}    verify: {{ hmac: {{ secret_env: PATH, header: X-Signature }} }}\n",
@@ -697,14 +692,14 @@ async fn every_route_has_its_series_before_its_first_event() {
         route("b", "/b")
     ));
     assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
-    let text = send(admin, "GET", "/metrics", &[], "").await.body;
+    let text = scrape(admin).await;
     for series in [
         r#"dedupe_claims_released_total{route="b",reason="upstream_unreachable"}"#,
         r#"dedupe_signatures_refused_total{route="b",reason="signature_mismatch"}"#,
         r#"dedupe_signatures_refused_total{route="b",reason="missing_signature"}"#,
         r#"dedupe_payload_mismatch_total{route="b"}"#,
     ] {
-        assert_eq!(metric(&text, series), 0.0, "{series}");
+        assert_eq!(series_value(&text, series), 0.0, "{series}");
     }
     proxy.app.shutdown().await.unwrap();
 }

@@ -22,21 +22,9 @@ async fn post_versioned(proxy: &Proxy, id: &str, entity: &str, version: &str) ->
     post_json(proxy.addr, "/hooks", &body).await
 }
 
-async fn admin(proxy: &Proxy, method: &str, path: &str) -> Reply {
-    send(proxy.admin, method, path, &[], "").await
-}
-
 /// The value of a metric series (its name and labels, as exposed).
-/// The value of a metric series (its name and labels, as exposed) on an admin port.
-async fn metric_at(admin: std::net::SocketAddr, series: &str) -> u64 {
-    let text = send(admin, "GET", "/metrics", &[], "").await.body;
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no `{series}` in:\n{text}"))
-}
-
 async fn metric(proxy: &Proxy, series: &str) -> u64 {
-    metric_at(proxy.admin, series).await
+    metric_at(proxy.admin, series).await as u64
 }
 
 /// The series of `dedupe_order_checks_total` for the route `hooks` and `result`.
@@ -60,7 +48,7 @@ async fn a_stale_event_is_forwarded_marked_with_the_newest_done_version() {
     let older = post_versioned(&proxy, "evt_1", "ord_1", "1767225500").await;
     assert_eq!((older.status, older.dedupe()), (200, "forwarded"));
     // The stale event, once done, does not move the version back.
-    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1").await;
+    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1", "").await;
     assert_eq!(entity.status, 200, "{}", entity.body);
     assert_eq!(entity.json()["newest_version"], "1767225600");
     assert_eq!(entity.json()["entity"], "ord_1");
@@ -72,7 +60,7 @@ async fn a_stale_event_is_forwarded_marked_with_the_newest_done_version() {
     let received = upstream.received();
     let marks: Vec<Option<&str>> = received.iter().map(stale_header).collect();
     assert_eq!(marks, [None, Some("1767225600"), None, None]);
-    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1").await;
+    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1", "").await;
     assert_eq!(entity.json()["newest_version"], "1767225700");
     assert_eq!(metric(&proxy, &checks("stale_marked")).await, 1);
     assert_eq!(metric(&proxy, &checks("in_order")).await, 3);
@@ -99,11 +87,15 @@ async fn a_stale_event_is_skipped_answered_and_recorded_as_done() {
     // Its redelivery is a duplicate of what was done with it.
     let again = post_versioned(&proxy, "evt_1", "ord_1", "100").await;
     assert_eq!((again.status, again.dedupe()), (200, "duplicate"));
-    let key = admin(&proxy, "GET", "/v1/keys/hooks/evt_1").await.json();
+    let key = admin(&proxy, "GET", "/v1/keys/hooks/evt_1", "")
+        .await
+        .json();
     assert_eq!(key["state"], "done");
     assert_eq!(key["done_because"], "stale_skipped");
     assert_eq!(key["upstream_status"], serde_json::Value::Null);
-    let forwarded = admin(&proxy, "GET", "/v1/keys/hooks/evt_2").await.json();
+    let forwarded = admin(&proxy, "GET", "/v1/keys/hooks/evt_2", "")
+        .await
+        .json();
     assert_eq!(forwarded["done_because"], "upstream_success");
     assert_eq!(forwarded["upstream_status"], 200);
     assert_eq!(
@@ -117,15 +109,15 @@ async fn a_stale_event_is_skipped_answered_and_recorded_as_done() {
     assert_eq!(metric(&proxy, &checks("stale_skipped")).await, 1);
 
     // An operator who finds the newest version wrong forgets it: older events run again.
-    let forgotten = admin(&proxy, "DELETE", "/v1/entities/hooks/ord_1").await;
+    let forgotten = admin(&proxy, "DELETE", "/v1/entities/hooks/ord_1", "").await;
     assert_eq!(forgotten.status, 204);
     assert_eq!(
-        admin(&proxy, "DELETE", "/v1/entities/hooks/ord_1")
+        admin(&proxy, "DELETE", "/v1/entities/hooks/ord_1", "")
             .await
             .status,
         404
     );
-    let absent = admin(&proxy, "GET", "/v1/entities/hooks/ord_1").await;
+    let absent = admin(&proxy, "GET", "/v1/entities/hooks/ord_1", "").await;
     assert_eq!(
         (absent.status, absent.json()["error"].as_str()),
         (404, Some("absent"))
@@ -171,7 +163,9 @@ async fn times_with_offsets_compare_as_instants() {
     assert_eq!(later.dedupe(), "forwarded");
     let earlier = post_versioned(&proxy, "c", "p", r#""2026-01-01T08:15:00Z""#).await;
     assert_eq!(earlier.dedupe(), "stale");
-    let entity = admin(&proxy, "GET", "/v1/entities/hooks/p").await.json();
+    let entity = admin(&proxy, "GET", "/v1/entities/hooks/p", "")
+        .await
+        .json();
     assert_eq!(entity["newest_version"], "2026-01-01T09:30:00+01:00");
     // A Unix time in seconds is the same scale.
     let numeric = post_versioned(&proxy, "d", "p", "1767256200").await; // 08:30Z
@@ -213,7 +207,7 @@ async fn an_event_without_a_usable_version_is_forwarded_unguarded() {
     );
     assert_eq!(metric(&proxy, &checks("unversioned")).await, 9);
     // None of them moved the entity on.
-    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1")
+    let entity = admin(&proxy, "GET", "/v1/entities/hooks/ord_1", "")
         .await
         .json();
     assert_eq!(entity["newest_version"], "500");
@@ -256,13 +250,13 @@ async fn the_admin_api_shows_versions_only_for_routes_with_order() {
     );
     let proxy = Proxy::start(upstream.addr, &routes).await;
     for method in ["GET", "DELETE"] {
-        let plain = admin(&proxy, method, "/v1/entities/plain/x").await;
+        let plain = admin(&proxy, method, "/v1/entities/plain/x", "").await;
         let error = plain.json()["error"].as_str().map(str::to_owned);
         assert_eq!((plain.status, error.as_deref()), (404, Some("no_order")));
     }
-    let missing = admin(&proxy, "GET", "/v1/entities/nope/x").await;
+    let missing = admin(&proxy, "GET", "/v1/entities/nope/x", "").await;
     assert_eq!(missing.json()["error"], "no_such_route");
-    let wrong = admin(&proxy, "PUT", "/v1/entities/hooks/x").await;
+    let wrong = admin(&proxy, "PUT", "/v1/entities/hooks/x", "").await;
     assert_eq!(wrong.status, 405);
     // An entity whose ID needs escaping in a path.
     post_versioned(&proxy, "evt_1", "a/b c", "3").await;
@@ -270,6 +264,7 @@ async fn the_admin_api_shows_versions_only_for_routes_with_order() {
         &proxy,
         "GET",
         &format!("/v1/entities/hooks/{}", percent("a/b c")),
+        "",
     )
     .await;
     assert_eq!(escaped.json()["newest_version"], "3", "{}", escaped.body);
@@ -293,11 +288,11 @@ async fn the_store_failing_to_read_a_version_follows_on_store_error() {
     let key = send(app.admin_addr, "GET", "/v1/keys/hooks/evt_1", &[], "").await;
     assert_eq!(key.status, 404, "{}", key.body);
     let released = r#"dedupe_claims_released_total{route="hooks",reason="store_error"}"#;
-    assert_eq!(metric_at(app.admin_addr, released).await, 1);
-    assert_eq!(metric_at(app.admin_addr, &checks("store_error")).await, 1);
+    assert_eq!(metric_at(app.admin_addr, released).await, 1.0);
+    assert_eq!(metric_at(app.admin_addr, &checks("store_error")).await, 1.0);
     assert_eq!(
         metric_at(app.admin_addr, "dedupe_store_errors_total").await,
-        1
+        1.0
     );
     app.shutdown().await.unwrap();
 

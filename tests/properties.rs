@@ -10,20 +10,21 @@
 //!
 //! `PROPTEST_CASES=100000 cargo test --release --test properties` runs a longer search.
 
+mod support;
+
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_proxy::config::{Config, Durability, Overrides, SledConfig};
+use dedupe_proxy::config::{Config, Overrides};
 use dedupe_proxy::key::{Delivery, KeyError, KeyTemplate, MAX_KEY_BYTES};
 use dedupe_proxy::order::{SORT_KEY_DIGITS, parse_version};
-use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, Resolution,
     StoreError,
 };
 use proptest::prelude::*;
+use support::open_sled;
 
 // ------------------------------------------------------------------ the state machine
 
@@ -116,29 +117,11 @@ fn version(n: u64) -> dedupe_proxy::store::Version {
     parse_version(&n.to_string()).unwrap()
 }
 
-fn open(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
-    let config = SledConfig {
-        path: path.to_owned(),
-        durability: Durability::Batched,
-        ..SledConfig::default()
-    };
-    // A dropped store lets go of its directory lock a moment later (sled's threads).
-    loop {
-        match SledStore::open_with_clock(&config, clock.clone()) {
-            Ok(store) => return store,
-            Err(error) if error.to_string().contains("in use") => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Err(error) => panic!("{error}"),
-        }
-    }
-}
-
 async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let clock = ManualClock::new(1_000_000);
-    let mut store = open(&path, &clock);
+    let mut store = open_sled(&path, &clock);
     let mut now = 1_000_000u64;
     let mut model: HashMap<&str, Model> = KEYS.iter().map(|key| (*key, Model::default())).collect();
     let mut entities = [EntityModel::default(); 2];
@@ -341,7 +324,7 @@ async fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Restart => {
                 drop(store);
-                store = open(&path, &clock);
+                store = open_sled(&path, &clock);
                 // A new process holds no claims: the old ones are released. Held keys stay.
                 for entry in model.values_mut() {
                     entry.lease = None;

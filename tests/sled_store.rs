@@ -3,6 +3,8 @@
 //! expiry window; data directories it cannot read and the directory lock; group commit
 //! with `durability: fsync`; entity records (`order:`) swept by their expiry index.
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
 };
+use support::{done, open_sled};
 
 const START: u64 = 1_800_000_000_000;
 const LEASE: Duration = Duration::from_secs(60);
@@ -26,10 +29,6 @@ fn sled_config(path: &Path, durability: Durability) -> SledConfig {
     }
 }
 
-fn open(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
-    SledStore::open_with_clock(&sled_config(path, Durability::Batched), clock.clone()).unwrap()
-}
-
 struct Fixture {
     store: SledStore,
     clock: Arc<ManualClock>,
@@ -39,16 +38,8 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(START);
-    let store = open(&dir.path().join("db"), &clock);
+    let store = open_sled(&dir.path().join("db"), &clock);
     Fixture { store, clock, dir }
-}
-
-fn done(status: u16) -> Completion {
-    Completion {
-        upstream_status: status,
-        retention: RETENTION,
-        response: None,
-    }
 }
 
 async fn claimed(store: &SledStore, key: &str) -> Claim {
@@ -61,7 +52,7 @@ async fn claimed(store: &SledStore, key: &str) -> Claim {
 fn kept_for(retention: Duration) -> Completion {
     Completion {
         retention,
-        ..done(200)
+        ..done(200, RETENTION)
     }
 }
 
@@ -79,7 +70,7 @@ async fn the_sweep_reads_only_what_expired() {
     }
     for i in 0..3000 {
         let claim = claimed(&f.store, &format!("long{i}")).await;
-        f.store.finish(&claim, done(200)).await.unwrap();
+        f.store.finish(&claim, done(200, RETENTION)).await.unwrap();
     }
     assert_eq!(f.store.done_keys(), Some(4000));
     let nothing = f.store.sweep(100_000).await.unwrap();
@@ -121,7 +112,7 @@ async fn the_sweep_works_in_batches_and_keeps_records_done_again() {
     f.clock.advance(Duration::from_secs(1));
     // k0 is delivered and done again after expiring: its new record must survive.
     let fresh = claimed(&f.store, "k0").await;
-    f.store.finish(&fresh, done(200)).await.unwrap();
+    f.store.finish(&fresh, done(200, RETENTION)).await.unwrap();
     f.clock.advance(SHORT_WINDOW);
     let mut batches = Vec::new();
     loop {
@@ -172,7 +163,10 @@ async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
     let path = f.dir.path().join("db");
     let open_claim = claimed(&f.store, "open").await;
     let finished = claimed(&f.store, "finished").await;
-    f.store.finish(&finished, done(200)).await.unwrap();
+    f.store
+        .finish(&finished, done(200, RETENTION))
+        .await
+        .unwrap();
     drop(f.store);
 
     let store = reopen(&path, &f.clock).await;
@@ -183,7 +177,7 @@ async fn a_restart_releases_the_earlier_process_claims_and_keeps_done_keys() {
     );
     claimed(&store, "open").await;
     assert!(matches!(
-        store.finish(&open_claim, done(200)).await,
+        store.finish(&open_claim, done(200, RETENTION)).await,
         Err(StoreError::NotOwner)
     ));
     assert!(matches!(
@@ -282,7 +276,7 @@ async fn fsync_durability_shares_flushes_between_concurrent_finishes() {
         let store = Arc::clone(&store);
         tasks.spawn(async move {
             let claim = claimed(&store, &format!("k{i}")).await;
-            store.finish(&claim, done(200)).await
+            store.finish(&claim, done(200, RETENTION)).await
         });
     }
     let finished = tokio::time::timeout(Duration::from_secs(30), async {

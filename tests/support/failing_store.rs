@@ -1,0 +1,183 @@
+//! The real sled store, made to fail on demand, and the proxy in front of it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedupe_proxy::config::StoreConfig;
+use dedupe_proxy::store::sled::SledStore;
+use dedupe_proxy::store::{
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Fingerprint, Forgotten,
+    KeyState, Page, Resolution, StateFilter, StoreError, Swept, Version,
+};
+
+use super::*;
+
+/// The real sled store, made to fail on demand, counting the claims made of it.
+pub struct FailingStore {
+    pub inner: SledStore,
+    pub fail_claims: bool,
+    /// Fails every claim after this many.
+    pub fail_claims_after: Option<usize>,
+    pub fail_finish: bool,
+    /// Panics in `finish`, as a bug in the proxy's recording would.
+    pub panic_finish: bool,
+    pub fail_hold: bool,
+    /// Fails reading and recording entities' versions (`order:`).
+    pub fail_versions: bool,
+    /// Answers the replay guard's body claims half a second late.
+    pub slow_body_claims: bool,
+    /// Fails every lease renewal while set.
+    pub fail_renewals: Arc<std::sync::atomic::AtomicBool>,
+    pub claims: Arc<AtomicUsize>,
+}
+
+impl FailingStore {
+    pub fn new(inner: SledStore) -> FailingStore {
+        FailingStore {
+            inner,
+            fail_claims: false,
+            fail_claims_after: None,
+            fail_finish: false,
+            panic_finish: false,
+            fail_hold: false,
+            fail_versions: false,
+            slow_body_claims: false,
+            fail_renewals: Arc::default(),
+            claims: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl ClaimStore for FailingStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let earlier = self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.fail_claims || self.fail_claims_after.is_some_and(|after| earlier >= after) {
+            return Err(StoreError::Backend("injected claim failure".into()));
+        }
+        if self.slow_body_claims && key.contains("#body:") {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.inner.claim(key, fingerprint, lease).await
+    }
+    async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
+        if self.fail_finish {
+            return Err(StoreError::Backend("injected finish failure".into()));
+        }
+        assert!(
+            !self.panic_finish,
+            "injected panic while recording the outcome"
+        );
+        self.inner.finish(claim, completion).await
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        self.inner.release(claim).await
+    }
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), StoreError> {
+        if self.fail_renewals.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected renewal failure".into()));
+        }
+        self.inner.renew(claim, lease).await
+    }
+    async fn hold(
+        &self,
+        claim: &Claim,
+        reason: Ambiguity,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        if self.fail_hold {
+            return Err(StoreError::Backend("injected hold failure".into()));
+        }
+        self.inner.hold(claim, reason, retention).await
+    }
+    async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
+        self.inner.resolve(key, resolution).await
+    }
+    async fn list(
+        &self,
+        namespace: &str,
+        state: Option<StateFilter>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        self.inner.list(namespace, state, after, limit).await
+    }
+    async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.count_held().await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
+        self.inner.inspect(key).await
+    }
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        self.inner.forget(key).await
+    }
+    async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
+        if self.fail_versions {
+            return Err(StoreError::Backend("injected version failure".into()));
+        }
+        self.inner.newest_version(entity).await
+    }
+    async fn record_version(
+        &self,
+        entity: &str,
+        version: &Version,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        if self.fail_versions {
+            return Err(StoreError::Backend("injected version failure".into()));
+        }
+        self.inner.record_version(entity, version, retention).await
+    }
+    async fn forget_entity(&self, entity: &str) -> Result<bool, StoreError> {
+        self.inner.forget_entity(entity).await
+    }
+    async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {
+        self.inner.sweep(limit).await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
+    }
+    fn done_keys(&self) -> Option<u64> {
+        self.inner.done_keys()
+    }
+}
+
+pub async fn proxy_on_failing_store(
+    upstream: &Upstream,
+    extra: &str,
+    fail_claims: bool,
+    fail_finish: bool,
+) -> (dedupe_proxy::App, tempfile::TempDir) {
+    proxy_on_store(upstream, &json_route(extra), |inner| FailingStore {
+        fail_claims,
+        fail_finish,
+        ..FailingStore::new(inner)
+    })
+    .await
+}
+
+pub async fn proxy_on_store(
+    upstream: &Upstream,
+    routes: &str,
+    store: impl FnOnce(SledStore) -> FailingStore,
+) -> (dedupe_proxy::App, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let config = parse_config(&config_text(upstream.addr, &data.path().join("db"), routes));
+    let StoreConfig::Sled(sled) = &config.store else {
+        panic!("sled expected")
+    };
+    let store = store(SledStore::open(sled).unwrap());
+    (
+        dedupe_proxy::start_with_store(config, Arc::new(store))
+            .await
+            .unwrap(),
+        data,
+    )
+}
