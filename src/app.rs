@@ -1,6 +1,7 @@
 //! The running proxy: its start in order (the admin port first, so that probes see
 //! "starting"; the store; the proxy's listener; the background tasks and reloads), its
-//! shutdown (drain, release, flush), and [`run`], both around a shutdown signal.
+//! shutdown (drain, release, flush), and [`run`], which starts it and shuts it down when
+//! a signal comes.
 
 use std::future::Future;
 use std::net::SocketAddr;

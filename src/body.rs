@@ -10,7 +10,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every body the proxy sends, to the upstream or back to the sender.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -33,7 +33,7 @@ pub fn streaming(body: Incoming) -> ProxyBody {
 
 /// Why a delivery's body could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     #[error("body exceeds max_body of {limit} bytes")]
     TooLarge { limit: u64 },
     #[error("body could not be read: {0}")]
@@ -45,7 +45,7 @@ pub enum BodyError {
 /// Reads a whole body of at most `limit` bytes within `timeout`. A `Content-Length` over
 /// the limit is refused before reading, so that hyper never answers `100 Continue` to it;
 /// a chunked body is cut off as soon as it passes the limit.
-pub async fn read_limited(
+pub(crate) async fn read_limited(
     headers: &HeaderMap,
     body: Incoming,
     limit: u64,

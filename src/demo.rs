@@ -164,7 +164,11 @@ async fn serve_app(listener: TcpListener, app: Arc<SampleApp>, stop: Cancellatio
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
-                Err(_) => continue,
+                // Out of descriptors, say: a moment for some to close.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
             },
         };
         let app = Arc::clone(&app);

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 const PASSWORD_KEYS: [&str; 3] = ["password", "pass", "sslpassword"];
 
 /// What stands for a password in anything shown.
-pub const MASK: &str = "***";
+pub(crate) const MASK: &str = "***";
 
 /// A password's place in a connection string: its bytes `start..end`, as written.
 type Span = std::ops::Range<usize>;
@@ -62,7 +62,7 @@ fn with_masks(text: &str, spans: &[Span]) -> String {
 
 /// Free text (a parser's message that quotes a value of the file) with the password of
 /// every URL and `password=` value in it masked.
-pub fn masked_anywhere(text: &str) -> String {
+pub(crate) fn masked_anywhere(text: &str) -> String {
     let is_delimiter = |c: char| c.is_whitespace() || matches!(c, '"' | '`' | ',');
     let mut shown = String::with_capacity(text.len());
     let mut rest = text;

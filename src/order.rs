@@ -93,7 +93,7 @@ impl Order {
 
     /// Whether the entity or version reads a part of the request that a body signature
     /// does not cover (see [`KeyTemplate::reads_unsigned_parts`]).
-    pub fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
+    pub(crate) fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
         self.entity.reads_unsigned_parts(signed) || self.version.reads_unsigned_parts(signed)
     }
 }

@@ -106,7 +106,7 @@ impl Preset {
 
     /// What a duplicate's fingerprint covers: the request, for a client of an API, who
     /// may send the same key with another one; the body, for a provider's redelivery.
-    pub fn fingerprint_scope(self) -> FingerprintScope {
+    pub(crate) fn fingerprint_scope(self) -> FingerprintScope {
         match self {
             Preset::IdempotencyKey => FingerprintScope::Request,
             _ => FingerprintScope::Body,
@@ -115,7 +115,7 @@ impl Preset {
 
     /// Whether the proxy's refusals are RFC 9457 problems: what an API's clients expect
     /// (the draft's examples), where a webhook provider reads only the status.
-    pub fn problem_details(self) -> bool {
+    pub(crate) fn problem_details(self) -> bool {
         self == Preset::IdempotencyKey
     }
 

@@ -17,10 +17,10 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 /// What stands for a secret.
-pub use crate::dsn::MASK;
+pub(crate) use crate::dsn::MASK;
 
 /// The shortest value searched for, in bytes.
-pub const SHORTEST: usize = 4;
+pub(crate) const SHORTEST: usize = 4;
 
 /// The most values remembered; a process reloading ever-new secrets stops adding after
 /// this many (each reload's values are added before a later one's).

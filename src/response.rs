@@ -14,7 +14,7 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::body::{BodyError, ProxyBody, full};
 use crate::key::{KeyError, MAX_KEY_BYTES};
 use crate::route::DuplicateResponse;
-use crate::store::RecordedResponse;
+use crate::store::{RecordedResponse, StoreError};
 use crate::target::TargetError;
 use crate::upstream::{UnforwardableTarget, UpstreamError};
 use crate::verify::VerifyError;
@@ -460,6 +460,13 @@ impl From<BodyError> for Refusal {
 impl From<UnforwardableTarget> for Refusal {
     fn from(error: UnforwardableTarget) -> Refusal {
         Refusal::BadTarget(error.to_string())
+    }
+}
+
+/// A store that failed an admin request's operation.
+impl From<StoreError> for AdminRefusal {
+    fn from(failure: StoreError) -> AdminRefusal {
+        AdminRefusal::StoreUnavailable(failure.to_string())
     }
 }
 

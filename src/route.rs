@@ -232,7 +232,7 @@ impl Matcher {
     /// after it with `later` is never taken. Answers for the plain cases (the same or a
     /// wider host and method list, and a path of `later`'s this one takes); others count as
     /// not covered.
-    pub fn covers(&self, later: &Matcher) -> bool {
+    pub(crate) fn covers(&self, later: &Matcher) -> bool {
         let host = self.host.is_none() || self.host == later.host;
         let methods = self.methods.is_empty()
             || (!later.methods.is_empty()
@@ -332,7 +332,7 @@ impl Route {
     /// Whether someone without the signing secret can choose an event's entity and version
     /// (`order:`): the route checks no signature, or reads them from a part it does not sign.
     /// A version far ahead, once done, makes the entity's real events stale.
-    pub fn steerable_versions(&self) -> bool {
+    pub(crate) fn steerable_versions(&self) -> bool {
         match (&self.order, &self.verify) {
             (None, _) => false,
             (Some(_), None) => true,
@@ -414,7 +414,7 @@ impl RouteTable {
 
     /// Whether a route of `namespace` (a scope) guards against replays by body: then a
     /// key of the namespace may have a body's record beside it.
-    pub fn guards_bodies(&self, namespace: &str) -> bool {
+    pub(crate) fn guards_bodies(&self, namespace: &str) -> bool {
         self.routes()
             .any(|route| route.namespace == namespace && route.replay_guard == ReplayGuard::Body)
     }
@@ -424,7 +424,7 @@ impl RouteTable {
     }
 
     /// Each route's name, whether it checks signatures, and whether it guards order.
-    pub fn names_and_checks(&self) -> impl Iterator<Item = (&str, bool, bool)> {
+    pub(crate) fn names_and_checks(&self) -> impl Iterator<Item = (&str, bool, bool)> {
         self.routes.iter().map(|route| {
             (
                 route.name.as_str(),

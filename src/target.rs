@@ -122,7 +122,7 @@ static METHOD_OVERRIDES: [HeaderName; 3] = [
 /// The most readings of a request's method, host or path (its own and those of headers
 /// and the query): a sender with more is refused rather than tried against every route
 /// in every combination.
-pub const MAX_READINGS: usize = 8;
+pub(crate) const MAX_READINGS: usize = 8;
 
 /// Headers that IIS rewriting, Symfony and Zend Framework read a request's path from.
 static PATH_OVERRIDES: [HeaderName; 2] = [
@@ -248,7 +248,7 @@ impl Addressed<'_> {
     }
 
     /// Whether it has no reading but its own.
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.other_methods.is_empty() && self.other_hosts.is_empty() && self.other_paths.is_empty()
     }
 }
@@ -320,7 +320,7 @@ pub fn with_extension(path: &str) -> Option<Vec<u8>> {
 
 /// A host's name and its port, if it has one: `a.example:80`, `[::1]:80`. An IPv6 literal
 /// keeps its brackets; only a port after them is split off.
-pub fn split_port(host: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_port(host: &str) -> (&str, Option<&str>) {
     match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
             (name, Some(port))
@@ -332,7 +332,7 @@ pub fn split_port(host: &str) -> (&str, Option<&str>) {
 /// Whether `host` names the host `wanted` names: case aside, a trailing dot aside (a
 /// resolver and the frameworks that check hosts read `example.com.` as `example.com`),
 /// and a port that `wanted` leaves out aside.
-pub fn same_host(wanted: &str, host: &str) -> bool {
+pub(crate) fn same_host(wanted: &str, host: &str) -> bool {
     let (wanted_name, wanted_port) = split_port(wanted);
     let (name, port) = split_port(host);
     name.trim_end_matches('.')

@@ -62,7 +62,7 @@ const NAME: &str = "dedupe-proxy";
 
 /// Whether traces are on: what the proxy adds for them (step spans, `traceparent` read
 /// and passed on) costs nothing when they are off.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
@@ -350,7 +350,7 @@ impl SpanProcessor for Gate {
 
 /// Continues the sender's trace (its `traceparent` and `tracestate`) in a delivery's
 /// span, and records the trace's ID on it for the log. Nothing when traces are off.
-pub fn continue_trace(span: &Span, headers: &HeaderMap) {
+pub(crate) fn continue_trace(span: &Span, headers: &HeaderMap) {
     if !enabled() {
         return;
     }
@@ -373,7 +373,7 @@ pub fn continue_trace(span: &Span, headers: &HeaderMap) {
 
 /// Tells the app `span`'s trace (`traceparent`, `tracestate`), so that its spans join it.
 /// Nothing when traces are off: a sender's headers then pass untouched.
-pub fn propagate(span: &Span, headers: &mut HeaderMap) {
+pub(crate) fn propagate(span: &Span, headers: &mut HeaderMap) {
     if enabled() {
         let context = span.context();
         // The sender's, if too long to be continued, goes too.

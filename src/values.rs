@@ -105,7 +105,7 @@ pub mod as_written {
         serializer.collect_str(&HeaderText(value.clone()))
     }
 
-    pub fn header_names<S: Serializer>(
+    pub(crate) fn header_names<S: Serializer>(
         names: &[http::HeaderName],
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
@@ -235,7 +235,7 @@ impl StatusPattern {
 
 /// An HTTP status code from 100 to 599.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StatusValue(pub StatusCode);
+pub(crate) struct StatusValue(pub StatusCode);
 
 impl FromStr for StatusValue {
     type Err = String;
@@ -261,7 +261,7 @@ serialize_status!(StatusValue);
 
 /// A listener's address (`listen`, `admin.listen`), with a message that says what is
 /// wrong with one that is not.
-pub fn socket_address<'de, D: Deserializer<'de>>(
+pub(crate) fn socket_address<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<std::net::SocketAddr, D::Error> {
     struct Address;
@@ -284,7 +284,7 @@ pub fn socket_address<'de, D: Deserializer<'de>>(
 
 /// A listening address, or a message that says what is wrong with it: a port out of
 /// range, a name where an address goes, no port.
-pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+pub(crate) fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
     text.parse().map_err(|_| {
         let port = text.rsplit_once(':').map(|(_, port)| port);
         let reason = match port.map(str::parse::<u64>) {
@@ -351,7 +351,7 @@ string_value!(MethodValue, "an HTTP method");
 
 /// `method:` takes one method or a list of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Methods(pub Vec<MethodValue>);
+pub(crate) struct Methods(pub Vec<MethodValue>);
 
 impl<'de> Deserialize<'de> for Methods {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -383,7 +383,7 @@ impl<'de> Deserialize<'de> for Methods {
 
 /// A route or scope name: `[a-z0-9_-]+`. Names appear in store keys, metrics and URLs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Name(pub String);
+pub(crate) struct Name(pub String);
 
 impl FromStr for Name {
     type Err = String;
@@ -551,7 +551,7 @@ impl Serialize for SampleRatio {
 /// A status the proxy answers with to refuse a delivery for now: 4xx or 5xx, never a
 /// success, which would tell the provider to stop retrying an event that may yet fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RefusalStatus(pub StatusCode);
+pub(crate) struct RefusalStatus(pub StatusCode);
 
 impl FromStr for RefusalStatus {
     type Err = String;
@@ -579,7 +579,7 @@ serialize_status!(RefusalStatus);
 
 /// A header value such as a content type.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeaderText(pub http::HeaderValue);
+pub(crate) struct HeaderText(pub http::HeaderValue);
 
 impl FromStr for HeaderText {
     type Err = String;
@@ -603,7 +603,7 @@ string_value!(HeaderText, "a header value");
 /// headers that describe one connection, `content-length` (the proxy writes the body's),
 /// and the proxy's own headers cannot be replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplayHeader(pub http::HeaderName);
+pub(crate) struct ReplayHeader(pub http::HeaderName);
 
 impl FromStr for ReplayHeader {
     type Err = String;
@@ -761,7 +761,7 @@ string_value!(HostName, "a host name");
 
 /// An HTTP header's name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeaderNameValue(pub http::header::HeaderName);
+pub(crate) struct HeaderNameValue(pub http::header::HeaderName);
 
 impl FromStr for HeaderNameValue {
     type Err = String;
@@ -853,7 +853,7 @@ impl Secret {
     }
 
     /// Reads the secret held by the environment variable `variable`.
-    pub fn from_env(variable: &str) -> Result<Secret, String> {
+    pub(crate) fn from_env(variable: &str) -> Result<Secret, String> {
         let missing = match std::env::var(variable) {
             Ok(value) if !value.is_empty() => return Ok(Secret::new(value)),
             Ok(_) => format!("environment variable {variable} is empty"),
@@ -876,13 +876,13 @@ impl Secret {
         }
     }
 
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.value
     }
 
     /// Whether the secret stands in for an unset variable ([`without_secrets`]): its form
     /// cannot be checked.
-    pub fn is_stand_in(&self) -> bool {
+    pub(crate) fn is_stand_in(&self) -> bool {
         self.stand_in
     }
 }

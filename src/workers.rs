@@ -25,14 +25,14 @@ pub fn current() -> Option<usize> {
 /// The number of workers a server starts with unless `--workers` says otherwise: one per
 /// core this process may use (`available_parallelism` reads cgroup CPU quotas, so a
 /// Kubernetes CPU limit counts; a pod without one gets a worker per core of the node).
-pub fn default_count() -> usize {
+pub(crate) fn default_count() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// One `T` for each worker and one for callers outside the workers: a connection (or a
 /// pool of them) whose task runs on the worker that opened it, so that using it never
 /// wakes another thread.
-pub struct PerWorker<T> {
+pub(crate) struct PerWorker<T> {
     outside: T,
     each: Vec<T>,
 }
@@ -68,7 +68,7 @@ impl Workers {
     /// One thread apart from the workers, named `name`: what runs there never waits behind
     /// the workers' tasks (the admin port's health probes), and uses the connections kept
     /// for callers outside the workers ([`PerWorker`]).
-    pub fn start_apart(name: &str) -> std::io::Result<Workers> {
+    pub(crate) fn start_apart(name: &str) -> std::io::Result<Workers> {
         Workers::start_threads(1, |_| name.to_owned(), false)
     }
 

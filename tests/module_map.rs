@@ -60,11 +60,11 @@ fn code(text: &str) -> Vec<&str> {
                 next.starts_with("mod ") || next.starts_with("pub(crate) mod ")
             });
         if test_module {
-            // Up to the line that closes the module's brace.
-            let mut depth = 0;
+            // Up to the `}` at the module's own indentation.
+            let indent = line.len() - line.trim_start().len();
+            let closing = format!("{}}}", " ".repeat(indent));
             for line in all.by_ref() {
-                depth += line.matches('{').count() as i64 - line.matches('}').count() as i64;
-                if depth <= 0 && line.contains('}') {
+                if line.trim_end() == closing {
                     break;
                 }
             }
@@ -86,6 +86,25 @@ fn named_paths(module: &str, code: &str) -> Vec<String> {
             .to_owned()
     };
     let mut found = Vec::new();
+    // A child module named bare (`use file::ConfigFile;` in its parent) is `self::file`.
+    let children: Vec<&str> = code
+        .lines()
+        .filter_map(|line| {
+            let declared = line.trim().strip_suffix(';')?;
+            let (visibility, name) = declared.rsplit_once("mod ")?;
+            let visibility = visibility.trim();
+            (visibility.is_empty() || visibility.starts_with("pub")).then_some(name)
+        })
+        .collect();
+    for child in children {
+        for (at, _) in code.match_indices(&format!("{child}::")) {
+            let before = code[..at].chars().last();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            collect(module, &code[at..], &mut found);
+        }
+    }
     for (start, root) in [
         ("crate::", "crate"),
         ("super::", "super"),
@@ -159,7 +178,9 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             let mut candidate = path.as_str();
             loop {
                 if modules.contains_key(candidate) {
-                    if candidate != module {
+                    // The crate root only declares the modules and re-exports the app's
+                    // entry points: naming it is naming those modules.
+                    if candidate != module && candidate != "crate" {
                         targets.insert(candidate.to_owned());
                     }
                     break;
@@ -281,6 +302,11 @@ fn a_cycle_is_found_where_there_is_one() {
     let paths = named_paths(
         "crate::store::postgres::lane",
         "use super::{record::{live_state, unsigned}, Store};\nuse crate::store::KeyState;",
+    );
+    let parent = named_paths("crate::config", "mod file;\nuse file::ConfigFile;");
+    assert!(
+        parent.iter().any(|p| p == "crate::config::file"),
+        "a child named bare: {parent:?}"
     );
     for expected in [
         "crate::store::postgres::record",

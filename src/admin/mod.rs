@@ -238,7 +238,7 @@ async fn key_request(
                 Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
                 Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
                 Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
-                Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+                Err(failure) => AdminRefusal::from(failure).into_response(),
             }
         }
         // GET, or HEAD answered as one: the endpoint takes no other.
@@ -248,7 +248,7 @@ async fn key_request(
                 describe(route_name, &key, &state).to_string(),
             ),
             Ok(None) => AdminRefusal::Absent.into_response(),
-            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+            Err(failure) => AdminRefusal::from(failure).into_response(),
         },
     }
 }
@@ -280,7 +280,7 @@ async fn entity_request(
                 response
             }
             Ok(false) => AdminRefusal::NoVersion.into_response(),
-            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+            Err(failure) => AdminRefusal::from(failure).into_response(),
         },
         // GET, or HEAD answered as one: the endpoint takes no other.
         _ => match store.newest_version(&full_key).await {
@@ -295,7 +295,7 @@ async fn entity_request(
                 json_response(StatusCode::OK, body.to_string())
             }
             Ok(None) => AdminRefusal::NoVersion.into_response(),
-            Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+            Err(failure) => AdminRefusal::from(failure).into_response(),
         },
     }
 }
@@ -345,7 +345,7 @@ async fn list_keys(serving: &Serving, query: Option<&str>) -> Response<ProxyBody
             return AdminRefusal::BadRequest(reason).into_response();
         }
         Err(failure) => {
-            return AdminRefusal::StoreUnavailable(failure.to_string()).into_response();
+            return AdminRefusal::from(failure).into_response();
         }
     };
     let namespace = format!("{}:", route.namespace);
@@ -418,7 +418,7 @@ async fn resolve(
         }
         Ok(Resolving::NotHeld) => AdminRefusal::NotHeld.into_response(),
         Ok(Resolving::HeldAgain) => AdminRefusal::HeldAgain.into_response(),
-        Err(failure) => AdminRefusal::StoreUnavailable(failure.to_string()).into_response(),
+        Err(failure) => AdminRefusal::from(failure).into_response(),
     }
 }
 

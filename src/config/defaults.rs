@@ -13,7 +13,7 @@ pub fn listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 8081))
 }
 
-pub fn admin_listen() -> SocketAddr {
+pub(crate) fn admin_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9091))
 }
 
@@ -45,7 +45,7 @@ pub fn max_header_bytes() -> Size {
 
 // `store:`
 
-pub fn sled_path() -> PathBuf {
+pub(crate) fn sled_path() -> PathBuf {
     PathBuf::from("./dedupe-data")
 }
 
@@ -55,24 +55,24 @@ pub fn flush_every() -> HumanDuration {
 
 /// 8 MiB: a larger sled cache costs memory without a steady measured gain
 /// (`docs/performance.md`).
-pub fn sled_cache() -> Size {
+pub(crate) fn sled_cache() -> Size {
     Size(8 << 20)
 }
 
-pub fn redis_prefix() -> String {
+pub(crate) fn redis_prefix() -> String {
     "dedupe:".into()
 }
 
-pub fn postgres_table() -> TableName {
+pub(crate) fn postgres_table() -> TableName {
     TableName("dedupe_claims".into())
 }
 
 /// How long one Redis command or PostgreSQL statement may take.
-pub fn server_timeout() -> HumanDuration {
+pub(crate) fn server_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(2))
 }
 
-pub fn postgres_pool_size() -> usize {
+pub(crate) fn postgres_pool_size() -> usize {
     4
 }
 
@@ -82,29 +82,29 @@ pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const LEASE: Duration = Duration::from_secs(300);
 /// A claim's lease is renewed every third of it while its delivery runs: shorter than this,
 /// the renewals would be more work than the deliveries.
-pub const LEASE_MIN: Duration = Duration::from_millis(100);
-pub const MAX_BODY: u64 = 1 << 20;
+pub(crate) const LEASE_MIN: Duration = Duration::from_millis(100);
+pub(crate) const MAX_BODY: u64 = 1 << 20;
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
-pub const IN_FLIGHT_STATUS: StatusCode = StatusCode::CONFLICT;
-pub const RETRY_AFTER: Duration = Duration::from_secs(5);
-pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const IN_FLIGHT_STATUS: StatusCode = StatusCode::CONFLICT;
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 /// Providers give up on an answer within about half a minute (Stripe 20 s, GitHub 10 s);
 /// a longer wait only holds a request's place.
-pub const IN_FLIGHT_WAIT_MAX: Duration = Duration::from_secs(60);
-pub const FORWARD_KEY_HEADER: bool = true;
+pub(crate) const IN_FLIGHT_WAIT_MAX: Duration = Duration::from_secs(60);
+pub(crate) const FORWARD_KEY_HEADER: bool = true;
 
 /// Any 2xx.
 pub fn success_status() -> Vec<StatusPattern> {
     vec![StatusPattern::Class(2)]
 }
 
-pub const DUPLICATE_STATUS: StatusCode = StatusCode::OK;
-pub const DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
-pub const DUPLICATE_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/json");
-pub const DUPLICATE_REPLAY: bool = false;
+pub(crate) const DUPLICATE_STATUS: StatusCode = StatusCode::OK;
+pub(crate) const DUPLICATE_BODY: &str = r#"{"received":true,"duplicate":true}"#;
+pub(crate) const DUPLICATE_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/json");
+pub(crate) const DUPLICATE_REPLAY: bool = false;
 /// The app's headers a replay repeats unless `replay_headers` says otherwise: what a
 /// client needs to read the answer and find what it created, never a cookie.
-pub const REPLAY_HEADERS: [&str; 5] = [
+pub(crate) const REPLAY_HEADERS: [&str; 5] = [
     "content-type",
     "content-location",
     "location",

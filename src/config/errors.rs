@@ -39,7 +39,7 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// The error on one line, several joined by `; `: for a log line or an API answer.
-    pub fn on_one_line(&self) -> String {
+    pub(crate) fn on_one_line(&self) -> String {
         self.to_string().replace('\n', "; ")
     }
 }

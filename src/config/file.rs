@@ -14,9 +14,10 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
+use super::defaults;
+use super::sections::{AdminConfig, Limits, TelemetryConfig};
 use super::store::{StoreConfig, store_section};
 use super::whole_map::map_then;
-use super::{AdminConfig, Limits, TelemetryConfig, defaults};
 use crate::key::KeyTemplate;
 use crate::order::Order;
 use crate::preset::Preset;

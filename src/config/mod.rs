@@ -10,6 +10,7 @@ mod defaults;
 mod errors;
 mod file;
 mod resolve;
+mod sections;
 mod store;
 mod whole_map;
 
@@ -17,20 +18,20 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::route::{Policy, Route, Unmatched};
-use crate::values::{
-    EnvSecret, HostName, HumanDuration, OtlpEndpoint, SampleRatio, Size, UpstreamUrl,
-};
+use crate::values::{HumanDuration, UpstreamUrl};
 use file::ConfigFile;
 
 /// Where the admin port listens when the file does not say.
-pub use defaults::admin_listen as default_admin_listen;
+pub(crate) use defaults::admin_listen as default_admin_listen;
 pub use errors::ConfigError;
+pub use sections::{AdminConfig, Limits, OtlpProtocol, TelemetryConfig};
+pub(crate) use store::driver_url;
 pub use store::{
     DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
-    StoreConfig, TlsConfig, driver_url,
+    StoreConfig, TlsConfig,
 };
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.
@@ -105,107 +106,6 @@ impl Config {
         let file: ConfigFile =
             serde_yaml::from_str(text).map_err(|error| errors::every_error(text, path, &error))?;
         Ok(file.resolve(path, overrides))
-    }
-}
-
-/// `admin:`: the listener for health, readiness and key inspection.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    #[serde(
-        default = "defaults::admin_listen",
-        deserialize_with = "crate::values::socket_address"
-    )]
-    pub listen: SocketAddr,
-    /// When set, `/v1/*` needs `Authorization: Bearer <the variable's value>`.
-    #[serde(default)]
-    pub token_env: Option<EnvSecret>,
-    /// Names the port may be reached by besides its own address and `localhost` (a
-    /// Service's DNS name, say); requests naming any other host are refused.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hosts: Vec<HostName>,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig {
-            listen: defaults::admin_listen(),
-            token_env: None,
-            hosts: Vec::new(),
-        }
-    }
-}
-
-/// `telemetry:`: OpenTelemetry traces, exported over OTLP (`crate::telemetry`). Each field
-/// left out falls back to its standard `OTEL_*` variable.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TelemetryConfig {
-    /// The collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it: with
-    /// `http/protobuf`, spans go to its `/v1/traces`.
-    pub otlp_endpoint: Option<OtlpEndpoint>,
-    pub protocol: Option<OtlpProtocol>,
-    pub service_name: Option<String>,
-    /// The share of traces started here that are kept (a sender's sampled flag is
-    /// followed): `0` to `1`.
-    pub sample_ratio: Option<SampleRatio>,
-}
-
-/// How spans travel to the collector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-pub enum OtlpProtocol {
-    #[serde(rename = "http/protobuf")]
-    HttpProtobuf,
-    #[serde(rename = "grpc")]
-    Grpc,
-}
-
-impl OtlpProtocol {
-    /// The value `OTEL_EXPORTER_OTLP_PROTOCOL` takes.
-    pub fn parse(text: &str) -> Option<OtlpProtocol> {
-        match text.trim() {
-            "http/protobuf" => Some(OtlpProtocol::HttpProtobuf),
-            "grpc" => Some(OtlpProtocol::Grpc),
-            _ => None,
-        }
-    }
-}
-
-/// `limits:`: what one sender may cost the proxy, on the provider-facing listener.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// Open connections at most; one more closes the connection idle longest, or, with
-    /// none idle, is answered 503 and closed.
-    #[serde(default = "defaults::max_connections")]
-    pub max_connections: usize,
-    /// Requests in progress, over all connections (HTTP/2 streams included), each until
-    /// its forward has ended and its response is sent; one more is answered 503 at once.
-    /// Requests no route takes may use half. Buffered bodies stay under this × `max_body`.
-    #[serde(default = "defaults::max_requests")]
-    pub max_requests: usize,
-    /// Time for a new connection to choose its protocol (HTTP/2: preface and SETTINGS)
-    /// and send a request's head, and the most a connection may idle between requests.
-    #[serde(default = "defaults::header_read_timeout")]
-    pub header_read_timeout: HumanDuration,
-    /// Time to send a request's body (then 408), and the most a response may wait for its
-    /// sender to take it (then its connection is closed).
-    #[serde(default = "defaults::body_read_timeout")]
-    pub body_read_timeout: HumanDuration,
-    /// Size of a request's head (request line and headers); more gets 431.
-    #[serde(default = "defaults::max_header_bytes")]
-    pub max_header_bytes: Size,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_connections: defaults::max_connections(),
-            max_requests: defaults::max_requests(),
-            header_read_timeout: defaults::header_read_timeout(),
-            body_read_timeout: defaults::body_read_timeout(),
-            max_header_bytes: defaults::max_header_bytes(),
-        }
     }
 }
 

@@ -177,7 +177,7 @@ impl ServerUrl {
 }
 
 impl ServerUrl {
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         match self {
             ServerUrl::Written(url) => url.expose(),
             ServerUrl::FromEnv(env) => env.secret.expose(),
@@ -369,7 +369,7 @@ impl SslMode {
 /// The URL as tokio-postgres reads it: it knows `disable`, `prefer` and `require` only, so
 /// `verify-ca` and `verify-full` become `require` (their certificate checks are the rustls
 /// configuration's).
-pub fn driver_url(url: &str) -> String {
+pub(crate) fn driver_url(url: &str) -> String {
     url.replace("sslmode=verify-full", "sslmode=require")
         .replace("sslmode=verify-ca", "sslmode=require")
 }

@@ -40,7 +40,7 @@ impl Found {
 }
 
 /// Splits an RFC 6901 pointer (it starts with `/`) into its reference tokens.
-pub fn tokens(pointer: &str) -> Vec<String> {
+pub(crate) fn tokens(pointer: &str) -> Vec<String> {
     pointer
         .split('/')
         .skip(1)
@@ -186,7 +186,7 @@ impl<'de> Visitor<'de> for Named<'_> {
 /// `15e-1` and `0.15E1` are all `1.5`; `1e3` is `1000`). `text` is a number as JSON
 /// writes them. Fails with the form's length when it would be longer than `limit` bytes,
 /// without writing it.
-pub fn canonical_number(text: &str, limit: usize) -> Result<String, usize> {
+pub(crate) fn canonical_number(text: &str, limit: usize) -> Result<String, usize> {
     let (negative, unsigned) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),

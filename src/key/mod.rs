@@ -188,7 +188,7 @@ pub struct Delivery<'a> {
 impl KeyTemplate {
     /// Whether the key reads a header other than `signed` ones, or the query: parts of the
     /// request that no body signature covers.
-    pub fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
+    pub(crate) fn reads_unsigned_parts(&self, signed: &[&str]) -> bool {
         self.parts.iter().any(|part| match part {
             Part::Header(name) | Part::SfString(name) | Part::HeaderHash(name) => {
                 !signed.contains(&name.as_str())

@@ -202,7 +202,7 @@ impl Ledger {
     }
 
     /// Holds `claims` (see [`hold_claims`]); returns whether the event's key is held.
-    pub(super) async fn hold(
+    async fn hold(
         &self,
         route: &str,
         retention: Duration,
@@ -217,7 +217,7 @@ impl Ledger {
     /// done, then hands back the upstream's answer. If a mark cannot be written the answer is still
     /// the upstream's success: the work happened, and an error would make the provider run
     /// it again at once.
-    pub(super) async fn record_success(
+    async fn record_success(
         &self,
         route: &Route,
         claims: &Claims,
@@ -398,17 +398,17 @@ impl Claims {
 /// its claims (its sender left before the forward began, or the forward task died)
 /// releases its own.
 #[derive(Clone, Default)]
-pub(super) struct ClaimRegistry(Arc<Mutex<HashMap<u128, Registered>>>);
+struct ClaimRegistry(Arc<Mutex<HashMap<u128, Registered>>>);
 
 /// An open claim as the registry keeps it.
-pub(super) struct Registered {
+struct Registered {
     /// The route the delivery matched, as it was then.
-    pub(super) route: Arc<Route>,
-    pub(super) claims: Claims,
+    route: Arc<Route>,
+    claims: Claims,
 }
 
 impl ClaimRegistry {
-    pub(super) fn take_all(&self) -> Vec<Registered> {
+    fn take_all(&self) -> Vec<Registered> {
         self.lock().drain().map(|(_, open)| open).collect()
     }
 

@@ -6,7 +6,7 @@
 //!              ▼
 //!           deliver ─▶ check: read body (413, 408) ─▶ verify (401) ─▶ extract key
 //!                               (400 / relay unkeyed)
-//!              ─▶ claim_and_forward: claim the key, and with replay_guard: body the body's hash
+//!              ─▶ claim_and_forward: claim the key (and, with `replay_guard: body`, the body's hash)
 //!                   ──done──▶ answer_duplicate (200, or 422 on a changed body)
 //!                   ──in flight──▶ 409 + Retry-After, or with `on_in_flight: wait`,
 //!                                  wait_for_outcome (then as done, held, or claimed)

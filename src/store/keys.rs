@@ -9,14 +9,14 @@ use serde::{Deserialize, Serialize};
 pub type Fingerprint = [u8; 32];
 
 /// The full store key of an event: its route's namespace and its extracted key.
-pub fn store_key(namespace: &str, key: &str) -> String {
+pub(crate) fn store_key(namespace: &str, key: &str) -> String {
     // Namespaces are `[a-z0-9_-]+`, so the first `:` always ends the namespace.
     format!("{namespace}:{key}")
 }
 
 /// The store key under which a route's replay guard records a body: `#` cannot appear in
 /// a namespace, so no event key can ever be this one.
-pub fn body_key(namespace: &str, fingerprint: &Fingerprint) -> String {
+pub(crate) fn body_key(namespace: &str, fingerprint: &Fingerprint) -> String {
     format!("{namespace}#body:{}", hex::encode(fingerprint))
 }
 

@@ -27,7 +27,8 @@ pub mod redis;
 pub mod sled;
 mod tls;
 
-pub use keys::{Fingerprint, Version, body_key, entity_key, store_key};
+pub use keys::{Fingerprint, Version, entity_key};
+pub(crate) use keys::{body_key, store_key};
 
 use std::fmt::Display;
 use std::future::Future;
@@ -39,7 +40,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// Milliseconds since the Unix epoch.
-pub type Millis = u64;
+pub(crate) type Millis = u64;
 
 /// What a store keeps of an entity: the newest version whose event was done, until the
 /// retention of that event's route ends.
@@ -56,7 +57,7 @@ pub trait Clock: Send + Sync + 'static {
 }
 
 /// The system's wall clock.
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Millis {
@@ -118,7 +119,7 @@ impl Claim {
 }
 
 /// Told the store key of each outcome another process announced (see [`Claim::announce`]).
-pub type Heard = Arc<dyn Fn(&str) + Send + Sync>;
+pub(crate) type Heard = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,7 +196,7 @@ pub const RESOLVED_STATUS: u16 = 0;
 
 /// The app's status in the done record of a stale event skipped unforwarded
 /// (`on_stale: skip`): the app never saw it.
-pub const STALE_SKIPPED_STATUS: u16 = 1;
+pub(crate) const STALE_SKIPPED_STATUS: u16 = 1;
 
 /// Which keys a listing shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +330,7 @@ pub mod recorded_response {
         },
     }
 
-    pub fn serialize<S: Serializer>(
+    pub(crate) fn serialize<S: Serializer>(
         value: &Option<RecordedResponse>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {

@@ -28,7 +28,7 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// The Redis client's certificates: a CA in place of the system's roots, and a client
 /// certificate.
-pub fn redis_certificates(tls: Option<&TlsConfig>) -> redis::TlsCertificates {
+pub(crate) fn redis_certificates(tls: Option<&TlsConfig>) -> redis::TlsCertificates {
     let tls = tls.cloned().unwrap_or_default();
     redis::TlsCertificates {
         client_tls: tls

@@ -25,11 +25,11 @@ use crate::values::UpstreamUrl;
 use crate::workers::PerWorker;
 
 /// The header that carries the event's key to the upstream.
-pub static DEDUPE_KEY: HeaderName = HeaderName::from_static("dedupe-key");
+pub(crate) static DEDUPE_KEY: HeaderName = HeaderName::from_static("dedupe-key");
 
 /// Told to the app with a stale event (`order:` with `on_stale: mark`): the newest version
 /// done for its entity. Only the proxy sets it; a sender's is removed.
-pub static DEDUPE_STALE: HeaderName = HeaderName::from_static("dedupe-stale");
+pub(crate) static DEDUPE_STALE: HeaderName = HeaderName::from_static("dedupe-stale");
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -184,7 +184,7 @@ fn remove_proxy_headers(headers: &mut HeaderMap) {
 /// Rewrites the upstream's answer for the sender: its body streams through, and it
 /// goes out in the sender's HTTP version, not the upstream's (an HTTP/1.0 application
 /// must not turn the sender's keep-alive connection into a close-delimited one).
-pub fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
+pub(crate) fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
     head.version = Version::default();
@@ -193,7 +193,7 @@ pub fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
 
 /// Removes the hop-by-hop headers, and the headers `Connection` names: a proxy never
 /// passes them on (RFC 9110 section 7.6.1), so the app never reads them.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()

@@ -24,7 +24,7 @@ use crate::body::ProxyBody;
 /// common application servers (gunicorn 2 s, Node.js 5 s), so that the pool rarely picks a
 /// connection the application is closing. A POST sent on such a connection fails with 502
 /// and is never re-sent, since it may have reached the application.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long to wait for a TCP connection to the upstream.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,7 +33,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// requests in progress (`limits.max_requests`): a connection is busy only while a request
 /// that holds its place uses it, and the idle ones close within [`IDLE_TIMEOUT`].
 #[derive(Default)]
-pub struct Pool {
+pub(crate) struct Pool {
     shared: Arc<Mutex<Connections>>,
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, Scheme, Secrets, VerifyError, header, hex_tag};
+use super::scheme::{Pending, Scheme, Secrets, VerifyError, header, hex_tag};
 
 const SIGNATURE: &str = "x-hub-signature-256";
 

@@ -8,7 +8,7 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{Pending, Scheme, Secrets, VerifyError, base64_tag, hex_tag};
+use super::scheme::{Pending, Scheme, Secrets, VerifyError, base64_tag, hex_tag};
 
 /// How the signature is written in its header.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]

@@ -18,6 +18,7 @@
 mod github;
 mod hmac_header;
 mod paddle;
+mod scheme;
 mod shopify;
 mod slack;
 mod standard_webhooks;
@@ -25,21 +26,12 @@ mod stripe;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
-use ed25519_dalek::{Signature, VerifyingKey};
-use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
-use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
-
-use crate::values::{EnvSecret, HumanDuration};
 
 pub use github::Github;
 pub use hmac_header::{Encoding, HmacHeader};
@@ -49,153 +41,7 @@ pub use slack::Slack;
 pub use standard_webhooks::StandardWebhooks;
 pub use stripe::Stripe;
 
-/// Why a delivery's signature was refused; the proxy answers 401 naming it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
-    #[error("the {0} header is missing")]
-    MissingHeader(&'static str),
-    #[error("the {0} header is malformed")]
-    Malformed(&'static str),
-    /// Another spelling of the signed message ID names a different message.
-    #[error("the {0} header differs from the signed message ID")]
-    IdMismatch(&'static str),
-    #[error("the signature's timestamp is more than {0} away from now")]
-    Stale(String),
-    /// More signatures than anyone sends, which would only cost hashing to refuse.
-    #[error("the {0} header carries more signatures than are checked")]
-    TooMany(&'static str),
-    #[error("no signature matches the body with any configured secret")]
-    NoMatch,
-}
-
-/// The most signatures a delivery may carry: a provider rotating its secret sends two.
-pub const MAX_SIGNATURES: usize = 8;
-
-/// The most times checking one delivery may hash its body: once per secret, and once per
-/// Ed25519 public key and `v1a` signature. A delivery that would cost more is refused.
-pub const MAX_PASSES: usize = 4;
-
-/// The most secrets a route may check with: a rotation needs two.
-pub const MAX_SECRETS: usize = 4;
-
-impl VerifyError {
-    /// Every code [`VerifyError::code`] gives.
-    pub const CODES: [&'static str; 4] = [
-        "missing_signature",
-        "malformed_signature",
-        "stale_signature",
-        "signature_mismatch",
-    ];
-
-    /// The `error` code of the 401 answer.
-    pub fn code(&self) -> &'static str {
-        match self {
-            VerifyError::MissingHeader(_) => "missing_signature",
-            VerifyError::Malformed(_) | VerifyError::IdMismatch(_) | VerifyError::TooMany(_) => {
-                "malformed_signature"
-            }
-            VerifyError::Stale(_) => "stale_signature",
-            VerifyError::NoMatch => "signature_mismatch",
-        }
-    }
-}
-
-/// What every signature scheme does.
-pub trait Scheme {
-    /// Reads the signature headers and makes every check that needs no hashing (presence,
-    /// format, the number of signatures, the timestamp's tolerance; `now` is the Unix time
-    /// in seconds): what remains is the [`Pending`] check of the body.
-    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError>;
-}
-
-/// An HMAC-SHA256 signature.
-type Tag = [u8; 32];
-
-/// A delivery's signatures, found well-formed and in time, to be compared with the
-/// message they sign: `prefix` followed by the raw body.
-#[derive(Debug, Clone)]
-pub struct Pending {
-    /// The header the signatures came in, for a refusal's message.
-    header: &'static str,
-    prefix: Vec<u8>,
-    keys: Arc<[Vec<u8>]>,
-    tags: Vec<Tag>,
-    public: Arc<[VerifyingKey]>,
-    signatures: Vec<Signature>,
-}
-
-impl Pending {
-    /// HMAC-SHA256 signatures, from `header`, of `prefix` and the body, keyed with `keys`.
-    fn hmac(
-        header: &'static str,
-        prefix: Vec<u8>,
-        keys: &Arc<[Vec<u8>]>,
-        tags: Vec<Tag>,
-    ) -> Pending {
-        Pending {
-            header,
-            prefix,
-            keys: Arc::clone(keys),
-            tags,
-            public: Arc::new([]),
-            signatures: Vec::new(),
-        }
-    }
-
-    /// How many times checking it reads the body: once per secret (each computes one
-    /// HMAC, compared with every signature), and once per public key and signature.
-    pub fn passes(&self) -> usize {
-        let symmetric = if self.tags.is_empty() {
-            0
-        } else {
-            self.keys.len()
-        };
-        symmetric + self.asymmetric_checks()
-    }
-
-    fn asymmetric_checks(&self) -> usize {
-        self.public.len() * self.signatures.len()
-    }
-
-    /// Refuses a check that would hash the body more than [`MAX_PASSES`] times.
-    fn bounded(self) -> Result<Pending, VerifyError> {
-        if self.passes() > MAX_PASSES {
-            return Err(VerifyError::TooMany(self.header));
-        }
-        Ok(self)
-    }
-
-    /// Whether any signature matches `prefix` and `body` under any secret or key, each
-    /// comparison in constant time.
-    pub fn check(&self, body: &[u8]) -> Result<(), VerifyError> {
-        let symmetric = !self.tags.is_empty()
-            && self.keys.iter().any(|key| {
-                let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key)
-                    .expect("HMAC takes a key of any length");
-                mac.update(&self.prefix);
-                mac.update(body);
-                let computed: Tag = mac.finalize().into_bytes().into();
-                self.tags.iter().any(|tag| bool::from(computed.ct_eq(tag)))
-            });
-        if symmetric || self.asymmetric_matches(body) {
-            Ok(())
-        } else {
-            Err(VerifyError::NoMatch)
-        }
-    }
-
-    fn asymmetric_matches(&self, body: &[u8]) -> bool {
-        if self.public.is_empty() || self.signatures.is_empty() {
-            return false;
-        }
-        let message = [self.prefix.as_slice(), body].concat();
-        self.public.iter().any(|key| {
-            self.signatures
-                .iter()
-                .any(|signature| key.verify_strict(&message, signature).is_ok())
-        })
-    }
-}
+pub use scheme::{MAX_PASSES, Pending, Scheme, Secrets, VerifyError};
 
 /// Where signature checks run. A check that costs little (at most [`INLINE_BYTES`]
 /// hashed, and no Ed25519 check, whose curve arithmetic alone costs about 50 µs) runs on
@@ -205,14 +51,14 @@ impl Pending {
 /// a route's forgeries queue behind each other, not in front of another route's
 /// deliveries. A check waiting for its turn holds its request's place, which
 /// `limits.max_requests` bounds.
-pub struct SignatureWork {
+pub(crate) struct SignatureWork {
     turns: Arc<Semaphore>,
     /// Each route's one turn, by route name.
     routes: parking_lot::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
 }
 
 /// The most bytes hashed inline by one check: about a tenth of a millisecond of work.
-pub const INLINE_BYTES: usize = 64 << 10;
+pub(crate) const INLINE_BYTES: usize = 64 << 10;
 
 impl SignatureWork {
     /// For a proxy whose connections run on `workers` workers.
@@ -283,7 +129,7 @@ impl Verify {
     }
 
     /// The scheme's name, as `verify:` spells it.
-    pub fn scheme_name(&self) -> &'static str {
+    pub(crate) fn scheme_name(&self) -> &'static str {
         match self {
             Verify::Stripe(_) => "stripe",
             Verify::Github(_) => "github",
@@ -309,7 +155,7 @@ impl Verify {
     }
 
     /// The scheme and its secrets' variables, for messages: `stripe with STRIPE_SECRET`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let names: Vec<&str> = self
             .secrets()
             .0
@@ -320,7 +166,7 @@ impl Verify {
     }
 
     /// The headers, besides the body, that a valid signature vouches for (lowercase).
-    pub fn signed_headers(&self) -> &'static [&'static str] {
+    pub(crate) fn signed_headers(&self) -> &'static [&'static str] {
         match self {
             Verify::StandardWebhooks(_) => standard_webhooks::SIGNED_ID_HEADERS,
             Verify::Stripe(_)
@@ -333,80 +179,9 @@ impl Verify {
     }
 }
 
-/// One secret or several (during a rotation), each named by an environment variable.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secrets(pub Vec<EnvSecret>);
-
-impl Secrets {
-    pub fn from_env(variable: &str) -> Result<Secrets, String> {
-        Ok(Secrets(vec![variable.parse()?]))
-    }
-
-    /// The secrets' bytes, as most schemes use them.
-    fn raw(&self) -> Arc<[Vec<u8>]> {
-        self.0
-            .iter()
-            .map(|env| env.secret.expose().as_bytes().to_vec())
-            .collect()
-    }
-}
-
-impl fmt::Debug for Secrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.0.iter().map(|env| env.variable.as_str()).collect();
-        write!(f, "Secrets({names:?})")
-    }
-}
-
-/// Printed as the variables' names, never their values.
-impl Serialize for Secrets {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let names: Vec<&str> = self.0.iter().map(|env| env.variable.as_str()).collect();
-        names.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Secrets {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct OneOrMany;
-
-        impl<'de> Visitor<'de> for OneOrMany {
-            type Value = Secrets;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an environment variable's name, or a list of them")
-            }
-
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<Secrets, E> {
-                Secrets::from_env(name).map_err(E::custom)
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Secrets, A::Error> {
-                let mut secrets = Vec::new();
-                while let Some(secret) = seq.next_element()? {
-                    secrets.push(secret);
-                }
-                if secrets.is_empty() {
-                    return Err(de::Error::custom(
-                        "`secret_env` needs at least one variable",
-                    ));
-                }
-                if secrets.len() > MAX_SECRETS {
-                    return Err(de::Error::custom(format!(
-                        "`secret_env` takes at most {MAX_SECRETS} variables (a rotation needs two); each one is another pass over every body"
-                    )));
-                }
-                Ok(Secrets(secrets))
-            }
-        }
-
-        deserializer.deserialize_any(OneOrMany)
-    }
-}
-
 /// `verify:` as written: `none`, or exactly one scheme.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VerifySetting {
+pub(crate) enum VerifySetting {
     /// `verify: none`: no check, even if a preset would add one.
     Off,
     On(Verify),
@@ -498,114 +273,13 @@ impl Serialize for VerifySetting {
     }
 }
 
-fn default_tolerance() -> HumanDuration {
-    HumanDuration(Duration::from_secs(300))
-}
-
-// ------------------------------------------------------------------ shared helpers
-
-type HmacSha256 = Hmac<Sha256>;
-
-/// An HMAC-SHA256 signature written in hex, or `None` if the text cannot be one (its
-/// length is checked before anything is decoded).
-fn hex_tag(text: &str) -> Option<Tag> {
-    let text = text.trim();
-    let mut tag = [0; 32];
-    (text.len() == 64 && hex::decode_to_slice(text, &mut tag).is_ok()).then_some(tag)
-}
-
-/// An HMAC-SHA256 signature written in base64, or `None` if the text cannot be one.
-fn base64_tag(text: &str) -> Option<Tag> {
-    let text = text.trim();
-    if text.len() > 44 {
-        return None;
-    }
-    BASE64.decode(text).ok()?.try_into().ok()
-}
-
-/// The layout of a signature header of `key=value` items carrying a Unix timestamp and
-/// one or more hex HMAC-SHA256 signatures of `"{timestamp}{joiner}{raw body}"`: Stripe's
-/// `t=..,v1=..` and Paddle's `ts=..;h1=..`.
-struct TimestampedHex {
-    header: &'static str,
-    separator: char,
-    timestamp: &'static str,
-    signature: &'static str,
-    joiner: &'static [u8],
-}
-
-impl TimestampedHex {
-    fn prepare(
-        &self,
-        keys: &Arc<[Vec<u8>]>,
-        tolerance: &HumanDuration,
-        headers: &HeaderMap,
-        now: i64,
-    ) -> Result<Pending, VerifyError> {
-        let value = header(headers, self.header)?;
-        let mut timestamp = None;
-        let mut written = 0;
-        let mut tags = Vec::new();
-        for item in value.split(self.separator) {
-            match item.trim().split_once('=') {
-                Some((name, text)) if name == self.timestamp => {
-                    timestamp = Some((text, parse_timestamp(text, self.header)?));
-                }
-                Some((name, hex)) if name == self.signature => {
-                    written += 1;
-                    if written > MAX_SIGNATURES {
-                        return Err(VerifyError::TooMany(self.header));
-                    }
-                    tags.extend(hex_tag(hex));
-                }
-                _ => {}
-            }
-        }
-        let (text, timestamp) = timestamp.ok_or(VerifyError::Malformed(self.header))?;
-        if tags.is_empty() {
-            return Err(VerifyError::Malformed(self.header));
-        }
-        within_tolerance(timestamp, now, tolerance)?;
-        let prefix = [text.as_bytes(), self.joiner].concat();
-        Ok(Pending::hmac(self.header, prefix, keys, tags))
-    }
-}
-
-/// A header's value as text, or why it cannot be read.
-fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, VerifyError> {
-    headers
-        .get(name)
-        .ok_or(VerifyError::MissingHeader(name))?
-        .to_str()
-        .map_err(|_| VerifyError::Malformed(name))
-}
-
-/// Refuses a timestamp further than `tolerance` from `now`, in the past or the future.
-fn within_tolerance(
-    timestamp: i64,
-    now: i64,
-    tolerance: &HumanDuration,
-) -> Result<(), VerifyError> {
-    let allowed = i64::try_from(tolerance.0.as_secs()).unwrap_or(i64::MAX);
-    if now.abs_diff(timestamp) > allowed.unsigned_abs() {
-        return Err(VerifyError::Stale(tolerance.to_string()));
-    }
-    Ok(())
-}
-
-fn parse_timestamp(text: &str, header_name: &'static str) -> Result<i64, VerifyError> {
-    text.trim()
-        .parse()
-        .map_err(|_| VerifyError::Malformed(header_name))
-}
-
-fn decode_base64(text: &str) -> Option<Vec<u8>> {
-    BASE64.decode(text.trim()).ok()
-}
-
 #[cfg(test)]
 mod tests {
+    use hmac::{KeyInit, Mac};
+
+    use super::scheme::*;
     use super::*;
+    use crate::values::EnvSecret;
 
     #[test]
     fn a_pending_check_accepts_any_secret_and_signature() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, Scheme, Secrets, TimestampedHex, VerifyError};
+use super::scheme::{Pending, Scheme, Secrets, TimestampedHex, VerifyError};
 use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "paddle-signature";

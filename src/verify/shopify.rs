@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, Scheme, Secrets, VerifyError, base64_tag, header};
+use super::scheme::{Pending, Scheme, Secrets, VerifyError, base64_tag, header};
 
 const SIGNATURE: &str = "x-shopify-hmac-sha256";
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{
+use super::scheme::{
     Pending, Scheme, Secrets, VerifyError, default_tolerance, header, hex_tag, parse_timestamp,
     within_tolerance,
 };

@@ -11,7 +11,7 @@ use ed25519_dalek::{Signature, VerifyingKey};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{
+use super::scheme::{
     MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError, base64_tag, decode_base64,
     default_tolerance, header, parse_timestamp, within_tolerance,
 };
@@ -148,7 +148,7 @@ impl Scheme for StandardWebhooks {
 
 #[cfg(test)]
 mod tests {
-    use super::super::MAX_PASSES;
+    use super::super::scheme::MAX_PASSES;
     use super::*;
     use crate::values::EnvSecret;
 

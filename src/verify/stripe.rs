@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
+use super::scheme::{Pending, Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
 use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "stripe-signature";

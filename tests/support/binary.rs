@@ -140,12 +140,23 @@ impl Binary {
 
     /// The first JSON log line whose message is `message`.
     pub fn log_entry(&self, message: &str) -> Option<serde_json::Value> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|entry| entry["fields"]["message"] == message)
+        // The log is read from the process's stderr by a thread of its own: a line the
+        // process has just written (a delivery's, as its answer goes out) may not be read
+        // yet, so it is waited for, up to 5 s.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                .find(|entry| entry["fields"]["message"] == message);
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

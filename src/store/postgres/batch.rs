@@ -56,7 +56,7 @@ pub trait Batched: Send + Sync + 'static {
 
 /// A queue of requests, run in batches by a [`Batched`] statement on connections of one
 /// pool.
-pub struct Queue<B: Batched> {
+pub(crate) struct Queue<B: Batched> {
     jobs: mpsc::Sender<Job<B::Request, B::Answer>>,
 }
 
@@ -89,7 +89,7 @@ impl<B: Batched> Queue<B> {
     }
 
     /// Queues `request` and waits for its answer.
-    pub async fn call(&self, request: B::Request) -> Result<B::Answer, StoreError> {
+    pub(crate) async fn call(&self, request: B::Request) -> Result<B::Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || StoreError::of("postgres", "the statement queue has stopped");
         self.jobs

@@ -14,7 +14,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, Value};
 
 use super::connection::Link;
-use super::values::Stored;
+use super::stored::Stored;
 use crate::store::{KeyState, Page, StateFilter, StoreError, within};
 
 /// Keys `SCAN` looks at per call.

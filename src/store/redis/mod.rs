@@ -10,7 +10,7 @@
 //! and retention are the key's native TTL: an expired lease or record is simply gone, so
 //! there is nothing to sweep.
 //!
-//! A value is a tag byte and postcard fields (`values.rs`): in flight, `f`, the owner token
+//! A value is a tag byte and postcard fields (`stored.rs`): in flight, `f`, the owner token
 //! (16 bytes) and `Started`; done, `d`, `Finished` and then the `Started` of its claim;
 //! held, `h`, `Holding` and then the `Started`: finish and hold keep it from the in-flight
 //! value without reading it back to the proxy. Held keys are also listed in the set
@@ -28,8 +28,8 @@
 mod connection;
 mod listing;
 mod scripts;
+mod stored;
 mod subscription;
-mod values;
 
 use std::future::Future;
 use std::time::Duration;
@@ -40,11 +40,11 @@ use tokio_util::sync::CancellationToken;
 
 use self::connection::{Link, Opener, check_version};
 use self::scripts::{FORGET, RECORD_VERSION, RELEASE, RENEW, REPLACE, SETTLE};
-use self::subscription::hear;
-use self::values::{
+use self::stored::{
     Finished, Holding, Started, Stored, decode_entity, encode, encode_entity, malformed,
     owner_prefix,
 };
+use self::subscription::hear;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, EntityRecord, Fingerprint,
     Forgotten, Heard, KeyState, Millis, Page, RESOLVED_STATUS, Resolution, StateFilter, StoreError,
