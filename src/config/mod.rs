@@ -227,6 +227,16 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
     }
 
+    /// A value the message quotes may hold a line break (a quoted key written over two
+    /// lines): each error stays on one line, so that no line reads as another error.
+    #[test]
+    fn an_error_quoting_a_line_break_stays_on_one_line() {
+        let text = "upstream: http://127.0.0.1:1\nstore:\n  redis: { \"a,\\nb\": 1 }\n";
+        let error = parse(text).unwrap_err().to_string();
+        assert_eq!(error.lines().count(), 1, "{error}");
+        assert!(error.contains("a,\\n"), "{error}");
+    }
+
     /// A route left out may hold an anchor that a later one uses: with anchors, only the
     /// first error is told, never an "unknown anchor" the search made up.
     #[test]
