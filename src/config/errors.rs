@@ -394,21 +394,19 @@ fn located(path: &Path, error: &serde_yaml::Error) -> ConfigError {
     // The parser may quote a value of the file: a store URL's password must not go with
     // it, and a line break in it must not start what reads as another error's line.
     let message = crate::dsn::masked_anywhere(&with_suggestion(defaults_fields_only(text)));
-    let message: String = message
-        .chars()
-        .flat_map(|c| {
-            let escaped = c.is_control().then(|| c.escape_default());
-            escaped
-                .into_iter()
-                .flatten()
-                .chain((!c.is_control()).then_some(c))
-        })
-        .collect();
+    let mut escaped = String::with_capacity(message.len());
+    for c in message.chars() {
+        if c.is_control() {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
     ConfigError::Invalid {
         file: path.display().to_string(),
         line,
         column,
-        message,
+        message: escaped,
     }
 }
 

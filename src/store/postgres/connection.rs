@@ -198,8 +198,8 @@ pub(super) fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreEr
     pool_at(config, &config.url, size, Sending::of(config))
 }
 
-/// One connection with a session of its own, for the schema's steps at start (which
-/// prepare nothing: the planner settings are not for them).
+/// One connection with a session of its own, past any pooler: the schema's steps at start
+/// (the planner settings are not for them).
 pub(super) fn schema_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
     pool_at(config, direct_or_url(config), 1, Sending::Unnamed)
 }
@@ -276,15 +276,11 @@ pub(super) async fn warn_if_pooled(
 /// Refuses a `direct_url` that reaches another server or database than `url`: the
 /// schema made there and the outcomes heard there would not be `url`'s, and every claim
 /// would fail (or, with `on_store_error: forward`, go undeduplicated).
-pub(super) async fn same_server(
-    config: &PostgresConfig,
-    client: &Object,
-) -> Result<(), StoreError> {
+pub(super) async fn same_server(pooled: &Object, direct: &Object) -> Result<(), StoreError> {
     const WHICH: &str =
         "SELECT current_database() || ' on the server started at ' || pg_postmaster_start_time()";
-    let pooled = first_value(client, WHICH).await?;
-    let direct_pool = pool_at(config, direct_or_url(config), 1, Sending::Unnamed)?;
-    let direct = first_value(&direct_pool.get().await?, WHICH).await?;
+    let pooled = first_value(pooled, WHICH).await?;
+    let direct = first_value(direct, WHICH).await?;
     if pooled != direct {
         return Err(StoreError::Backend(format!(
             "`url` and `direct_url` reach different databases: {} and {}",

@@ -109,12 +109,12 @@ impl PostgresStore {
             stop_hearing: CancellationToken::new(),
         };
         let prepared = async {
-            let mut client = connection::schema_pool(config)?.get().await?;
-            schema::prepare(&mut client, &config.table.0).await?;
+            let mut direct = connection::schema_pool(config)?.get().await?;
+            schema::prepare(&mut direct, &config.table.0).await?;
             let client = store.lanes.get().pool.get().await?;
             match sending {
                 Sending::Prepared => connection::warn_if_pooled(config, &client).await?,
-                Sending::Unnamed => connection::same_server(config, &client).await?,
+                Sending::Unnamed => connection::same_server(&client, &direct).await?,
             }
             Ok::<_, StoreError>(())
         };

@@ -87,7 +87,7 @@ impl Statements {
             newest_version: sql(newest_version(&entities)),
             record_version: sql(record_version(&entities)),
             forget_entity: sql(forget_entity(&entities)),
-            sweep_entities: sql(sweep_entities(&entities)),
+            sweep_entities: sql(sweep(&entities)),
         }
     }
 }
@@ -275,6 +275,7 @@ fn state_of(table: &str) -> (&'static [Type], String) {
     )
 }
 
+/// Deletes a batch of `table`'s expired rows (the claims' or the entities' table).
 fn sweep(table: &str) -> (&'static [Type], String) {
     (
         &[Type::INT8],
@@ -314,17 +315,6 @@ fn forget_entity(entities: &str) -> (&'static [Type], String) {
     (
         &[Type::TEXT],
         format!("DELETE FROM {entities} WHERE key = $1 RETURNING expires_at > {NOW_MS} AS live"),
-    )
-}
-
-fn sweep_entities(entities: &str) -> (&'static [Type], String) {
-    (
-        &[Type::INT8],
-        format!(
-            "DELETE FROM {entities} WHERE key IN (
-           SELECT key FROM {entities} WHERE expires_at <= {NOW_MS}
-           ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
-        ),
     )
 }
 
