@@ -58,6 +58,7 @@ pub(crate) mod metrics;
 pub mod order;
 pub mod preset;
 pub(crate) mod proxy;
+pub mod queue;
 pub mod redact;
 pub(crate) mod reload;
 pub(crate) mod response;

@@ -45,10 +45,13 @@ pub enum DedupeStatus {
     /// Older than a version already done for its entity (`order:` with `on_stale: skip`):
     /// recorded as done without forwarding.
     Stale,
+    /// Stored for queued delivery (`delivery: queued`) and acknowledged; the proxy
+    /// delivers it.
+    Queued,
 }
 
 impl DedupeStatus {
-    pub const ALL: [DedupeStatus; 9] = [
+    pub const ALL: [DedupeStatus; 10] = [
         DedupeStatus::Rejected,
         DedupeStatus::Unkeyed,
         DedupeStatus::Unavailable,
@@ -58,6 +61,7 @@ impl DedupeStatus {
         DedupeStatus::Released,
         DedupeStatus::Held,
         DedupeStatus::Stale,
+        DedupeStatus::Queued,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -71,6 +75,7 @@ impl DedupeStatus {
             DedupeStatus::Released => "released",
             DedupeStatus::Held => "held",
             DedupeStatus::Stale => "stale",
+            DedupeStatus::Queued => "queued",
         }
     }
 }
@@ -337,6 +342,14 @@ pub enum AdminRefusal {
     CrossOrigin,
     /// A `POST` any page could send: no JSON content type and no `Authorization`.
     JsonRequired,
+    /// The route does not deliver through the queue (`delivery: queued`).
+    NotQueued(String),
+    /// No queued or dead job has the key.
+    NoSuchJob,
+    /// The job is queued, not dead: only a dead letter is replayed or discarded.
+    NotDead,
+    /// Too many of something run already (bulk replays).
+    TooMany(String),
 }
 
 impl AdminRefusal {
@@ -367,6 +380,10 @@ impl AdminRefusal {
             AdminRefusal::HostNotAllowed(_) => StatusCode::FORBIDDEN,
             AdminRefusal::CrossOrigin => StatusCode::FORBIDDEN,
             AdminRefusal::JsonRequired => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            AdminRefusal::NotQueued(_) => StatusCode::NOT_FOUND,
+            AdminRefusal::NoSuchJob => StatusCode::NOT_FOUND,
+            AdminRefusal::NotDead => StatusCode::CONFLICT,
+            AdminRefusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -393,6 +410,10 @@ impl AdminRefusal {
             AdminRefusal::HostNotAllowed(_) => "host_not_allowed",
             AdminRefusal::CrossOrigin => "cross_origin",
             AdminRefusal::JsonRequired => "json_required",
+            AdminRefusal::NotQueued(_) => "not_queued",
+            AdminRefusal::NoSuchJob => "no_such_job",
+            AdminRefusal::NotDead => "not_dead",
+            AdminRefusal::TooMany(_) => "too_many",
         }
     }
 
@@ -421,6 +442,10 @@ impl AdminRefusal {
             AdminRefusal::HostNotAllowed(host) => format!("the admin port answers to its own address, localhost and admin.hosts, not to `{}`", host.chars().take(256).collect::<String>()),
             AdminRefusal::CrossOrigin => "a change from a page of another origin is refused".into(),
             AdminRefusal::JsonRequired => "a POST to the admin port needs Content-Type: application/json (or an Authorization header)".into(),
+            AdminRefusal::NotQueued(name) => format!("route `{name}` does not have `delivery: queued`"),
+            AdminRefusal::NoSuchJob => "no queued or dead job has this key: it was delivered, discarded, or never queued".into(),
+            AdminRefusal::NotDead => "the job is queued, not dead: only a dead letter is replayed or discarded".into(),
+            AdminRefusal::TooMany(reason) => reason.clone(),
         }
     }
 
@@ -466,7 +491,10 @@ impl From<UnforwardableTarget> for Refusal {
 /// A store that failed an admin request's operation.
 impl From<StoreError> for AdminRefusal {
     fn from(failure: StoreError) -> AdminRefusal {
-        AdminRefusal::StoreUnavailable(failure.to_string())
+        match failure {
+            StoreError::BadRequest(reason) => AdminRefusal::BadRequest(reason),
+            other => AdminRefusal::StoreUnavailable(other.to_string()),
+        }
     }
 }
 
@@ -667,7 +695,11 @@ mod tests {
             | AdminRefusal::Internal(_)
             | AdminRefusal::HostNotAllowed(_)
             | AdminRefusal::CrossOrigin
-            | AdminRefusal::JsonRequired => refusal.parts(),
+            | AdminRefusal::JsonRequired
+            | AdminRefusal::NotQueued(_)
+            | AdminRefusal::NoSuchJob
+            | AdminRefusal::NotDead
+            | AdminRefusal::TooMany(_) => refusal.parts(),
         };
         for refusal in [
             AdminRefusal::Closed,
@@ -690,6 +722,10 @@ mod tests {
             AdminRefusal::HostNotAllowed(String::new()),
             AdminRefusal::CrossOrigin,
             AdminRefusal::JsonRequired,
+            AdminRefusal::NotQueued(String::new()),
+            AdminRefusal::NoSuchJob,
+            AdminRefusal::NotDead,
+            AdminRefusal::TooMany(String::new()),
         ] {
             let (status, code, _) = admin(&refusal);
             assert!(
@@ -756,6 +792,7 @@ mod tests {
             DedupeStatus::Released => 6,
             DedupeStatus::Held => 7,
             DedupeStatus::Stale => 8,
+            DedupeStatus::Queued => 9,
         }
     }
 

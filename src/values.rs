@@ -93,6 +93,13 @@ pub mod as_written {
         serializer.collect_str(&HumanDuration(*value))
     }
 
+    pub(crate) fn text<S: Serializer>(
+        body: &bytes::Bytes,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&String::from_utf8_lossy(body))
+    }
+
     pub fn size<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(&Size(*value))
     }

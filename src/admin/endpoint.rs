@@ -40,6 +40,31 @@ pub(super) enum Api<'a> {
         route: &'a str,
         entity: &'a str,
     },
+    /// `/v1/queue`: every queued route's counts.
+    Queue,
+    /// `/v1/queue/{route}/pause` and `/resume`.
+    Pause {
+        route: &'a str,
+        paused: bool,
+    },
+    /// `/v1/queue/{route}/dead`: dead letters, filtered.
+    Dead {
+        route: &'a str,
+    },
+    /// `/v1/queue/{route}/replays`: a bulk replay of the dead letters a filter picks.
+    Replays {
+        route: &'a str,
+    },
+    /// `/v1/queue/{route}/jobs/{key}`, and with `/replay` after it.
+    Job {
+        route: &'a str,
+        key: &'a str,
+        replay: bool,
+    },
+    /// `/v1/replays/{id}`: a bulk replay's progress.
+    Replay {
+        id: &'a str,
+    },
 }
 
 impl<'a> Endpoint<'a> {
@@ -52,6 +77,12 @@ impl<'a> Endpoint<'a> {
             "/v1/routes" => Api::Routes,
             "/v1/reload" => Api::Reload,
             "/v1/keys" => Api::Keys,
+            "/v1/queue" => Api::Queue,
+            _ if path.starts_with("/v1/queue/") => queue(&path["/v1/queue/".len()..])?,
+            _ if path.starts_with("/v1/replays/") => {
+                let id = &path["/v1/replays/".len()..];
+                (!id.is_empty() && !id.contains('/')).then_some(Api::Replay { id })?
+            }
             _ => {
                 if let Some(rest) = path.strip_prefix("/v1/keys/") {
                     let (route, key) = named(rest)?;
@@ -71,9 +102,18 @@ impl<'a> Endpoint<'a> {
     /// The methods the endpoint takes, as `Allow` lists them.
     pub(super) fn allow(&self) -> &'static str {
         match self {
-            Endpoint::Probe(_) | Endpoint::Api(Api::Routes | Api::Keys) => "GET, HEAD",
-            Endpoint::Api(Api::Reload | Api::Resolve { .. }) => "POST",
-            Endpoint::Api(Api::Key { .. } | Api::Entity { .. }) => "GET, HEAD, DELETE",
+            Endpoint::Probe(_) | Endpoint::Api(Api::Routes | Api::Keys | Api::Queue) => "GET, HEAD",
+            Endpoint::Api(Api::Dead { .. }) => "GET, HEAD",
+            Endpoint::Api(
+                Api::Reload
+                | Api::Resolve { .. }
+                | Api::Pause { .. }
+                | Api::Replays { .. }
+                | Api::Job { replay: true, .. },
+            ) => "POST",
+            Endpoint::Api(
+                Api::Key { .. } | Api::Entity { .. } | Api::Job { .. } | Api::Replay { .. },
+            ) => "GET, HEAD, DELETE",
         }
     }
 
@@ -83,6 +123,40 @@ impl<'a> Endpoint<'a> {
             .split(", ")
             .any(|allowed| allowed == method.as_str())
     }
+}
+
+/// What follows `/v1/queue/`.
+fn queue(rest: &str) -> Option<Api<'_>> {
+    let (route, action) = rest
+        .split_once('/')
+        .filter(|(route, _)| !route.is_empty())?;
+    Some(match action {
+        "pause" => Api::Pause {
+            route,
+            paused: true,
+        },
+        "resume" => Api::Pause {
+            route,
+            paused: false,
+        },
+        "dead" => Api::Dead { route },
+        "replays" => Api::Replays { route },
+        _ => {
+            let key = action.strip_prefix("jobs/").filter(|key| !key.is_empty())?;
+            match key.strip_suffix("/replay").filter(|key| !key.is_empty()) {
+                Some(key) => Api::Job {
+                    route,
+                    key,
+                    replay: true,
+                },
+                None => Api::Job {
+                    route,
+                    key,
+                    replay: false,
+                },
+            }
+        }
+    })
 }
 
 /// `{route}/{name}` split at the first slash, both non-empty.
@@ -126,7 +200,31 @@ mod tests {
                 key: "resolve"
             }
         );
+        assert_eq!(
+            api("/v1/queue/github/jobs/a/b/replay"),
+            Api::Job {
+                route: "github",
+                key: "a/b",
+                replay: true
+            }
+        );
+        assert_eq!(
+            api("/v1/queue/github/jobs/replay"),
+            Api::Job {
+                route: "github",
+                key: "replay",
+                replay: false
+            }
+        );
+        assert_eq!(api("/v1/queue/github/dead"), Api::Dead { route: "github" });
+        assert_eq!(api("/v1/replays/7"), Api::Replay { id: "7" });
         for unknown in [
+            "/v1/queue/github",
+            "/v1/queue//pause",
+            "/v1/queue/github/jobs/",
+            "/v1/queue/github/other",
+            "/v1/replays/",
+            "/v1/replays/1/2",
             "/",
             "/v1",
             "/v1/keys/",

@@ -1,17 +1,20 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
 //! keys: listed, inspected, forgotten, and held ones resolved; and the newest version done
-//! for an entity (`order:`), inspected or forgotten. Kept on its own port
+//! for an entity (`order:`), inspected or forgotten; queued delivery's routes, paused and
+//! resumed, and its dead letters (`queue.rs`, `bulk.rs`). Kept on its own port
 //! (127.0.0.1 by default) so that providers never reach it.
 //!
 //! Every request first meets [`access`]: the Host and Origin rules that keep web pages
 //! out, and the bearer token of `/v1/*`; then [`endpoint`] names what it asks for.
 
 mod access;
+mod bulk;
 mod endpoint;
+mod queue;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
@@ -28,8 +31,8 @@ use crate::response::{AdminRefusal, json_response};
 use crate::route::Route;
 use crate::server::{Ends, RequestPermit};
 use crate::store::{
-    Forgotten, HeldRecord, KeyState, Millis, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
-    StateFilter, StoreError, entity_key, store_key,
+    Forgotten, HeldRecord, KeyState, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
+    StateFilter, StoreError, entity_key, rfc3339, store_key,
 };
 use access::{Access, Rules};
 use endpoint::{Api, Endpoint, Probe};
@@ -59,6 +62,8 @@ pub struct Admin {
     shutting_down: AtomicBool,
     rules: Rules,
     metrics: Arc<Metrics>,
+    /// Bulk replays of dead letters started here.
+    replays: bulk::Replays,
 }
 
 impl Admin {
@@ -82,6 +87,7 @@ impl Admin {
                 hosts: config.hosts.iter().map(|host| host.0.clone()).collect(),
             },
             metrics,
+            replays: bulk::Replays::default(),
         }
     }
 
@@ -118,7 +124,7 @@ impl Admin {
         let answer = match endpoint {
             Endpoint::Probe(probe) => self.probe(probe),
             Endpoint::Api(api) => match self.serving.get() {
-                Some(serving) => serve_api(serving, api, request).await,
+                Some(serving) => serve_api(serving, &self.replays, api, request).await,
                 None => AdminRefusal::Starting.into_response(),
             },
         };
@@ -162,6 +168,7 @@ impl Admin {
 /// Answers a request to the API (`GET` for a `HEAD`: its body is left out after).
 async fn serve_api(
     serving: &Serving,
+    replays: &bulk::Replays,
     api: Api<'_>,
     request: Request<Incoming>,
 ) -> Response<ProxyBody> {
@@ -173,6 +180,55 @@ async fn serve_api(
         Api::Key { route, key } => key_request(serving, method, route, key).await,
         Api::Entity { route, entity } => entity_request(serving, method, route, entity).await,
         Api::Resolve { route, key } => resolve(serving, route, key, request).await,
+        Api::Queue => queue::overview(&serving.proxy).await,
+        Api::Pause { route, paused } => queue::pause(&serving.proxy, route, paused).await,
+        Api::Dead { route } => queue::dead(&serving.proxy, route, request.uri().query()).await,
+        Api::Job { route, key, replay } => {
+            queue::job(&serving.proxy, method, route, key, replay).await
+        }
+        Api::Replays { route } => start_replay(serving, replays, route, request.uri().query()),
+        Api::Replay { id } => replay_request(replays, method, id),
+    }
+}
+
+/// `POST /v1/queue/{route}/replays?<filter>`: starts replaying the dead letters the
+/// filter picks (the filter of `GET .../dead`).
+fn start_replay(
+    serving: &Serving,
+    replays: &bulk::Replays,
+    route: &str,
+    query: Option<&str>,
+) -> Response<ProxyBody> {
+    let (route, deliveries) = match queue::queued_route(&serving.proxy, route) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let filter = match bulk::DeadFilter::parse(query, 1, 1) {
+        Ok((filter, _, None)) => filter,
+        Ok((_, _, Some(_))) => {
+            return AdminRefusal::BadRequest("a replay takes no `after`".into()).into_response();
+        }
+        Err(reason) => return AdminRefusal::BadRequest(reason).into_response(),
+    };
+    match replays.start(deliveries, route, filter) {
+        Ok(started) => json_response(StatusCode::ACCEPTED, started.to_string()),
+        Err(reason) => AdminRefusal::TooMany(reason).into_response(),
+    }
+}
+
+/// `GET /v1/replays/{id}`: a bulk replay's progress; `DELETE` cancels it.
+fn replay_request(replays: &bulk::Replays, method: &Method, id: &str) -> Response<ProxyBody> {
+    let Ok(id) = id.parse::<u64>() else {
+        return AdminRefusal::NotFound.into_response();
+    };
+    let found = if *method == Method::DELETE {
+        replays.cancel(id)
+    } else {
+        replays.get(id)
+    };
+    match found {
+        Some(replay) => json_response(StatusCode::OK, replay.to_string()),
+        None => AdminRefusal::NotFound.into_response(),
     }
 }
 
@@ -289,8 +345,8 @@ async fn entity_request(
                     "route": route_name,
                     "entity": entity,
                     "newest_version": record.newest.text,
-                    "recorded_at": timestamp(record.recorded_at),
-                    "expires_at": timestamp(record.expires_at),
+                    "recorded_at": rfc3339(record.recorded_at),
+                    "expires_at": rfc3339(record.expires_at),
                 });
                 json_response(StatusCode::OK, body.to_string())
             }
@@ -388,7 +444,7 @@ async fn resolve(
     let is_the_hold = |held: &HeldRecord| {
         expected_hold
             .as_ref()
-            .is_none_or(|expected| *expected == timestamp(held.held_at))
+            .is_none_or(|expected| *expected == rfc3339(held.held_at))
     };
     let resolved = operator::resolve(
         store.as_ref(),
@@ -455,10 +511,6 @@ async fn asked_resolution(
 /// How long `POST .../resolve` waits for its (small) body.
 const RESOLVE_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn timestamp(at: Millis) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at)).to_string()
-}
-
 /// The admin API's view of a key.
 fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
     match state {
@@ -470,9 +522,9 @@ fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
             "route": route,
             "key": key,
             "state": "in_flight",
-            "claimed_at": timestamp(*claimed_at),
+            "claimed_at": rfc3339(*claimed_at),
             "completed_at": null,
-            "expires_at": timestamp(*lease_until),
+            "expires_at": rfc3339(*lease_until),
             "upstream_status": null,
             "body_sha256": hex::encode(fingerprint),
         }),
@@ -480,9 +532,9 @@ fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
             "route": route,
             "key": key,
             "state": "done",
-            "claimed_at": timestamp(done.claimed_at),
-            "completed_at": timestamp(done.completed_at),
-            "expires_at": timestamp(done.expires_at),
+            "claimed_at": rfc3339(done.claimed_at),
+            "completed_at": rfc3339(done.completed_at),
+            "expires_at": rfc3339(done.expires_at),
             // None where no answer from the app was seen.
             "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS)).then_some(done.upstream_status),
             "done_because": match done.upstream_status {
@@ -496,10 +548,10 @@ fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
             "route": route,
             "key": key,
             "state": "held",
-            "claimed_at": timestamp(held.claimed_at),
-            "held_at": timestamp(held.held_at),
+            "claimed_at": rfc3339(held.claimed_at),
+            "held_at": rfc3339(held.held_at),
             "completed_at": null,
-            "expires_at": timestamp(held.expires_at),
+            "expires_at": rfc3339(held.expires_at),
             "upstream_status": null,
             "held_because": held.reason.as_str(),
             "body_sha256": hex::encode(held.fingerprint),

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
 use super::defaults;
+use super::queue::{QueueFile, queue_section};
 use super::sections::{AdminConfig, Limits, TelemetryConfig};
 use super::store::{StoreConfig, store_section};
 use super::whole_map::map_then;
@@ -22,7 +23,8 @@ use crate::key::KeyTemplate;
 use crate::order::Order;
 use crate::preset::Preset;
 use crate::route::{
-    OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Unmatched,
+    DeliveryMode, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
+    ReplayGuard, Unmatched,
 };
 use crate::values::{
     HeaderText, HumanDuration, Methods, Name, RefusalStatus, ReplayHeader, Size, StatusPattern,
@@ -93,6 +95,10 @@ pub(super) struct RouteFile {
     pub(super) replay_guard: Option<ReplayGuard>,
     /// The stale-event guard.
     pub(super) order: Option<Order>,
+    /// `direct`, or `queued`: stored, acknowledged, and delivered with retries.
+    pub(super) delivery: Option<DeliveryMode>,
+    #[serde(default, deserialize_with = "queue_section")]
+    pub(super) queue: Option<QueueFile>,
 }
 
 /// `duplicate_response:`; each field inherits separately.
@@ -121,8 +127,9 @@ pub(super) struct MatchFile {
 
 /// The fields of a route that `defaults:` may not set, in the order [`RouteFile::check_defaults`]
 /// looks at them.
-pub(super) const ROUTE_ONLY: [&str; 7] =
-    ["name", "match", "key", "scope", "preset", "verify", "order"];
+pub(super) const ROUTE_ONLY: [&str; 9] = [
+    "name", "match", "key", "scope", "preset", "verify", "order", "delivery", "queue",
+];
 
 impl RouteFile {
     /// Checks shared by routes and `defaults`.
@@ -206,7 +213,42 @@ impl RouteFile {
             ));
         }
         self.check_scope(name, earlier)?;
+        self.check_delivery(name)?;
         self.check_policy()
+    }
+
+    /// What queued delivery cannot combine with: its sender is answered before the app
+    /// runs, so there is no app answer to replay and no outcome to hold.
+    fn check_delivery(&self, name: &Name) -> Result<(), String> {
+        if self.delivery != Some(DeliveryMode::Queued) {
+            return match self.queue {
+                Some(_) => Err(format!(
+                    "route `{name}` has `queue:` settings but no `delivery: queued`"
+                )),
+                None => Ok(()),
+            };
+        }
+        let conflict = if self.order.is_some() {
+            Some("`order` (queued events are not yet checked against their entity's version)")
+        } else if self.on_ambiguous == Some(OnAmbiguous::Hold) {
+            Some("`on_ambiguous: hold` (a queued delivery with no answer is tried again)")
+        } else if self
+            .duplicate_response
+            .as_ref()
+            .is_some_and(|duplicate| duplicate.replay == Some(true))
+        {
+            Some(
+                "`duplicate_response.replay` (a duplicate gets the acknowledgment, as its first delivery did)",
+            )
+        } else {
+            None
+        };
+        match conflict {
+            Some(what) => Err(format!(
+                "route `{name}` has `delivery: queued`, which does not go with {what}"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The key namespace: `scope`, else the name.
@@ -259,6 +301,8 @@ impl RouteFile {
             self.preset.is_some(),
             self.verify.is_some(),
             self.order.is_some(),
+            self.delivery.is_some(),
+            self.queue.is_some(),
         ];
         if let Some((field, _)) = ROUTE_ONLY.iter().zip(per_route).find(|(_, set)| *set) {
             return Err(format!("`{field}` belongs to a route, not to `defaults`"));

@@ -9,6 +9,7 @@
 mod defaults;
 mod errors;
 mod file;
+mod queue;
 mod resolve;
 mod sections;
 mod store;

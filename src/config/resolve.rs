@@ -13,7 +13,8 @@ use super::{Config, Overrides, defaults};
 use crate::key::KeyTemplate;
 use crate::preset::{FingerprintScope, Preset};
 use crate::route::{
-    DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing, Unmatched,
+    DeliveryMode, DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing,
+    Unmatched,
 };
 use crate::values::{HumanDuration, Name, Size, UpstreamUrl};
 use crate::verify::{Verify, VerifySetting};
@@ -257,6 +258,9 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             .preset
             .map_or(FingerprintScope::Body, Preset::fingerprint_scope),
         problem_details: own.preset.is_some_and(Preset::problem_details),
+        delivery: own.delivery.unwrap_or_default(),
+        queue: (own.delivery == Some(DeliveryMode::Queued))
+            .then(|| super::queue::QueueFile::resolve(own.queue.as_ref())),
     }
 }
 

@@ -30,22 +30,22 @@
 //! `replay.rs` the fingerprint and the kept answer a duplicate gets, and `relay.rs` the
 //! place of a request forwarded without a claim.
 
+mod accept;
 mod answers;
 mod ledger;
 pub(crate) mod operator;
 mod relay;
 mod replay;
 
-use self::answers::{Answer, failure, held, in_flight, unavailable};
+use self::answers::{Answer, held, in_flight, unavailable};
 use self::ledger::{Ledger, OpenClaim};
-use self::relay::RelayPlace;
 use self::replay::fingerprint;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::{Semaphore, oneshot};
@@ -57,10 +57,10 @@ use crate::config::Config;
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
+use crate::queue::Deliveries;
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::{
     OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError, ReplayGuard, Route, Routing,
-    Unmatched,
 };
 use crate::server::RequestPermit;
 use crate::store::{
@@ -69,8 +69,7 @@ use crate::store::{
 };
 use crate::target::{self, TargetError};
 use crate::telemetry;
-use crate::upstream::{self, DEDUPE_STALE, Upstream, UpstreamError};
-use crate::values::UpstreamUrl;
+use crate::upstream::{self, DEDUPE_STALE, Upstream};
 use crate::verify::SignatureWork;
 use crate::waiting::{Waiting, Woken};
 
@@ -96,6 +95,8 @@ pub struct Proxy {
     /// Where large signature checks run, apart from the workers.
     signature_work: SignatureWork,
     metrics: Arc<Metrics>,
+    /// The delivery of queued routes' jobs, when the store keeps a queue.
+    deliveries: Option<Arc<Deliveries>>,
 }
 
 impl Proxy {
@@ -115,6 +116,12 @@ impl Proxy {
                 waiting.announce(key);
             }
         }));
+        let deliveries = store
+            .queue()
+            .map(|queue| Deliveries::new(queue, Arc::clone(&metrics)));
+        if let Some(deliveries) = &deliveries {
+            deliveries.set_routes(routing.table.shared_routes());
+        }
         let forwards = TaskTracker::new();
         let ledger = Ledger::new(
             Arc::clone(&store),
@@ -133,6 +140,7 @@ impl Proxy {
             waiting,
             signature_work: SignatureWork::new(workers),
             metrics,
+            deliveries,
         }
     }
 
@@ -144,11 +152,19 @@ impl Proxy {
     /// Puts new routing in force for the next requests.
     pub fn set_routing(&self, routing: Routing) {
         self.metrics.expect_routes(routing.table.names_and_checks());
+        if let Some(deliveries) = &self.deliveries {
+            deliveries.set_routes(routing.table.shared_routes());
+        }
         self.routing.store(Arc::new(routing));
     }
 
     pub fn store(&self) -> &Arc<dyn ClaimStore> {
         &self.store
+    }
+
+    /// The delivery of queued routes, when the store keeps a queue.
+    pub(crate) fn deliveries(&self) -> Option<&Arc<Deliveries>> {
+        self.deliveries.as_ref()
     }
 
     /// This process's claims being forwarded, and the store's done records.
@@ -248,8 +264,13 @@ impl Proxy {
                 fingerprint,
                 request,
                 guard,
+                body,
             }) => {
-                let request = Outbound { request, guard };
+                let request = Outbound {
+                    request,
+                    guard,
+                    body,
+                };
                 self.claim_and_forward(route, &key, fingerprint, request, permit)
                     .await
             }
@@ -313,13 +334,19 @@ impl Proxy {
         let fingerprint = fingerprint(policy.fingerprint, &head, &body);
         // Built before the claim, so that a request that cannot be forwarded claims nothing.
         let key_header = policy.forward_key_header.then_some(key.as_str());
-        let request =
-            upstream::outbound(head, body::full(body), &route.upstream, peer, key_header)?;
+        let request = upstream::outbound(
+            head,
+            body::full(body.clone()),
+            &route.upstream,
+            peer,
+            key_header,
+        )?;
         Ok(Checked::Keyed {
             key,
             fingerprint,
             request,
             guard,
+            body,
         })
     }
 
@@ -339,7 +366,7 @@ impl Proxy {
             .instrument(telemetry::step_span!("claim"))
             .await;
         match claimed {
-            Ok(Claiming::Claimed(open)) => self.forward_claimed(route, open, request, permit).await,
+            Ok(Claiming::Claimed(open)) => self.take_claimed(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
                 self.wait_for_outcome(route, key, fingerprint, request, permit)
@@ -382,7 +409,7 @@ impl Proxy {
                 Ok(Claiming::Claimed(open)) => {
                     // A forward may take long: its place among the waiters goes back now.
                     drop(waiter);
-                    return self.forward_claimed(route, open, request, permit).await;
+                    return self.take_claimed(route, open, request, permit).await;
                 }
                 Ok(Claiming::Done(record)) => {
                     return self.answer_duplicate(route, record, fingerprint);
@@ -482,6 +509,23 @@ impl Proxy {
         outcome
     }
 
+    /// What a claimed delivery goes on to: queued (`delivery: queued`), or forwarded.
+    async fn take_claimed(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        open: OpenClaim,
+        request: Outbound,
+        permit: RequestPermit,
+    ) -> Answer {
+        if route.policy.queue.is_some() {
+            return self
+                .accept_queued(route, open, request.request, request.body)
+                .instrument(telemetry::step_span!("enqueue"))
+                .await;
+        }
+        self.forward_claimed(route, open, request, permit).await
+    }
+
     /// Forwards a claimed delivery in a task of its own: when the sender hangs up, hyper
     /// drops this handler's future, but the forward and the recording of its outcome
     /// must still run to their end, and keep their place among `max_requests` meanwhile.
@@ -525,7 +569,9 @@ impl Proxy {
     /// With `order:`, forwards as the guard's verdict says: an event older than the newest
     /// done for its entity is forwarded marked with `Dedupe-Stale`, or skipped.
     async fn forward_in_order(&self, route: &Route, open: OpenClaim, outbound: Outbound) -> Answer {
-        let Outbound { mut request, guard } = outbound;
+        let Outbound {
+            mut request, guard, ..
+        } = outbound;
         let on_stale = route.order.as_ref().map(|order| order.on_stale);
         match self.order_verdict(route, guard).await {
             Verdict::Unguarded => self.forward_and_record(route, open, request, None).await,
@@ -646,78 +692,15 @@ impl Proxy {
         outcome
     }
 
-    /// A request no route matches: streamed through untouched, or refused.
-    async fn pass_unmatched(
-        &self,
-        routing: &Routing,
-        request: Request<Incoming>,
-        peer: SocketAddr,
-        permit: RequestPermit,
-    ) -> Response<ProxyBody> {
-        if routing.unmatched == Unmatched::Reject {
-            return Refusal::NoRoute.into_response();
-        }
-        let (head, body) = request.into_parts();
-        let upstream = &routing.fallback_upstream;
-        match upstream::outbound(head, body::streaming(body), upstream, peer, None) {
-            Ok(request) => {
-                self.relay(upstream, request, routing.unmatched_timeout, permit)
-                    .await
-            }
-            Err(unforwardable) => Refusal::from(unforwardable).into_response(),
-        }
-    }
-
-    /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim,
-    /// within the relays' half of the places, and relays whatever comes back. A sender
-    /// who hangs up must not free its place while the application may still work on its
-    /// request, or hanging up in a loop would drive the application without bound: an
-    /// abandoned relay keeps its place until its timeout.
-    async fn relay(
-        &self,
-        upstream: &UpstreamUrl,
-        mut request: Request<ProxyBody>,
-        timeout: Duration,
-        permit: RequestPermit,
-    ) -> Response<ProxyBody> {
-        let Ok(place) = Arc::clone(&self.relay_places).try_acquire_owned() else {
-            return Refusal::Overloaded.into_response();
-        };
-        permit.also_hold(place);
-        let place = RelayPlace::keep(permit, timeout);
-        // On a matched route (unkeyed, or the store failing) the relay is its delivery's
-        // forward; a request no route took has no trace of its own, and passes untouched.
-        let step = if Span::current().is_none() {
-            Span::none()
-        } else {
-            telemetry::step_span!("forward")
-        };
-        telemetry::propagate(&step, request.headers_mut());
-        let sent = self
-            .upstream
-            .send(&upstream.address, request, timeout, &AtomicBool::new(false))
-            .instrument(step)
-            .await;
-        place.answered();
-        match sent {
-            Ok(response) => upstream::inbound(response),
-            Err(error) => {
-                // A sender that breaks off its own body must not fill the log.
-                if matches!(error, UpstreamError::SenderBody(_)) {
-                    tracing::debug!(%error, "forward failed");
-                } else {
-                    tracing::warn!(%error, "forward failed");
-                }
-                let (_, refusal) = failure(error);
-                refusal.into_response()
-            }
-        }
-    }
-
     /// Waits up to `grace` for forward tasks to finish, then releases the claims of those
     /// still running, so that the provider's retry is forwarded at once after a restart;
     /// on a route with `on_ambiguous: hold`, those whose request went out are held.
     pub async fn drain(&self, grace: Duration) {
+        let started = Instant::now();
+        if let Some(deliveries) = &self.deliveries {
+            deliveries.stop(grace).await;
+        }
+        let grace = grace.saturating_sub(started.elapsed());
         self.forwards.close();
         if tokio::time::timeout(grace, self.forwards.wait())
             .await
@@ -781,6 +764,8 @@ enum Checked {
         fingerprint: Fingerprint,
         request: Request<ProxyBody>,
         guard: Guard,
+        /// The body the request carries, for a queued route's job.
+        body: Bytes,
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),
@@ -791,6 +776,7 @@ enum Checked {
 struct Outbound {
     request: Request<ProxyBody>,
     guard: Guard,
+    body: Bytes,
 }
 
 /// What the order guard found for a claimed delivery.

@@ -1,9 +1,95 @@
-//! A relay's place among the requests forwarded without a claim, kept past an abandoned
-//! relay until its timeout.
+//! Requests forwarded without a claim (no route takes them, no usable key, or the store
+//! failing with `on_store_error: forward`): relayed within their half of the places, and
+//! a relay's place kept past an abandoned relay until its timeout.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tracing::{Instrument, Span};
+
+use super::Proxy;
+use super::answers::failure;
+use crate::body::{self, ProxyBody};
+use crate::response::Refusal;
+use crate::route::{Routing, Unmatched};
 use crate::server::RequestPermit;
+use crate::telemetry;
+use crate::upstream::{self, UpstreamError};
+use crate::values::UpstreamUrl;
+
+impl Proxy {
+    /// A request no route matches: streamed through untouched, or refused.
+    pub(super) async fn pass_unmatched(
+        &self,
+        routing: &Routing,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        permit: RequestPermit,
+    ) -> Response<ProxyBody> {
+        if routing.unmatched == Unmatched::Reject {
+            return Refusal::NoRoute.into_response();
+        }
+        let (head, body) = request.into_parts();
+        let upstream = &routing.fallback_upstream;
+        match upstream::outbound(head, body::streaming(body), upstream, peer, None) {
+            Ok(request) => {
+                self.relay(upstream, request, routing.unmatched_timeout, permit)
+                    .await
+            }
+            Err(unforwardable) => Refusal::from(unforwardable).into_response(),
+        }
+    }
+
+    /// Sends a request (made by [`upstream::outbound`]) to `upstream` without a claim,
+    /// within the relays' half of the places, and relays whatever comes back. A sender
+    /// who hangs up must not free its place while the application may still work on its
+    /// request, or hanging up in a loop would drive the application without bound: an
+    /// abandoned relay keeps its place until its timeout.
+    pub(super) async fn relay(
+        &self,
+        upstream: &UpstreamUrl,
+        mut request: Request<ProxyBody>,
+        timeout: Duration,
+        permit: RequestPermit,
+    ) -> Response<ProxyBody> {
+        let Ok(place) = Arc::clone(&self.relay_places).try_acquire_owned() else {
+            return Refusal::Overloaded.into_response();
+        };
+        permit.also_hold(place);
+        let place = RelayPlace::keep(permit, timeout);
+        // On a matched route (unkeyed, or the store failing) the relay is its delivery's
+        // forward; a request no route took has no trace of its own, and passes untouched.
+        let step = if Span::current().is_none() {
+            Span::none()
+        } else {
+            telemetry::step_span!("forward")
+        };
+        telemetry::propagate(&step, request.headers_mut());
+        let sent = self
+            .upstream
+            .send(&upstream.address, request, timeout, &AtomicBool::new(false))
+            .instrument(step)
+            .await;
+        place.answered();
+        match sent {
+            Ok(response) => upstream::inbound(response),
+            Err(error) => {
+                // A sender that breaks off its own body must not fill the log.
+                if matches!(error, UpstreamError::SenderBody(_)) {
+                    tracing::debug!(%error, "forward failed");
+                } else {
+                    tracing::warn!(%error, "forward failed");
+                }
+                let (_, refusal) = failure(error);
+                refusal.into_response()
+            }
+        }
+    }
+}
 
 /// A relay's place, kept until its timeout if the relay is dropped (its sender hung up)
 /// before the upstream answered: the application may still be working on it, and the

@@ -21,26 +21,31 @@
 //! owner whose lease was taken over cannot overwrite the new owner's claim. Only an
 //! operator resolves a held key.
 
+mod error;
 pub(crate) mod keys;
 pub mod postgres;
+pub mod queue;
 pub mod redis;
 pub mod sled;
+mod time;
 mod tls;
+
+pub use error::StoreError;
+pub(crate) use error::within;
+#[cfg(any(test, feature = "testing"))]
+pub use time::ManualClock;
+pub use time::{Clock, millis};
+pub(crate) use time::{Millis, SystemClock, rfc3339};
 
 pub use keys::{Fingerprint, Version, entity_key};
 pub(crate) use keys::{body_key, store_key};
 
-use std::fmt::Display;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-
-/// Milliseconds since the Unix epoch.
-pub(crate) type Millis = u64;
 
 /// What a store keeps of an entity: the newest version whose event was done, until the
 /// retention of that event's route ends.
@@ -49,52 +54,6 @@ pub struct EntityRecord {
     pub newest: Version,
     pub recorded_at: Millis,
     pub expires_at: Millis,
-}
-
-/// Where the store reads the time; tests substitute a manual clock.
-pub trait Clock: Send + Sync + 'static {
-    fn now(&self) -> Millis;
-}
-
-/// The system's wall clock.
-pub(crate) struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Millis {
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-/// A clock that moves only when told to (tests only).
-#[cfg(any(test, feature = "testing"))]
-#[derive(Default)]
-pub struct ManualClock(std::sync::atomic::AtomicU64);
-
-#[cfg(any(test, feature = "testing"))]
-impl ManualClock {
-    pub fn new(start: Millis) -> Arc<ManualClock> {
-        Arc::new(ManualClock(std::sync::atomic::AtomicU64::new(start)))
-    }
-
-    pub fn advance(&self, by: Duration) {
-        self.0
-            .fetch_add(millis(by), std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-#[cfg(any(test, feature = "testing"))]
-impl Clock for ManualClock {
-    fn now(&self) -> Millis {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-/// A duration in whole milliseconds, saturating.
-pub fn millis(duration: Duration) -> Millis {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Proof of ownership of an in-flight key, returned by a successful claim.
@@ -197,6 +156,10 @@ pub const RESOLVED_STATUS: u16 = 0;
 /// The app's status in the done record of a stale event skipped unforwarded
 /// (`on_stale: skip`): the app never saw it.
 pub(crate) const STALE_SKIPPED_STATUS: u16 = 1;
+
+/// The app's status in the done record of an event accepted for queued delivery
+/// (`delivery: queued`): its job, not the key, says how the delivery went.
+pub const QUEUED_STATUS: u16 = 2;
 
 /// Which keys a listing shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -523,63 +486,6 @@ pub struct Completion {
     pub response: Option<RecordedResponse>,
 }
 
-/// Why a store operation failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// The claim's lease was taken over, or the key forgotten; nothing was changed.
-    #[error("the claim is no longer held by this owner")]
-    NotOwner,
-    /// The backend could not be reached or failed; follow `on_store_error`.
-    #[error("store failure: {0}")]
-    Backend(String),
-    /// An operator's request this backend cannot answer: a malformed cursor, or a
-    /// listing it cannot make. Never a delivery's.
-    #[error("{0}")]
-    BadRequest(String),
-}
-
-impl StoreError {
-    /// A failure of the `engine` backend.
-    fn of(engine: &str, error: impl Display) -> StoreError {
-        StoreError::Backend(format!("{engine}: {error}"))
-    }
-
-    /// The failure, said to have happened while doing `what`.
-    fn context(self, what: &str) -> StoreError {
-        match self {
-            StoreError::Backend(text) => StoreError::Backend(format!("{what}: {text}")),
-            other => other,
-        }
-    }
-
-    /// A failure of the `engine` backend with its causes, which name what went wrong
-    /// beneath a driver's summary ("error performing TLS handshake": which check failed).
-    fn caused(engine: &str, error: &dyn std::error::Error) -> StoreError {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text = format!("{text}: {cause_text}");
-            }
-            source = cause.source();
-        }
-        StoreError::of(engine, text)
-    }
-}
-
-/// Awaits a call to the `engine` backend for at most `timeout`.
-async fn within<T, E: Into<StoreError>>(
-    engine: &str,
-    timeout: Duration,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(timeout, call)
-        .await
-        .map_err(|_| StoreError::of(engine, format!("no answer within {timeout:?}")))?
-        .map_err(Into::into)
-}
-
 /// The contract every claim-store backend keeps. Every transition is atomic: two
 /// concurrent claims of one absent key give exactly one `Claimed`.
 #[async_trait]
@@ -665,6 +571,12 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// shared, so it hears nothing.
     fn hear_outcomes(&self, heard: Heard) {
         drop(heard);
+    }
+
+    /// The delivery queue kept beside the claims (`delivery: queued`), if this store has
+    /// one.
+    fn queue(&self) -> Option<Arc<dyn queue::DeliveryQueue>> {
+        None
     }
 
     /// Writes everything to durable storage (at shutdown).

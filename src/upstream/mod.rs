@@ -31,6 +31,13 @@ pub(crate) static DEDUPE_KEY: HeaderName = HeaderName::from_static("dedupe-key")
 /// done for its entity. Only the proxy sets it; a sender's is removed.
 pub(crate) static DEDUPE_STALE: HeaderName = HeaderName::from_static("dedupe-stale");
 
+/// A queued delivery's attempt number, 1 for the first: above 1, the app may have seen
+/// the event. Only the proxy sets it.
+pub(crate) static DEDUPE_ATTEMPT: HeaderName = HeaderName::from_static("dedupe-attempt");
+
+/// When the proxy accepted a queued event (RFC 3339, UTC). Only the proxy sets it.
+pub(crate) static DEDUPE_RECEIVED_AT: HeaderName = HeaderName::from_static("dedupe-received-at");
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -154,7 +161,12 @@ fn origin_form(target: &Uri, base_path: &str) -> Result<Uri, UnforwardableTarget
 
 /// The headers only the proxy tells the application: an event's key, and (`order:`) the
 /// newest version done for its entity.
-static PROXY_HEADERS: [&HeaderName; 2] = [&DEDUPE_KEY, &DEDUPE_STALE];
+static PROXY_HEADERS: [&HeaderName; 4] = [
+    &DEDUPE_KEY,
+    &DEDUPE_STALE,
+    &DEDUPE_ATTEMPT,
+    &DEDUPE_RECEIVED_AT,
+];
 
 /// Removes the proxy's own headers and every name a server would read as one: CGI-style
 /// servers (Rack, older gunicorn) turn `Dedupe_Key` into the same `HTTP_DEDUPE_KEY`

@@ -25,25 +25,29 @@
 //!   background thread reopens the directory until it succeeds; meanwhile operations fail
 //!   fast and the proxy follows `on_store_error`. The leases stay in memory throughout.
 
+mod database;
 mod epochs;
+mod queue;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use parking_lot::RwLock;
-use tokio::sync::oneshot;
 
-use self::epochs::{Epochs, RecordKey};
+use self::database::{Database, OpenDatabase};
+use self::epochs::RecordKey;
+use self::queue::SledQueue;
+use super::queue::DeliveryQueue;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, EntityRecord,
     Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, Resolution,
     StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis, page,
 };
-use crate::config::{Durability, SledConfig};
+use crate::config::SledConfig;
 
 /// A key that is neither absent nor done, as the map in memory holds it.
 #[derive(Debug, Clone)]
@@ -90,192 +94,14 @@ struct Lease {
     fingerprint: Fingerprint,
 }
 
-impl From<sled::Error> for StoreError {
-    fn from(error: sled::Error) -> StoreError {
-        StoreError::of("sled", error)
-    }
-}
-
-/// An open database: its done records, its held keys, its entity records and, with
-/// `fsync`, the flusher.
-struct OpenDatabase {
-    db: sled::Db,
-    epochs: Epochs,
-    held: sled::Tree,
-    entities: sled::Tree,
-    entity_expiry: sled::Tree,
-    flusher: Option<GroupFlusher>,
-}
-
-impl OpenDatabase {
-    /// Opens (or creates) the database at `config.path`. Blocks on disk I/O.
-    fn open(config: &SledConfig) -> Result<OpenDatabase, StoreError> {
-        let path = config.path.display();
-        let db = sled::Config::new()
-            .path(&config.path)
-            .cache_capacity(config.cache.0)
-            .flush_every_ms(Some(millis(config.flush_every.0).max(1)))
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|error| match error.to_string() {
-                text if text.contains("could not acquire lock") => StoreError::Backend(format!(
-                    "data directory {path} is in use by another process (is another dedupe-proxy running on it?): {text}"
-                )),
-                text => StoreError::Backend(format!("cannot open data directory {path}: {text}")),
-            })?;
-        let (epochs, indexing) = Epochs::open(&db).map_err(|error| match error {
-            StoreError::Backend(text) => {
-                StoreError::Backend(format!("data directory {path}: {text}"))
-            }
-            other => other,
-        })?;
-        indexing.start().map_err(|error| {
-            StoreError::Backend(format!("cannot start indexing the done records: {error}"))
-        })?;
-        let held = db.open_tree("held")?;
-        let entities = db.open_tree("entities")?;
-        let entity_expiry = db.open_tree("entity_expiry")?;
-        let flusher =
-            (config.durability == Durability::Fsync).then(|| GroupFlusher::start(db.clone()));
-        Ok(OpenDatabase {
-            db,
-            epochs,
-            held,
-            entities,
-            entity_expiry,
-            flusher,
-        })
-    }
-
-    /// The live record of `entity`; an unreadable one reads as none.
-    fn live_entity(&self, entity: &str, now: Millis) -> Result<Option<EntityRecord>, StoreError> {
-        Ok(self
-            .entities
-            .get(entity.as_bytes())?
-            .and_then(|bytes| postcard::from_bytes::<EntityRecord>(&bytes).ok())
-            .filter(|record| record.expires_at > now))
-    }
-
-    /// Records `version` unless a live record is as new, swapping the record only if it is
-    /// still the one read, so that of racing calls the largest version stays.
-    fn record_version(
-        &self,
-        entity: &str,
-        version: &Version,
-        retention: Millis,
-        now: Millis,
-    ) -> Result<bool, StoreError> {
-        let record = EntityRecord {
-            newest: version.clone(),
-            recorded_at: now,
-            expires_at: now.saturating_add(retention),
-        };
-        let encoded =
-            postcard::to_stdvec(&record).map_err(|error| StoreError::of("sled", error))?;
-        loop {
-            let current = self.entities.get(entity.as_bytes())?;
-            let as_new = current
-                .as_ref()
-                .and_then(|bytes| postcard::from_bytes::<EntityRecord>(bytes).ok())
-                .is_some_and(|live| {
-                    live.expires_at > now && live.newest.sort_key >= version.sort_key
-                });
-            if as_new {
-                return Ok(false);
-            }
-            // The index entry first: a record the sweep cannot find would never go.
-            self.entity_expiry
-                .insert(entity_expiry_key(record.expires_at, entity), &[])?;
-            if self
-                .entities
-                .compare_and_swap(entity.as_bytes(), current, Some(encoded.as_slice()))?
-                .is_ok()
-            {
-                return Ok(true);
-            }
-        }
-    }
-
-    /// Removes entity records that expired by `now`, reading up to `limit` index entries.
-    fn sweep_entities(&self, now: Millis, limit: usize) -> Result<Swept, StoreError> {
-        let mut swept = Swept::default();
-        let end = now.saturating_add(1).to_be_bytes();
-        for entry in self.entity_expiry.range(..end.as_slice()).take(limit) {
-            let (index_key, _) = entry?;
-            swept.examined += 1;
-            let entity = &index_key[index_key.len().min(8)..];
-            if let Some(bytes) = self.entities.get(entity)? {
-                let expired = postcard::from_bytes::<EntityRecord>(&bytes)
-                    .map_or(true, |record| record.expires_at <= now);
-                // Unless a newer version replaced it meanwhile.
-                if expired
-                    && self
-                        .entities
-                        .compare_and_swap(entity, Some(bytes), None::<&[u8]>)?
-                        .is_ok()
-                {
-                    swept.removed += 1;
-                }
-            }
-            self.entity_expiry.remove(index_key)?;
-        }
-        Ok(swept)
-    }
-
-    /// The held keys on disk that have not expired; the expired ones are removed.
-    fn held_keys(&self, now: Millis) -> Result<Vec<(String, HeldRecord)>, StoreError> {
-        let mut live = Vec::new();
-        for entry in &self.held {
-            let (key, value) = entry?;
-            let (Ok(text), Ok(record)) = (
-                String::from_utf8(key.to_vec()),
-                postcard::from_bytes::<HeldRecord>(&value),
-            ) else {
-                tracing::error!("an unreadable held key in the store is ignored");
-                continue;
-            };
-            if record.expires_at > now {
-                live.push((text, record));
-            } else {
-                self.held.remove(key)?;
-            }
-        }
-        Ok(live)
-    }
-
-    /// Makes the writes so far durable, with `fsync`.
-    async fn make_durable(&self) -> Result<(), StoreError> {
-        match &self.flusher {
-            Some(flusher) => flusher.flush().await,
-            None => Ok(()),
-        }
-    }
-
-    /// The done record stored under `key`, if it has one that has not expired.
-    fn live_done(&self, key: &RecordKey, now: Millis) -> Result<Option<DoneRecord>, StoreError> {
-        Ok(self.epochs.get(key, now)?)
-    }
-}
-
-/// Where an entity record is filed by its expiry: the time, big-endian, so that the index
-/// sorts by it, then the entity's store key.
-fn entity_expiry_key(expires_at: Millis, entity: &str) -> Vec<u8> {
-    let mut key = expires_at.to_be_bytes().to_vec();
-    key.extend_from_slice(entity.as_bytes());
-    key
-}
-
-/// The open database, or none while it is being reopened after a failure.
-type Slot = RwLock<Option<Arc<OpenDatabase>>>;
-
 /// The embedded store.
 pub struct SledStore {
-    config: SledConfig,
-    database: Arc<Slot>,
+    database: Database,
     /// In-flight and held keys.
     open_keys: DashMap<String, OpenKey>,
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
+    queue: Arc<SledQueue>,
 }
 
 impl SledStore {
@@ -288,14 +114,20 @@ impl SledStore {
         config: &SledConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
-        let database = OpenDatabase::open(config)?;
+        let opened = OpenDatabase::open(config)?;
         let open_keys = DashMap::new();
-        for (key, held) in database.held_keys(clock.now())? {
+        for (key, held) in opened.held_keys(clock.now())? {
             open_keys.insert(key, OpenKey::Held(held));
         }
-        Ok(SledStore {
+        let opened = Arc::new(opened);
+        let database = Database {
+            slot: Arc::new(RwLock::new(Some(Arc::clone(&opened)))),
             config: config.clone(),
-            database: Arc::new(RwLock::new(Some(Arc::new(database)))),
+        };
+        let queue = SledQueue::new(&opened.queue, Arc::clone(&clock), database.clone())?;
+        Ok(SledStore {
+            queue: Arc::new(queue),
+            database,
             open_keys,
             next_token: AtomicU64::new(rand::random()),
             clock,
@@ -304,9 +136,7 @@ impl SledStore {
 
     /// The open database, or an error while it is being reopened.
     fn database(&self) -> Result<Arc<OpenDatabase>, StoreError> {
-        let slot = self.database.read();
-        slot.clone()
-            .ok_or_else(|| StoreError::Backend("the store is reopening after a failure".into()))
+        self.database.open()
     }
 
     /// Passes `result` through; a backend failure drops `failed` and starts reopening.
@@ -315,18 +145,7 @@ impl SledStore {
         failed: &Arc<OpenDatabase>,
         result: Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        if let Err(StoreError::Backend(error)) = &result {
-            let mut slot = self.database.write();
-            if slot
-                .as_ref()
-                .is_some_and(|current| Arc::ptr_eq(current, failed))
-            {
-                tracing::error!(%error, "the store failed; reopening it in the background");
-                *slot = None;
-                reopen_in_background(Arc::downgrade(&self.database), self.config.clone());
-            }
-        }
-        result
+        self.database.reopen_if_failed(failed, result)
     }
 
     fn new_token(&self) -> u128 {
@@ -497,36 +316,6 @@ impl SledStore {
             }
         }
         Ok(before.saturating_sub(self.open_keys.len()))
-    }
-}
-
-/// Reopens the data directory until it succeeds, backing off up to 5 s between tries,
-/// then puts the new database in `slot`. Gives up when the store is dropped.
-fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
-    let spawned = std::thread::Builder::new()
-        .name("sled-reopen".into())
-        .spawn(move || {
-            let mut backoff = Duration::from_millis(50);
-            loop {
-                std::thread::sleep(backoff);
-                let Some(slot) = slot.upgrade() else {
-                    return;
-                };
-                match OpenDatabase::open(&config) {
-                    Ok(database) => {
-                        *slot.write() = Some(Arc::new(database));
-                        tracing::info!("the store is open again");
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "reopening the store failed; trying again");
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
-        });
-    if let Err(error) = spawned {
-        tracing::error!(%error, "cannot start the thread that reopens the store");
     }
 }
 
@@ -737,6 +526,10 @@ impl ClaimStore for SledStore {
         self.reopen_if_failed(&database, forgotten)
     }
 
+    fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {
+        Some(Arc::clone(&self.queue) as Arc<dyn DeliveryQueue>)
+    }
+
     fn done_keys(&self) -> Option<u64> {
         self.database()
             .ok()
@@ -751,45 +544,5 @@ impl ClaimStore for SledStore {
             .map_err(|error| StoreError::Backend(error.to_string()))
             .and_then(|flushed| Ok(flushed.map(drop)?));
         self.reopen_if_failed(&database, flushed)
-    }
-}
-
-/// Makes done marks durable before they are acknowledged, sharing one `Db::flush` among
-/// every mark that arrived while the previous flush ran (group commit). It runs on a
-/// thread of its own because `flush` blocks, and it never calls `flush_async`, which
-/// deadlocks in sled 0.34.7 under concurrent callers.
-struct GroupFlusher {
-    waiters: mpsc::Sender<oneshot::Sender<Result<(), String>>>,
-}
-
-impl GroupFlusher {
-    fn start(db: sled::Db) -> GroupFlusher {
-        let (waiters, queue) = mpsc::channel::<oneshot::Sender<Result<(), String>>>();
-        std::thread::Builder::new()
-            .name("sled-flusher".into())
-            .spawn(move || {
-                // Ends when the store is dropped and the channel closes.
-                while let Ok(first) = queue.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(queue.try_iter());
-                    let result = db.flush().map(drop).map_err(|error| error.to_string());
-                    for waiter in batch {
-                        let _ = waiter.send(result.clone());
-                    }
-                }
-            })
-            .expect("spawning the flusher thread");
-        GroupFlusher { waiters }
-    }
-
-    async fn flush(&self) -> Result<(), StoreError> {
-        let (done, flushed) = oneshot::channel();
-        self.waiters
-            .send(done)
-            .map_err(|_| StoreError::Backend("the flusher thread has stopped".into()))?;
-        flushed
-            .await
-            .map_err(|_| StoreError::Backend("the flusher thread has stopped".into()))?
-            .map_err(StoreError::Backend)
     }
 }

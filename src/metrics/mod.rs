@@ -10,6 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+mod queue;
+
+pub(crate) use queue::{AttemptResult, Held, QueueMetrics};
+
 use crate::response::DedupeStatus;
 use crate::verify::VerifyError;
 
@@ -190,6 +194,8 @@ pub struct Metrics {
     config_reloads: Family<ResultLabel, Counter>,
     last_reload_successful: Gauge,
     lease_renewals: Family<ResultLabel, Counter>,
+    /// `dedupe_queue_*`.
+    pub(crate) queue: QueueMetrics,
 }
 
 impl Default for Metrics {
@@ -220,8 +226,10 @@ impl Metrics {
             config_reloads: Family::default(),
             last_reload_successful: Gauge::default(),
             lease_renewals: Family::default(),
+            queue: QueueMetrics::new(),
         };
         metrics.register_deliveries();
+        metrics.queue.register(&mut metrics.registry);
         metrics.register_the_rest();
         // Series that exist from the start, at zero (reloads: none tried is a success).
         for result in LeaseRenewal::ALL {

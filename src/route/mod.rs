@@ -2,6 +2,8 @@
 //! configuration resolves them, see `config::resolve`), and the [`RouteTable`] that finds
 //! the first route matching a request.
 
+pub mod delivery;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use serde::{Deserialize, Serialize};
 
+use self::delivery::QueuePolicy;
 use crate::key::KeyTemplate;
 use crate::order::{OnStale, Order};
 use crate::preset::{FingerprintScope, Preset};
@@ -70,6 +73,21 @@ pub struct Policy {
     pub fingerprint: FingerprintScope,
     /// The proxy's own refusals as RFC 9457 problems (`idempotency_key`).
     pub problem_details: bool,
+    pub delivery: DeliveryMode,
+    /// With `delivery: queued`, and only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueuePolicy>,
+}
+
+/// `delivery:`: how a route delivers what it accepts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryMode {
+    /// Forwarded while the sender waits; the sender's retry is the retry.
+    #[default]
+    Direct,
+    /// Stored, acknowledged, then delivered by the proxy's workers with retries.
+    Queued,
 }
 
 /// What a duplicate of a done key is answered with.
@@ -77,7 +95,7 @@ pub struct Policy {
 pub struct DuplicateResponse {
     #[serde(serialize_with = "as_written::status")]
     pub status: StatusCode,
-    #[serde(serialize_with = "serialize_body")]
+    #[serde(serialize_with = "as_written::text")]
     pub body: Bytes,
     #[serde(serialize_with = "as_written::header")]
     pub content_type: HeaderValue,
@@ -86,10 +104,6 @@ pub struct DuplicateResponse {
     /// The app's headers recorded with its answer and replayed.
     #[serde(serialize_with = "as_written::header_names")]
     pub replay_headers: Vec<http::HeaderName>,
-}
-
-fn serialize_body<S: serde::Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(&String::from_utf8_lossy(body))
 }
 
 /// What happens to a request no route matches.
@@ -436,6 +450,11 @@ impl RouteTable {
 
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
         self.routes.iter().map(|route| route.as_ref())
+    }
+
+    /// The routes as deliveries share them.
+    pub(crate) fn shared_routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.routes.iter()
     }
 }
 

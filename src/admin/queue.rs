@@ -1,0 +1,234 @@
+//! The admin API of queued delivery (`delivery: queued`): each queued route's counts,
+//! pausing and resuming a route, dead letters listed with filters, a job inspected with
+//! every attempt, a dead letter replayed or discarded, and bulk replays (`bulk.rs`).
+
+use std::sync::Arc;
+
+use http::{Method, Response, StatusCode};
+use serde_json::{Value, json};
+
+use super::bulk::{self, DeadFilter};
+use crate::body::{ProxyBody, empty};
+use crate::proxy::Proxy;
+use crate::queue::Deliveries;
+use crate::response::{AdminRefusal, json_response};
+use crate::route::Route;
+use crate::store::queue::Job;
+use crate::store::{rfc3339, store_key};
+
+/// The most dead letters one page lists, and how many without `limit`.
+const DEAD_LIMIT_MAX: usize = 500;
+const DEAD_LIMIT_DEFAULT: usize = 50;
+
+/// The queued route `name` and the deliveries, or the refusal.
+pub(super) fn queued_route(
+    proxy: &Proxy,
+    name: &str,
+) -> Result<(Arc<Route>, Arc<Deliveries>), AdminRefusal> {
+    let routing = proxy.routing();
+    let route = routing
+        .table
+        .by_name(name)
+        .ok_or_else(|| AdminRefusal::NoSuchRoute(name.to_owned()))?;
+    match (proxy.deliveries(), &route.policy.queue) {
+        (Some(deliveries), Some(_)) => Ok((Arc::clone(route), Arc::clone(deliveries))),
+        _ => Err(AdminRefusal::NotQueued(name.to_owned())),
+    }
+}
+
+/// `GET /v1/queue`: each queued route's counts.
+pub(super) async fn overview(proxy: &Proxy) -> Response<ProxyBody> {
+    let Some(deliveries) = proxy.deliveries() else {
+        return json_response(StatusCode::OK, json!({ "routes": [] }).to_string());
+    };
+    let now = crate::store::Clock::now(&crate::store::SystemClock);
+    match deliveries.routes().await {
+        Ok(routes) => {
+            let routes: Vec<Value> = routes
+                .iter()
+                .map(|route| {
+                    json!({
+                        "route": route.route,
+                        "paused": route.paused,
+                        "waiting": route.counts.waiting,
+                        "retrying": route.counts.retrying,
+                        "in_flight": route.in_flight,
+                        "dead": route.counts.dead,
+                        "oldest_received_at": route.counts.oldest.map(rfc3339),
+                        "oldest_age_seconds": route.counts.oldest.map(|oldest| now.saturating_sub(oldest) / 1000),
+                    })
+                })
+                .collect();
+            json_response(StatusCode::OK, json!({ "routes": routes }).to_string())
+        }
+        Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// `POST /v1/queue/{route}/pause` or `/resume`.
+pub(super) async fn pause(proxy: &Proxy, name: &str, paused: bool) -> Response<ProxyBody> {
+    let (_, deliveries) = match queued_route(proxy, name) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.into_response(),
+    };
+    match deliveries.set_paused(name, paused).await {
+        Ok(()) => {
+            tracing::info!(
+                route = name,
+                paused,
+                "queued delivery paused or resumed through the admin API"
+            );
+            json_response(
+                StatusCode::OK,
+                json!({ "route": name, "paused": paused }).to_string(),
+            )
+        }
+        Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// `GET /v1/queue/{route}/dead?...`: a page of the route's dead letters that match the
+/// filter, oldest death first.
+pub(super) async fn dead(proxy: &Proxy, name: &str, query: Option<&str>) -> Response<ProxyBody> {
+    let (route, deliveries) = match queued_route(proxy, name) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let (filter, limit, after) = match DeadFilter::parse(query, DEAD_LIMIT_DEFAULT, DEAD_LIMIT_MAX)
+    {
+        Ok(parsed) => parsed,
+        Err(reason) => return AdminRefusal::BadRequest(reason).into_response(),
+    };
+    match bulk::matching(deliveries.queue().as_ref(), &route, &filter, after, limit).await {
+        Ok((jobs, next)) => {
+            let jobs: Vec<Value> = jobs.iter().map(|job| summary(&route, job)).collect();
+            json_response(
+                StatusCode::OK,
+                json!({ "jobs": jobs, "next": next }).to_string(),
+            )
+        }
+        Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// `GET`, `DELETE` (a dead letter) `/v1/queue/{route}/jobs/{key}`, and `POST .../replay`
+/// (a dead letter).
+pub(super) async fn job(
+    proxy: &Proxy,
+    method: &Method,
+    name: &str,
+    raw_key: &str,
+    replay: bool,
+) -> Response<ProxyBody> {
+    let (route, deliveries) = match queued_route(proxy, name) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
+    let full_key = store_key(&route.namespace, &key);
+    let queue = deliveries.queue();
+    let found = match queue.job(&full_key).await {
+        Ok(Some(job)) if job.route == route.name => job,
+        Ok(_) => return AdminRefusal::NoSuchJob.into_response(),
+        Err(failure) => return AdminRefusal::from(failure).into_response(),
+    };
+    if !replay && *method != Method::DELETE {
+        return json_response(StatusCode::OK, detail(&route, &found).to_string());
+    }
+    if found.dead.is_none() {
+        return AdminRefusal::NotDead.into_response();
+    }
+    let changed = if replay {
+        queue.revive(&full_key).await
+    } else {
+        queue.discard(&full_key).await
+    };
+    match changed {
+        Ok(true) if replay => {
+            tracing::info!(route = name, key = %key, "dead letter replayed through the admin API");
+            deliveries.accepted(name);
+            match queue.job(&full_key).await {
+                Ok(Some(job)) => json_response(StatusCode::OK, detail(&route, &job).to_string()),
+                _ => json_response(
+                    StatusCode::OK,
+                    json!({ "route": name, "key": key, "state": "delivered" }).to_string(),
+                ),
+            }
+        }
+        Ok(true) => {
+            tracing::info!(route = name, key = %key, "dead letter discarded through the admin API");
+            let mut response = Response::new(empty());
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            response
+        }
+        Ok(false) => AdminRefusal::NotDead.into_response(),
+        Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// A job's key without its route's namespace.
+fn short_key<'j>(route: &Route, job: &'j Job) -> &'j str {
+    job.key
+        .strip_prefix(&route.namespace)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .unwrap_or(&job.key)
+}
+
+/// A job as a listing shows it.
+fn summary(route: &Route, job: &Job) -> Value {
+    let (state, died, reason) = match job.dead {
+        Some((at, reason)) => ("dead", Some(rfc3339(at)), Some(reason.as_str())),
+        None if job.attempts_this_round() == 0 => ("waiting", None, None),
+        None => ("retrying", None, None),
+    };
+    json!({
+        "route": route.name,
+        "key": short_key(route, job),
+        "state": state,
+        "received_at": rfc3339(job.received_at),
+        "attempts": job.attempted,
+        "last_status": job.last_status(),
+        "dead_at": died,
+        "dead_because": reason,
+    })
+}
+
+/// A job with its request's head and every attempt kept.
+fn detail(route: &Route, job: &Job) -> Value {
+    let mut value = summary(route, job);
+    let attempts: Vec<Value> = job
+        .history
+        .iter()
+        .map(|attempt| {
+            json!({
+                "at": rfc3339(attempt.at),
+                "status": attempt.status,
+                "latency_ms": attempt.latency_ms,
+                "answer": String::from_utf8_lossy(&attempt.detail),
+            })
+        })
+        .collect();
+    // Headers that carry secrets are masked: the signature is the sender's, not ours to show.
+    let headers: Vec<Value> = job
+        .request
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            let shown = if crate::redact::is_secret_header(name) {
+                "(masked)".into()
+            } else {
+                String::from_utf8_lossy(value).into_owned()
+            };
+            json!([name, shown])
+        })
+        .collect();
+    value["request"] = json!({
+        "method": job.request.method,
+        "target": job.request.target,
+        "headers": headers,
+        "body_bytes": job.request.body.len(),
+    });
+    value["history"] = json!(attempts);
+    value["attempts_kept"] = json!(job.history.len());
+    value
+}

@@ -1,0 +1,106 @@
+//! The accepting step of `delivery: queued`: a claimed delivery is stored as a job and
+//! acknowledged, and the key marked done (its retention counting from the acceptance), so
+//! that a duplicate gets the duplicate answer while the job waits. A request is only
+//! acknowledged once its job is durable; a store that cannot keep it gets 503, and the
+//! sender tries again.
+//!
+//! Stored, then marked done: a crash between the two leaves a job and a claim that frees
+//! itself when its lease ends; the sender, unanswered, sends again, and the enqueue finds
+//! the job already there, so the event is still delivered once.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Request, Response};
+
+use super::Proxy;
+use super::answers::{Answer, unavailable};
+use super::ledger::OpenClaim;
+use crate::body::{self, ProxyBody};
+use crate::metrics::ReleaseReason;
+use crate::response::{self, DedupeStatus};
+use crate::route::Route;
+use crate::store::queue::{Enqueued, Job, QueuedRequest};
+use crate::store::{Clock, Completion, QUEUED_STATUS, SystemClock};
+
+impl Proxy {
+    /// Stores a claimed delivery as a job, then answers `accepted_status`.
+    pub(super) async fn accept_queued(
+        &self,
+        route: &Arc<Route>,
+        open: OpenClaim,
+        request: Request<ProxyBody>,
+        body: Bytes,
+    ) -> Answer {
+        let (Some(deliveries), Some(policy)) = (&self.deliveries, &route.policy.queue) else {
+            tracing::error!("a queued route on a store without a queue");
+            self.ledger
+                .release(route, open.claims(), ReleaseReason::StoreError)
+                .await;
+            open.settle();
+            return unavailable(route);
+        };
+        let job = Job::new(
+            open.claims().event.key.clone(),
+            route.name.clone(),
+            SystemClock.now(),
+            stored_request(&request, body),
+        );
+        let stored = deliveries.enqueue(&job).await;
+        let done = Completion {
+            upstream_status: QUEUED_STATUS,
+            retention: route.policy.retention,
+            response: None,
+        };
+        match stored {
+            Ok(enqueued) => {
+                self.ledger.mark_done(open.claims(), &done).await;
+                open.settle();
+                if enqueued == Enqueued::AlreadyQueued {
+                    tracing::debug!("the event was queued already");
+                    let duplicate = response::duplicate(&route.policy.duplicate_response, None);
+                    return (DedupeStatus::Duplicate, duplicate);
+                }
+                deliveries.accepted(&route.name);
+                let mut answer = Response::new(body::full(policy.accepted_body.clone()));
+                *answer.status_mut() = policy.accepted_status;
+                answer
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                (DedupeStatus::Queued, answer)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the delivery could not be queued");
+                self.metrics.store_error();
+                self.ledger
+                    .release(route, open.claims(), ReleaseReason::StoreError)
+                    .await;
+                open.settle();
+                unavailable(route)
+            }
+        }
+    }
+}
+
+/// The request as the upstream will get it, apart from each attempt's own headers.
+fn stored_request(request: &Request<ProxyBody>, body: Bytes) -> QueuedRequest {
+    QueuedRequest {
+        method: request.method().as_str().to_owned(),
+        target: request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |target| target.as_str().to_owned()),
+        headers: request
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    Bytes::copy_from_slice(value.as_bytes()),
+                )
+            })
+            .collect(),
+        body,
+    }
+}

@@ -1,0 +1,440 @@
+//! Queued delivery (`delivery: queued`) on the embedded store, through a real proxy and a
+//! real upstream: acknowledged once stored, delivered in the background with retries,
+//! dead letters listed, inspected, replayed and discarded, pause and resume, and the
+//! limits on concurrency and rate.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// A queued route on `POST /hooks` keyed by `{json:/id}`, with fast retries and `extra`
+/// lines under `queue:`.
+fn queued(extra: &str) -> String {
+    json_route(&format!(
+        "    delivery: queued\n    upstream_timeout: 2s\n    queue:\n      backoff_base: 50ms\n      backoff_cap: 200ms\n{extra}"
+    ))
+}
+
+async fn dead_letters(proxy: &Proxy, query: &str) -> serde_json::Value {
+    let reply = admin(proxy, "GET", &format!("/v1/queue/hooks/dead{query}"), "").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply.json()
+}
+
+async fn wait_for_dead(proxy: &Proxy, count: usize) {
+    eventually(Duration::from_secs(10), "dead letters", || async {
+        dead_letters(proxy, "").await["jobs"]
+            .as_array()
+            .unwrap()
+            .len()
+            >= count
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_accepted_event_is_acknowledged_then_delivered_once() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+
+    let reply = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert_eq!(reply.dedupe(), "queued");
+    assert_eq!(reply.json()["queued"], true);
+    upstream.wait_for_requests(1).await;
+    let received = &upstream.received()[0];
+    assert_eq!(received.headers["dedupe-attempt"], "1");
+    assert_eq!(received.headers["dedupe-key"], "evt_1");
+    let received_at = received.headers["dedupe-received-at"].to_str().unwrap();
+    assert!(
+        humantime::parse_rfc3339(received_at).is_ok(),
+        "{received_at}"
+    );
+    assert_eq!(received.body.as_ref(), br#"{"id":"evt_1","type":"test"}"#);
+
+    // A duplicate, before and after the delivery, is answered as one.
+    let again = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((again.status, again.dedupe()), (200, "duplicate"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(upstream.requests(), 1);
+    // Delivered: no job is left.
+    let job = admin(&proxy, "GET", "/v1/queue/hooks/jobs/evt_1", "").await;
+    assert_eq!(job.status, 404, "{}", job.body);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_sender_cannot_set_the_attempt_headers() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+    let reply = send(
+        proxy.addr,
+        "POST",
+        "/hooks",
+        &[
+            ("content-type", "application/json"),
+            ("dedupe-attempt", "7"),
+            ("dedupe_received_at", "1999-01-01T00:00:00Z"),
+        ],
+        r#"{"id":"evt_spoof"}"#,
+    )
+    .await;
+    assert_eq!(reply.status, 202);
+    upstream.wait_for_requests(1).await;
+    let headers = &upstream.received()[0].headers;
+    assert_eq!(headers.get_all("dedupe-attempt").iter().count(), 1);
+    assert_eq!(headers["dedupe-attempt"], "1");
+    assert!(headers.get("dedupe_received_at").is_none());
+    assert!(
+        !headers["dedupe-received-at"]
+            .to_str()
+            .unwrap()
+            .starts_with("1999")
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn failures_are_retried_until_the_app_succeeds() {
+    let upstream = Upstream::start().await;
+    upstream.script([
+        Answer::status(503),
+        Answer::abort(),
+        Answer::status(500),
+        Answer::status(429),
+    ]);
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+    assert_eq!(post_event(proxy.addr, "evt_r").await.status, 202);
+    eventually(Duration::from_secs(5), "evt_r run", || async {
+        upstream.executions("evt_r") == 1
+    })
+    .await;
+    let attempts: Vec<String> = upstream
+        .received()
+        .iter()
+        .map(|r| r.headers["dedupe-attempt"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(attempts, ["1", "2", "3", "4", "5"]);
+    assert_eq!(upstream.executions("evt_r"), 1);
+    eventually(Duration::from_secs(5), "the job completed", || async {
+        admin(&proxy, "GET", "/v1/queue/hooks/jobs/evt_r", "")
+            .await
+            .status
+            == 404
+    })
+    .await;
+    let metrics = scrape(proxy.admin).await;
+    assert_eq!(
+        series_value(
+            &metrics,
+            r#"dedupe_queue_attempts_total{route="hooks",result="retried"}"#
+        ),
+        4.0
+    );
+    assert_eq!(
+        series_value(
+            &metrics,
+            r#"dedupe_queue_attempts_total{route="hooks",result="delivered"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        series_value(
+            &metrics,
+            r#"dedupe_queue_delivery_seconds_count{route="hooks"}"#
+        ),
+        1.0
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn retry_after_holds_the_next_attempt_back() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(429).header("retry-after", "1")]);
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+    assert_eq!(post_event(proxy.addr, "evt_ra").await.status, 202);
+    upstream.wait_for_requests(1).await;
+    let first = Instant::now();
+    // Without Retry-After the backoff (at most 50 ms) would have retried already.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(upstream.requests(), 1);
+    upstream.wait_for_requests(2).await;
+    assert!(first.elapsed() >= Duration::from_millis(900));
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refusal_goes_to_dead_letters_which_are_inspected_replayed_and_discarded() {
+    let upstream = Upstream::start().await;
+    upstream.script([
+        Answer::status(422).body(r#"{"error":"unknown customer"}"#),
+        Answer::status(410),
+    ]);
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+    assert_eq!(post_event(proxy.addr, "evt_a").await.status, 202);
+    wait_for_dead(&proxy, 1).await;
+    assert_eq!(post_event(proxy.addr, "evt_b").await.status, 202);
+    wait_for_dead(&proxy, 2).await;
+    // Refused at once: one attempt each.
+    assert_eq!(upstream.requests(), 2);
+
+    let listed = dead_letters(&proxy, "?status=422").await;
+    let jobs = listed["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{listed}");
+    assert_eq!(jobs[0]["key"], "evt_a");
+    assert_eq!(jobs[0]["dead_because"], "refused");
+    assert_eq!(jobs[0]["last_status"], 422);
+    assert_eq!(
+        dead_letters(&proxy, "?key_prefix=evt_b").await["jobs"][0]["last_status"],
+        410
+    );
+
+    let job = admin(&proxy, "GET", "/v1/queue/hooks/jobs/evt_a", "").await;
+    assert_eq!(job.status, 200);
+    let job = job.json();
+    assert_eq!(job["state"], "dead");
+    assert_eq!(job["history"][0]["status"], 422);
+    assert_eq!(
+        job["history"][0]["answer"],
+        r#"{"error":"unknown customer"}"#
+    );
+    assert_eq!(job["request"]["method"], "POST");
+    assert_eq!(job["request"]["target"], "/hooks");
+
+    // The duplicate of a dead event is still a duplicate: dead letters are replayed by
+    // an operator, not by whoever resends.
+    let again = post_event(proxy.addr, "evt_a").await;
+    assert_eq!(again.dedupe(), "duplicate");
+
+    let replayed = admin(&proxy, "POST", "/v1/queue/hooks/jobs/evt_a/replay", "").await;
+    assert_eq!(replayed.status, 200, "{}", replayed.body);
+    eventually(Duration::from_secs(5), "evt_a run", || async {
+        upstream.executions("evt_a") == 1
+    })
+    .await;
+    let received = upstream.received();
+    assert_eq!(received[2].headers["dedupe-attempt"], "2");
+
+    let discarded = admin(&proxy, "DELETE", "/v1/queue/hooks/jobs/evt_b", "").await;
+    assert_eq!(discarded.status, 204, "{}", discarded.body);
+    assert_eq!(
+        admin(&proxy, "DELETE", "/v1/queue/hooks/jobs/evt_b", "")
+            .await
+            .status,
+        404
+    );
+    eventually(Duration::from_secs(5), "no dead letters", || async {
+        dead_letters(&proxy, "").await["jobs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn max_attempts_ends_in_dead_letters_and_a_bulk_replay_brings_them_back() {
+    let upstream = Upstream::start().await;
+    upstream.script(std::iter::repeat_n(Answer::status(500), 6));
+    let mut proxy = Proxy::start(upstream.addr, &queued("      max_attempts: 2\n")).await;
+    for id in ["evt_1", "evt_2", "evt_3"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 202);
+    }
+    wait_for_dead(&proxy, 3).await;
+    assert_eq!(upstream.requests(), 6);
+    let listed = dead_letters(&proxy, "?reason=max_attempts&limit=2").await;
+    assert_eq!(listed["jobs"].as_array().unwrap().len(), 2);
+    let next = listed["next"].as_str().unwrap().to_owned();
+    let rest = dead_letters(
+        &proxy,
+        &format!("?reason=max_attempts&after={}", percent(&next)),
+    )
+    .await;
+    assert_eq!(rest["jobs"].as_array().unwrap().len(), 1);
+    assert!(rest["next"].is_null());
+
+    let started = admin(
+        &proxy,
+        "POST",
+        "/v1/queue/hooks/replays?key_prefix=evt_",
+        "",
+    )
+    .await;
+    assert_eq!(started.status, 202, "{}", started.body);
+    let id = started.json()["id"].as_u64().unwrap();
+    eventually(Duration::from_secs(5), "the replay ended", || async {
+        let replay = admin(&proxy, "GET", &format!("/v1/replays/{id}"), "")
+            .await
+            .json();
+        replay["state"] == "done" && replay["replayed"] == 3
+    })
+    .await;
+    eventually(Duration::from_secs(5), "each event run once", || async {
+        ["evt_1", "evt_2", "evt_3"]
+            .iter()
+            .all(|id| upstream.executions(id) == 1)
+    })
+    .await;
+    assert_eq!(upstream.requests(), 9);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_paused_route_keeps_accepting_and_delivers_on_resume() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+    let paused = admin(&proxy, "POST", "/v1/queue/hooks/pause", "").await;
+    assert_eq!(
+        (paused.status, paused.json()["paused"].clone()),
+        (200, true.into())
+    );
+    for id in 0..5 {
+        assert_eq!(
+            post_event(proxy.addr, &format!("evt_{id}")).await.status,
+            202
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(upstream.requests(), 0);
+    let overview = admin(&proxy, "GET", "/v1/queue", "").await.json();
+    assert_eq!(overview["routes"][0]["paused"], true);
+    assert_eq!(overview["routes"][0]["waiting"], 5);
+    assert!(overview["routes"][0]["oldest_received_at"].is_string());
+
+    assert_eq!(
+        admin(&proxy, "POST", "/v1/queue/hooks/resume", "")
+            .await
+            .status,
+        200
+    );
+    upstream.wait_for_requests(5).await;
+    eventually(Duration::from_secs(5), "an empty queue", || async {
+        let overview = admin(&proxy, "GET", "/v1/queue", "").await.json();
+        overview["routes"][0]["waiting"] == 0
+            && overview["routes"][0]["oldest_received_at"].is_null()
+    })
+    .await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn max_concurrency_bounds_the_deliveries_in_flight() {
+    let upstream = Upstream::start().await;
+    upstream.script(std::iter::repeat_n(
+        Answer::ok().after(Duration::from_millis(200)),
+        12,
+    ));
+    let mut proxy = Proxy::start(upstream.addr, &queued("      max_concurrency: 3\n")).await;
+    for id in 0..12 {
+        assert_eq!(
+            post_event(proxy.addr, &format!("evt_{id}")).await.status,
+            202
+        );
+    }
+    upstream.wait_for_requests(12).await;
+    eventually(Duration::from_secs(5), "every delivery done", || async {
+        upstream.total_executions() == 12
+    })
+    .await;
+    assert_eq!(upstream.most_running(), 3);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn rate_spaces_the_deliveries_out() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(upstream.addr, &queued("      rate: 10\n      burst: 1\n")).await;
+    let pause = admin(&proxy, "POST", "/v1/queue/hooks/pause", "").await;
+    assert_eq!(pause.status, 200);
+    for id in 0..11 {
+        assert_eq!(
+            post_event(proxy.addr, &format!("evt_{id}")).await.status,
+            202
+        );
+    }
+    let started = Instant::now();
+    assert_eq!(
+        admin(&proxy, "POST", "/v1/queue/hooks/resume", "")
+            .await
+            .status,
+        200
+    );
+    upstream.wait_for_requests(11).await;
+    // Ten intervals of 100 ms at least; a burst of 11 would take a few milliseconds.
+    assert!(
+        started.elapsed() >= Duration::from_millis(950),
+        "{:?}",
+        started.elapsed()
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_before_anything_is_stored() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(
+        upstream.addr,
+        &json_route("    delivery: queued\n    max_body: 64\n"),
+    )
+    .await;
+    let big = format!(r#"{{"id":"evt_big","pad":"{}"}}"#, "x".repeat(100));
+    let reply = post_json(proxy.addr, "/hooks", &big).await;
+    assert_eq!(reply.status, 413);
+    let job = admin(&proxy, "GET", "/v1/queue/hooks/jobs/evt_big", "").await;
+    assert_eq!(job.status, 404);
+    let key = admin(&proxy, "GET", "/v1/keys/hooks/evt_big", "").await;
+    assert_eq!(key.status, 404);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(upstream.requests(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_api_refuses_malformed_filters_and_direct_routes() {
+    let upstream = Upstream::start().await;
+    let rest = format!(
+        "{}  - name: direct\n    match: {{ method: POST, path: /direct }}\n    key: \"{{json:/id}}\"\n",
+        queued("")
+    );
+    let mut proxy = Proxy::start(upstream.addr, &rest).await;
+    for query in [
+        "?status=abc",
+        "?status=700",
+        "?reason=bored",
+        "?since=yesterday",
+        "?limit=0",
+        "?limit=100000",
+        "?after=nonsense",
+        "?after=0000000000000001",
+        "?colour=red",
+    ] {
+        let reply = admin(&proxy, "GET", &format!("/v1/queue/hooks/dead{query}"), "").await;
+        assert_eq!(reply.status, 400, "{query}: {}", reply.body);
+        assert_eq!(reply.json()["error"], "bad_request", "{query}");
+    }
+    let direct = admin(&proxy, "POST", "/v1/queue/direct/pause", "").await;
+    assert_eq!(
+        (direct.status, direct.json()["error"].clone()),
+        (404, "not_queued".into())
+    );
+    let unknown = admin(&proxy, "GET", "/v1/queue/nowhere/dead", "").await;
+    assert_eq!(unknown.status, 404);
+    // Only a dead letter is replayed or discarded.
+    let pause = admin(&proxy, "POST", "/v1/queue/hooks/pause", "").await;
+    assert_eq!(pause.status, 200);
+    assert_eq!(post_event(proxy.addr, "evt_q").await.status, 202);
+    let replay = admin(&proxy, "POST", "/v1/queue/hooks/jobs/evt_q/replay", "").await;
+    assert_eq!(
+        (replay.status, replay.json()["error"].clone()),
+        (409, "not_dead".into())
+    );
+    let discard = admin(&proxy, "DELETE", "/v1/queue/hooks/jobs/evt_q", "").await;
+    assert_eq!(discard.status, 409);
+    let get = admin(&proxy, "GET", "/v1/queue/hooks/jobs/evt_q", "").await;
+    assert_eq!(get.json()["state"], "waiting");
+    proxy.shutdown().await;
+}
