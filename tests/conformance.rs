@@ -18,243 +18,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedupe_proxy::config::{
-    DirectUrl, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
-};
+use dedupe_proxy::config::PostgresConfig;
 use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
-use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, ManualClock,
-    RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, RESOLVED_STATUS,
+    RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
 };
-use dedupe_proxy::values::{HumanDuration, Secret, TableName};
+use dedupe_proxy::values::TableName;
 use dedupe_proxy::workers::{self, Workers};
-use support::done;
+use support::{
+    BODY, Harness, LEASE, done, plain_postgres_config, plain_redis_config, redis_cluster_config,
+    unavailable,
+};
 
-/// Leases and retentions no test outlives unless it waits for them on purpose: the shared
-/// stores keep real time, and a loaded CI machine can stall a test for most of a second.
-const LEASE: Duration = Duration::from_secs(60);
+/// Retentions no test outlives unless it waits for them on purpose (and `LEASE`, in
+/// `support`): the shared stores keep real time, and a loaded CI machine can stall a test
+/// for most of a second.
 const RETENTION: Duration = Duration::from_secs(60);
 /// The lease and retention of the tests that wait for them to run out.
 const SHORT_LEASE: Duration = Duration::from_millis(400);
 const SHORT_RETENTION: Duration = Duration::from_secs(2);
-const BODY: [u8; 32] = [7; 32];
-
-/// A store under test, and how time passes for it.
-struct Harness {
-    store: Arc<dyn ClaimStore>,
-    clock: Option<Arc<ManualClock>>,
-    /// Keys are unique to each test, so tests can share a Redis or a table.
-    run: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-/// A server the tests need: present, skipped locally, or a failure in CI.
-fn unavailable(what: &str, error: StoreError) -> Option<Harness> {
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        panic!("{what} must be running in CI: {error}");
-    }
-    eprintln!("skipped: {what} is not reachable ({error})");
-    None
-}
-
-fn redis_config() -> RedisConfig {
-    RedisConfig {
-        url: ServerUrl::Written(Secret::new(support::REDIS_URL.into())),
-        prefix: "dedupe-test:".into(),
-        timeout: HumanDuration(Duration::from_secs(2)),
-        tls: None,
-        cluster: false,
-        nodes: Vec::new(),
-    }
-}
-
-fn postgres_config() -> PostgresConfig {
-    PostgresConfig {
-        url: ServerUrl::Written(Secret::new(support::POSTGRES_URL.into())),
-        direct_url: None,
-        table: TableName("dedupe_conformance".into()),
-        timeout: HumanDuration(Duration::from_secs(5)),
-        pool_size: 8,
-        ssl_mode: SslMode::Disable,
-        tls: None,
-    }
-}
-
-/// The Redis that speaks only TLS, with the test CA and client certificate.
-fn redis_tls_config(servers: &support::TestServers) -> RedisConfig {
-    let url = format!("rediss://127.0.0.1:{}/0", servers.redis_tls_port);
-    RedisConfig {
-        url: ServerUrl::Written(Secret::new(url)),
-        tls: Some(servers.tls("ca.pem", true)),
-        ..redis_config()
-    }
-}
-
-/// The Redis Cluster, seeded with its first node and two more.
-fn redis_cluster_config(servers: &support::TestServers) -> RedisConfig {
-    let url = |port: &u16| format!("redis://127.0.0.1:{port}");
-    RedisConfig {
-        url: ServerUrl::Written(Secret::new(url(&servers.cluster_ports[0]))),
-        cluster: true,
-        nodes: servers.cluster_ports[1..3]
-            .iter()
-            .map(|port| Secret::new(url(port)))
-            .collect(),
-        ..redis_config()
-    }
-}
-
-/// The PostgreSQL that takes only TLS, checked in full (its certificate names `localhost`).
-fn postgres_tls_config(servers: &support::TestServers) -> PostgresConfig {
-    let url = format!(
-        "postgres://postgres@localhost:{}/test?sslmode=verify-full",
-        servers.postgres_tls_port
-    );
-    PostgresConfig {
-        url: ServerUrl::Written(Secret::new(url)),
-        ssl_mode: SslMode::VerifyFull,
-        tls: Some(servers.tls("ca.pem", false)),
-        ..postgres_config()
-    }
-}
-
-/// The plain PostgreSQL through PgBouncer in transaction mode, with `direct_url` past it.
-fn postgres_pooled_config(servers: &support::TestServers) -> PostgresConfig {
-    PostgresConfig {
-        url: ServerUrl::Written(Secret::new(servers.pgbouncer_url())),
-        direct_url: Some(DirectUrl(ServerUrl::Written(Secret::new(
-            support::POSTGRES_URL.into(),
-        )))),
-        table: TableName("dedupe_conformance_pooled".into()),
-        ..postgres_config()
-    }
-}
-
-impl Harness {
-    async fn sled() -> Option<Harness> {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(1_800_000_000_000);
-        let config = SledConfig {
-            path: dir.path().join("db"),
-            ..SledConfig::default()
-        };
-        let store = SledStore::open_with_clock(&config, clock.clone()).unwrap();
-        Some(Harness {
-            store: Arc::new(store),
-            clock: Some(clock),
-            run: String::new(),
-            _dir: Some(dir),
-        })
-    }
-
-    async fn redis() -> Option<Harness> {
-        match RedisStore::connect(&redis_config(), None).await {
-            Ok(store) => Some(Harness::shared(Arc::new(store))),
-            Err(error) => unavailable("Redis", error),
-        }
-    }
-
-    async fn postgres() -> Option<Harness> {
-        match PostgresStore::connect(&postgres_config(), None).await {
-            Ok(store) => Some(Harness::shared(Arc::new(store))),
-            Err(error) => unavailable("PostgreSQL", error),
-        }
-    }
-
-    async fn redis_tls() -> Option<Harness> {
-        let config = redis_tls_config(&support::TestServers::get()?);
-        match RedisStore::connect(&config, None).await {
-            Ok(store) => Some(Harness::shared(Arc::new(store))),
-            Err(error) => unavailable("Redis over TLS", error),
-        }
-    }
-
-    async fn redis_cluster() -> Option<Harness> {
-        let config = redis_cluster_config(&support::TestServers::get()?);
-        match RedisStore::connect(&config, None).await {
-            Ok(store) => Some(Harness::shared(Arc::new(store))),
-            Err(error) => unavailable("the Redis Cluster", error),
-        }
-    }
-
-    async fn postgres_tls() -> Option<Harness> {
-        let config = postgres_tls_config(&support::TestServers::get()?);
-        match PostgresStore::connect(&config, None).await {
-            Ok(store) => Some(Harness::shared(Arc::new(store))),
-            Err(error) => unavailable("PostgreSQL over TLS", error),
-        }
-    }
-
-    async fn postgres_pooled() -> Option<Harness> {
-        let config = postgres_pooled_config(&support::TestServers::get()?);
-        match PostgresStore::connect(&config, None).await {
-            Ok(store) => Some(Harness::shared(Arc::new(store))),
-            Err(error) => unavailable("PostgreSQL through PgBouncer", error),
-        }
-    }
-
-    fn shared(store: Arc<dyn ClaimStore>) -> Harness {
-        Harness {
-            store,
-            clock: None,
-            run: format!("{:016x}:", rand::random::<u64>()),
-            _dir: None,
-        }
-    }
-
-    fn key(&self, name: &str) -> String {
-        format!("t:{}{name}", self.run)
-    }
-
-    /// Lets `duration` pass: the manual clock moves, real time is slept.
-    async fn pass(&self, duration: Duration) {
-        match &self.clock {
-            Some(clock) => clock.advance(duration),
-            None => tokio::time::sleep(duration).await,
-        }
-    }
-
-    async fn claimed(&self, name: &str) -> Claim {
-        self.claimed_for(name, LEASE).await
-    }
-
-    async fn claimed_for(&self, name: &str, lease: Duration) -> Claim {
-        match self
-            .store
-            .claim(&self.key(name), BODY, lease)
-            .await
-            .unwrap()
-        {
-            ClaimOutcome::Claimed(claim) => claim,
-            other => panic!("expected a claim of {name}, got {other:?}"),
-        }
-    }
-
-    /// The store key of entity `name`, in the namespace of [`Harness::key`].
-    fn entity(&self, name: &str) -> String {
-        entity_key("t", &format!("{}{name}", self.run))
-    }
-
-    async fn newest(&self, name: &str) -> Option<String> {
-        let record = self.store.newest_version(&self.entity(name)).await.unwrap();
-        record.map(|record| record.newest.text)
-    }
-
-    async fn record(&self, name: &str, version: &str, retention: Duration) -> bool {
-        let version = parse_version(version).unwrap();
-        self.store
-            .record_version(&self.entity(name), &version, retention)
-            .await
-            .unwrap()
-    }
-
-    async fn state(&self, name: &str) -> Option<KeyState> {
-        self.store.inspect(&self.key(name)).await.unwrap()
-    }
-}
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap()
@@ -1209,7 +994,7 @@ on_two_workers!(
     redis_overlapping_claims_from_two_workers,
     overlapping_claims_from_two_workers,
     RedisStore,
-    redis_config(),
+    plain_redis_config(),
     "Redis"
 );
 
@@ -1217,7 +1002,7 @@ on_two_workers!(
     postgres_overlapping_claims_from_two_workers,
     overlapping_claims_from_two_workers,
     PostgresStore,
-    postgres_config(),
+    plain_postgres_config(),
     "PostgreSQL"
 );
 
@@ -1225,7 +1010,7 @@ on_two_workers!(
     redis_workers_connections_share_one_store,
     workers_connections_share_one_store,
     RedisStore,
-    redis_config(),
+    plain_redis_config(),
     "Redis"
 );
 
@@ -1233,7 +1018,7 @@ on_two_workers!(
     postgres_workers_connections_share_one_store,
     workers_connections_share_one_store,
     PostgresStore,
-    postgres_config(),
+    plain_postgres_config(),
     "PostgreSQL"
 );
 
@@ -1255,7 +1040,7 @@ async fn redis_cluster_workers_connections_share_one_store() {
 /// and `forget` leaves it alone.
 #[tokio::test]
 async fn redis_values_the_proxy_did_not_write_are_store_errors() {
-    let config = redis_config();
+    let config = plain_redis_config();
     let store = match RedisStore::connect(&config, None).await {
         Ok(store) => store,
         Err(error) => return drop(unavailable("Redis", error)),
@@ -1338,7 +1123,7 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
         .unwrap();
     let config = PostgresConfig {
         table: TableName("dedupe_before_held".into()),
-        ..postgres_config()
+        ..plain_postgres_config()
     };
     let store = PostgresStore::connect(&config, None).await.unwrap();
     let Some(KeyState::Done(old)) = store.inspect("t:old").await.unwrap() else {
@@ -1375,7 +1160,7 @@ async fn postgres_a_batch_the_server_aborts_as_a_deadlock_runs_again() {
     let config = PostgresConfig {
         table: TableName(table.into()),
         pool_size: 1,
-        ..postgres_config()
+        ..plain_postgres_config()
     };
     let store = Arc::new(PostgresStore::connect(&config, None).await.unwrap());
     let mut claims = Vec::new();
@@ -1505,7 +1290,7 @@ async fn postgres_expired_entity_rows_are_swept() {
         .unwrap();
     let config = PostgresConfig {
         table: TableName("dedupe_entity_sweep".into()),
-        ..postgres_config()
+        ..plain_postgres_config()
     };
     let store = PostgresStore::connect(&config, None).await.unwrap();
     let version = parse_version("5").unwrap();

@@ -281,7 +281,7 @@ async fn run(
             .matched
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         for job in jobs {
-            match queue.revive(&job.key).await {
+            match queue.revive(&route.name, &job.key).await {
                 Ok(true) => {
                     replay.replayed.fetch_add(1, Ordering::Relaxed);
                 }

@@ -127,7 +127,7 @@ pub(super) async fn job(
     let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
     let queue = deliveries.queue();
-    let found = match queue.job(&full_key).await {
+    let found = match queue.job(&route.name, &full_key).await {
         Ok(Some(job)) if job.route == route.name => job,
         Ok(_) => return AdminRefusal::NoSuchJob.into_response(),
         Err(failure) => return AdminRefusal::from(failure).into_response(),
@@ -139,15 +139,15 @@ pub(super) async fn job(
         return AdminRefusal::NotDead.into_response();
     }
     let changed = if replay {
-        queue.revive(&full_key).await
+        queue.revive(&route.name, &full_key).await
     } else {
-        queue.discard(&full_key).await
+        queue.discard(&route.name, &full_key).await
     };
     match changed {
         Ok(true) if replay => {
             tracing::info!(route = name, key = %key, "dead letter replayed through the admin API");
             deliveries.accepted(name);
-            match queue.job(&full_key).await {
+            match queue.job(&route.name, &full_key).await {
                 Ok(Some(job)) => json_response(StatusCode::OK, detail(&route, &job).to_string()),
                 _ => json_response(
                     StatusCode::OK,

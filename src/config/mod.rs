@@ -29,11 +29,11 @@ use file::ConfigFile;
 pub(crate) use defaults::admin_listen as default_admin_listen;
 pub use errors::ConfigError;
 pub use sections::{AdminConfig, Limits, OtlpProtocol, TelemetryConfig};
-pub(crate) use store::driver_url;
 pub use store::{
     DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
     StoreConfig, TlsConfig,
 };
+pub(crate) use store::{QUEUE_POOL, driver_url};
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.
 #[derive(Debug, Clone, Serialize)]

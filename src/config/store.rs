@@ -15,6 +15,10 @@ use crate::dsn;
 use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 
 /// `store:`: exactly one backend.
+/// The connections of the PostgreSQL queue's own pool (`delivery: queued`), beside
+/// `pool_size`.
+pub(crate) const QUEUE_POOL: usize = 2;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreConfig {
     Sled(SledConfig),
@@ -109,7 +113,7 @@ impl StoreConfig {
             StoreConfig::Redis(_) => workers + 2,
             StoreConfig::Postgres(postgres) => {
                 let share = (postgres.pool_size as u64).div_ceil(workers.max(1)).max(1);
-                workers * share + 3
+                workers * share + 3 + QUEUE_POOL as u64
             }
         }
     }

@@ -71,6 +71,8 @@ pub struct Deliveries {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     running: Mutex<HashMap<String, Running>>,
+    /// Whether the store's durability warning was looked for (once queued routes run).
+    warned: std::sync::atomic::AtomicBool,
     paused: RwLock<HashSet<String>>,
     /// Every loop and attempt, which shutdown waits for.
     tasks: TaskTracker,
@@ -92,6 +94,7 @@ impl Deliveries {
             metrics,
             clock,
             running: Mutex::new(HashMap::new()),
+            warned: std::sync::atomic::AtomicBool::new(false),
             paused: RwLock::new(HashSet::new()),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -152,6 +155,14 @@ impl Deliveries {
                 limiter,
             ));
             running.insert(route.name.clone(), loop_of);
+        }
+        if !kept.is_empty() && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let queue = Arc::clone(&self.queue);
+            self.tasks.spawn(async move {
+                if let Some(warning) = queue.durability_warning().await {
+                    tracing::warn!("{warning}");
+                }
+            });
         }
         running.retain(|name, old| {
             let keep = kept.contains(name);

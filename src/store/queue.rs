@@ -204,8 +204,8 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     /// Stores `job` (its `dead` set) in dead letters. `NotOwner` as for retry.
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError>;
 
-    /// The job of a store key, queued or dead.
-    async fn job(&self, key: &str) -> Result<Option<Job>, StoreError>;
+    /// The job of a store key on `route`, queued or dead.
+    async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError>;
 
     /// Up to `limit` of `route`'s dead letters, in the order they died, after the cursor
     /// `after` (a page's `next`).
@@ -218,10 +218,10 @@ pub trait DeliveryQueue: Send + Sync + 'static {
 
     /// Makes a dead job ready now, with a fresh `max_attempts` and `max_age`. Returns
     /// whether it was dead.
-    async fn revive(&self, key: &str) -> Result<bool, StoreError>;
+    async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError>;
 
     /// Removes a dead job. Returns whether it was dead.
-    async fn discard(&self, key: &str) -> Result<bool, StoreError>;
+    async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError>;
 
     /// What each of `routes`' queues holds.
     async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError>;
@@ -231,6 +231,12 @@ pub trait DeliveryQueue: Send + Sync + 'static {
 
     /// The routes paused.
     async fn paused(&self) -> Result<Vec<String>, StoreError>;
+
+    /// What the backend's own settings could lose of acknowledged jobs, if anything
+    /// (Redis without an append-only file, say): logged when queued routes start.
+    async fn durability_warning(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A cursor for dead letters: when the job died and its key, so that pages stay in order

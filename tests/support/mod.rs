@@ -2,7 +2,7 @@
 //! proxy (`proxy.rs`), a client (`client.rs`), the binary launcher (`binary.rs`), raw
 //! sockets (`raw.rs`), the extra servers (`servers.rs`), a store that fails on demand
 //! (`failing_store.rs`), metrics as scraped (`metrics.rs`), and small helpers
-//! (`files.rs`, `records.rs`). Every test file takes all of it with `mod support;` and
+//! (`files.rs`, `records.rs`), and the stores the contract tests open (`stores.rs`). Every test file takes all of it with `mod support;` and
 //! `use support::*;`.
 #![allow(dead_code)]
 
@@ -15,11 +15,12 @@ mod proxy;
 mod raw;
 mod records;
 mod servers;
+mod stores;
 mod upstream;
 
 // Each test file uses its own part of the library.
 #[allow(unused_imports)]
 pub use {
     binary::*, client::*, failing_store::*, files::*, metrics::*, proxy::*, raw::*, records::*,
-    servers::*, upstream::*,
+    servers::*, stores::*, upstream::*,
 };

@@ -20,6 +20,7 @@ mod batch;
 mod connection;
 mod lane;
 mod listener;
+mod queue;
 mod record;
 mod schema;
 mod statements;
@@ -35,8 +36,10 @@ use self::connection::Sending;
 use self::connection::Sql;
 use self::lane::{ClaimRequest, FinishRequest, Found, Lane};
 use self::listener::{Listener, hear};
+use self::queue::PostgresQueue;
 use self::record::{live_state, signed, unsigned};
 use self::statements::Statements;
+use super::queue::DeliveryQueue;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Fingerprint, Forgotten,
     Heard, KeyState, Page, RecordedResponse, Resolution, StateFilter, StoreError, Swept, Version,
@@ -57,6 +60,7 @@ pub struct PostgresStore {
     listener: Listener,
     /// Ends the listening when the store is dropped.
     stop_hearing: CancellationToken,
+    queue: Arc<PostgresQueue>,
 }
 
 impl Drop for PostgresStore {
@@ -107,6 +111,7 @@ impl PostgresStore {
             statements,
             listener,
             stop_hearing: CancellationToken::new(),
+            queue: Arc::new(PostgresQueue::new(config)?),
         };
         let prepared = async {
             let mut direct = connection::schema_pool(config)?.get().await?;
@@ -404,6 +409,10 @@ impl ClaimStore for PostgresStore {
     /// Durability is the database's (each statement commits).
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {
+        Some(Arc::clone(&self.queue) as Arc<dyn DeliveryQueue>)
     }
 
     fn done_keys(&self) -> Option<u64> {

@@ -70,6 +70,9 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
     }
     transaction.batch_execute(&upgrade_claims(table)).await?;
     transaction.batch_execute(&create_entities(table)).await?;
+    transaction
+        .batch_execute(&super::queue::create_tables(table))
+        .await?;
     transaction.commit().await
 }
 

@@ -34,7 +34,7 @@ pub(super) fn entities_table(table: &str) -> String {
 }
 
 /// `table` (its first 54 bytes: names are ASCII) followed by `suffix`.
-fn beside(table: &str, suffix: &str) -> String {
+pub(super) fn beside(table: &str, suffix: &str) -> String {
     format!("{}{suffix}", &table[..table.len().min(54)])
 }
 

@@ -27,11 +27,13 @@
 
 mod connection;
 mod listing;
+mod queue;
 mod scripts;
 mod stored;
 mod subscription;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -39,12 +41,14 @@ use redis::{AsyncCommands, Script};
 use tokio_util::sync::CancellationToken;
 
 use self::connection::{Link, Opener, check_version};
+use self::queue::RedisQueue;
 use self::scripts::{FORGET, RECORD_VERSION, RELEASE, RENEW, REPLACE, SETTLE};
 use self::stored::{
     Finished, Holding, Started, Stored, decode_entity, encode, encode_entity, malformed,
     owner_prefix,
 };
 use self::subscription::hear;
+use super::queue::DeliveryQueue;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, EntityRecord, Fingerprint,
     Forgotten, Heard, KeyState, Millis, Page, RESOLVED_STATUS, Resolution, StateFilter, StoreError,
@@ -75,6 +79,7 @@ pub struct RedisStore {
     subscribers: Vec<redis::Client>,
     /// Ends the subscription when the store is dropped.
     stop_hearing: CancellationToken,
+    queue: Arc<RedisQueue>,
 }
 
 impl Drop for RedisStore {
@@ -114,7 +119,13 @@ impl RedisStore {
                 );
             }
         }
+        let queue = Arc::new(RedisQueue::new(
+            outside.clone(),
+            &config.prefix,
+            config.timeout.0,
+        ));
         Ok(RedisStore {
+            queue,
             connections: PerWorker::new(outside, each),
             outcomes_channel: format!("{}outcomes", config.prefix),
             subscribers: Opener::subscribers(config)?,
@@ -453,6 +464,10 @@ impl ClaimStore for RedisStore {
     /// Durability is the Redis server's (its `appendfsync` setting).
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {
+        Some(Arc::clone(&self.queue) as Arc<dyn DeliveryQueue>)
     }
 
     fn done_keys(&self) -> Option<u64> {

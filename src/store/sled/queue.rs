@@ -375,7 +375,7 @@ impl DeliveryQueue for SledQueue {
         self.change_taken(taken, job, None)
     }
 
-    async fn job(&self, key: &str) -> Result<Option<Job>, StoreError> {
+    async fn job(&self, _route: &str, key: &str) -> Result<Option<Job>, StoreError> {
         self.on_database(|trees| match trees.jobs.get(key.as_bytes())? {
             Some(bytes) => Ok(Some(Entry::read(&bytes)?.job)),
             None => Ok(None),
@@ -417,7 +417,7 @@ impl DeliveryQueue for SledQueue {
         })
     }
 
-    async fn revive(&self, key: &str) -> Result<bool, StoreError> {
+    async fn revive(&self, _route: &str, key: &str) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let revived = self.on_database(|trees| {
             settled(
@@ -454,7 +454,7 @@ impl DeliveryQueue for SledQueue {
         })
     }
 
-    async fn discard(&self, key: &str) -> Result<bool, StoreError> {
+    async fn discard(&self, _route: &str, key: &str) -> Result<bool, StoreError> {
         let discarded = self.on_database(|trees| {
             settled((&trees.jobs, &trees.dead).transaction(|(jobs, dead)| {
                 let Some(stored) = read_in(jobs, key.as_bytes())? else {

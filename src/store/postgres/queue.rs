@@ -1,0 +1,361 @@
+//! The delivery queue on PostgreSQL: one row per job in `<table>_jobs`, shared by every
+//! replica. A take is one `UPDATE ... WHERE key IN (SELECT ... FOR UPDATE SKIP LOCKED)`:
+//! replicas taking at once each get other rows, and none waits for another's. A taken row
+//! is due again when its visibility ends (its `due_at` moved to then) unless settled
+//! first, so a job whose replica died is taken by another. Retry and bury are guarded by
+//! the take's token. Partial indexes keep the due jobs by route and time, and the dead
+//! letters by route and time of death; `<table>_paused` lists the paused routes.
+//!
+//! The queue's times are the replicas' clocks (it compares times it wrote itself), not the
+//! database's. It has a pool of its own ([`QUEUE_POOL`] connections), so that deliveries
+//! never wait behind claims.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::Pool;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::connection::{self, Sending, Sql};
+use super::statements::beside;
+use crate::config::{PostgresConfig, QUEUE_POOL};
+use crate::store::queue::{
+    DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor, parse_dead_cursor,
+};
+use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
+
+/// The jobs' table, its indexes and the paused routes' table, beside the claims table.
+pub(super) fn create_tables(table: &str) -> String {
+    let jobs = beside(table, "_jobs");
+    let due = beside(table, "_jobs_due");
+    let dead = beside(table, "_jobs_dl");
+    let paused = beside(table, "_paused");
+    format!(
+        "CREATE TABLE IF NOT EXISTS {jobs} (
+           key text COLLATE \"C\" PRIMARY KEY,
+           route text NOT NULL,
+           due_at bigint NOT NULL,
+           received_at bigint NOT NULL,
+           token bigint NOT NULL DEFAULT 0,
+           waiting boolean NOT NULL,
+           dead_at bigint,
+           job bytea NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS {due} ON {jobs} (route, due_at) WHERE dead_at IS NULL;
+         CREATE INDEX IF NOT EXISTS {dead} ON {jobs} (route, dead_at, key)
+           WHERE dead_at IS NOT NULL;
+         CREATE TABLE IF NOT EXISTS {paused} (route text PRIMARY KEY);"
+    )
+}
+
+/// The queue's statements, with the tables' names filled in once.
+struct Statements {
+    enqueue: Sql,
+    take: Sql,
+    complete: Sql,
+    retry: Sql,
+    bury: Sql,
+    job: Sql,
+    dead: Sql,
+    revive: Sql,
+    discard: Sql,
+    counts: Sql,
+    pause: Sql,
+    resume: Sql,
+    paused: Sql,
+}
+
+impl Statements {
+    fn for_table(table: &str, sending: Sending) -> Statements {
+        let jobs = beside(table, "_jobs");
+        let paused = beside(table, "_paused");
+        let sql = |types: &'static [Type], text: String| Sql {
+            text,
+            types,
+            sending,
+        };
+        use Type as T;
+        Statements {
+            enqueue: sql(
+                &[T::TEXT, T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                format!(
+                    "INSERT INTO {jobs} (key, route, due_at, received_at, waiting, job)
+                     VALUES ($1, $2, $3, $4, true, $5) ON CONFLICT (key) DO NOTHING RETURNING key"
+                ),
+            ),
+            take: sql(
+                &[T::TEXT, T::INT8, T::INT8, T::INT8, T::INT8],
+                format!(
+                    "UPDATE {jobs} j SET due_at = $4, token = $5
+                     WHERE j.key IN (SELECT key FROM {jobs}
+                                     WHERE route = $1 AND dead_at IS NULL AND due_at <= $2
+                                     ORDER BY due_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+                     RETURNING j.job"
+                ),
+            ),
+            complete: sql(
+                &[T::TEXT],
+                format!("DELETE FROM {jobs} WHERE key = $1 AND dead_at IS NULL"),
+            ),
+            retry: sql(
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                format!(
+                    "UPDATE {jobs} SET due_at = $3, token = 0, waiting = false, job = $4
+                     WHERE key = $1 AND token = $2 AND dead_at IS NULL"
+                ),
+            ),
+            bury: sql(
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                format!(
+                    "UPDATE {jobs} SET dead_at = $3, token = 0, waiting = false, job = $4
+                     WHERE key = $1 AND token = $2 AND dead_at IS NULL"
+                ),
+            ),
+            job: sql(&[T::TEXT], format!("SELECT job FROM {jobs} WHERE key = $1")),
+            dead: sql(
+                &[T::TEXT, T::INT8, T::TEXT, T::INT8],
+                format!(
+                    "SELECT job FROM {jobs}
+                     WHERE route = $1 AND dead_at IS NOT NULL AND (dead_at, key) > ($2, $3)
+                     ORDER BY dead_at, key LIMIT $4"
+                ),
+            ),
+            revive: sql(
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                format!(
+                    "UPDATE {jobs} SET dead_at = NULL, due_at = $3, token = 0, waiting = true,
+                       job = $4
+                     WHERE key = $1 AND dead_at = $2"
+                ),
+            ),
+            discard: sql(
+                &[T::TEXT],
+                format!("DELETE FROM {jobs} WHERE key = $1 AND dead_at IS NOT NULL"),
+            ),
+            counts: sql(
+                &[T::TEXT_ARRAY],
+                format!(
+                    "SELECT route,
+                       count(*) FILTER (WHERE dead_at IS NULL AND waiting),
+                       count(*) FILTER (WHERE dead_at IS NULL AND NOT waiting),
+                       count(*) FILTER (WHERE dead_at IS NOT NULL),
+                       min(received_at) FILTER (WHERE dead_at IS NULL)
+                     FROM {jobs} WHERE route = ANY($1) GROUP BY route"
+                ),
+            ),
+            pause: sql(
+                &[T::TEXT],
+                format!("INSERT INTO {paused} (route) VALUES ($1) ON CONFLICT DO NOTHING"),
+            ),
+            resume: sql(&[T::TEXT], format!("DELETE FROM {paused} WHERE route = $1")),
+            paused: sql(&[], format!("SELECT route FROM {paused}")),
+        }
+    }
+}
+
+/// The PostgreSQL store's queue.
+pub(super) struct PostgresQueue {
+    pool: Pool,
+    timeout: Duration,
+    statements: Statements,
+    clock: Arc<dyn Clock>,
+}
+
+/// A time or count as PostgreSQL's `bigint`.
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl PostgresQueue {
+    pub(super) fn new(config: &PostgresConfig) -> Result<PostgresQueue, StoreError> {
+        Ok(PostgresQueue {
+            pool: connection::pool(config, QUEUE_POOL)?,
+            timeout: config.timeout.0,
+            statements: Statements::for_table(&config.table.0, Sending::of(config)),
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    async fn query(
+        &self,
+        statement: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        within("postgres", self.timeout, async {
+            let client = self.pool.get().await?;
+            Ok::<_, StoreError>(statement.query(&client, params).await?)
+        })
+        .await
+    }
+
+    async fn execute(
+        &self,
+        statement: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        within("postgres", self.timeout, async {
+            let client = self.pool.get().await?;
+            Ok::<_, StoreError>(statement.execute(&client, params).await?)
+        })
+        .await
+    }
+
+    /// Changes a taken job as `statement` says (retry or bury), if the take owns it.
+    async fn change_taken(
+        &self,
+        statement: &Sql,
+        taken: &Taken,
+        job: &Job,
+        at: Millis,
+    ) -> Result<(), StoreError> {
+        let (token, at, encoded) = (signed(taken.token), signed(at), job.encode()?);
+        let params: [&(dyn ToSql + Sync); 4] = [&job.key, &token, &at, &encoded];
+        match self.execute(statement, &params).await? {
+            1 => Ok(()),
+            _ => Err(StoreError::NotOwner),
+        }
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for PostgresQueue {
+    async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError> {
+        let (now, received, encoded) = (
+            signed(self.clock.now()),
+            signed(job.received_at),
+            job.encode()?,
+        );
+        let params: [&(dyn ToSql + Sync); 5] = [&job.key, &job.route, &now, &received, &encoded];
+        let rows = self.query(&self.statements.enqueue, &params).await?;
+        Ok(if rows.is_empty() {
+            Enqueued::AlreadyQueued
+        } else {
+            Enqueued::Stored
+        })
+    }
+
+    async fn take(
+        &self,
+        route: &str,
+        limit: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Taken>, StoreError> {
+        let now = self.clock.now();
+        let token = signed(rand::random::<u64>() >> 1 | 1);
+        let (now_signed, limit) = (signed(now), signed(limit as u64));
+        let until = signed(now.saturating_add(millis(visibility)));
+        let params: [&(dyn ToSql + Sync); 5] = [&route, &now_signed, &limit, &until, &token];
+        let rows = self.query(&self.statements.take, &params).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Taken {
+                    job: Job::decode(row.get::<_, &[u8]>(0))?,
+                    token: token as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
+        self.execute(&self.statements.complete, &[&taken.job.key])
+            .await
+            .map(drop)
+    }
+
+    async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {
+        self.change_taken(&self.statements.retry, taken, job, due_at)
+            .await
+    }
+
+    async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
+        let died = job.dead.map_or(self.clock.now(), |(at, _)| at);
+        self.change_taken(&self.statements.bury, taken, job, died)
+            .await
+    }
+
+    async fn job(&self, _route: &str, key: &str) -> Result<Option<Job>, StoreError> {
+        let rows = self.query(&self.statements.job, &[&key]).await?;
+        rows.first()
+            .map(|row| Job::decode(row.get::<_, &[u8]>(0)))
+            .transpose()
+    }
+
+    async fn dead(
+        &self,
+        route: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadPage, StoreError> {
+        let (died, key) = match after {
+            Some(cursor) => parse_dead_cursor(cursor)?,
+            None => (0, ""),
+        };
+        let (died, wanted) = (signed(died), signed(limit as u64 + 1));
+        let params: [&(dyn ToSql + Sync); 4] = [&route, &died, &key, &wanted];
+        let rows = self.query(&self.statements.dead, &params).await?;
+        let mut jobs = rows
+            .iter()
+            .map(|row| Job::decode(row.get::<_, &[u8]>(0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = (jobs.len() > limit).then(|| {
+            jobs.truncate(limit);
+            jobs.last().map(dead_cursor)
+        });
+        Ok(DeadPage {
+            jobs,
+            next: next.flatten(),
+        })
+    }
+
+    async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
+        let Some(mut job) = self.job(route, key).await? else {
+            return Ok(false);
+        };
+        let Some((died, _)) = job.dead else {
+            return Ok(false);
+        };
+        let now = self.clock.now();
+        job.dead = None;
+        job.revived = Some((now, job.attempted));
+        let (died, now, encoded) = (signed(died), signed(now), job.encode()?);
+        let params: [&(dyn ToSql + Sync); 4] = [&key, &died, &now, &encoded];
+        Ok(self.execute(&self.statements.revive, &params).await? == 1)
+    }
+
+    async fn discard(&self, _route: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(self.execute(&self.statements.discard, &[&key]).await? == 1)
+    }
+
+    async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
+        let rows = self.query(&self.statements.counts, &[&routes]).await?;
+        let count = |value: i64| u64::try_from(value).unwrap_or(0);
+        Ok(routes
+            .iter()
+            .map(|route| {
+                rows.iter()
+                    .find(|row| row.get::<_, &str>(0) == route)
+                    .map_or_else(QueueCounts::default, |row| QueueCounts {
+                        waiting: count(row.get(1)),
+                        retrying: count(row.get(2)),
+                        dead: count(row.get(3)),
+                        oldest: row.get::<_, Option<i64>>(4).map(count),
+                    })
+            })
+            .collect())
+    }
+
+    async fn set_paused(&self, route: &str, paused: bool) -> Result<(), StoreError> {
+        let statement = if paused {
+            &self.statements.pause
+        } else {
+            &self.statements.resume
+        };
+        self.execute(statement, &[&route]).await.map(drop)
+    }
+
+    async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self.query(&self.statements.paused, &[]).await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+}

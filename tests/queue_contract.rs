@@ -1,0 +1,305 @@
+//! The delivery queue's contract (`delivery: queued`), one suite run unchanged against
+//! sled, Redis, PostgreSQL, their TLS servers, the Redis Cluster and PostgreSQL through
+//! PgBouncer: idempotent enqueue, a take that hides a job for its visibility and no longer,
+//! tokens that refuse a late owner, retries due later, dead letters listed in order, revived
+//! and discarded, concurrent takers that never share a job, counts, and pausing.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dedupe_proxy::store::queue::{
+    Attempt, DeadReason, DeliveryQueue, Enqueued, Job, QueuedRequest,
+};
+use dedupe_proxy::store::{Clock, StoreError};
+use support::Harness;
+
+const VISIBLE: Duration = Duration::from_secs(60);
+
+/// A queue under test, with a route of its own.
+struct Queue {
+    h: Harness,
+    queue: Arc<dyn DeliveryQueue>,
+    route: String,
+}
+
+impl Queue {
+    fn of(h: Harness) -> Queue {
+        let queue = h.store.queue().expect("every store keeps a queue");
+        Queue {
+            queue,
+            route: format!("q{:012x}", rand::random::<u64>() >> 16),
+            h,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        match &self.h.clock {
+            Some(clock) => clock.now(),
+            None => dedupe_proxy::store::millis(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap(),
+            ),
+        }
+    }
+
+    fn job(&self, name: &str) -> Job {
+        Job::new(
+            format!("{}:{name}", self.route),
+            self.route.clone(),
+            self.now(),
+            QueuedRequest {
+                method: "POST".into(),
+                target: format!("/hooks?event={name}"),
+                headers: vec![(
+                    "content-type".into(),
+                    Bytes::from_static(b"application/json"),
+                )],
+                body: Bytes::from(format!(r#"{{"id":"{name}"}}"#)),
+            },
+        )
+    }
+
+    async fn enqueue(&self, name: &str) -> Enqueued {
+        self.queue.enqueue(&self.job(name)).await.unwrap()
+    }
+
+    async fn take(
+        &self,
+        limit: usize,
+        visibility: Duration,
+    ) -> Vec<dedupe_proxy::store::queue::Taken> {
+        self.queue
+            .take(&self.route, limit, visibility)
+            .await
+            .unwrap()
+    }
+
+    async fn counts(&self) -> dedupe_proxy::store::queue::QueueCounts {
+        let mut counts = self.queue.counts(&[self.route.clone()]).await.unwrap();
+        counts.pop().unwrap()
+    }
+
+    fn attempt(&self, status: u16) -> Attempt {
+        Attempt {
+            at: self.now(),
+            latency_ms: 3,
+            status: Some(status),
+            detail: Bytes::from_static(b"no"),
+        }
+    }
+
+    /// Takes the next due job and buries it, with the app's `status`.
+    async fn bury(&self, status: u16) -> String {
+        let taken = self.take(1, VISIBLE).await.pop().expect("a due job");
+        let mut job = taken.job.clone();
+        job.record(self.attempt(status));
+        job.dead = Some((self.now(), DeadReason::Refused));
+        self.queue.bury(&taken, &job).await.unwrap();
+        job.key
+    }
+}
+
+async fn enqueue_is_idempotent_and_a_take_hides_the_job(h: Harness) {
+    let q = Queue::of(h);
+    assert_eq!(q.enqueue("a").await, Enqueued::Stored);
+    assert_eq!(q.enqueue("a").await, Enqueued::AlreadyQueued);
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.retrying, counts.dead), (1, 0, 0));
+    assert!(counts.oldest.is_some());
+    let taken = q.take(10, VISIBLE).await;
+    assert_eq!(taken.len(), 1);
+    let expected = q.job("a");
+    assert_eq!(taken[0].job.key, expected.key);
+    assert_eq!(taken[0].job.request, expected.request);
+    assert_eq!(taken[0].job.attempted, 0);
+    assert!(q.take(10, VISIBLE).await.is_empty(), "hidden while taken");
+    q.queue.complete(&taken[0]).await.unwrap();
+    assert!(
+        q.queue
+            .job(&q.route, &taken[0].job.key)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let counts = q.counts().await;
+    assert_eq!(
+        (counts.waiting, counts.retrying, counts.oldest),
+        (0, 0, None)
+    );
+    // Delivered and gone: the same key may be queued again (its done record, not the
+    // queue, answers duplicates).
+    assert_eq!(q.enqueue("a").await, Enqueued::Stored);
+}
+
+async fn a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused(h: Harness) {
+    let q = Queue::of(h);
+    q.enqueue("v").await;
+    let first = q.take(1, Duration::from_millis(300)).await.pop().unwrap();
+    q.h.pass(Duration::from_millis(600)).await;
+    let second = q.take(1, VISIBLE).await.pop().expect("due again");
+    assert_ne!(first.token, second.token);
+    let mut job = first.job.clone();
+    job.record(q.attempt(500));
+    let late = q.queue.retry(&first, &job, q.now()).await;
+    assert!(matches!(late, Err(StoreError::NotOwner)), "{late:?}");
+    job.dead = Some((q.now(), DeadReason::Refused));
+    assert!(matches!(
+        q.queue.bury(&first, &job).await,
+        Err(StoreError::NotOwner)
+    ));
+    // The current owner's retry stands.
+    let mut job = second.job.clone();
+    job.record(q.attempt(503));
+    q.queue.retry(&second, &job, q.now()).await.unwrap();
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.retrying), (0, 1));
+    let third = q.take(1, VISIBLE).await.pop().unwrap();
+    assert_eq!(third.job.attempted, 1);
+    assert_eq!(third.job.history[0].status, Some(503));
+}
+
+async fn a_retry_is_due_at_its_time_and_not_before(h: Harness) {
+    let q = Queue::of(h);
+    q.enqueue("r").await;
+    let taken = q.take(1, VISIBLE).await.pop().unwrap();
+    let mut job = taken.job.clone();
+    job.record(q.attempt(500));
+    q.queue.retry(&taken, &job, q.now() + 400).await.unwrap();
+    assert!(q.take(1, VISIBLE).await.is_empty(), "not due yet");
+    q.h.pass(Duration::from_millis(600)).await;
+    assert_eq!(q.take(1, VISIBLE).await.len(), 1);
+}
+
+async fn dead_letters_are_listed_in_order_revived_and_discarded(h: Harness) {
+    let q = Queue::of(h);
+    let mut dead = Vec::new();
+    for name in ["d1", "d2", "d3", "d4", "d5"] {
+        q.enqueue(name).await;
+        dead.push(q.bury(422).await);
+        q.h.pass(Duration::from_millis(5)).await;
+    }
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.dead, counts.oldest), (0, 5, None));
+    // Two pages of two, then the last.
+    let mut listed = Vec::new();
+    let mut after = None;
+    loop {
+        let page = q.queue.dead(&q.route, after.as_deref(), 2).await.unwrap();
+        assert!(page.jobs.len() <= 2);
+        listed.extend(page.jobs.iter().map(|job| job.key.clone()));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(listed, dead);
+    let first = q.queue.job(&q.route, &dead[0]).await.unwrap().unwrap();
+    assert_eq!(first.dead.map(|(_, why)| why), Some(DeadReason::Refused));
+    assert_eq!(first.last_status(), Some(422));
+
+    // Revived: due now, a new round, counted as waiting.
+    assert!(q.queue.revive(&q.route, &dead[0]).await.unwrap());
+    assert!(
+        !q.queue.revive(&q.route, &dead[0]).await.unwrap(),
+        "not dead now"
+    );
+    let revived = q.take(1, VISIBLE).await.pop().unwrap();
+    assert_eq!(revived.job.key, dead[0]);
+    assert_eq!(revived.job.attempts_this_round(), 0);
+    assert_eq!(revived.job.attempted, 1);
+
+    // Discarded: gone; a queued job is not discarded.
+    assert!(q.queue.discard(&q.route, &dead[1]).await.unwrap());
+    assert!(!q.queue.discard(&q.route, &dead[1]).await.unwrap());
+    assert!(q.queue.job(&q.route, &dead[1]).await.unwrap().is_none());
+    assert!(!q.queue.discard(&q.route, &dead[0]).await.unwrap());
+    assert_eq!(q.counts().await.dead, 3);
+
+    // A cursor of another listing is refused, not misread.
+    let refused = q.queue.dead(&q.route, Some("not a cursor"), 2).await;
+    assert!(
+        matches!(refused, Err(StoreError::BadRequest(_))),
+        "{refused:?}"
+    );
+}
+
+async fn concurrent_takers_never_share_a_job(h: Harness) {
+    let q = Arc::new(Queue::of(h));
+    for index in 0..60 {
+        q.enqueue(&format!("c{index}")).await;
+    }
+    let mut takers = Vec::new();
+    for _ in 0..6 {
+        let q = Arc::clone(&q);
+        takers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let taken = q.take(4, VISIBLE).await;
+                if taken.is_empty() {
+                    return mine;
+                }
+                for job in taken {
+                    mine.push(job.job.key.clone());
+                    q.queue.complete(&job).await.unwrap();
+                }
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for taker in takers {
+        all.extend(taker.await.unwrap());
+    }
+    let distinct: HashSet<_> = all.iter().collect();
+    assert_eq!(all.len(), 60, "each job taken once");
+    assert_eq!(distinct.len(), 60);
+}
+
+async fn pausing_is_kept_in_the_store(h: Harness) {
+    let q = Queue::of(h);
+    q.queue.set_paused(&q.route, true).await.unwrap();
+    assert!(q.queue.paused().await.unwrap().contains(&q.route));
+    q.queue.set_paused(&q.route, true).await.unwrap();
+    q.queue.set_paused(&q.route, false).await.unwrap();
+    assert!(!q.queue.paused().await.unwrap().contains(&q.route));
+}
+
+macro_rules! backend {
+    ($module:ident, $harness:ident, $($test:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    if let Some(harness) = super::Harness::$harness().await {
+                        super::$test(harness).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        backend!(sled_backend, sled, $($test),*);
+        backend!(redis_backend, redis, $($test),*);
+        backend!(postgres_backend, postgres, $($test),*);
+        backend!(redis_tls_backend, redis_tls, $($test),*);
+        backend!(redis_cluster_backend, redis_cluster, $($test),*);
+        backend!(postgres_tls_backend, postgres_tls, $($test),*);
+        backend!(postgres_pooled_backend, postgres_pooled, $($test),*);
+    };
+}
+
+contract!(
+    enqueue_is_idempotent_and_a_take_hides_the_job,
+    a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused,
+    a_retry_is_due_at_its_time_and_not_before,
+    dead_letters_are_listed_in_order_revived_and_discarded,
+    concurrent_takers_never_share_a_job,
+    pausing_is_kept_in_the_store,
+);
