@@ -80,7 +80,7 @@ impl Queue {
     }
 
     async fn counts(&self) -> dedupe_proxy::store::queue::QueueCounts {
-        let mut counts = self.queue.counts(&[self.route.clone()]).await.unwrap();
+        let mut counts = self.queue.counts(std::slice::from_ref(&self.route)).await.unwrap();
         counts.pop().unwrap()
     }
 
