@@ -80,7 +80,11 @@ impl Queue {
     }
 
     async fn counts(&self) -> dedupe_proxy::store::queue::QueueCounts {
-        let mut counts = self.queue.counts(std::slice::from_ref(&self.route)).await.unwrap();
+        let mut counts = self
+            .queue
+            .counts(std::slice::from_ref(&self.route))
+            .await
+            .unwrap();
         counts.pop().unwrap()
     }
 
@@ -143,6 +147,8 @@ async fn a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused(h
     q.h.pass(Duration::from_millis(600)).await;
     let second = q.take(1, VISIBLE).await.pop().expect("due again");
     assert_ne!(first.token, second.token);
+    // Each take is counted, so that the app can tell a retry, even of a cut-off attempt.
+    assert_eq!((first.attempt, second.attempt), (1, 2));
     let mut job = first.job.clone();
     job.record(q.attempt(500));
     let late = q.queue.retry(&first, &job, q.now()).await;

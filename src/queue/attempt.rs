@@ -42,7 +42,7 @@ pub(super) async fn deliver(deliveries: &Attempts, route: &Route, taken: Taken) 
     let mut job = taken.job.clone();
     let started_at = deliveries.clock.now();
     let started = Instant::now();
-    let (status, headers, detail) = match request(&job, job.attempted + 1) {
+    let (status, headers, detail) = match request(&job, taken.attempt.max(1)) {
         Ok(request) => send(deliveries, route, request).await,
         Err(error) => (None, http::HeaderMap::new(), Bytes::from(error)),
     };

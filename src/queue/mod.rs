@@ -7,7 +7,7 @@
 //!
 //! The queue lives in the store, so a job survives a crash of the proxy, and the replicas
 //! sharing a store share its jobs: a take hides a job from the others for its visibility
-//! (the route's `upstream_timeout` and a margin), after which a job whose worker died is
+//! (twice the route's `upstream_timeout` and 5 s), after which a job whose worker died is
 //! taken again. Pausing a route is kept in the store too, for every replica.
 
 mod attempt;
@@ -30,9 +30,9 @@ use crate::store::queue::{DeliveryQueue, Enqueued, Job, QueueCounts};
 use crate::store::{Clock, StoreError, SystemClock};
 use crate::upstream::Upstream;
 
-/// How long a take hides a job beyond the route's `upstream_timeout`: time to read the
-/// answer and record the outcome.
-const VISIBILITY_MARGIN: Duration = Duration::from_secs(30);
+/// How long a take hides a job beyond twice the route's `upstream_timeout` (the answer's
+/// head, then its body): time to record the outcome.
+const VISIBILITY_MARGIN: Duration = Duration::from_secs(5);
 
 /// How often an idle route looks for due jobs (this replica's own acceptances wake it
 /// at once; another replica's are found on this beat).
@@ -182,7 +182,7 @@ impl Deliveries {
         places: Arc<Semaphore>,
         limiter: Option<DefaultDirectRateLimiter>,
     ) {
-        let visibility = route.policy.upstream_timeout + VISIBILITY_MARGIN;
+        let visibility = route.policy.upstream_timeout * 2 + VISIBILITY_MARGIN;
         let burst = route
             .policy
             .queue

@@ -148,6 +148,10 @@ impl Job {
 pub struct Taken {
     pub job: Job,
     pub token: u64,
+    /// How many times the job was taken, this take included: recorded by the take
+    /// before the job is handed over, so that an attempt cut off by a crash still counts,
+    /// and the app can tell a retry (`Dedupe-Attempt`).
+    pub attempt: u32,
 }
 
 /// What an enqueue did.
@@ -186,7 +190,8 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError>;
 
     /// Takes up to `limit` of `route`'s jobs that are due, oldest due first, each for
-    /// `visibility`: unless settled by then, it is due again.
+    /// `visibility`: unless settled by then, it is due again. Returns once the takes are
+    /// as durable as an enqueue.
     async fn take(
         &self,
         route: &str,

@@ -38,10 +38,12 @@ pub(super) fn create_tables(table: &str) -> String {
            due_at bigint NOT NULL,
            received_at bigint NOT NULL,
            token bigint NOT NULL DEFAULT 0,
+           takes integer NOT NULL DEFAULT 0,
            waiting boolean NOT NULL,
            dead_at bigint,
            job bytea NOT NULL
          );
+         ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS takes integer NOT NULL DEFAULT 0;
          CREATE INDEX IF NOT EXISTS {due} ON {jobs} (route, due_at) WHERE dead_at IS NULL;
          CREATE INDEX IF NOT EXISTS {dead} ON {jobs} (route, dead_at, key)
            WHERE dead_at IS NOT NULL;
@@ -87,11 +89,11 @@ impl Statements {
             take: sql(
                 &[T::TEXT, T::INT8, T::INT8, T::INT8, T::INT8],
                 format!(
-                    "UPDATE {jobs} j SET due_at = $4, token = $5
+                    "UPDATE {jobs} j SET due_at = $4, token = $5, takes = j.takes + 1
                      WHERE j.key IN (SELECT key FROM {jobs}
                                      WHERE route = $1 AND dead_at IS NULL AND due_at <= $2
                                      ORDER BY due_at LIMIT $3 FOR UPDATE SKIP LOCKED)
-                     RETURNING j.job"
+                     RETURNING j.job, j.takes"
                 ),
             ),
             complete: sql(
@@ -252,6 +254,7 @@ impl DeliveryQueue for PostgresQueue {
                 Ok(Taken {
                     job: Job::decode(row.get::<_, &[u8]>(0))?,
                     token: token as u64,
+                    attempt: u32::try_from(row.get::<_, i32>(1)).unwrap_or(0),
                 })
             })
             .collect()

@@ -44,24 +44,25 @@ return 1
 ";
 
 /// Takes up to ARGV[2] jobs due by ARGV[1], each due again at ARGV[3] under the token
-/// ARGV[4]. KEYS: due, tokens, jobs. Returns key, record pairs.
+/// ARGV[4], counting the take. KEYS: due, tokens, jobs, takes. Returns record, takes pairs.
 const TAKE: &str = r"
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 local taken = {}
 for _, key in ipairs(due) do
   redis.call('ZADD', KEYS[1], ARGV[3], key)
   redis.call('HSET', KEYS[2], key, ARGV[4])
+  local takes = redis.call('HINCRBY', KEYS[4], key, 1)
   local record = redis.call('HGET', KEYS[3], key)
   if record then
-    table.insert(taken, key)
     table.insert(taken, record)
+    table.insert(taken, tostring(takes))
   end
 end
 return taken
 ";
 
-/// Removes a delivered job that is not dead. KEYS: jobs, due, received, waiting, tokens;
-/// ARGV: key.
+/// Removes a delivered job that is not dead. KEYS: jobs, due, received, waiting, tokens,
+/// takes; ARGV: key.
 const COMPLETE: &str = r"
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
@@ -71,6 +72,7 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
 return 1
 ";
 
@@ -118,13 +120,14 @@ redis.call('ZADD', KEYS[5], ARGV[5], ARGV[1])
 return 1
 ";
 
-/// Removes a dead job. KEYS: jobs, dead; ARGV: key.
+/// Removes a dead job. KEYS: jobs, dead, takes; ARGV: key.
 const DISCARD: &str = r"
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 ";
 
@@ -133,6 +136,7 @@ struct RouteKeys {
     jobs: String,
     due: String,
     tokens: String,
+    takes: String,
     waiting: String,
     received: String,
     dead: String,
@@ -164,6 +168,7 @@ impl RedisQueue {
             jobs: key("jobs"),
             due: key("due"),
             tokens: key("tokens"),
+            takes: key("takes"),
             waiting: key("waiting"),
             received: key("received"),
             dead: key("dead"),
@@ -257,6 +262,7 @@ impl DeliveryQueue for RedisQueue {
             .key(&keys.due)
             .key(&keys.tokens)
             .key(&keys.jobs)
+            .key(&keys.takes)
             .arg(now)
             .arg(limit)
             .arg(now.saturating_add(millis(visibility)))
@@ -264,11 +270,15 @@ impl DeliveryQueue for RedisQueue {
         let found: Vec<Vec<u8>> = self.bounded(invocation.invoke_async(&mut link)).await?;
         found
             .chunks(2)
-            .filter_map(|pair| pair.get(1))
-            .map(|record| {
+            .filter(|pair| pair.len() == 2)
+            .map(|pair| {
+                let takes = std::str::from_utf8(&pair[1])
+                    .ok()
+                    .and_then(|text| text.parse().ok());
                 Ok(Taken {
-                    job: Job::decode(record)?,
+                    job: Job::decode(&pair[0])?,
                     token,
+                    attempt: takes.unwrap_or(0),
                 })
             })
             .collect()
@@ -284,6 +294,7 @@ impl DeliveryQueue for RedisQueue {
             .key(&keys.received)
             .key(&keys.waiting)
             .key(&keys.tokens)
+            .key(&keys.takes)
             .arg(&taken.job.key);
         let _: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         Ok(())
@@ -433,7 +444,11 @@ impl DeliveryQueue for RedisQueue {
         let keys = self.keys(route);
         let mut link = self.link.clone();
         let mut invocation = self.scripts[6].prepare_invoke();
-        invocation.key(&keys.jobs).key(&keys.dead).arg(key);
+        invocation
+            .key(&keys.jobs)
+            .key(&keys.dead)
+            .key(&keys.takes)
+            .arg(key);
         let changed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         Ok(changed == 1)
     }

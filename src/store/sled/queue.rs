@@ -36,6 +36,7 @@ use crate::store::{Clock, Millis, StoreError, millis};
 struct Entry {
     due_at: Millis,
     token: u64,
+    takes: u32,
     job: Job,
 }
 
@@ -171,6 +172,7 @@ impl SledQueue {
         for entry in cut_off {
             let taken = Taken {
                 token: entry.token,
+                attempt: entry.takes,
                 job: entry.job,
             };
             queue.change_taken(&taken, &taken.job, Some(now))?;
@@ -216,9 +218,11 @@ impl SledQueue {
             }
             entry.due_at = due_at;
             entry.token = token;
+            entry.takes += 1;
             due.insert(index_key(route, due_at, &entry.job.key), &[])?;
             write_in(jobs, &entry)?;
             Ok(Some(Taken {
+                attempt: entry.takes,
                 job: entry.job,
                 token,
             }))
@@ -264,6 +268,7 @@ impl SledQueue {
                             &Entry {
                                 due_at: due_at.unwrap_or(0),
                                 token: 0,
+                                takes: stored.takes,
                                 job: job.clone(),
                             },
                         )?;
@@ -289,6 +294,7 @@ impl DeliveryQueue for SledQueue {
         let entry = Entry {
             due_at: now,
             token: 0,
+            takes: 0,
             job: job.clone(),
         }
         .encode()?;
@@ -320,7 +326,8 @@ impl DeliveryQueue for SledQueue {
         limit: usize,
         visibility: Duration,
     ) -> Result<Vec<Taken>, StoreError> {
-        self.on_database(|trees| {
+        let database = self.database.open()?;
+        let taken = self.on_database(|trees| {
             let now = self.clock.now();
             let prefix = route_prefix(route);
             let end = index_key(route, now.saturating_add(1), "");
@@ -339,7 +346,12 @@ impl DeliveryQueue for SledQueue {
                 taken.extend(self.take_one(trees, route, &index, until)?);
             }
             Ok(taken)
-        })
+        })?;
+        if !taken.is_empty() {
+            let flushed = database.flusher.flush().await;
+            self.database.reopen_if_failed(&database, flushed)?;
+        }
+        Ok(taken)
     }
 
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
