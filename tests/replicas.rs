@@ -2,8 +2,10 @@
 //! on Redis and then on PostgreSQL. A storm spread across them runs the work once; a
 //! replica killed while it holds a claim leaves the event to another replica after the
 //! lease; a duplicate waiting on one replica (`on_in_flight: wait`) is answered as soon as
-//! the first delivery ends on another. The PostgreSQL tests run again through PgBouncer in
-//! transaction mode. (Skipped locally without the servers; a failure in CI.)
+//! the first delivery ends on another. Queued delivery shares one queue: jobs accepted on
+//! every replica are each delivered once, and a replica killed mid-delivery leaves its job
+//! to another after the job's visibility. The PostgreSQL tests run again through PgBouncer
+//! in transaction mode. (Skipped locally without the servers; a failure in CI.)
 
 mod support;
 
@@ -230,6 +232,99 @@ async fn redis_a_killed_replica_leaves_the_event_to_another_after_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_killed_replica_leaves_the_event_to_another_after_the_lease() {
     a_killed_replica_leaves_the_event_to_another_after_the_lease("postgres").await;
+}
+
+/// A queued route: attempts time out after 1 s, so a taken job is due again 7 s later.
+const QUEUED: &str = "    delivery: queued\n    upstream_timeout: 1s\n    queue: { backoff_base: 50ms, backoff_cap: 200ms }\n";
+
+async fn queued_jobs_accepted_everywhere_are_each_delivered_once(kind: &str) {
+    let Some(store) = shared_store(kind, "replicas_queued").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    upstream.script(std::iter::repeat_n(
+        Answer::ok().after(Duration::from_millis(30)),
+        90,
+    ));
+    let (replicas, _dir) = start_replicas(upstream.addr, &store, QUEUED).await;
+    let mut accepted = JoinSet::new();
+    for n in 0..90 {
+        let addr = replicas[n % 3].addr;
+        accepted.spawn(async move { post_event(addr, &format!("evt_{n}")).await });
+    }
+    while let Some(reply) = accepted.join_next().await {
+        assert_eq!(reply.unwrap().status, 202, "{kind}");
+    }
+    eventually(Duration::from_secs(15), "every job delivered", || async {
+        upstream.total_executions() == 90
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(upstream.requests(), 90, "{kind}: no job delivered twice");
+    for n in 0..90 {
+        assert_eq!(upstream.executions(&format!("evt_{n}")), 1, "{kind}");
+    }
+}
+
+async fn a_killed_replicas_queued_job_is_delivered_by_another(kind: &str) {
+    let Some(store) = shared_store(kind, "replicas_queued_kill").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::ok().after(Duration::from_secs(30))]);
+    let dir = tempfile::tempdir().unwrap();
+    let first = write_replica_config(dir.path(), "a", upstream.addr, &store, QUEUED);
+    let mut holder = Binary::start(&first);
+    let reply = post_event(holder.addr, "evt_q_kill").await;
+    assert_eq!(reply.status, 202, "{kind}");
+    upstream.wait_for_requests(1).await;
+    holder.kill9();
+    let killed_at = Instant::now();
+    let second = write_replica_config(dir.path(), "b", upstream.addr, &store, QUEUED);
+    let _other = tokio::task::spawn_blocking(move || Binary::start(&second))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "delivered by the other replica",
+        || async { upstream.executions("evt_q_kill") == 1 },
+    )
+    .await;
+    assert!(
+        killed_at.elapsed() >= Duration::from_secs(5),
+        "{kind}: not taken again before its visibility ended ({:?})",
+        killed_at.elapsed()
+    );
+    assert_eq!(
+        upstream.received()[1].headers["dedupe-attempt"],
+        "2",
+        "{kind}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_queued_jobs_accepted_everywhere_are_each_delivered_once() {
+    queued_jobs_accepted_everywhere_are_each_delivered_once("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_queued_jobs_accepted_everywhere_are_each_delivered_once() {
+    queued_jobs_accepted_everywhere_are_each_delivered_once("postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_pgbouncer_queued_jobs_accepted_everywhere_are_each_delivered_once() {
+    queued_jobs_accepted_everywhere_are_each_delivered_once("postgres_pooled").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_killed_replicas_queued_job_is_delivered_by_another() {
+    a_killed_replicas_queued_job_is_delivered_by_another("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_killed_replicas_queued_job_is_delivered_by_another() {
+    a_killed_replicas_queued_job_is_delivered_by_another("postgres").await;
 }
 
 /// Four replicas starting at the same moment (a Deployment rolling out, a node coming

@@ -65,7 +65,8 @@ pub fn postgres_config(url: &str, table: &str) -> dedupe_proxy::config::Postgres
     }
 }
 
-/// Drops a proxy's PostgreSQL tables (`table` and `<table>_entities`), if they are there.
+/// Drops a proxy's PostgreSQL tables (`table`, `<table>_entities`, `<table>_jobs` and
+/// `<table>_paused`), if they are there.
 pub async fn drop_postgres_tables(table: &str) {
     let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
         .await
@@ -73,7 +74,8 @@ pub async fn drop_postgres_tables(table: &str) {
     tokio::spawn(connection);
     client
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities"
+            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities;
+             DROP TABLE IF EXISTS {table}_jobs; DROP TABLE IF EXISTS {table}_paused"
         ))
         .await
         .unwrap();
