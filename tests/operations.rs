@@ -819,3 +819,54 @@ async fn the_readme_walkthrough_runs_as_written() {
         "once, and once more after the key was forgotten: {printed}"
     );
 }
+
+#[tokio::test]
+async fn a_reload_turns_queued_delivery_on_and_off_and_refuses_a_bad_queue() {
+    let queued = |extra: &str| {
+        format!(
+            "routes:\n{}    delivery: queued\n    queue: {{ backoff_base: 50ms, backoff_cap: 100ms{extra} }}\n",
+            route("a", "/a")
+        )
+    };
+    let proxy = Reloadable::start(
+        Upstream::start().await,
+        &format!("routes:\n{}", route("a", "/a")),
+    )
+    .await;
+    let (addr, admin) = (proxy.app.proxy_addr, proxy.app.admin_addr);
+    assert_eq!(
+        post_json(addr, "/a", r#"{"id":"e1"}"#).await.dedupe(),
+        "forwarded"
+    );
+
+    proxy.rewrite(&queued(""));
+    assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
+    let accepted = post_json(addr, "/a", r#"{"id":"e2"}"#).await;
+    assert_eq!((accepted.status, accepted.dedupe()), (202, "queued"));
+    proxy.upstream.wait_for_requests(2).await;
+
+    proxy.rewrite(&queued(", max_attempts: 0"));
+    let refused = admin_post(admin, "/v1/reload", "").await;
+    assert_eq!(refused.status, 422);
+    let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("`max_attempts` must be from 1 to 1000"),
+        "{detail}"
+    );
+    // Still queued, as before the refused file.
+    assert_eq!(
+        post_json(addr, "/a", r#"{"id":"e3"}"#).await.dedupe(),
+        "queued"
+    );
+    proxy.upstream.wait_for_requests(3).await;
+
+    proxy.rewrite(&format!("routes:\n{}", route("a", "/a")));
+    assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
+    assert_eq!(
+        post_json(addr, "/a", r#"{"id":"e4"}"#).await.dedupe(),
+        "forwarded"
+    );
+    // The queue's endpoints know the route no longer queues.
+    let paused = admin_post(admin, "/v1/queue/a/pause", "").await;
+    assert_eq!(paused.json()["error"], "not_queued");
+}
