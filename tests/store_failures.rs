@@ -165,3 +165,62 @@ async fn a_read_only_data_directory_stops_the_start_with_a_clear_message() {
     assert!(stderr.contains("cannot open data directory"), "{stderr}");
     assert!(stderr.contains("Read-only file system"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_queued_events_and_loses_none_it_acknowledged() {
+    let Some(disk) = Tmpfs::mount("size=4m") else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let app = proxy_on(&upstream, disk.path(), "    delivery: queued\n").await;
+    // Paused: the jobs stay on the full disk until it has room again.
+    let admin = app.admin_addr;
+    assert_eq!(
+        admin_post(admin, "/v1/queue/hooks/pause", "").await.status,
+        200
+    );
+    let body = "x".repeat(2000);
+    let (mut acknowledged, mut refused, mut sent) = (Vec::new(), 0, 0);
+    let mut filler = None;
+    while refused < 10 && sent < MOST_EVENTS {
+        if sent == 20 {
+            filler = Some(disk.fill());
+        }
+        let id = format!("evt_q_{sent}");
+        sent += 1;
+        let reply = post_json(
+            app.proxy_addr,
+            "/hooks",
+            &format!(r#"{{"id":"{id}","pad":"{body}"}}"#),
+        )
+        .await;
+        match (reply.status, reply.dedupe()) {
+            (202, "queued") => acknowledged.push(id),
+            (503, "unavailable") => refused += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(
+        refused >= 10,
+        "the full disk must show: {refused} of {sent} refused"
+    );
+    assert!(acknowledged.len() >= 20);
+    assert_eq!(upstream.requests(), 0);
+
+    std::fs::remove_file(filler.unwrap()).unwrap();
+    eventually(Duration::from_secs(15), "the store recovers", || async {
+        admin_post(admin, "/v1/queue/hooks/resume", "").await.status == 200
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "every acknowledged event delivered",
+        || async { acknowledged.iter().all(|id| upstream.executions(id) == 1) },
+    )
+    .await;
+    eprintln!(
+        "full disk: {} acknowledged, {refused} refused, all delivered",
+        acknowledged.len()
+    );
+    app.shutdown().await.unwrap();
+}
