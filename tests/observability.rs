@@ -59,7 +59,7 @@ fn the_alert_rules_are_valid_and_fire_when_they_should() {
     };
     let dir = repo("deploy/prometheus");
     let checked = run(&promtool, &["check", "rules", "alerts.yaml"], &dir);
-    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
     let tested = run(&promtool, &["test", "rules", "alerts.test.yaml"], &dir);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
@@ -162,7 +162,7 @@ fn exported_names(scrape: &str) -> BTreeSet<String> {
 }
 
 /// A configuration with a route of each kind the metrics have series for: a signed one
-/// (signature refusals) and one with `order:` (order checks).
+/// (signature refusals), one with `order:` (order checks) and a queued one with a target.
 fn observed_config(upstream: std::net::SocketAddr, dir: &Path) -> PathBuf {
     let path = dir.join("config.yaml");
     let text = format!(
@@ -179,6 +179,11 @@ routes:
     match: {{ method: POST, path: /signed }}
     key: "{{json:/id}}"
     verify: {{ hmac: {{ secret_env: OBSERVED_SECRET, header: X-Signature }} }}
+  - name: queued
+    match: {{ method: POST, path: /queued }}
+    key: "{{json:/id}}"
+    delivery: queued
+    queue: {{ target: 1m }}
 "#,
         dir.join("data").display()
     );
@@ -217,6 +222,7 @@ async fn every_dashboard_and_alert_expression_names_a_metric_the_proxy_exports()
     assert_eq!(
         unread,
         [
+            "dedupe_queue_delivery_seconds_sum",
             "dedupe_upstream_duration_seconds_count",
             "dedupe_upstream_duration_seconds_sum"
         ],
@@ -357,7 +363,7 @@ async fn a_real_prometheus_scrapes_the_binary_and_evaluates_the_dashboard_and_al
                 (field("name"), field("health"), field("state"))
             })
             .collect();
-        if rules.len() == 8 && rules.iter().all(|(_, health, _)| health == "ok") {
+        if rules.len() == 11 && rules.iter().all(|(_, health, _)| health == "ok") {
             break rules;
         }
         assert!(

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde::de::Deserializer;
 
 use super::whole_map::map_then;
-use crate::route::delivery::QueuePolicy;
+use crate::route::delivery::{QueuePolicy, Rate};
 use crate::values::{HumanDuration, StatusValue};
 
 /// Built-in values. The schedule follows Standard Webhooks' published one in spirit:
@@ -131,8 +131,10 @@ impl QueueFile {
                 |statuses| statuses.iter().map(|status| status.0.as_u16()).collect(),
             ),
             max_concurrency: own.max_concurrency.unwrap_or(MAX_CONCURRENCY),
-            rate: own.rate,
-            burst: own.burst.unwrap_or(own.rate.unwrap_or(1)).max(1),
+            rate: own.rate.map(|per_second| Rate {
+                per_second,
+                burst: own.burst.unwrap_or(per_second).max(1),
+            }),
             target: own.target.map(|target| target.0),
         }
     }

@@ -78,6 +78,7 @@ pub struct QueueMetrics {
     delivered_within_target: Family<RouteLabel, Counter>,
     delivery_seconds: HistogramFamily,
     store_errors: Family<RouteLabel, Counter>,
+    target: Family<RouteLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl QueueMetrics {
@@ -95,6 +96,7 @@ impl QueueMetrics {
                 (|| Histogram::new(exponential_buckets(0.1, 2.0, 23))) as fn() -> Histogram,
             ),
             store_errors: Family::default(),
+            target: Family::default(),
         }
     }
 
@@ -135,17 +137,30 @@ impl QueueMetrics {
             self.delivered_within_target.clone(),
         );
         registry.register(
+            "dedupe_queue_target_seconds",
+            "A route's `queue.target`: the time from acceptance to the app's success it is held to (routes with one only)",
+            self.target.clone(),
+        );
+        registry.register(
             "dedupe_queue_store_errors",
             "Queue operations of a route's workers that the store failed (the job is tried again when its visibility ends)",
             self.store_errors.clone(),
         );
     }
 
-    /// Creates a queued route's series at zero.
-    pub fn expect_route(&self, route: &str) {
+    /// Creates a queued route's series at zero, and its target's if it has one.
+    pub fn expect_route(&self, route: &str, target: Option<std::time::Duration>) {
         let label = RouteLabel {
             route: route.to_owned(),
         };
+        match target {
+            Some(target) => {
+                self.target.get_or_create(&label).set(target.as_secs_f64());
+            }
+            None => {
+                self.target.remove(&label);
+            }
+        }
         for result in AttemptResult::ALL {
             let _ = self.attempts.get_or_create(&RouteResult {
                 route: route.to_owned(),

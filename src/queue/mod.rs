@@ -131,7 +131,7 @@ impl Deliveries {
                 continue;
             };
             kept.insert(route.name.clone());
-            self.metrics.queue.expect_route(&route.name);
+            self.metrics.queue.expect_route(&route.name, policy.target);
             if let Some(old) = running.remove(&route.name) {
                 old.stop.cancel();
             }
@@ -143,8 +143,8 @@ impl Deliveries {
                 places: Arc::clone(&places),
             };
             let limiter = policy.rate.map(|rate| {
-                let per_second = NonZeroU32::new(rate).unwrap_or(NonZeroU32::MIN);
-                let burst = NonZeroU32::new(policy.burst).unwrap_or(NonZeroU32::MIN);
+                let per_second = NonZeroU32::new(rate.per_second).unwrap_or(NonZeroU32::MIN);
+                let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
                 RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst))
             });
             self.tasks.spawn(Arc::clone(self).deliver_route(
@@ -187,7 +187,7 @@ impl Deliveries {
             .policy
             .queue
             .as_ref()
-            .and_then(|policy| policy.rate.map(|_| policy.burst as usize))
+            .and_then(|policy| policy.rate.map(|rate| rate.burst as usize))
             .unwrap_or(TAKE_BATCH);
         loop {
             if self.paused.read().contains(&route.name) {

@@ -31,11 +31,9 @@ pub struct QueuePolicy {
     /// The 4xx statuses tried again; other 4xx go to dead letters at once.
     pub retry_statuses: Vec<u16>,
     pub max_concurrency: u32,
-    /// Deliveries started per second, if limited.
+    /// How fast deliveries may start, if limited.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u32>,
-    /// How many may start at once within the rate.
-    pub burst: u32,
+    pub rate: Option<Rate>,
     /// A time from acceptance to the app's success that the metrics hold the route to.
     #[serde(
         skip_serializing_if = "Option::is_none",
@@ -52,6 +50,14 @@ fn some_duration<S: serde::Serializer>(
         Some(value) => as_written::duration(value, serializer),
         None => serializer.serialize_none(),
     }
+}
+
+/// `queue.rate` and `queue.burst`: deliveries started per second, and how many may start
+/// at once after a quiet spell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Rate {
+    pub per_second: u32,
+    pub burst: u32,
 }
 
 /// What happens to a job after an attempt.
@@ -150,7 +156,6 @@ mod tests {
             retry_statuses: vec![408, 409, 425, 429],
             max_concurrency: 1,
             rate: None,
-            burst: 1,
             target: None,
         }
     }
