@@ -105,6 +105,10 @@ pub enum Refusal {
     StoreUnavailable {
         retry_after: Duration,
     },
+    /// A queued route's queue holds `queue.max_queued` jobs.
+    QueueFull {
+        retry_after: Duration,
+    },
     InFlight {
         status: StatusCode,
         retry_after: Duration,
@@ -147,6 +151,7 @@ impl Refusal {
             Refusal::MissingKey(_) => StatusCode::BAD_REQUEST,
             Refusal::KeyTooLong(_) => StatusCode::BAD_REQUEST,
             Refusal::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::QueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::InFlight { status, .. } => *status,
             Refusal::Held { status, .. } => *status,
             Refusal::PayloadMismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -171,6 +176,7 @@ impl Refusal {
             Refusal::MissingKey(_) => "missing_key",
             Refusal::KeyTooLong(_) => "key_too_long",
             Refusal::StoreUnavailable { .. } => "store_unavailable",
+            Refusal::QueueFull { .. } => "queue_full",
             Refusal::InFlight { .. } => "in_flight",
             Refusal::Held { .. } => "held",
             Refusal::PayloadMismatch => "payload_mismatch",
@@ -195,6 +201,7 @@ impl Refusal {
             Refusal::MissingKey(reason) => format!("no usable event key: {reason}"),
             Refusal::KeyTooLong(length) => format!("the event key is {length} bytes; the limit is {MAX_KEY_BYTES}"),
             Refusal::StoreUnavailable { .. } => "the claim store is unavailable; retry later".into(),
+            Refusal::QueueFull { .. } => "the route's queue is full; retry later".into(),
             Refusal::InFlight { .. } => "another delivery of this event is being processed; retry later".into(),
             Refusal::Held { .. } => "an earlier delivery of this event may have been processed; it waits for an operator to resolve it".into(),
             Refusal::PayloadMismatch => "this key was already processed with a different request (its body; with the idempotency_key preset, its method, target or body)".into(),
@@ -211,6 +218,7 @@ impl Refusal {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Refusal::StoreUnavailable { retry_after }
+            | Refusal::QueueFull { retry_after }
             | Refusal::InFlight { retry_after, .. }
             | Refusal::Held { retry_after, .. } => Some(*retry_after),
             Refusal::Overloaded | Refusal::TooManyConnections | Refusal::Closing => {
@@ -624,6 +632,7 @@ mod tests {
             | Refusal::MissingKey(_)
             | Refusal::KeyTooLong(_)
             | Refusal::StoreUnavailable { .. }
+            | Refusal::QueueFull { .. }
             | Refusal::InFlight { .. }
             | Refusal::Held { .. }
             | Refusal::PayloadMismatch
@@ -649,6 +658,9 @@ mod tests {
             Refusal::MissingKey(String::new()),
             Refusal::KeyTooLong(513),
             Refusal::StoreUnavailable {
+                retry_after: second,
+            },
+            Refusal::QueueFull {
                 retry_after: second,
             },
             Refusal::InFlight {

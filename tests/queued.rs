@@ -438,3 +438,88 @@ async fn the_admin_api_refuses_malformed_filters_and_direct_routes() {
     assert_eq!(get.json()["state"], "waiting");
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_jobs_view_masks_secrets_and_query_values() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(400).body("bad token tok_live_123")]);
+    let mut proxy = Proxy::start(upstream.addr, &queued("")).await;
+    let reply = send(
+        proxy.addr,
+        "POST",
+        "/hooks?token=tok_live_123&mode",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer tok_live_123"),
+            ("x-webhook-key", "tok_live_123"),
+        ],
+        r#"{"id":"evt_secret"}"#,
+    )
+    .await;
+    assert_eq!(reply.status, 202);
+    wait_for_dead(&proxy, 1).await;
+    let job = admin(&proxy, "GET", "/v1/queue/hooks/jobs/evt_secret", "").await;
+    let view = job.json();
+    assert_eq!(view["request"]["target"], "/hooks?token=(masked)&mode");
+    let headers = view["request"]["headers"].as_array().unwrap();
+    let shown = |name: &str| {
+        headers
+            .iter()
+            .find(|pair| pair[0] == name)
+            .map(|pair| pair[1].as_str().unwrap().to_owned())
+    };
+    assert_eq!(shown("authorization").as_deref(), Some("(masked)"));
+    assert_eq!(shown("x-webhook-key").as_deref(), Some("(masked)"));
+    assert_eq!(shown("content-type").as_deref(), Some("application/json"));
+    // The token shows nowhere but in the answer the app itself wrote.
+    let outside_answers = view["request"].to_string();
+    assert!(
+        !outside_answers.contains("tok_live_123"),
+        "{outside_answers}"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_with_503_and_stores_nothing() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(upstream.addr, &queued("      max_queued: 3\n")).await;
+    let paused = admin(&proxy, "POST", "/v1/queue/hooks/pause", "").await;
+    assert_eq!(paused.status, 200);
+    for id in ["evt_1", "evt_2", "evt_3"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 202);
+    }
+    // The bound reads the counts, taken every 2 s: until then more may be accepted.
+    let mut refused = None;
+    for attempt in 0..100 {
+        let id = format!("evt_more_{attempt}");
+        let reply = post_event(proxy.addr, &id).await;
+        if reply.status == 503 {
+            assert_eq!(reply.json()["error"], "queue_full");
+            refused = Some(id);
+            break;
+        }
+        assert_eq!(reply.status, 202);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = refused.expect("the queue read full within 10 s");
+    let job = admin(
+        &proxy,
+        "GET",
+        &format!("/v1/queue/hooks/jobs/{refused}"),
+        "",
+    )
+    .await;
+    assert_eq!(job.status, 404, "nothing stored");
+    let key = admin(&proxy, "GET", &format!("/v1/keys/hooks/{refused}"), "").await;
+    assert_eq!(key.status, 404, "the refused event's key is not claimed");
+    // The sender's retry is taken once there is room.
+    let resumed = admin(&proxy, "POST", "/v1/queue/hooks/resume", "").await;
+    assert_eq!(resumed.status, 200);
+    upstream.wait_for_requests(3).await;
+    eventually(Duration::from_secs(10), "room again", || async {
+        post_event(proxy.addr, &refused).await.status == 202
+    })
+    .await;
+    proxy.shutdown().await;
+}

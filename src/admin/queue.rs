@@ -208,27 +208,74 @@ fn detail(route: &Route, job: &Job) -> Value {
             })
         })
         .collect();
-    // Headers that carry secrets are masked: the signature is the sender's, not ours to show.
+    // Only headers known to carry no secret are shown: a signature or a token under a
+    // name no rule foresaw stays masked. Query values are masked too.
     let headers: Vec<Value> = job
         .request
         .headers
         .iter()
         .map(|(name, value)| {
-            let shown = if crate::redact::is_secret_header(name) {
-                "(masked)".into()
-            } else {
+            let shown = if SHOWN_HEADERS.contains(&name.as_str()) {
                 String::from_utf8_lossy(value).into_owned()
+            } else {
+                MASKED.into()
             };
             json!([name, shown])
         })
         .collect();
     value["request"] = json!({
         "method": job.request.method,
-        "target": job.request.target,
+        "target": masked_query(&job.request.target),
         "headers": headers,
         "body_bytes": job.request.body.len(),
     });
     value["history"] = json!(attempts);
     value["attempts_kept"] = json!(job.history.len());
-    value
+    // A configured secret that an answer or a value echoed is masked as in the log.
+    serde_json::from_str(&crate::redact::text(&value.to_string())).unwrap_or(value)
+}
+
+/// What stands for a value not shown.
+const MASKED: &str = "(masked)";
+
+/// Request headers whose values a job's view shows (lowercase): the message's own, the
+/// proxy's, and the providers' event names and IDs.
+const SHOWN_HEADERS: [&str; 22] = [
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "user-agent",
+    "accept",
+    "host",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "dedupe-key",
+    "x-github-event",
+    "x-github-delivery",
+    "x-github-hook-id",
+    "x-shopify-topic",
+    "x-shopify-event-id",
+    "x-shopify-shop-domain",
+    "x-shopify-webhook-id",
+    "webhook-id",
+    "webhook-timestamp",
+    "svix-id",
+    "svix-timestamp",
+    "traceparent",
+];
+
+/// A target with its query's values masked (names kept).
+fn masked_query(target: &str) -> String {
+    let Some((path, query)) = target.split_once('?') else {
+        return target.to_owned();
+    };
+    let names: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) => format!("{name}={MASKED}"),
+            None => pair.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", names.join("&"))
 }

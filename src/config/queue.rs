@@ -24,6 +24,7 @@ const BACKOFF_BASE: Duration = Duration::from_secs(5);
 const BACKOFF_CAP: Duration = Duration::from_secs(10 * 3600);
 const RETRY_STATUSES: [u16; 4] = [408, 409, 425, 429];
 const MAX_CONCURRENCY: u32 = 10;
+const MAX_QUEUED: u64 = 1_000_000;
 
 /// Bounds on what a file may ask for.
 const MAX_ATTEMPTS_LIMIT: u32 = 1000;
@@ -41,6 +42,7 @@ pub(super) struct QueueFile {
     backoff_cap: Option<HumanDuration>,
     retry_statuses: Option<Vec<StatusValue>>,
     max_concurrency: Option<u32>,
+    max_queued: Option<u64>,
     rate: Option<u32>,
     burst: Option<u32>,
     target: Option<HumanDuration>,
@@ -71,6 +73,9 @@ impl QueueFile {
             return Err(format!(
                 "`max_concurrency` must be from 1 to {MAX_CONCURRENCY_LIMIT}"
             ));
+        }
+        if self.max_queued == Some(0) {
+            return Err("`max_queued` must be at least 1".into());
         }
         if self.rate == Some(0) || self.burst == Some(0) {
             return Err("`rate` and `burst` must be at least 1 (pause a route to stop it)".into());
@@ -131,6 +136,7 @@ impl QueueFile {
                 |statuses| statuses.iter().map(|status| status.0.as_u16()).collect(),
             ),
             max_concurrency: own.max_concurrency.unwrap_or(MAX_CONCURRENCY),
+            max_queued: own.max_queued.unwrap_or(MAX_QUEUED),
             rate: own.rate.map(|per_second| Rate {
                 per_second,
                 burst: own.burst.unwrap_or(per_second).max(1),

@@ -4,9 +4,12 @@
 //! acknowledged once its job is durable; a store that cannot keep it gets 503, and the
 //! sender tries again.
 //!
-//! Stored, then marked done: a crash between the two leaves a job and a claim that frees
-//! itself when its lease ends; the sender, unanswered, sends again, and the enqueue finds
-//! the job already there, so the event is still delivered once.
+//! Stored, then marked done, in a task of its own: a sender that hangs up while the job is
+//! being stored cancels nothing, so its retry finds the key done. A crash between the two
+//! leaves a job and a claim that frees itself when its lease ends; the sender, unanswered,
+//! sends again, and the enqueue finds the job there if it is not delivered yet (if it is,
+//! the app gets the event a second time, with `Dedupe-Attempt: 1`: the one case outside
+//! the attempts' own window).
 
 use std::sync::Arc;
 
@@ -14,19 +17,55 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request, Response};
 
-use super::Proxy;
+use tokio::sync::oneshot;
+use tracing::{Instrument, Span};
+
 use super::answers::{Answer, unavailable};
 use super::ledger::OpenClaim;
+use super::{Outbound, Proxy};
 use crate::body::{self, ProxyBody};
 use crate::metrics::ReleaseReason;
-use crate::response::{self, DedupeStatus};
+use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::Route;
+use crate::server::RequestPermit;
 use crate::store::queue::{Enqueued, Job, QueuedRequest};
 use crate::store::{Clock, Completion, QUEUED_STATUS, SystemClock};
+use crate::telemetry;
 
 impl Proxy {
-    /// Stores a claimed delivery as a job, then answers `accepted_status`.
+    /// Stores a claimed delivery as a job and marks its key done, in a task of its own
+    /// that keeps the request's place, then answers `accepted_status`.
     pub(super) async fn accept_queued(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        open: OpenClaim,
+        outbound: Outbound,
+        permit: RequestPermit,
+    ) -> Answer {
+        let (answer, answered) = oneshot::channel();
+        let proxy = Arc::clone(self);
+        let route = Arc::clone(route);
+        self.forwards.spawn(
+            async move {
+                let accepted = proxy
+                    .store_job(&route, open, outbound.request, outbound.body)
+                    .instrument(telemetry::step_span!("enqueue"))
+                    .await;
+                let _ = answer.send(accepted);
+                drop(permit);
+            }
+            .instrument(Span::current()),
+        );
+        match answered.await {
+            Ok(answer) => answer,
+            // The task died (a panic): its open claim was released as it dropped.
+            Err(_) => (DedupeStatus::Released, Refusal::Internal.into_response()),
+        }
+    }
+
+    /// Stores the job, then marks the key done; a store that cannot keep the job gets the
+    /// claim released and a 503.
+    async fn store_job(
         &self,
         route: &Arc<Route>,
         open: OpenClaim,
@@ -41,6 +80,17 @@ impl Proxy {
             open.settle();
             return unavailable(route);
         };
+        if deliveries.is_full(&route.name, policy.max_queued) {
+            tracing::debug!(max_queued = policy.max_queued, "the queue is full");
+            self.ledger
+                .release(route, open.claims(), ReleaseReason::StoreError)
+                .await;
+            open.settle();
+            let refusal = Refusal::QueueFull {
+                retry_after: route.policy.retry_after,
+            };
+            return (DedupeStatus::Unavailable, refusal.into_response());
+        }
         let job = Job::new(
             open.claims().event.key.clone(),
             route.name.clone(),

@@ -366,7 +366,7 @@ impl Proxy {
             .instrument(telemetry::step_span!("claim"))
             .await;
         match claimed {
-            Ok(Claiming::Claimed(open)) => self.take_claimed(route, open, request, permit).await,
+            Ok(Claiming::Claimed(open)) => self.after_claim(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
                 self.wait_for_outcome(route, key, fingerprint, request, permit)
@@ -409,7 +409,7 @@ impl Proxy {
                 Ok(Claiming::Claimed(open)) => {
                     // A forward may take long: its place among the waiters goes back now.
                     drop(waiter);
-                    return self.take_claimed(route, open, request, permit).await;
+                    return self.after_claim(route, open, request, permit).await;
                 }
                 Ok(Claiming::Done(record)) => {
                     return self.answer_duplicate(route, record, fingerprint);
@@ -510,7 +510,7 @@ impl Proxy {
     }
 
     /// What a claimed delivery goes on to: queued (`delivery: queued`), or forwarded.
-    async fn take_claimed(
+    async fn after_claim(
         self: &Arc<Self>,
         route: &Arc<Route>,
         open: OpenClaim,
@@ -518,10 +518,7 @@ impl Proxy {
         permit: RequestPermit,
     ) -> Answer {
         if route.policy.queue.is_some() {
-            return self
-                .accept_queued(route, open, request.request, request.body)
-                .instrument(telemetry::step_span!("enqueue"))
-                .await;
+            return self.accept_queued(route, open, request, permit).await;
         }
         self.forward_claimed(route, open, request, permit).await
     }

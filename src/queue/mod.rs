@@ -16,11 +16,12 @@ use self::attempt::Attempts;
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -61,7 +62,89 @@ struct Running {
     route: Arc<Route>,
     stop: CancellationToken,
     wake: Arc<Notify>,
-    places: Arc<Semaphore>,
+    places: Arc<Places>,
+    /// Set once the route is gone from the configuration.
+    draining: Arc<AtomicBool>,
+}
+
+impl Running {
+    fn clone_handles(&self) -> Handles {
+        Handles {
+            stop: self.stop.clone(),
+            wake: Arc::clone(&self.wake),
+            places: Arc::clone(&self.places),
+            draining: Arc::clone(&self.draining),
+        }
+    }
+}
+
+/// What a route's loop shares with its [`Running`] entry.
+struct Handles {
+    stop: CancellationToken,
+    wake: Arc<Notify>,
+    places: Arc<Places>,
+    draining: Arc<AtomicBool>,
+}
+
+/// A route's places for attempts in flight (`max_concurrency`), kept across reloads so
+/// that attempts under way still count after the settings change.
+struct Places {
+    semaphore: Arc<Semaphore>,
+    size: AtomicUsize,
+}
+
+impl Places {
+    fn new(size: usize) -> Places {
+        Places {
+            semaphore: Arc::new(Semaphore::new(size)),
+            size: AtomicUsize::new(size),
+        }
+    }
+
+    async fn acquire(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.semaphore)
+            .acquire_owned()
+            .await
+            .expect("never closed")
+    }
+
+    fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.semaphore).try_acquire_owned().ok()
+    }
+
+    fn available(&self) -> usize {
+        self.semaphore.available_permits()
+    }
+
+    fn in_use(&self) -> usize {
+        self.size
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.semaphore.available_permits())
+    }
+
+    /// Grows at once; shrinks as places come back (by taking the surplus and keeping it).
+    fn resize(&self, size: usize) {
+        let old = self.size.swap(size, Ordering::Relaxed);
+        if size > old {
+            self.semaphore.add_permits(size - old);
+        } else if old > size {
+            let semaphore = Arc::clone(&self.semaphore);
+            let surplus = u32::try_from(old - size).unwrap_or(u32::MAX);
+            tokio::spawn(async move {
+                if let Ok(taken) = semaphore.acquire_many_owned(surplus).await {
+                    taken.forget();
+                }
+            });
+        }
+    }
+}
+
+/// Whether two versions of a route deliver alike: the loop of one serves the other.
+fn same_delivery(old: &Route, new: &Route) -> bool {
+    old.policy.queue == new.policy.queue
+        && old.upstream == new.upstream
+        && old.policy.upstream_timeout == new.policy.upstream_timeout
+        && old.policy.success_status == new.policy.success_status
 }
 
 /// The delivery of every queued route's jobs.
@@ -72,8 +155,10 @@ pub struct Deliveries {
     clock: Arc<dyn Clock>,
     running: Mutex<HashMap<String, Running>>,
     /// Whether the store's durability warning was looked for (once queued routes run).
-    warned: std::sync::atomic::AtomicBool,
+    warned: AtomicBool,
     paused: RwLock<HashSet<String>>,
+    /// Each route's jobs, dead letters included, as last counted (every [`REFRESH`]).
+    held: RwLock<HashMap<String, u64>>,
     /// Every loop and attempt, which shutdown waits for.
     tasks: TaskTracker,
     stop: CancellationToken,
@@ -94,8 +179,9 @@ impl Deliveries {
             metrics,
             clock,
             running: Mutex::new(HashMap::new()),
-            warned: std::sync::atomic::AtomicBool::new(false),
+            warned: AtomicBool::new(false),
             paused: RwLock::new(HashSet::new()),
+            held: RwLock::new(HashMap::new()),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
         });
@@ -110,6 +196,15 @@ impl Deliveries {
         self.queue.enqueue(job).await
     }
 
+    /// Whether `route`'s queue held `max_queued` jobs or more when last counted: a
+    /// bound that lags by up to [`REFRESH`], cheap enough to ask on every acceptance.
+    pub(crate) fn is_full(&self, route: &str, max_queued: u64) -> bool {
+        self.held
+            .read()
+            .get(route)
+            .is_some_and(|held| *held >= max_queued)
+    }
+
     /// Tells a route's loop that a job was just accepted.
     pub(crate) fn accepted(&self, route: &str) {
         if let Some(running) = self.running.lock().get(route) {
@@ -117,9 +212,11 @@ impl Deliveries {
         }
     }
 
-    /// Delivers the queued routes among `routes` from now on: a route that is new or
-    /// changed gets a new loop (attempts under way finish with the settings they began
-    /// with), and a route gone or no longer queued stops; its jobs wait in the store.
+    /// Delivers the queued routes among `routes` from now on. A route whose delivery
+    /// settings are unchanged keeps its loop; a changed one gets a new loop that shares the
+    /// old one's places (resized), so that attempts under way still count against
+    /// `max_concurrency`; a route gone or no longer queued keeps delivering what it
+    /// accepted, with its last settings, until its queue holds nothing but dead letters.
     pub(crate) fn set_routes<'r>(
         self: &Arc<Self>,
         routes: impl IntoIterator<Item = &'r Arc<Route>>,
@@ -132,31 +229,27 @@ impl Deliveries {
             };
             kept.insert(route.name.clone());
             self.metrics.queue.expect_route(&route.name, policy.target);
-            if let Some(old) = running.remove(&route.name) {
-                old.stop.cancel();
-            }
-            let places = Arc::new(Semaphore::new(policy.max_concurrency as usize));
-            let loop_of = Running {
-                route: Arc::clone(route),
-                stop: self.stop.child_token(),
-                wake: Arc::new(Notify::new()),
-                places: Arc::clone(&places),
+            let places = match running.get(&route.name) {
+                Some(old) if same_delivery(&old.route, route) => {
+                    old.draining.store(false, Ordering::Relaxed);
+                    continue;
+                }
+                Some(old) => {
+                    old.stop.cancel();
+                    old.places.resize(policy.max_concurrency as usize);
+                    Arc::clone(&old.places)
+                }
+                None => Arc::new(Places::new(policy.max_concurrency as usize)),
             };
-            let limiter = policy.rate.map(|rate| {
-                let per_second = NonZeroU32::new(rate.per_second).unwrap_or(NonZeroU32::MIN);
-                let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
-                RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst))
-            });
-            self.tasks.spawn(Arc::clone(self).deliver_route(
-                Arc::clone(route),
-                loop_of.stop.clone(),
-                Arc::clone(&loop_of.wake),
-                places,
-                limiter,
-            ));
-            running.insert(route.name.clone(), loop_of);
+            let started = self.start_loop(route, places);
+            running.insert(route.name.clone(), started);
         }
-        if !kept.is_empty() && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        for (name, old) in running.iter() {
+            if !kept.contains(name) {
+                old.draining.store(true, Ordering::Relaxed);
+            }
+        }
+        if !kept.is_empty() && !self.warned.swap(true, Ordering::Relaxed) {
             let queue = Arc::clone(&self.queue);
             self.tasks.spawn(async move {
                 if let Some(warning) = queue.durability_warning().await {
@@ -164,31 +257,50 @@ impl Deliveries {
                 }
             });
         }
-        running.retain(|name, old| {
-            let keep = kept.contains(name);
-            if !keep {
-                old.stop.cancel();
-            }
-            keep
-        });
     }
 
-    /// Takes and delivers a route's due jobs until stopped.
-    async fn deliver_route(
-        self: Arc<Self>,
-        route: Arc<Route>,
-        stop: CancellationToken,
-        wake: Arc<Notify>,
-        places: Arc<Semaphore>,
-        limiter: Option<DefaultDirectRateLimiter>,
-    ) {
-        let visibility = route.policy.upstream_timeout * 2 + VISIBILITY_MARGIN;
-        let burst = route
+    /// Starts a route's loop on `places`.
+    fn start_loop(self: &Arc<Self>, route: &Arc<Route>, places: Arc<Places>) -> Running {
+        let running = Running {
+            route: Arc::clone(route),
+            stop: self.stop.child_token(),
+            wake: Arc::new(Notify::new()),
+            places,
+            draining: Arc::new(AtomicBool::new(false)),
+        };
+        let limiter = route
             .policy
             .queue
             .as_ref()
-            .and_then(|policy| policy.rate.map(|rate| rate.burst as usize))
-            .unwrap_or(TAKE_BATCH);
+            .and_then(|policy| policy.rate)
+            .map(|rate| {
+                let per_second = NonZeroU32::new(rate.per_second).unwrap_or(NonZeroU32::MIN);
+                let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
+                RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst))
+            });
+        self.tasks.spawn(Arc::clone(self).deliver_route(
+            Arc::clone(route),
+            running.clone_handles(),
+            limiter,
+        ));
+        running
+    }
+
+    /// Takes and delivers a route's due jobs until stopped, or, once the route is gone
+    /// from the configuration, until nothing but dead letters is left.
+    async fn deliver_route(
+        self: Arc<Self>,
+        route: Arc<Route>,
+        handles: Handles,
+        limiter: Option<DefaultDirectRateLimiter>,
+    ) {
+        let Handles {
+            stop,
+            wake,
+            places,
+            draining,
+        } = handles;
+        let visibility = route.policy.upstream_timeout * 2 + VISIBILITY_MARGIN;
         loop {
             if self.paused.read().contains(&route.name) {
                 if idle(&stop, &wake, REFRESH).await {
@@ -197,11 +309,22 @@ impl Deliveries {
                 continue;
             }
             let first = tokio::select! {
-                place = Arc::clone(&places).acquire_owned() => place.expect("never closed"),
+                place = places.acquire() => place,
                 () = stop.cancelled() => return,
             };
-            // Only this loop takes places: those free now stay free until it takes them.
-            let wanted = (1 + places.available_permits()).min(TAKE_BATCH).min(burst);
+            // With a rate, a job is taken only once it may start: a job taken early
+            // could outlive its visibility waiting, and another replica take it too.
+            let wanted = match &limiter {
+                Some(limiter) => {
+                    tokio::select! {
+                        () = limiter.until_ready() => {}
+                        () = stop.cancelled() => return,
+                    }
+                    1
+                }
+                // Only this loop takes places: those free now stay free until it takes them.
+                None => (1 + places.available()).min(TAKE_BATCH),
+            };
             let taken = match self.queue.take(&route.name, wanted, visibility).await {
                 Ok(taken) => taken,
                 Err(error) => {
@@ -216,6 +339,9 @@ impl Deliveries {
             };
             if taken.is_empty() {
                 drop(first);
+                if draining.load(Ordering::Relaxed) && self.drained(&route.name, &stop).await {
+                    return;
+                }
                 if idle(&stop, &wake, POLL).await {
                     return;
                 }
@@ -223,14 +349,9 @@ impl Deliveries {
             }
             let mut place = Some(first);
             for job in taken {
-                if let Some(limiter) = &limiter {
-                    limiter.until_ready().await;
-                }
                 let place = match place.take() {
                     Some(place) => place,
-                    None => Arc::clone(&places)
-                        .try_acquire_owned()
-                        .expect("counted free before the take"),
+                    None => places.try_acquire().expect("counted free before the take"),
                 };
                 let attempts = Arc::clone(&self.attempts);
                 let route = Arc::clone(&route);
@@ -240,6 +361,30 @@ impl Deliveries {
                 });
             }
         }
+    }
+
+    /// For a route gone from the configuration: whether its queue holds nothing to
+    /// deliver any more, in which case its loop is taken off the running ones.
+    async fn drained(&self, route: &str, stop: &CancellationToken) -> bool {
+        let Ok(counts) = self.queue.counts(&[route.to_owned()]).await else {
+            return false;
+        };
+        let left = counts.first().map_or(0, |c| c.waiting + c.retrying);
+        if left > 0 {
+            return false;
+        }
+        let mut running = self.running.lock();
+        if running.get(route).is_some_and(|loop_of| {
+            loop_of.draining.load(Ordering::Relaxed) && loop_of.stop == *stop
+        }) {
+            running.remove(route);
+            tracing::info!(
+                route,
+                "a route gone from the configuration has delivered its queue"
+            );
+            return true;
+        }
+        false
     }
 
     /// Reads the paused routes from the store and counts every queued route's jobs, every
@@ -259,6 +404,14 @@ impl Deliveries {
             match self.routes().await {
                 Ok(routes) => {
                     let now = self.clock.now();
+                    *self.held.write() = routes
+                        .iter()
+                        .map(|route| {
+                            let counts = &route.counts;
+                            let held = counts.waiting + counts.retrying + counts.dead;
+                            (route.route.clone(), held)
+                        })
+                        .collect();
                     for route in routes {
                         let oldest = route
                             .counts
@@ -292,16 +445,7 @@ impl Deliveries {
             let running = self.running.lock();
             let mut routes: Vec<_> = running
                 .iter()
-                .map(|(name, running)| {
-                    let max = running
-                        .route
-                        .policy
-                        .queue
-                        .as_ref()
-                        .map_or(0, |policy| policy.max_concurrency as usize);
-                    let busy = max.saturating_sub(running.places.available_permits());
-                    (name.clone(), busy as u64)
-                })
+                .map(|(name, running)| (name.clone(), running.places.in_use() as u64))
                 .collect();
             routes.sort();
             routes.into_iter().unzip()

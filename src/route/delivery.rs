@@ -31,6 +31,9 @@ pub struct QueuePolicy {
     /// The 4xx statuses tried again; other 4xx go to dead letters at once.
     pub retry_statuses: Vec<u16>,
     pub max_concurrency: u32,
+    /// The most jobs the route's queue holds, dead letters included: beyond, the sender
+    /// gets 503 (`queue_full`). Bounds the store at about `max_queued * max_body`.
+    pub max_queued: u64,
     /// How fast deliveries may start, if limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
@@ -155,6 +158,7 @@ mod tests {
             backoff_cap: Duration::from_secs(10),
             retry_statuses: vec![408, 409, 425, 429],
             max_concurrency: 1,
+            max_queued: 10,
             rate: None,
             target: None,
         }

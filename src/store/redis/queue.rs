@@ -44,18 +44,22 @@ return 1
 ";
 
 /// Takes up to ARGV[2] jobs due by ARGV[1], each due again at ARGV[3] under the token
-/// ARGV[4], counting the take. KEYS: due, tokens, jobs, takes. Returns record, takes pairs.
+/// ARGV[4], counting the take; a due entry whose record is gone (evicted) is dropped.
+/// KEYS: due, tokens, jobs, takes. Returns record, takes pairs.
 const TAKE: &str = r"
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 local taken = {}
 for _, key in ipairs(due) do
   redis.call('ZADD', KEYS[1], ARGV[3], key)
   redis.call('HSET', KEYS[2], key, ARGV[4])
-  local takes = redis.call('HINCRBY', KEYS[4], key, 1)
   local record = redis.call('HGET', KEYS[3], key)
   if record then
+    local takes = redis.call('HINCRBY', KEYS[4], key, 1)
     table.insert(taken, record)
     table.insert(taken, tostring(takes))
+  else
+    redis.call('ZREM', KEYS[1], key)
+    redis.call('HDEL', KEYS[2], key)
   end
 end
 return taken
@@ -189,8 +193,9 @@ impl RedisQueue {
 
 #[async_trait]
 impl DeliveryQueue for RedisQueue {
-    /// What the server's persistence means for acknowledged jobs, if it loses any. None
-    /// when the append-only file is written every second or more often.
+    /// What the server's settings mean for acknowledged jobs, if they can lose any: an
+    /// eviction policy other than `noeviction` (a route's jobs are one hash: evicted
+    /// whole), or an append-only file written less often than every second, or none.
     async fn durability_warning(&self) -> Option<String> {
         let mut link = self.link.clone();
         let asked: Result<Vec<String>, StoreError> = self
@@ -198,6 +203,7 @@ impl DeliveryQueue for RedisQueue {
                 redis::cmd("CONFIG")
                     .arg("GET")
                     .arg("append*")
+                    .arg("maxmemory-policy")
                     .query_async(&mut link),
             )
             .await;
@@ -215,6 +221,11 @@ impl DeliveryQueue for RedisQueue {
                 .find(|pair| pair[0] == name)
                 .and_then(|pair| pair.get(1).cloned())
         };
+        if let Some(policy) = setting("maxmemory-policy").filter(|policy| policy != "noeviction") {
+            return Some(format!(
+                "Redis evicts keys when full (maxmemory-policy {policy}): it can drop a route's queued jobs whole; set maxmemory-policy noeviction for a Redis that keeps queued jobs"
+            ));
+        }
         match (setting("appendonly").as_deref(), setting("appendfsync").as_deref()) {
             (Some("yes"), Some("always")) => None,
             (Some("yes"), Some("everysec")) => None,

@@ -210,8 +210,12 @@ impl SledQueue {
         let token: u64 = rand::random::<u64>() | 1;
         settled((&trees.jobs, &trees.due).transaction(|(jobs, due)| {
             due.remove(index)?;
-            let Some(mut entry) = read_in(jobs, &key)? else {
-                return Ok(None);
+            // An unreadable job is left where it is, out of the due index: it must not
+            // stop the jobs due after it.
+            let mut entry = match read_in(jobs, &key) {
+                Ok(Some(entry)) => entry,
+                Ok(None) | Err(ConflictableTransactionError::Abort(_)) => return Ok(None),
+                Err(other) => return Err(other),
             };
             if entry.job.dead.is_some() || index != index_key(route, entry.due_at, &entry.job.key) {
                 return Ok(None);
