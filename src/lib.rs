@@ -5,9 +5,9 @@
 //!
 //! ```text
 //! provider ──HTTP──▶ server ──▶ proxy ──▶ upstream ──HTTP──▶ application
-//!                                 │
-//!                                 └──▶ store (ClaimStore: sled | Redis | PostgreSQL)
-//! admin port ──▶ admin (health, readiness, metrics, routes, reload, keys)
+//!                                 │  └──▶ queue (workers) ──▶ upstream ──▶ application
+//!                                 └──▶ store (ClaimStore and DeliveryQueue: sled | Redis | PostgreSQL)
+//! admin port ──▶ admin (health, readiness, metrics, routes, reload, keys, queue)
 //! ```
 //!
 //! - [`config`] reads the YAML file and resolves every route's settings ([`values`] are
@@ -16,11 +16,14 @@
 //!   [`key`] extracts keys; [`verify`] checks signatures; [`preset`] knows the major
 //!   providers; [`order`] reads an event's entity and version for the stale-event guard.
 //! - `proxy` is the lifecycle of one delivery: match, check (read, verify, key), claim,
-//!   compare with the entity's newest version (`order:`), forward, finish.
+//!   compare with the entity's newest version (`order:`), forward, finish; or, with
+//!   `delivery: queued`, store the request as a job and acknowledge it.
+//! - `queue` delivers the queued jobs in the background: per route, within its
+//!   concurrency and rate, each attempt ending delivered, due again later, or dead.
 //! - [`store`] holds claims: absent → in_flight → done (or held, for an operator),
 //!   atomically, owner-checked, on sled (embedded) or shared by replicas on Redis or
-//!   PostgreSQL, and each entity's newest done version; `waiting` keeps the duplicates
-//!   that wait for an outcome.
+//!   PostgreSQL, each entity's newest done version, and the queued jobs; `waiting` keeps
+//!   the duplicates that wait for an outcome.
 //! - [`upstream`] holds the pooled clients, one per worker; `response` writes every
 //!   answer the proxy makes.
 //! - `server` accepts connections within [`config::Limits`] and hands each to one of
@@ -38,7 +41,10 @@
 //! the key for an operator instead). A done key's duplicate is answered at once; an
 //! in-flight or held key's gets 409 and `Retry-After`. On a route with `order:`, an event
 //! older than one already done about the same entity is forwarded marked `Dedupe-Stale`,
-//! or skipped. The background tasks sweep expired records and count held keys.
+//! or skipped. On a route with `delivery: queued`, the claimed delivery is stored as a job
+//! and its key marked done before the sender gets `202`; the workers deliver it with
+//! retries, and dead letters wait for an operator. The background tasks sweep expired
+//! records and count held keys.
 //!
 //! [`start`] brings the proxy up and returns an [`App`]; [`App::shutdown`] drains it.
 //! [`run`] does both around a shutdown signal, for the binary.
@@ -58,7 +64,7 @@ pub(crate) mod metrics;
 pub mod order;
 pub mod preset;
 pub(crate) mod proxy;
-pub mod queue;
+pub(crate) mod queue;
 pub mod redact;
 pub(crate) mod reload;
 pub(crate) mod response;

@@ -17,7 +17,7 @@ use crate::store::{Millis, StoreError, rfc3339};
 
 /// The most dead letters read to fill one page of matches: a filter that matches little
 /// ends a page early, with its `next`, rather than read the whole list.
-const SCAN_BUDGET: usize = 5000;
+const SCAN_BUDGET: usize = 1000;
 
 /// How many dead letters a replay revives between looks at its cancellation.
 const REPLAY_STEP: usize = 100;
@@ -138,7 +138,7 @@ pub(super) async fn matching(
     let mut read = 0;
     loop {
         let page = queue
-            .dead(&route.name, after.as_deref(), limit.min(500))
+            .dead(&route.name, after.as_deref(), limit.min(100))
             .await?;
         for job in page.jobs {
             read += 1;

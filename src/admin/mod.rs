@@ -31,8 +31,8 @@ use crate::response::{AdminRefusal, json_response};
 use crate::route::Route;
 use crate::server::{Ends, RequestPermit};
 use crate::store::{
-    Forgotten, HeldRecord, KeyState, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS,
-    StateFilter, StoreError, entity_key, rfc3339, store_key,
+    Forgotten, HeldRecord, KeyState, QUEUED_STATUS, RESOLVED_STATUS, Resolution,
+    STALE_SKIPPED_STATUS, StateFilter, StoreError, entity_key, rfc3339, store_key,
 };
 use access::{Access, Rules};
 use endpoint::{Api, Endpoint, Probe};
@@ -536,10 +536,11 @@ fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
             "completed_at": rfc3339(done.completed_at),
             "expires_at": rfc3339(done.expires_at),
             // None where no answer from the app was seen.
-            "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS)).then_some(done.upstream_status),
+            "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS | QUEUED_STATUS)).then_some(done.upstream_status),
             "done_because": match done.upstream_status {
                 RESOLVED_STATUS => "resolved",
                 STALE_SKIPPED_STATUS => "stale_skipped",
+                QUEUED_STATUS => "queued",
                 _ => "upstream_success",
             },
             "body_sha256": hex::encode(done.fingerprint),

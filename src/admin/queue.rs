@@ -17,7 +17,7 @@ use crate::store::queue::Job;
 use crate::store::{rfc3339, store_key};
 
 /// The most dead letters one page lists, and how many without `limit`.
-const DEAD_LIMIT_MAX: usize = 500;
+const DEAD_LIMIT_MAX: usize = 100;
 const DEAD_LIMIT_DEFAULT: usize = 50;
 
 /// The queued route `name` and the deliveries, or the refusal.

@@ -14,11 +14,11 @@ use super::whole_map::map_then;
 use crate::dsn;
 use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 
-/// `store:`: exactly one backend.
 /// The connections of the PostgreSQL queue's own pool (`delivery: queued`), beside
 /// `pool_size`.
 pub(crate) const QUEUE_POOL: usize = 2;
 
+/// `store:`: exactly one backend.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreConfig {
     Sled(SledConfig),

@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 
 mod queue;
 
-pub(crate) use queue::{AttemptResult, Held, QueueMetrics};
+pub(crate) use queue::{AttemptResult, QueueGauges, QueueMetrics};
 
 use crate::response::DedupeStatus;
 use crate::verify::VerifyError;

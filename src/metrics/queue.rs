@@ -58,7 +58,7 @@ impl AttemptResult {
 
 /// What a route's queue holds, as last counted.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Held {
+pub struct QueueGauges {
     pub waiting: u64,
     pub retrying: u64,
     pub dead: u64,
@@ -176,10 +176,10 @@ impl QueueMetrics {
         let _ = self.delivery_seconds.get_or_create(&label);
         let _ = self.delivered_within_target.get_or_create(&label);
         let _ = self.store_errors.get_or_create(&label);
-        self.held(route, Held::default());
+        self.held(route, QueueGauges::default());
     }
 
-    pub fn held(&self, route: &str, held: Held) {
+    pub fn held(&self, route: &str, held: QueueGauges) {
         let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
         for (state, count) in [
             ("waiting", held.waiting),

@@ -13,7 +13,10 @@
 //!                   ──held──▶ 409 + Retry-After (held)
 //!                   ──store error──▶ 503 + Retry-After (or relay unkeyed)
 //!              ▼
-//!           forward_claimed: in a task of its own, holding the request's place
+//!           after_claim, with `delivery: queued` ─▶ accept_queued: in a task of its own,
+//!              store the job (503 if it cannot be kept, or the queue is full), mark the
+//!              key done, answer 202 (a job already there: the duplicate answer)
+//!           after_claim, otherwise ─▶ forward_claimed: in a task of its own, holding the request's place
 //!              ─▶ forward_in_order (`order:`): an event older than its entity's newest
 //!                 done version is marked `Dedupe-Stale`, or skipped (done, 200 stale)
 //!              ─▶ upstream success ─▶ record_success (done, the entity's version, answer)
@@ -27,8 +30,9 @@
 //! Beside the lifecycle: `ledger.rs` keeps each delivery's claims until they are settled
 //! (renewed meanwhile; done, released or held as the forward ended, or at shutdown),
 //! `answers.rs` the answers to deliveries not forwarded and what a failed forward means,
-//! `replay.rs` the fingerprint and the kept answer a duplicate gets, and `relay.rs` the
-//! place of a request forwarded without a claim.
+//! `replay.rs` the fingerprint and the kept answer a duplicate gets, `accept.rs` the
+//! accepting step of queued delivery, and `relay.rs` the requests forwarded without a
+//! claim (no route, no key, or the store failing) and their places.
 
 mod accept;
 mod answers;
@@ -693,11 +697,17 @@ impl Proxy {
     /// still running, so that the provider's retry is forwarded at once after a restart;
     /// on a route with `on_ambiguous: hold`, those whose request went out are held.
     pub async fn drain(&self, grace: Duration) {
-        let started = Instant::now();
-        if let Some(deliveries) = &self.deliveries {
-            deliveries.stop(grace).await;
-        }
-        let grace = grace.saturating_sub(started.elapsed());
+        // Queued deliveries stop taking jobs and end their attempts alongside the forwards.
+        let queued = async {
+            if let Some(deliveries) = &self.deliveries {
+                deliveries.stop(grace).await;
+            }
+        };
+        tokio::join!(queued, self.drain_forwards(grace));
+    }
+
+    /// The forwards' part of [`Proxy::drain`].
+    async fn drain_forwards(&self, grace: Duration) {
         self.forwards.close();
         if tokio::time::timeout(grace, self.forwards.wait())
             .await

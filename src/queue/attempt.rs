@@ -18,7 +18,7 @@ use http::{HeaderValue, Request, StatusCode};
 use crate::body::{self, ProxyBody};
 use crate::metrics::{AttemptResult, Metrics};
 use crate::route::Route;
-use crate::route::delivery::{Answered, Next};
+use crate::route::delivery::{Answered, Next, QueuePolicy};
 use crate::store::queue::{ANSWER_KEPT, Attempt, DeliveryQueue, Job, Taken};
 use crate::store::{Clock, StoreError, rfc3339};
 use crate::upstream::{DEDUPE_ATTEMPT, DEDUPE_RECEIVED_AT, Upstream};
@@ -27,7 +27,7 @@ use crate::upstream::{DEDUPE_ATTEMPT, DEDUPE_RECEIVED_AT, Upstream};
 const ANSWER_READ: u64 = 64 << 10;
 
 /// What an attempt needs: the way to the app, the queue, the metrics and the time.
-pub(super) struct Attempts {
+pub(super) struct AttemptContext {
     pub(super) upstream: Upstream,
     pub(super) queue: Arc<dyn DeliveryQueue>,
     pub(super) metrics: Arc<Metrics>,
@@ -35,15 +35,17 @@ pub(super) struct Attempts {
 }
 
 /// Delivers a taken job once and settles it.
-pub(super) async fn deliver(deliveries: &Attempts, route: &Route, taken: Taken) {
-    let Some(policy) = &route.policy.queue else {
-        return;
-    };
+pub(super) async fn deliver(
+    context: &AttemptContext,
+    route: &Route,
+    policy: &QueuePolicy,
+    taken: Taken,
+) {
     let mut job = taken.job.clone();
-    let started_at = deliveries.clock.now();
+    let started_at = context.clock.now();
     let started = Instant::now();
     let (status, headers, detail) = match request(&job, taken.attempt.max(1)) {
-        Ok(request) => send(deliveries, route, request).await,
+        Ok(request) => send(context, route, request).await,
         Err(error) => (None, http::HeaderMap::new(), Bytes::from(error)),
     };
     job.record(Attempt {
@@ -56,7 +58,7 @@ pub(super) async fn deliver(deliveries: &Attempts, route: &Route, taken: Taken) 
         Some(status) => Answered::Status(status, &headers),
         None => Answered::Failed,
     };
-    let now = deliveries.clock.now();
+    let now = context.clock.now();
     let next = policy.next(
         answered,
         |status| route.is_success(status),
@@ -66,7 +68,7 @@ pub(super) async fn deliver(deliveries: &Attempts, route: &Route, taken: Taken) 
         rand::random::<f64>(),
     );
     let name = &route.name;
-    let metrics = &deliveries.metrics.queue;
+    let metrics = &context.metrics.queue;
     let settled = match next {
         Next::Delivered => {
             let seconds = now.saturating_sub(job.received_at) as f64 / 1000.0;
@@ -76,19 +78,19 @@ pub(super) async fn deliver(deliveries: &Attempts, route: &Route, taken: Taken) 
             metrics.delivered(name, seconds, within);
             metrics.attempted(name, AttemptResult::Delivered);
             tracing::info!(route = %name, key = %job.key, attempt = job.attempted, "queued event delivered");
-            deliveries.queue.complete(&taken).await
+            context.queue.complete(&taken).await
         }
         Next::RetryAt(at) => {
             metrics.attempted(name, AttemptResult::Retried);
             tracing::info!(route = %name, key = %job.key, attempt = job.attempted, status = ?status, in_ms = at.saturating_sub(now), "queued event to be tried again");
-            deliveries.queue.retry(&taken, &job, at).await
+            context.queue.retry(&taken, &job, at).await
         }
         Next::Dead(reason) => {
             job.dead = Some((now, reason));
             metrics.attempted(name, AttemptResult::Dead);
             metrics.died(name, reason.as_str());
             tracing::warn!(route = %name, key = %job.key, attempt = job.attempted, status = ?status, reason = reason.as_str(), "queued event put in dead letters");
-            deliveries.queue.bury(&taken, &job).await
+            context.queue.bury(&taken, &job).await
         }
     };
     match settled {
@@ -105,12 +107,12 @@ pub(super) async fn deliver(deliveries: &Attempts, route: &Route, taken: Taken) 
 
 /// Sends the request; the answer's status, headers and start, or why there was none.
 async fn send(
-    deliveries: &Attempts,
+    context: &AttemptContext,
     route: &Route,
     request: Request<ProxyBody>,
 ) -> (Option<StatusCode>, http::HeaderMap, Bytes) {
     let timeout = route.policy.upstream_timeout;
-    let sent = deliveries
+    let sent = context
         .upstream
         .send(
             &route.upstream.address,

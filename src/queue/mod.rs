@@ -12,7 +12,7 @@
 
 mod attempt;
 
-use self::attempt::Attempts;
+use self::attempt::AttemptContext;
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::metrics::{Held, Metrics};
+use crate::metrics::{Metrics, QueueGauges};
 use crate::route::Route;
 use crate::store::queue::{DeliveryQueue, Enqueued, Job, QueueCounts};
 use crate::store::{Clock, StoreError, SystemClock};
@@ -150,7 +150,7 @@ fn same_delivery(old: &Route, new: &Route) -> bool {
 /// The delivery of every queued route's jobs.
 pub struct Deliveries {
     queue: Arc<dyn DeliveryQueue>,
-    attempts: Arc<Attempts>,
+    attempts: Arc<AttemptContext>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     running: Mutex<HashMap<String, Running>>,
@@ -167,7 +167,7 @@ pub struct Deliveries {
 impl Deliveries {
     pub(crate) fn new(queue: Arc<dyn DeliveryQueue>, metrics: Arc<Metrics>) -> Arc<Deliveries> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let attempts = Arc::new(Attempts {
+        let attempts = Arc::new(AttemptContext {
             upstream: Upstream::new(0),
             queue: Arc::clone(&queue),
             metrics: Arc::clone(&metrics),
@@ -356,7 +356,9 @@ impl Deliveries {
                 let attempts = Arc::clone(&self.attempts);
                 let route = Arc::clone(&route);
                 self.tasks.spawn(async move {
-                    attempt::deliver(&attempts, &route, job).await;
+                    if let Some(policy) = &route.policy.queue {
+                        attempt::deliver(&attempts, &route, policy, job).await;
+                    }
                     drop(place);
                 });
             }
@@ -419,7 +421,7 @@ impl Deliveries {
                             .map_or(0.0, |oldest| now.saturating_sub(oldest) as f64 / 1000.0);
                         self.metrics.queue.held(
                             &route.route,
-                            Held {
+                            QueueGauges {
                                 waiting: route.counts.waiting,
                                 retrying: route.counts.retrying,
                                 dead: route.counts.dead,

@@ -1,7 +1,10 @@
-//! The claim store: the one place that decides, atomically, whether a delivery may be
-//! forwarded, and that keeps each entity's newest done version for the stale-event guard
-//! (`order:`). [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded
-//! backend, `redis` and `postgres` the shared ones (with `tls` toward them).
+//! The store: the one place that decides, atomically, whether a delivery may be
+//! forwarded, that keeps each entity's newest done version for the stale-event guard
+//! (`order:`), and that keeps the queued jobs (`delivery: queued`, [`queue`]).
+//! [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded backend,
+//! `redis` and `postgres` the shared ones (with `tls` toward them); each keeps a
+//! [`queue::DeliveryQueue`] beside its claims. `error.rs` says why an operation failed,
+//! `time.rs` where the time comes from, `keys.rs` how store keys are named.
 //!
 //! A key is absent, `in_flight` (an owner holds it until its lease ends), `done` (until
 //! its retention ends) or `held` (its forward's outcome is unknown: until an operator
@@ -19,7 +22,9 @@
 //!
 //! Only the owner named by a [`Claim`]'s token can finish, release or hold it, so a late
 //! owner whose lease was taken over cannot overwrite the new owner's claim. Only an
-//! operator resolves a held key.
+//! operator resolves a held key. On a queued route a claim is finished (done, with
+//! [`QUEUED_STATUS`]) once its job is stored, before the app has seen it: the job, not
+//! the key, says how its delivery went.
 
 mod error;
 pub(crate) mod keys;

@@ -128,6 +128,13 @@ impl Job {
         self.history.push(attempt);
     }
 
+    /// Makes a dead job ready again at `now`, for a new round of `max_attempts` and
+    /// `max_age`.
+    pub fn revive(&mut self, now: Millis) {
+        self.dead = None;
+        self.revived = Some((now, self.attempted));
+    }
+
     /// The status of the latest attempt that had an answer.
     pub fn last_status(&self) -> Option<u16> {
         self.history.last().and_then(|attempt| attempt.status)
@@ -199,14 +206,16 @@ pub trait DeliveryQueue: Send + Sync + 'static {
         visibility: Duration,
     ) -> Result<Vec<Taken>, StoreError>;
 
-    /// Removes a delivered job.
+    /// Removes a delivered job, whoever took it last; one buried or removed meanwhile is
+    /// left as it is.
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError>;
 
     /// Stores `job` (its history grown) and makes it due at `due_at`. `NotOwner` if the
     /// take's visibility ended and the job was taken again or settled.
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError>;
 
-    /// Stores `job` (its `dead` set) in dead letters. `NotOwner` as for retry.
+    /// Stores `job` in dead letters, as dying when its `dead` says (which must be set).
+    /// `NotOwner` as for retry.
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError>;
 
     /// The job of a store key on `route`, queued or dead.

@@ -159,8 +159,9 @@ fn origin_form(target: &Uri, base_path: &str) -> Result<Uri, UnforwardableTarget
     Ok(Uri::from(path_and_query))
 }
 
-/// The headers only the proxy tells the application: an event's key, and (`order:`) the
-/// newest version done for its entity.
+/// The headers only the proxy tells the application: an event's key, (`order:`) the
+/// newest version done for its entity, and (`delivery: queued`) the attempt's number and
+/// when the event was accepted.
 static PROXY_HEADERS: [&HeaderName; 4] = [
     &DEDUPE_KEY,
     &DEDUPE_STALE,

@@ -51,13 +51,19 @@ pub(super) fn create_tables(table: &str) -> String {
     )
 }
 
-/// The queue's statements, with the tables' names filled in once.
+/// The queue's statements, with the tables' names filled in once: the workers', then
+/// (`Operations`) the operator's.
 struct Statements {
     enqueue: Sql,
     take: Sql,
     complete: Sql,
     retry: Sql,
     bury: Sql,
+    operations: Operations,
+}
+
+/// The statements of the admin API and the counts.
+struct Operations {
     job: Sql,
     dead: Sql,
     revive: Sql,
@@ -71,7 +77,6 @@ struct Statements {
 impl Statements {
     fn for_table(table: &str, sending: Sending) -> Statements {
         let jobs = beside(table, "_jobs");
-        let paused = beside(table, "_paused");
         let sql = |types: &'static [Type], text: String| Sql {
             text,
             types,
@@ -114,7 +119,26 @@ impl Statements {
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
-            job: sql(&[T::TEXT], format!("SELECT job FROM {jobs} WHERE key = $1")),
+            operations: Operations::for_table(table, sending),
+        }
+    }
+}
+
+impl Operations {
+    fn for_table(table: &str, sending: Sending) -> Operations {
+        let jobs = beside(table, "_jobs");
+        let paused = beside(table, "_paused");
+        let sql = |types: &'static [Type], text: String| Sql {
+            text,
+            types,
+            sending,
+        };
+        use Type as T;
+        Operations {
+            job: sql(
+                &[T::TEXT, T::TEXT],
+                format!("SELECT job FROM {jobs} WHERE key = $1 AND route = $2"),
+            ),
             dead: sql(
                 &[T::TEXT, T::INT8, T::TEXT, T::INT8],
                 format!(
@@ -124,16 +148,16 @@ impl Statements {
                 ),
             ),
             revive: sql(
-                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA, T::TEXT],
                 format!(
                     "UPDATE {jobs} SET dead_at = NULL, due_at = $3, token = 0, waiting = true,
                        job = $4
-                     WHERE key = $1 AND dead_at = $2"
+                     WHERE key = $1 AND dead_at = $2 AND route = $5"
                 ),
             ),
             discard: sql(
-                &[T::TEXT],
-                format!("DELETE FROM {jobs} WHERE key = $1 AND dead_at IS NOT NULL"),
+                &[T::TEXT, T::TEXT],
+                format!("DELETE FROM {jobs} WHERE key = $1 AND route = $2 AND dead_at IS NOT NULL"),
             ),
             counts: sql(
                 &[T::TEXT_ARRAY],
@@ -277,8 +301,10 @@ impl DeliveryQueue for PostgresQueue {
             .await
     }
 
-    async fn job(&self, _route: &str, key: &str) -> Result<Option<Job>, StoreError> {
-        let rows = self.query(&self.statements.job, &[&key]).await?;
+    async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
+        let rows = self
+            .query(&self.statements.operations.job, &[&key, &route])
+            .await?;
         rows.first()
             .map(|row| Job::decode(row.get::<_, &[u8]>(0)))
             .transpose()
@@ -296,7 +322,9 @@ impl DeliveryQueue for PostgresQueue {
         };
         let (died, wanted) = (signed(died), signed(limit as u64 + 1));
         let params: [&(dyn ToSql + Sync); 4] = [&route, &died, &key, &wanted];
-        let rows = self.query(&self.statements.dead, &params).await?;
+        let rows = self
+            .query(&self.statements.operations.dead, &params)
+            .await?;
         let mut jobs = rows
             .iter()
             .map(|row| Job::decode(row.get::<_, &[u8]>(0)))
@@ -319,19 +347,26 @@ impl DeliveryQueue for PostgresQueue {
             return Ok(false);
         };
         let now = self.clock.now();
-        job.dead = None;
-        job.revived = Some((now, job.attempted));
+        job.revive(now);
         let (died, now, encoded) = (signed(died), signed(now), job.encode()?);
-        let params: [&(dyn ToSql + Sync); 4] = [&key, &died, &now, &encoded];
-        Ok(self.execute(&self.statements.revive, &params).await? == 1)
+        let params: [&(dyn ToSql + Sync); 5] = [&key, &died, &now, &encoded, &route];
+        Ok(self
+            .execute(&self.statements.operations.revive, &params)
+            .await?
+            == 1)
     }
 
-    async fn discard(&self, _route: &str, key: &str) -> Result<bool, StoreError> {
-        Ok(self.execute(&self.statements.discard, &[&key]).await? == 1)
+    async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .execute(&self.statements.operations.discard, &[&key, &route])
+            .await?
+            == 1)
     }
 
     async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
-        let rows = self.query(&self.statements.counts, &[&routes]).await?;
+        let rows = self
+            .query(&self.statements.operations.counts, &[&routes])
+            .await?;
         let count = |value: i64| u64::try_from(value).unwrap_or(0);
         Ok(routes
             .iter()
@@ -350,15 +385,15 @@ impl DeliveryQueue for PostgresQueue {
 
     async fn set_paused(&self, route: &str, paused: bool) -> Result<(), StoreError> {
         let statement = if paused {
-            &self.statements.pause
+            &self.statements.operations.pause
         } else {
-            &self.statements.resume
+            &self.statements.operations.resume
         };
         self.execute(statement, &[&route]).await.map(drop)
     }
 
     async fn paused(&self) -> Result<Vec<String>, StoreError> {
-        let rows = self.query(&self.statements.paused, &[]).await?;
+        let rows = self.query(&self.statements.operations.paused, &[]).await?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 }

@@ -431,8 +431,7 @@ impl DeliveryQueue for RedisQueue {
             return Ok(false);
         };
         let now = self.clock.now();
-        job.dead = None;
-        job.revived = Some((now, job.attempted));
+        job.revive(now);
         let keys = self.keys(route);
         let mut link = self.link.clone();
         let mut invocation = self.scripts[5].prepare_invoke();

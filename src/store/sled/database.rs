@@ -294,8 +294,9 @@ pub(super) fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
     }
 }
 
-/// Makes done marks durable before they are acknowledged, sharing one `Db::flush` among
-/// every mark that arrived while the previous flush ran (group commit). It runs on a
+/// Makes writes durable before they are acknowledged (queued jobs and their takes always,
+/// done marks with `fsync`), sharing one `Db::flush` among every caller that arrived while
+/// the previous flush ran (group commit). It runs on a
 /// thread of its own because `flush` blocks, and it never calls `flush_async`, which
 /// deadlocks in sled 0.34.7 under concurrent callers.
 pub(super) struct GroupFlusher {

@@ -388,12 +388,17 @@ impl DeliveryQueue for SledQueue {
     }
 
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
+        if job.dead.is_none() {
+            return Err(StoreError::BadRequest(
+                "a job is buried with its time of death".into(),
+            ));
+        }
         self.change_taken(taken, job, None)
     }
 
-    async fn job(&self, _route: &str, key: &str) -> Result<Option<Job>, StoreError> {
+    async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
         self.on_database(|trees| match trees.jobs.get(key.as_bytes())? {
-            Some(bytes) => Ok(Some(Entry::read(&bytes)?.job)),
+            Some(bytes) => Ok(Some(Entry::read(&bytes)?.job).filter(|job| job.route == route)),
             None => Ok(None),
         })
     }
@@ -433,7 +438,7 @@ impl DeliveryQueue for SledQueue {
         })
     }
 
-    async fn revive(&self, _route: &str, key: &str) -> Result<bool, StoreError> {
+    async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let revived = self.on_database(|trees| {
             settled(
@@ -445,11 +450,13 @@ impl DeliveryQueue for SledQueue {
                         let Some((died, _)) = stored.job.dead else {
                             return Ok(None);
                         };
+                        if stored.job.route != route {
+                            return Ok(None);
+                        }
                         let before = stored.job.clone();
                         let job = &mut stored.job;
                         dead.remove(index_key(&job.route, died, &job.key))?;
-                        job.dead = None;
-                        job.revived = Some((now, job.attempted));
+                        job.revive(now);
                         due.insert(index_key(&job.route, now, &job.key), &[])?;
                         received.insert(index_key(&job.route, job.received_at, &job.key), &[])?;
                         stored.due_at = now;
@@ -470,12 +477,15 @@ impl DeliveryQueue for SledQueue {
         })
     }
 
-    async fn discard(&self, _route: &str, key: &str) -> Result<bool, StoreError> {
+    async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {
         let discarded = self.on_database(|trees| {
             settled((&trees.jobs, &trees.dead).transaction(|(jobs, dead)| {
                 let Some(stored) = read_in(jobs, key.as_bytes())? else {
                     return Ok(None);
                 };
+                if stored.job.route != route {
+                    return Ok(None);
+                }
                 let Some((died, _)) = stored.job.dead else {
                     return Ok(None);
                 };
