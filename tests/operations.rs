@@ -870,3 +870,31 @@ async fn a_reload_turns_queued_delivery_on_and_off_and_refuses_a_bad_queue() {
     let paused = admin_post(admin, "/v1/queue/a/pause", "").await;
     assert_eq!(paused.json()["error"], "not_queued");
 }
+
+#[tokio::test]
+async fn reloads_while_queued_deliveries_run_keep_them_within_max_concurrency() {
+    let upstream = Upstream::start().await;
+    upstream.script(std::iter::repeat_n(
+        Answer::ok().after(Duration::from_millis(300)),
+        12,
+    ));
+    let queued = "    delivery: queued\n    queue: { max_concurrency: 2 }\n";
+    let proxy =
+        Reloadable::start(upstream, &format!("routes:\n{}{queued}", route("a", "/a"))).await;
+    let (addr, admin) = (proxy.app.proxy_addr, proxy.app.admin_addr);
+    for n in 0..12 {
+        let reply = post_json(addr, "/a", &format!(r#"{{"id":"e{n}"}}"#)).await;
+        assert_eq!(reply.status, 202);
+    }
+    // Reloads that leave the route as it was, and one that adds another route.
+    for extra in ["", "", &route("b", "/b")] {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        proxy.rewrite(&format!("routes:\n{}{queued}{extra}", route("a", "/a")));
+        assert_eq!(admin_post(admin, "/v1/reload", "").await.status, 200);
+    }
+    eventually(Duration::from_secs(10), "all delivered", || async {
+        proxy.upstream.total_executions() == 12
+    })
+    .await;
+    assert_eq!(proxy.upstream.most_running(), 2);
+}

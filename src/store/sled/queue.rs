@@ -7,12 +7,19 @@
 //! - `jobs_dead`: dead letters by route and the time they died, for their listing.
 //! - `jobs_paused`: the routes paused.
 //!
-//! Every change to a job and its index entries is one sled transaction. An enqueue waits
-//! for the flush that writes it to disk (shared with every enqueue and done mark that
-//! arrived meanwhile) whatever `durability` says; a retry, a bury or a completion is
-//! written by sled's own periodic flush: lost in a crash, the job is due again when its
-//! visibility ends, and delivered again (the documented window). The counts live in memory,
-//! counted from the jobs when the store opens: no other process uses this database.
+//! No sled transaction: the first one a process runs turns on a lock around every sled
+//! operation of the process, which cost the hot path an order of magnitude
+//! (`docs/performance.md`). A job changes by compare-and-swap instead; its new index
+//! entries are written before the swap and its old ones removed after, so an index entry
+//! may be stale (a take, a count or a listing checks it against the job, and drops it)
+//! but a job never lacks one, except after a crash between the swap and the index write,
+//! which the opening of the store mends (it reads every job anyway, for the counts).
+//!
+//! An enqueue and a take wait for the flush that writes them to disk (shared with every
+//! caller that arrived meanwhile) whatever `durability` says; a retry, a bury or a
+//! completion is written by sled's own periodic flush: lost in a crash, the job is due
+//! again, and delivered again (the documented window). The counts live in memory: no
+//! other process uses this database.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +27,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
-use sled::Transactional;
-use sled::transaction::{
-    ConflictableTransactionError, TransactionError, TransactionalTree, UnabortableTransactionError,
-};
+use sled::{IVec, Tree};
 
 use super::database::{Database, QueueTrees};
 use crate::store::queue::{
@@ -32,7 +36,7 @@ use crate::store::queue::{
 use crate::store::{Clock, Millis, StoreError, millis};
 
 /// A job as the `jobs` tree keeps it.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Entry {
     due_at: Millis,
     token: u64,
@@ -48,6 +52,22 @@ impl Entry {
     fn read(bytes: &[u8]) -> Result<Entry, StoreError> {
         postcard::from_bytes(bytes)
             .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
+    }
+
+    /// Its index entries: in `due` and `received` while it is not dead, in `dead` once it
+    /// is.
+    fn indexes<'t>(&self, trees: &'t QueueTrees) -> Vec<(&'t Tree, Vec<u8>)> {
+        let job = &self.job;
+        match job.dead {
+            Some((died, _)) => vec![(&trees.dead, index_key(&job.route, died, &job.key))],
+            None => vec![
+                (&trees.due, index_key(&job.route, self.due_at, &job.key)),
+                (
+                    &trees.received,
+                    index_key(&job.route, job.received_at, &job.key),
+                ),
+            ],
+        }
     }
 }
 
@@ -105,79 +125,72 @@ fn indexed_key<'i>(route: &str, index: &'i [u8]) -> &'i [u8] {
     &index[(route.len() + 9).min(index.len())..]
 }
 
-type Aborted = ConflictableTransactionError<StoreError>;
-
-fn read_in(tree: &TransactionalTree, key: &[u8]) -> Result<Option<Entry>, Aborted> {
-    match tree.get(key)? {
-        Some(bytes) => Entry::read(&bytes)
-            .map(Some)
-            .map_err(ConflictableTransactionError::Abort),
-        None => Ok(None),
+/// When the oldest job of `route` that is neither delivered nor dead was received; stale
+/// index entries met on the way are dropped.
+fn oldest_received(trees: &QueueTrees, route: &str) -> Result<Option<Millis>, StoreError> {
+    for indexed in trees.received.scan_prefix(route_prefix(route)) {
+        let (index, _) = indexed?;
+        let Some(at) = index
+            .get(route.len() + 1..route.len() + 9)
+            .and_then(|at| at.try_into().ok())
+            .map(u64::from_be_bytes)
+        else {
+            continue;
+        };
+        let live = match trees.jobs.get(indexed_key(route, &index))? {
+            Some(bytes) => Entry::read(&bytes)
+                .is_ok_and(|entry| entry.job.dead.is_none() && entry.job.received_at == at),
+            None => false,
+        };
+        if live {
+            return Ok(Some(at));
+        }
+        trees.received.remove(index)?;
     }
+    Ok(None)
 }
 
-fn write_in(tree: &TransactionalTree, entry: &Entry) -> Result<(), Aborted> {
-    let bytes = entry
-        .encode()
-        .map_err(ConflictableTransactionError::Abort)?;
-    tree.insert(entry.job.key.as_bytes(), bytes)?;
-    Ok(())
-}
-
-fn settled<T>(result: Result<T, TransactionError<StoreError>>) -> Result<T, StoreError> {
-    result.map_err(|error| match error {
-        TransactionError::Abort(error) => error,
-        TransactionError::Storage(error) => error.into(),
-    })
-}
-
-impl From<UnabortableTransactionError> for StoreError {
-    fn from(error: UnabortableTransactionError) -> StoreError {
-        StoreError::of("sled", error)
-    }
-}
+/// What a change found and left: the job before, and after (none once removed).
+type Swapped = (Entry, Option<Entry>);
 
 impl SledQueue {
-    /// The queue of an open database, its counts read from its jobs. Blocks on disk I/O.
+    /// The queue of an open database: its counts read from its jobs, the index entries a
+    /// crash left unwritten written, and the jobs taken when the last process stopped due
+    /// now (their attempts were cut off). Blocks on disk I/O.
     pub(super) fn new(
         trees: &QueueTrees,
         clock: Arc<dyn Clock>,
         database: Database,
     ) -> Result<SledQueue, StoreError> {
         let counts = DashMap::<String, Counts>::new();
-        let mut cut_off = Vec::new();
-        for entry in trees.jobs.iter() {
-            let (_, bytes) = entry?;
-            match Entry::read(&bytes) {
-                Ok(entry) => {
-                    counts
-                        .entry(entry.job.route.clone())
-                        .or_default()
-                        .change(&entry.job, true);
-                    if entry.token != 0 && entry.job.dead.is_none() {
-                        cut_off.push(entry);
-                    }
+        let now = clock.now();
+        for stored in trees.jobs.iter() {
+            let (key, bytes) = stored?;
+            let mut entry = match Entry::read(&bytes) {
+                Ok(entry) => entry,
+                Err(error) => {
+                    tracing::error!(%error, "an unreadable queued job is left alone");
+                    continue;
                 }
-                Err(error) => tracing::error!(%error, "an unreadable queued job is left alone"),
+            };
+            if entry.token != 0 && entry.job.dead.is_none() {
+                entry.token = 0;
+                entry.due_at = now;
+                trees.jobs.insert(key, entry.encode()?)?;
             }
+            for (tree, index) in entry.indexes(trees) {
+                tree.insert(index, &[])?;
+            }
+            counts
+                .entry(entry.job.route.clone())
+                .or_default()
+                .change(&entry.job, true);
         }
-        let queue = SledQueue {
+        Ok(SledQueue {
             database,
             clock,
             counts,
-        };
-        // No other process uses this database: a job taken when the last one stopped
-        // had its attempt cut off, and is due now rather than when its visibility ends.
-        let now = queue.clock.now();
-        for entry in cut_off {
-            let taken = Taken {
-                token: entry.token,
-                attempt: entry.takes,
-                job: entry.job,
-            };
-            queue.change_taken(&taken, &taken.job, Some(now))?;
-        }
-        Ok(queue)
+        })
     }
 
     fn count(&self, job: &Job, add: bool) {
@@ -197,8 +210,64 @@ impl SledQueue {
         self.database.reopen_if_failed(&database, result)
     }
 
-    /// Takes the job a due index entry files, unless the entry is stale (the job moved or
-    /// went), which is then removed.
+    /// Changes the job of `key` as `change` says (`None`: removed), if it is there and
+    /// `change` wants to (returns `Err(())` to leave it): its new index entries first,
+    /// then the job by compare-and-swap, then its old entries removed. Returns what was
+    /// swapped, or none when the job was absent, unreadable, left alone, or changed by
+    /// someone else meanwhile.
+    fn swap(
+        &self,
+        trees: &QueueTrees,
+        key: &[u8],
+        change: impl FnOnce(&Entry) -> Result<Option<Entry>, ()>,
+    ) -> Result<Option<Swapped>, StoreError> {
+        let Some(bytes) = trees.jobs.get(key)? else {
+            return Ok(None);
+        };
+        let Ok(before) = Entry::read(&bytes) else {
+            return Ok(None);
+        };
+        let Ok(after) = change(&before) else {
+            return Ok(None);
+        };
+        let new_indexes = after
+            .as_ref()
+            .map_or_else(Vec::new, |entry| entry.indexes(trees));
+        for (tree, index) in &new_indexes {
+            tree.insert(index.as_slice(), &[])?;
+        }
+        let encoded = after.as_ref().map(Entry::encode).transpose()?;
+        if trees
+            .jobs
+            .compare_and_swap(key, Some(bytes), encoded.map(IVec::from))?
+            .is_err()
+        {
+            for (tree, index) in &new_indexes {
+                tree.remove(index.as_slice())?;
+            }
+            return Ok(None);
+        }
+        for (tree, index) in before.indexes(trees) {
+            let kept = new_indexes
+                .iter()
+                .any(|(other, kept)| std::ptr::eq(*other, tree) && *kept == index);
+            if !kept {
+                tree.remove(index)?;
+            }
+        }
+        Ok(Some((before, after)))
+    }
+
+    /// Counts a swap's job out as it was and in as it is.
+    fn recount(&self, swapped: &Swapped) {
+        self.count(&swapped.0.job, false);
+        if let Some(after) = &swapped.1 {
+            self.count(&after.job, true);
+        }
+    }
+
+    /// Takes the job a due index entry files, due again at `due_at`, unless the entry is
+    /// stale (the job moved, died or went), which is then removed.
     fn take_one(
         &self,
         trees: &QueueTrees,
@@ -206,31 +275,29 @@ impl SledQueue {
         index: &[u8],
         due_at: Millis,
     ) -> Result<Option<Taken>, StoreError> {
-        let key = indexed_key(route, index).to_vec();
         let token: u64 = rand::random::<u64>() | 1;
-        settled((&trees.jobs, &trees.due).transaction(|(jobs, due)| {
-            due.remove(index)?;
-            // An unreadable job is left where it is, out of the due index: it must not
-            // stop the jobs due after it.
-            let mut entry = match read_in(jobs, &key) {
-                Ok(Some(entry)) => entry,
-                Ok(None) | Err(ConflictableTransactionError::Abort(_)) => return Ok(None),
-                Err(other) => return Err(other),
-            };
+        let swapped = self.swap(trees, indexed_key(route, index), |entry| {
             if entry.job.dead.is_some() || index != index_key(route, entry.due_at, &entry.job.key) {
-                return Ok(None);
+                return Err(());
             }
-            entry.due_at = due_at;
-            entry.token = token;
-            entry.takes += 1;
-            due.insert(index_key(route, due_at, &entry.job.key), &[])?;
-            write_in(jobs, &entry)?;
-            Ok(Some(Taken {
-                attempt: entry.takes,
-                job: entry.job,
+            Ok(Some(Entry {
+                due_at,
                 token,
+                takes: entry.takes + 1,
+                job: entry.job.clone(),
             }))
-        }))
+        })?;
+        match swapped {
+            Some((_, Some(after))) => Ok(Some(Taken {
+                attempt: after.takes,
+                job: after.job,
+                token,
+            })),
+            _ => {
+                trees.due.remove(index)?;
+                Ok(None)
+            }
+        }
     }
 
     /// Stores `job` in place of a taken one, if the take still owns it: due at `due_at`,
@@ -241,51 +308,23 @@ impl SledQueue {
         job: &Job,
         due_at: Option<Millis>,
     ) -> Result<(), StoreError> {
-        let changed = self.on_database(|trees| {
-            settled(
-                (&trees.jobs, &trees.due, &trees.received, &trees.dead).transaction(
-                    |(jobs, due, received, dead)| {
-                        let Some(stored) = read_in(jobs, taken.job.key.as_bytes())? else {
-                            return Ok(None);
-                        };
-                        if stored.token != taken.token || stored.job.dead.is_some() {
-                            return Ok(None);
-                        }
-                        let route = &stored.job.route;
-                        due.remove(index_key(route, stored.due_at, &stored.job.key))?;
-                        match (due_at, job.dead) {
-                            (Some(at), _) => {
-                                due.insert(index_key(route, at, &job.key), &[])?;
-                            }
-                            (None, Some((died, _))) => {
-                                received.remove(index_key(
-                                    route,
-                                    stored.job.received_at,
-                                    &job.key,
-                                ))?;
-                                dead.insert(index_key(route, died, &job.key), &[])?;
-                            }
-                            (None, None) => {}
-                        }
-                        write_in(
-                            jobs,
-                            &Entry {
-                                due_at: due_at.unwrap_or(0),
-                                token: 0,
-                                takes: stored.takes,
-                                job: job.clone(),
-                            },
-                        )?;
-                        Ok(Some(stored.job))
-                    },
-                ),
-            )
+        let swapped = self.on_database(|trees| {
+            self.swap(trees, taken.job.key.as_bytes(), |stored| {
+                if stored.token != taken.token || stored.job.dead.is_some() {
+                    return Err(());
+                }
+                Ok(Some(Entry {
+                    due_at: due_at.unwrap_or(0),
+                    token: 0,
+                    takes: stored.takes,
+                    job: job.clone(),
+                }))
+            })
         })?;
-        let Some(before) = changed else {
+        let Some(swapped) = swapped else {
             return Err(StoreError::NotOwner);
         };
-        self.count(&before, false);
-        self.count(job, true);
+        self.recount(&swapped);
         Ok(())
     }
 }
@@ -303,17 +342,42 @@ impl DeliveryQueue for SledQueue {
         }
         .encode()?;
         let trees = &database.queue;
-        let stored = settled((&trees.jobs, &trees.due, &trees.received).transaction(
-            |(jobs, due, received)| {
-                if jobs.get(job.key.as_bytes())?.is_some() {
-                    return Ok(Enqueued::AlreadyQueued);
+        let stored = (|| {
+            // The index entries first: a job must never lack them (a stale one is dropped
+            // where it is read).
+            trees
+                .due
+                .insert(index_key(&job.route, now, &job.key), &[])?;
+            trees
+                .received
+                .insert(index_key(&job.route, job.received_at, &job.key), &[])?;
+            let inserted = trees.jobs.compare_and_swap(
+                job.key.as_bytes(),
+                None::<&[u8]>,
+                Some(entry.as_slice()),
+            )?;
+            let Err(existing) = inserted else {
+                return Ok(Enqueued::Stored);
+            };
+            // Ours are taken back, unless they are the stored job's own.
+            let theirs = existing
+                .current
+                .and_then(|bytes| Entry::read(&bytes).ok())
+                .map_or_else(Vec::new, |entry| entry.indexes(trees));
+            let ours = [
+                (&trees.due, index_key(&job.route, now, &job.key)),
+                (&trees.received, index_key(&job.route, job.received_at, &job.key)),
+            ];
+            for (tree, index) in ours {
+                let shared = theirs
+                    .iter()
+                    .any(|(other, kept)| std::ptr::eq(*other, tree) && *kept == index);
+                if !shared {
+                    tree.remove(index)?;
                 }
-                jobs.insert(job.key.as_bytes(), entry.as_slice())?;
-                due.insert(index_key(&job.route, now, &job.key), &[])?;
-                received.insert(index_key(&job.route, job.received_at, &job.key), &[])?;
-                Ok(Enqueued::Stored)
-            },
-        ));
+            }
+            Ok(Enqueued::AlreadyQueued)
+        })();
         let stored = self.database.reopen_if_failed(&database, stored)?;
         if stored == Enqueued::Stored {
             self.count(job, true);
@@ -360,25 +424,15 @@ impl DeliveryQueue for SledQueue {
 
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
         let removed = self.on_database(|trees| {
-            settled((&trees.jobs, &trees.due, &trees.received).transaction(
-                |(jobs, due, received)| {
-                    let key = taken.job.key.as_bytes();
-                    let Some(stored) = read_in(jobs, key)? else {
-                        return Ok(None);
-                    };
-                    if stored.job.dead.is_some() {
-                        return Ok(None);
-                    }
-                    let job = &stored.job;
-                    jobs.remove(key)?;
-                    due.remove(index_key(&job.route, stored.due_at, &job.key))?;
-                    received.remove(index_key(&job.route, job.received_at, &job.key))?;
-                    Ok(Some(stored.job))
-                },
-            ))
+            self.swap(trees, taken.job.key.as_bytes(), |stored| {
+                if stored.job.dead.is_some() {
+                    return Err(());
+                }
+                Ok(None)
+            })
         })?;
-        if let Some(job) = removed {
-            self.count(&job, false);
+        if let Some(swapped) = removed {
+            self.recount(&swapped);
         }
         Ok(())
     }
@@ -430,8 +484,20 @@ impl DeliveryQueue for SledQueue {
                     page.next = page.jobs.last().map(dead_cursor);
                     break;
                 }
-                if let Some(bytes) = trees.jobs.get(indexed_key(route, &index))? {
-                    page.jobs.push(Entry::read(&bytes)?.job);
+                let job = match trees.jobs.get(indexed_key(route, &index))? {
+                    Some(bytes) => Entry::read(&bytes).ok().map(|entry| entry.job),
+                    None => None,
+                };
+                // A stale entry (the job revived, discarded, or died again) is dropped.
+                let current = job.filter(|job| {
+                    job.dead
+                        .is_some_and(|(at, _)| index == index_key(route, at, &job.key))
+                });
+                match current {
+                    Some(job) => page.jobs.push(job),
+                    None => {
+                        trees.dead.remove(index)?;
+                    }
                 }
             }
             Ok(page)
@@ -441,66 +507,33 @@ impl DeliveryQueue for SledQueue {
     async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let revived = self.on_database(|trees| {
-            settled(
-                (&trees.jobs, &trees.due, &trees.received, &trees.dead).transaction(
-                    |(jobs, due, received, dead)| {
-                        let Some(mut stored) = read_in(jobs, key.as_bytes())? else {
-                            return Ok(None);
-                        };
-                        let Some((died, _)) = stored.job.dead else {
-                            return Ok(None);
-                        };
-                        if stored.job.route != route {
-                            return Ok(None);
-                        }
-                        let before = stored.job.clone();
-                        let job = &mut stored.job;
-                        dead.remove(index_key(&job.route, died, &job.key))?;
-                        job.revive(now);
-                        due.insert(index_key(&job.route, now, &job.key), &[])?;
-                        received.insert(index_key(&job.route, job.received_at, &job.key), &[])?;
-                        stored.due_at = now;
-                        stored.token = 0;
-                        write_in(jobs, &stored)?;
-                        Ok(Some((before, stored.job)))
-                    },
-                ),
-            )
+            self.swap(trees, key.as_bytes(), |stored| {
+                if stored.job.route != route || stored.job.dead.is_none() {
+                    return Err(());
+                }
+                let mut job = stored.job.clone();
+                job.revive(now);
+                Ok(Some(Entry {
+                    due_at: now,
+                    token: 0,
+                    takes: stored.takes,
+                    job,
+                }))
+            })
         })?;
-        Ok(match revived {
-            Some((before, after)) => {
-                self.count(&before, false);
-                self.count(&after, true);
-                true
-            }
-            None => false,
-        })
+        Ok(revived.map(|swapped| self.recount(&swapped)).is_some())
     }
 
     async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {
         let discarded = self.on_database(|trees| {
-            settled((&trees.jobs, &trees.dead).transaction(|(jobs, dead)| {
-                let Some(stored) = read_in(jobs, key.as_bytes())? else {
-                    return Ok(None);
-                };
-                if stored.job.route != route {
-                    return Ok(None);
+            self.swap(trees, key.as_bytes(), |stored| {
+                if stored.job.route != route || stored.job.dead.is_none() {
+                    return Err(());
                 }
-                let Some((died, _)) = stored.job.dead else {
-                    return Ok(None);
-                };
-                jobs.remove(key.as_bytes())?;
-                dead.remove(index_key(&stored.job.route, died, key))?;
-                Ok(Some(stored.job))
-            }))
+                Ok(None)
+            })
         })?;
-        Ok(match discarded {
-            Some(job) => {
-                self.count(&job, false);
-                true
-            }
-            None => false,
-        })
+        Ok(discarded.map(|swapped| self.recount(&swapped)).is_some())
     }
 
     async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
@@ -509,14 +542,7 @@ impl DeliveryQueue for SledQueue {
                 .iter()
                 .map(|route| {
                     let counts = self.counts.get(route).map(|c| *c).unwrap_or_default();
-                    let oldest = match trees.received.scan_prefix(route_prefix(route)).next() {
-                        Some(entry) => {
-                            let (index, _) = entry?;
-                            let at = index.get(route.len() + 1..route.len() + 9);
-                            at.and_then(|at| at.try_into().ok()).map(u64::from_be_bytes)
-                        }
-                        None => None,
-                    };
+                    let oldest = oldest_received(trees, route)?;
                     Ok(QueueCounts {
                         waiting: counts.waiting,
                         retrying: counts.retrying,
