@@ -366,7 +366,10 @@ impl DeliveryQueue for SledQueue {
                 .map_or_else(Vec::new, |entry| entry.indexes(trees));
             let ours = [
                 (&trees.due, index_key(&job.route, now, &job.key)),
-                (&trees.received, index_key(&job.route, job.received_at, &job.key)),
+                (
+                    &trees.received,
+                    index_key(&job.route, job.received_at, &job.key),
+                ),
             ];
             for (tree, index) in ours {
                 let shared = theirs
