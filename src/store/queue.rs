@@ -253,6 +253,16 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     }
 }
 
+/// A dead job made ready again at `now` (see [`Job::revive`]), and when it died; none for
+/// a job that is absent or not dead. The shared stores read it, then write it back only if
+/// it still died then.
+pub fn revived(job: Option<Job>, now: Millis) -> Option<(Millis, Job)> {
+    let mut job = job?;
+    let (died, _) = job.dead?;
+    job.revive(now);
+    Some((died, job))
+}
+
 /// A cursor for dead letters: when the job died and its key, so that pages stay in order
 /// while jobs die or go.
 pub fn dead_cursor(job: &Job) -> String {

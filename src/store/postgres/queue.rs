@@ -22,6 +22,7 @@ use super::statements::beside;
 use crate::config::{PostgresConfig, QUEUE_POOL};
 use crate::store::queue::{
     DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor, parse_dead_cursor,
+    revived,
 };
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
@@ -340,14 +341,10 @@ impl DeliveryQueue for PostgresQueue {
     }
 
     async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
-        let Some(mut job) = self.job(route, key).await? else {
-            return Ok(false);
-        };
-        let Some((died, _)) = job.dead else {
-            return Ok(false);
-        };
         let now = self.clock.now();
-        job.revive(now);
+        let Some((died, job)) = revived(self.job(route, key).await?, now) else {
+            return Ok(false);
+        };
         let (died, now, encoded) = (signed(died), signed(now), job.encode()?);
         let params: [&(dyn ToSql + Sync); 5] = [&key, &died, &now, &encoded, &route];
         Ok(self

@@ -27,6 +27,7 @@ use redis::{AsyncCommands, Script};
 use super::connection::Link;
 use crate::store::queue::{
     DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor, parse_dead_cursor,
+    revived,
 };
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
@@ -424,14 +425,10 @@ impl DeliveryQueue for RedisQueue {
     }
 
     async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
-        let Some(mut job) = self.job(route, key).await? else {
-            return Ok(false);
-        };
-        let Some((died, _)) = job.dead else {
-            return Ok(false);
-        };
         let now = self.clock.now();
-        job.revive(now);
+        let Some((died, job)) = revived(self.job(route, key).await?, now) else {
+            return Ok(false);
+        };
         let keys = self.keys(route);
         let mut link = self.link.clone();
         let mut invocation = self.scripts[5].prepare_invoke();
