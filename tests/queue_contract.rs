@@ -68,6 +68,30 @@ impl Queue {
         self.queue.enqueue(&self.job(name)).await.unwrap()
     }
 
+    /// Enqueues the job `name` in `lane`.
+    async fn enqueue_in(&self, lane: &str, name: &str) -> Enqueued {
+        let mut job = self.job(name);
+        job.lane = Some(lane.to_owned());
+        self.queue.enqueue(&job).await.unwrap()
+    }
+
+    /// The names of the jobs a take of up to ten gets, sorted.
+    async fn take_names(&self) -> Vec<(String, dedupe_proxy::store::queue::Taken)> {
+        let mut taken: Vec<_> = self
+            .take(10, VISIBLE)
+            .await
+            .into_iter()
+            .map(|taken| (self.name(&taken.job.key), taken))
+            .collect();
+        taken.sort_by(|a, b| a.0.cmp(&b.0));
+        taken
+    }
+
+    fn name(&self, key: &str) -> String {
+        key.trim_start_matches(&format!("{}:", self.route))
+            .to_owned()
+    }
+
     async fn take(
         &self,
         limit: usize,
@@ -265,6 +289,145 @@ async fn concurrent_takers_never_share_a_job(h: Harness) {
     assert_eq!(distinct.len(), 60);
 }
 
+fn names(taken: &[(String, dedupe_proxy::store::queue::Taken)]) -> Vec<&str> {
+    taken.iter().map(|(name, _)| name.as_str()).collect()
+}
+
+async fn a_lane_delivers_one_job_at_a_time_in_the_order_stored(h: Harness) {
+    let q = Queue::of(h);
+    for (lane, name) in [("A", "a1"), ("A", "a2"), ("B", "b1"), ("A", "a3")] {
+        assert_eq!(q.enqueue_in(lane, name).await, Enqueued::Stored);
+    }
+    assert_eq!(q.enqueue_in("A", "a2").await, Enqueued::AlreadyQueued);
+    q.enqueue("n1").await;
+    assert_eq!(
+        q.counts().await.waiting,
+        5,
+        "the jobs behind count as waiting"
+    );
+    let taken = q.take_names().await;
+    assert_eq!(names(&taken), ["a1", "b1", "n1"], "only each lane's first");
+
+    // A retry keeps the lane's place: a2 stays behind a1.
+    let a1 = &taken[0].1;
+    let mut job = a1.job.clone();
+    job.record(q.attempt(503));
+    q.queue.retry(a1, &job, q.now()).await.unwrap();
+    for (_, other) in &taken[1..] {
+        q.queue.complete(other).await.unwrap();
+    }
+    let again = q.take_names().await;
+    assert_eq!(names(&again), ["a1"]);
+    q.queue.complete(&again[0].1).await.unwrap();
+
+    // Delivered: the next is due. Buried: the next is due too.
+    let a2 = q.take_names().await;
+    assert_eq!(names(&a2), ["a2"]);
+    let mut job = a2[0].1.job.clone();
+    job.record(q.attempt(422));
+    job.dead = Some((q.now(), DeadReason::Refused));
+    q.queue.bury(&a2[0].1, &job).await.unwrap();
+    let a3 = q.take_names().await;
+    assert_eq!(names(&a3), ["a3"]);
+
+    // Revived while a3 is out: it goes behind a3.
+    assert!(q.queue.revive(&q.route, &job.key).await.unwrap());
+    assert!(q.take_names().await.is_empty(), "a2 waits behind a3");
+    q.queue.complete(&a3[0].1).await.unwrap();
+    let revived = q.take_names().await;
+    assert_eq!(names(&revived), ["a2"]);
+    q.queue.complete(&revived[0].1).await.unwrap();
+    assert!(q.take_names().await.is_empty());
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.retrying, counts.dead), (0, 0, 0));
+
+    // An emptied lane takes a new job at once.
+    q.enqueue_in("A", "a4").await;
+    assert_eq!(names(&q.take_names().await), ["a4"]);
+}
+
+async fn concurrent_enqueues_and_takers_keep_a_lane_in_order(h: Harness) {
+    enqueue_while_taking(h, Some("one")).await;
+}
+
+/// Jobs stored while takers run are each taken once (none left behind by a take that
+/// met it half written); with a lane, one at a time and in each sender's order.
+async fn jobs_stored_while_takers_run_are_all_taken(h: Harness) {
+    enqueue_while_taking(h, None).await;
+}
+
+async fn enqueue_while_taking(h: Harness, lane: Option<&'static str>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const SENDERS: usize = 8;
+    const EACH: usize = 40;
+    let q = Arc::new(Queue::of(h));
+    let mut senders = Vec::new();
+    for sender in 0..SENDERS {
+        let q = Arc::clone(&q);
+        senders.push(tokio::spawn(async move {
+            for index in 0..EACH {
+                let name = format!("s{sender}-{index:02}");
+                match lane {
+                    Some(lane) => q.enqueue_in(lane, &name).await,
+                    None => q.enqueue(&name).await,
+                };
+            }
+        }));
+    }
+    let out = Arc::new(AtomicUsize::new(0));
+    let delivered = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let (q, out, delivered) = (Arc::clone(&q), Arc::clone(&out), Arc::clone(&delivered));
+        workers.push(tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while delivered.lock().len() < SENDERS * EACH {
+                assert!(std::time::Instant::now() < deadline, "jobs left untaken");
+                let taken = q.take(10, VISIBLE).await;
+                if taken.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                if lane.is_none() {
+                    for job in taken {
+                        delivered.lock().push(q.name(&job.job.key));
+                        q.queue.complete(&job).await.unwrap();
+                    }
+                    continue;
+                }
+                assert_eq!(taken.len(), 1, "a lane gave out {} jobs", taken.len());
+                assert_eq!(
+                    out.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two jobs out at once"
+                );
+                delivered.lock().push(q.name(&taken[0].job.key));
+                out.fetch_sub(1, Ordering::SeqCst);
+                q.queue.complete(&taken[0]).await.unwrap();
+            }
+        }));
+    }
+    for task in senders.into_iter().chain(workers) {
+        task.await.unwrap();
+    }
+    let delivered = delivered.lock().clone();
+    assert_eq!(delivered.len(), SENDERS * EACH);
+    let distinct: HashSet<_> = delivered.iter().collect();
+    assert_eq!(distinct.len(), SENDERS * EACH, "a job taken twice");
+    if lane.is_none() {
+        return;
+    }
+    for sender in 0..SENDERS {
+        let own: Vec<_> = delivered
+            .iter()
+            .filter(|name| name.starts_with(&format!("s{sender}-")))
+            .collect();
+        let mut sorted = own.clone();
+        sorted.sort();
+        assert_eq!(own, sorted, "sender {sender}'s jobs out of order");
+    }
+}
+
 async fn pausing_is_kept_in_the_store(h: Harness) {
     let q = Queue::of(h);
     q.queue.set_paused(&q.route, true).await.unwrap();
@@ -308,4 +471,7 @@ contract!(
     dead_letters_are_listed_in_order_revived_and_discarded,
     concurrent_takers_never_share_a_job,
     pausing_is_kept_in_the_store,
+    a_lane_delivers_one_job_at_a_time_in_the_order_stored,
+    concurrent_enqueues_and_takers_keep_a_lane_in_order,
+    jobs_stored_while_takers_run_are_all_taken,
 );

@@ -523,3 +523,69 @@ async fn a_full_queue_refuses_with_503_and_stores_nothing() {
     .await;
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn order_by_delivers_one_event_per_entity_at_a_time_in_arrival_order() {
+    let upstream = Upstream::start().await;
+    // The first attempt of whichever event goes first fails: its entity's later events
+    // wait for its retry.
+    let slow = Answer::ok().after(Duration::from_millis(100));
+    upstream.script(
+        std::iter::once(Answer::status(503).after(Duration::from_millis(100)))
+            .chain(std::iter::repeat_n(slow, 20)),
+    );
+    let route = queued("      max_concurrency: 10\n      order_by: \"{json:/entity}\"\n");
+    let mut proxy = Proxy::start(upstream.addr, &route).await;
+    let sent = [
+        ("a1", Some("A")),
+        ("b1", Some("B")),
+        ("a2", Some("A")),
+        ("b2", Some("B")),
+        ("a3", Some("A")),
+        ("n1", None),
+        ("n2", None),
+    ];
+    for (id, entity) in sent {
+        let body = match entity {
+            Some(entity) => format!(r#"{{"id":"{id}","entity":"{entity}"}}"#),
+            None => format!(r#"{{"id":"{id}"}}"#),
+        };
+        let reply = send(
+            proxy.addr,
+            "POST",
+            "/hooks",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(reply.status, 202, "{}", reply.body);
+    }
+    let job = admin(&proxy, "GET", "/v1/queue/hooks/jobs/a3", "").await;
+    assert_eq!(job.json()["lane"], "A", "{}", job.body);
+    eventually(Duration::from_secs(10), "every event delivered", || async {
+        sent.iter().all(|(id, _)| upstream.executions(id) == 1)
+    })
+    .await;
+    let received: Vec<String> = upstream
+        .received()
+        .iter()
+        .map(|r| r.headers["dedupe-key"].to_str().unwrap().to_owned())
+        .collect();
+    for entity in ["a", "b"] {
+        let mut own: Vec<&str> = received
+            .iter()
+            .map(String::as_str)
+            .filter(|key| key.starts_with(entity))
+            .collect();
+        own.dedup();
+        let expected: Vec<String> = (1..=if entity == "a" { 3 } else { 2 })
+            .map(|n| format!("{entity}{n}"))
+            .collect();
+        assert_eq!(own, expected, "{received:?}");
+    }
+    // A and B one at a time each, and the events without an entity beside them: without
+    // lanes, all seven would run at once.
+    assert!(upstream.most_running() <= 4, "{}", upstream.most_running());
+    assert!(upstream.most_running() >= 2, "{}", upstream.most_running());
+    proxy.shutdown().await;
+}

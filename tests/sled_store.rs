@@ -1,7 +1,8 @@
 //! What only the sled backend does (the shared contract is in `conformance.rs`): the
 //! sweep that reads only what expired, in batches; recovery after a restart, across every
 //! expiry window; data directories it cannot read and the directory lock; group commit
-//! with `durability: fsync`; entity records (`order:`) swept by their expiry index.
+//! with `durability: fsync`; entity records (`order:`) swept by their expiry index; the
+//! delivery queue's lanes and index entries mended when a crash left them half changed.
 
 mod support;
 
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe_proxy::config::{Durability, SledConfig};
+use dedupe_proxy::store::queue::{Job, QueuedRequest};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
@@ -347,4 +349,66 @@ async fn entity_records_are_swept_by_expiry_and_survive_a_restart() {
     let kept = store.newest_version("t#entity:0").await.unwrap().unwrap();
     assert_eq!(kept.newest, version("2"));
     assert_eq!(store.newest_version("t#entity:1").await.unwrap(), None);
+}
+
+/// The database under `path`, opened as sled itself, once the store has let go of it.
+async fn open_raw(path: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(error) if std::time::Instant::now() < deadline => {
+                let _ = error;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_restart_mends_a_lane_and_drops_stale_index_entries() {
+    let f = fixture();
+    let path = f.dir.path().join("db");
+    let laned = |key: &str| {
+        let request = QueuedRequest {
+            method: "POST".into(),
+            target: "/".into(),
+            headers: vec![],
+            body: bytes::Bytes::from_static(b"{}"),
+        };
+        let mut job = Job::new(key.into(), "r".into(), START, request);
+        job.lane = Some("A".into());
+        job
+    };
+    let queue = f.store.queue().unwrap();
+    queue.enqueue(&laned("r:a1")).await.unwrap();
+    queue.enqueue(&laned("r:a2")).await.unwrap();
+    let taken = queue.take("r", 10, LEASE).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].job.key, "r:a1");
+    drop((queue, f.store));
+
+    // A crash after a1's completion removed its record, before its index entries went
+    // and before a2 was made due.
+    {
+        let db = open_raw(&path).await;
+        db.open_tree("jobs").unwrap().remove("r:a1").unwrap();
+        db.flush().unwrap();
+    }
+    let store = reopen(&path, &f.clock).await;
+    let queue = store.queue().unwrap();
+    let taken = queue.take("r", 10, LEASE).await.unwrap();
+    let keys: Vec<&str> = taken.iter().map(|taken| taken.job.key.as_str()).collect();
+    assert_eq!(keys, ["r:a2"], "the lane moved on");
+    drop((queue, store));
+
+    let db = open_raw(&path).await;
+    for tree in ["jobs_due", "jobs_received", "jobs_lanes"] {
+        assert_eq!(
+            db.open_tree(tree).unwrap().len(),
+            1,
+            "{tree} keeps only a2's entry"
+        );
+    }
 }

@@ -185,6 +185,7 @@ fn summary(route: &Route, job: &Job) -> Value {
         "route": route.name,
         "key": short_key(route, job),
         "state": state,
+        "lane": job.lane,
         "received_at": rfc3339(job.received_at),
         "attempts": job.attempted,
         "last_status": job.last_status(),

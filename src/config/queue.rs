@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::Deserializer;
 
 use super::whole_map::map_then;
+use crate::key::KeyTemplate;
 use crate::route::delivery::{QueuePolicy, Rate};
 use crate::values::{HumanDuration, StatusValue};
 
@@ -46,6 +47,7 @@ pub(super) struct QueueFile {
     rate: Option<u32>,
     burst: Option<u32>,
     target: Option<HumanDuration>,
+    order_by: Option<KeyTemplate>,
 }
 
 impl QueueFile {
@@ -142,6 +144,7 @@ impl QueueFile {
                 burst: own.burst.unwrap_or(per_second).max(1),
             }),
             target: own.target.map(|target| target.0),
+            order_by: own.order_by.clone(),
         }
     }
 }

@@ -24,6 +24,7 @@ use super::answers::{Answer, unavailable};
 use super::ledger::OpenClaim;
 use super::{Outbound, Proxy};
 use crate::body::{self, ProxyBody};
+use crate::key::{Delivery, KeyTemplate};
 use crate::metrics::ReleaseReason;
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::Route;
@@ -91,12 +92,13 @@ impl Proxy {
             };
             return (DedupeStatus::Unavailable, refusal.into_response());
         }
-        let job = Job::new(
+        let mut job = Job::new(
             open.claims().event.key.clone(),
             route.name.clone(),
             SystemClock.now(),
             stored_request(&request, body),
         );
+        job.lane = lane(policy.order_by.as_ref(), &request, &job.request.body);
         let stored = deliveries.enqueue(&job).await;
         let done = Completion {
             upstream_status: QUEUED_STATUS,
@@ -129,6 +131,27 @@ impl Proxy {
                 open.settle();
                 unavailable(route)
             }
+        }
+    }
+}
+
+/// The job's lane, if the route orders its deliveries: an event the template cannot read
+/// goes without one, delivered as soon as it can be (refusing it would lose it).
+fn lane(
+    order_by: Option<&KeyTemplate>,
+    request: &Request<ProxyBody>,
+    body: &[u8],
+) -> Option<String> {
+    let delivery = Delivery {
+        headers: request.headers(),
+        query: request.uri().query(),
+        body,
+    };
+    match order_by?.extract(&delivery) {
+        Ok(lane) => Some(lane),
+        Err(error) => {
+            tracing::debug!(%error, "the event has no lane: delivered unordered");
+            None
         }
     }
 }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 
+use crate::key::KeyTemplate;
 use crate::store::Millis;
 use crate::store::queue::DeadReason;
 use crate::values::as_written;
@@ -43,6 +44,10 @@ pub struct QueuePolicy {
         serialize_with = "some_duration"
     )]
     pub target: Option<Duration>,
+    /// What a job's lane is: jobs of one lane are delivered one at a time, in the order
+    /// they were accepted. An event the template cannot read has no lane.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_by: Option<KeyTemplate>,
 }
 
 fn some_duration<S: serde::Serializer>(
@@ -161,6 +166,7 @@ mod tests {
             max_queued: 10,
             rate: None,
             target: None,
+            order_by: None,
         }
     }
 

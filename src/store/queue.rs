@@ -18,6 +18,12 @@
 //!
 //! Retry and bury are guarded by the token of the take, so that a worker whose visibility
 //! ended cannot undo another's later attempt; complete is not: the app answered success.
+//!
+//! Jobs of a lane (`queue.order_by`) go one at a time, in the order they were stored: a
+//! job enqueued (or revived) while its lane holds another that is not dead waits, due at
+//! [`BEHIND`], and the earliest waiting one is made due when the one before it is
+//! completed or buried. So only the first job of a lane is ever ready or taken, and a
+//! retrying one holds the rest of its lane back until it is delivered or dead.
 
 use std::time::Duration;
 
@@ -27,6 +33,11 @@ use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
 use super::time::Millis;
+
+/// The due time of a job waiting behind an earlier one of its lane: never, until that one
+/// is delivered or dead (2^53 - 1 ms, a time every store holds exactly, Redis's scores
+/// included).
+pub const BEHIND: Millis = (1 << 53) - 1;
 
 /// How much of each answer an attempt keeps.
 pub const ANSWER_KEPT: usize = 1024;
@@ -83,6 +94,9 @@ pub struct Job {
     /// The event's store key: the job's name.
     pub key: String,
     pub route: String,
+    /// The lane of a route with `queue.order_by`: its jobs are delivered one at a time,
+    /// in the order they were stored.
+    pub lane: Option<String>,
     pub received_at: Millis,
     pub request: QueuedRequest,
     /// How many attempts were made in all (the history may keep fewer).
@@ -100,6 +114,7 @@ impl Job {
         Job {
             key,
             route,
+            lane: None,
             received_at,
             request,
             attempted: 0,

@@ -6,7 +6,9 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use deadpool_postgres::{Hook, HookError, Object, Pool, PoolConfig, Runtime, Timeouts};
+use deadpool_postgres::{
+    Hook, HookError, Object, Pool, PoolConfig, Runtime, Timeouts, Transaction,
+};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
@@ -81,6 +83,25 @@ impl Sql {
                 client.execute(&prepared, params).await
             }
             Sending::Unnamed => client.execute_typed(&self.text, &self.typed(params)).await,
+        }
+    }
+
+    /// Runs the statement in `transaction`, returning how many rows it changed.
+    pub(super) async fn execute_in(
+        &self,
+        transaction: &Transaction<'_>,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        match self.sending {
+            Sending::Prepared => {
+                let prepared = transaction.prepare_cached(&self.text).await?;
+                transaction.execute(&prepared, params).await
+            }
+            Sending::Unnamed => {
+                transaction
+                    .execute_typed(&self.text, &self.typed(params))
+                    .await
+            }
         }
     }
 

@@ -21,8 +21,8 @@ use super::connection::{self, Sending, Sql};
 use super::statements::beside;
 use crate::config::{PostgresConfig, QUEUE_POOL};
 use crate::store::queue::{
-    DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor, parse_dead_cursor,
-    revived,
+    BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
+    parse_dead_cursor, revived,
 };
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
@@ -32,6 +32,8 @@ pub(super) fn create_tables(table: &str) -> String {
     let due = beside(table, "_jobs_due");
     let dead = beside(table, "_jobs_dl");
     let paused = beside(table, "_paused");
+    let lanes = beside(table, "_jobs_lanes");
+    let lane_seq = beside(table, "_jobs_lane_seq");
     format!(
         "CREATE TABLE IF NOT EXISTS {jobs} (
            key text COLLATE \"C\" PRIMARY KEY,
@@ -42,9 +44,15 @@ pub(super) fn create_tables(table: &str) -> String {
            takes integer NOT NULL DEFAULT 0,
            waiting boolean NOT NULL,
            dead_at bigint,
-           job bytea NOT NULL
+           job bytea NOT NULL,
+           lane text,
+           lane_seq bigint
          );
-         ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS takes integer NOT NULL DEFAULT 0;
+         ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS takes integer NOT NULL DEFAULT 0,
+           ADD COLUMN IF NOT EXISTS lane text, ADD COLUMN IF NOT EXISTS lane_seq bigint;
+         CREATE SEQUENCE IF NOT EXISTS {lane_seq};
+         CREATE INDEX IF NOT EXISTS {lanes} ON {jobs} (route, lane, lane_seq)
+           WHERE lane IS NOT NULL AND dead_at IS NULL;
          CREATE INDEX IF NOT EXISTS {due} ON {jobs} (route, due_at) WHERE dead_at IS NULL;
          CREATE INDEX IF NOT EXISTS {dead} ON {jobs} (route, dead_at, key)
            WHERE dead_at IS NOT NULL;
@@ -60,7 +68,21 @@ struct Statements {
     complete: Sql,
     retry: Sql,
     bury: Sql,
+    lanes: Lanes,
     operations: Operations,
+}
+
+/// The statements of jobs with a lane, each run in a transaction that holds the lane's
+/// lock (`lock`), so that whether a job is its lane's first is decided by one
+/// transaction at a time.
+struct Lanes {
+    lock: Sql,
+    /// As `enqueue`, due at `$7` (never) if the lane holds a job that is not dead.
+    enqueue: Sql,
+    /// Makes the lane's first job due at `$3` if it is behind (`$4`).
+    promote: Sql,
+    /// As `revive`, due at `$7` (never) if the lane holds a job that is not dead.
+    revive: Sql,
 }
 
 /// The statements of the admin API and the counts.
@@ -120,7 +142,58 @@ impl Statements {
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
+            lanes: Lanes::for_table(table, sending),
             operations: Operations::for_table(table, sending),
+        }
+    }
+}
+
+impl Lanes {
+    fn for_table(table: &str, sending: Sending) -> Lanes {
+        let jobs = beside(table, "_jobs");
+        let lane_seq = beside(table, "_jobs_lane_seq");
+        let sql = |types: &'static [Type], text: String| Sql {
+            text,
+            types,
+            sending,
+        };
+        let busy = format!(
+            "EXISTS (SELECT 1 FROM {jobs} WHERE route = $2 AND lane = $6 AND dead_at IS NULL)"
+        );
+        use Type as T;
+        Lanes {
+            lock: sql(
+                &[T::TEXT, T::TEXT],
+                "SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))".to_owned(),
+            ),
+            enqueue: sql(
+                &[T::TEXT, T::TEXT, T::INT8, T::INT8, T::BYTEA, T::TEXT, T::INT8],
+                format!(
+                    "INSERT INTO {jobs} (key, route, due_at, received_at, waiting, job, lane,
+                       lane_seq)
+                     SELECT $1::text, $2::text, CASE WHEN {busy} THEN $7::bigint ELSE $3::bigint END,
+                       $4::bigint, true, $5::bytea, $6::text, nextval('{lane_seq}')
+                     ON CONFLICT (key) DO NOTHING"
+                ),
+            ),
+            promote: sql(
+                &[T::TEXT, T::TEXT, T::INT8, T::INT8],
+                format!(
+                    "UPDATE {jobs} SET due_at = $3
+                     WHERE key = (SELECT key FROM {jobs}
+                                  WHERE route = $1 AND lane = $2 AND dead_at IS NULL
+                                  ORDER BY lane_seq LIMIT 1)
+                       AND due_at = $4 AND token = 0"
+                ),
+            ),
+            revive: sql(
+                &[T::TEXT, T::TEXT, T::INT8, T::BYTEA, T::INT8, T::TEXT, T::INT8],
+                format!(
+                    "UPDATE {jobs} SET dead_at = NULL, due_at = CASE WHEN {busy} THEN $7::bigint ELSE $3::bigint END,
+                       token = 0, waiting = true, job = $4, lane_seq = nextval('{lane_seq}')
+                     WHERE key = $1 AND dead_at = $5 AND route = $2"
+                ),
+            ),
         }
     }
 }
@@ -228,6 +301,35 @@ impl PostgresQueue {
         .await
     }
 
+    /// Runs `steps` in one transaction that holds the lock of `job`'s lane, then makes the
+    /// lane's first job due if it is behind. Returns how many rows each step changed.
+    async fn in_lane(
+        &self,
+        job: &Job,
+        lane: &str,
+        steps: &[(&Sql, &[&(dyn ToSql + Sync)])],
+    ) -> Result<Vec<u64>, StoreError> {
+        let lanes = &self.statements.lanes;
+        let (now, behind) = (signed(self.clock.now()), signed(BEHIND));
+        within("postgres", self.timeout, async {
+            let mut client = self.pool.get().await?;
+            let transaction = client.transaction().await?;
+            lanes
+                .lock
+                .execute_in(&transaction, &[&job.route, &lane])
+                .await?;
+            let mut changed = Vec::with_capacity(steps.len());
+            for (statement, params) in steps {
+                changed.push(statement.execute_in(&transaction, params).await?);
+            }
+            let promote: [&(dyn ToSql + Sync); 4] = [&job.route, &lane, &now, &behind];
+            lanes.promote.execute_in(&transaction, &promote).await?;
+            transaction.commit().await?;
+            Ok::<_, StoreError>(changed)
+        })
+        .await
+    }
+
     /// Changes a taken job as `statement` says (retry or bury), if the take owns it.
     async fn change_taken(
         &self,
@@ -238,10 +340,14 @@ impl PostgresQueue {
     ) -> Result<(), StoreError> {
         let (token, at, encoded) = (signed(taken.token), signed(at), job.encode()?);
         let params: [&(dyn ToSql + Sync); 4] = [&job.key, &token, &at, &encoded];
-        match self.execute(statement, &params).await? {
-            1 => Ok(()),
-            _ => Err(StoreError::NotOwner),
-        }
+        // A retry leaves the lane as it is: its job stays first.
+        let changed = match &job.lane {
+            Some(lane) if job.dead.is_some() => {
+                self.in_lane(job, lane, &[(statement, &params)]).await?[0]
+            }
+            _ => self.execute(statement, &params).await?,
+        };
+        crate::store::owned(changed == 1)
     }
 }
 
@@ -253,12 +359,28 @@ impl DeliveryQueue for PostgresQueue {
             signed(job.received_at),
             job.encode()?,
         );
-        let params: [&(dyn ToSql + Sync); 5] = [&job.key, &job.route, &now, &received, &encoded];
-        let rows = self.query(&self.statements.enqueue, &params).await?;
-        Ok(if rows.is_empty() {
-            Enqueued::AlreadyQueued
-        } else {
+        let stored = match &job.lane {
+            Some(lane) => {
+                let behind = signed(BEHIND);
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &job.key, &job.route, &now, &received, &encoded, lane, &behind,
+                ];
+                let enqueue = &self.statements.lanes.enqueue;
+                self.in_lane(job, lane, &[(enqueue, &params)]).await?[0] == 1
+            }
+            None => {
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&job.key, &job.route, &now, &received, &encoded];
+                !self
+                    .query(&self.statements.enqueue, &params)
+                    .await?
+                    .is_empty()
+            }
+        };
+        Ok(if stored {
             Enqueued::Stored
+        } else {
+            Enqueued::AlreadyQueued
         })
     }
 
@@ -286,9 +408,12 @@ impl DeliveryQueue for PostgresQueue {
     }
 
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
-        self.execute(&self.statements.complete, &[&taken.job.key])
-            .await
-            .map(drop)
+        let (job, complete) = (&taken.job, &self.statements.complete);
+        match &job.lane {
+            Some(lane) => self.in_lane(job, lane, &[(complete, &[&job.key])]).await,
+            None => self.execute(complete, &[&job.key]).await.map(|n| vec![n]),
+        }
+        .map(drop)
     }
 
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {
@@ -346,11 +471,21 @@ impl DeliveryQueue for PostgresQueue {
             return Ok(false);
         };
         let (died, now, encoded) = (signed(died), signed(now), job.encode()?);
-        let params: [&(dyn ToSql + Sync); 5] = [&key, &died, &now, &encoded, &route];
-        Ok(self
-            .execute(&self.statements.operations.revive, &params)
-            .await?
-            == 1)
+        let changed = match &job.lane {
+            Some(lane) => {
+                let behind = signed(BEHIND);
+                let params: [&(dyn ToSql + Sync); 7] =
+                    [&key, &route, &now, &encoded, &died, lane, &behind];
+                let revive = &self.statements.lanes.revive;
+                self.in_lane(&job, lane, &[(revive, &params)]).await?[0]
+            }
+            None => {
+                let params: [&(dyn ToSql + Sync); 5] = [&key, &died, &now, &encoded, &route];
+                self.execute(&self.statements.operations.revive, &params)
+                    .await?
+            }
+        };
+        Ok(changed == 1)
     }
 
     async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {

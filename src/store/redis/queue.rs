@@ -10,6 +10,8 @@
 //! - `waiting`: a set of the jobs not tried yet in this round, for the counts;
 //! - `received`: a sorted set by time of receipt, for the oldest's age;
 //! - `dead`: a sorted set of the dead letters by time of death;
+//! - `lane:<lane>`: a list of a lane's jobs (`queue.order_by`) in the order stored; the
+//!   others wait in `due` at a score no clock reaches until the first is settled;
 //! - `{prefix}queue:paused`: a set of the paused routes.
 //!
 //! One sorted set holds what a Stream, a delayed set and claiming idle entries back would
@@ -26,19 +28,24 @@ use redis::{AsyncCommands, Script};
 
 use super::connection::Link;
 use crate::store::queue::{
-    DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor, parse_dead_cursor,
-    revived,
+    BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
+    parse_dead_cursor, revived,
 };
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
-/// Stores a job unless one of its key exists. KEYS: jobs, due, received, waiting; ARGV:
-/// key, record, now, received at.
+/// Stores a job unless one of its key exists; a job of a lane goes to its end, due at
+/// ARGV[5] (never) unless it is the first. KEYS: jobs, due, received, waiting, and the
+/// lane if any; ARGV: key, record, now, received at, behind.
 const ENQUEUE: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   return 0
 end
+local due = ARGV[3]
+if KEYS[5] and redis.call('RPUSH', KEYS[5], ARGV[1]) > 1 then
+  due = ARGV[5]
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[2], due, ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[1])
 return 1
@@ -66,8 +73,31 @@ end
 return taken
 ";
 
+/// Takes the job ARGV[1] out of the lane KEYS[n] and makes the lane's first job that is
+/// behind (due at ARGV[3]) due at ARGV[2]; entries of jobs no longer due (delivered,
+/// dead) are dropped. KEYS[2]: due. The start of the scripts that settle a job.
+const OUT_OF_LANE: &str = r"
+local function out_of_lane(lane, key, now, behind)
+  redis.call('LREM', lane, 1, key)
+  while true do
+    local first = redis.call('LINDEX', lane, 0)
+    if not first then
+      return
+    end
+    local score = redis.call('ZSCORE', KEYS[2], first)
+    if score then
+      if tonumber(score) == tonumber(behind) then
+        redis.call('ZADD', KEYS[2], now, first)
+      end
+      return
+    end
+    redis.call('LPOP', lane)
+  end
+end
+";
+
 /// Removes a delivered job that is not dead. KEYS: jobs, due, received, waiting, tokens,
-/// takes; ARGV: key.
+/// takes, and its lane if any; ARGV: key, now, behind.
 const COMPLETE: &str = r"
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
@@ -78,6 +108,9 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
+if KEYS[7] then
+  out_of_lane(KEYS[7], ARGV[1], ARGV[2], ARGV[3])
+end
 return 1
 ";
 
@@ -95,7 +128,8 @@ return 1
 ";
 
 /// Stores a taken job's record in dead letters at ARGV[3], if its take's token is ARGV[2].
-/// KEYS: jobs, due, tokens, waiting, received, dead; ARGV: key, token, died at, record.
+/// KEYS: jobs, due, tokens, waiting, received, dead, and its lane if any; ARGV: key,
+/// token, died at, record, now, behind.
 const BURY: &str = r"
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] or not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
@@ -106,20 +140,28 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
+if KEYS[7] then
+  out_of_lane(KEYS[7], ARGV[1], ARGV[5], ARGV[6])
+end
 return 1
 ";
 
 /// Makes a dead job ready at ARGV[3] with the record ARGV[4], if it is still the one that
-/// died at ARGV[2]. KEYS: jobs, due, dead, waiting, received; ARGV: key, died at, now,
-/// record, received at.
+/// died at ARGV[2]; a job of a lane goes to its end, behind (ARGV[6]) unless first.
+/// KEYS: jobs, due, dead, waiting, received, and its lane if any; ARGV: key, died at,
+/// now, record, received at, behind.
 const REVIVE: &str = r"
 local died = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if not died or tonumber(died) ~= tonumber(ARGV[2]) then
   return 0
 end
+local due = ARGV[3]
+if KEYS[6] and redis.call('RPUSH', KEYS[6], ARGV[1]) > 1 then
+  due = ARGV[6]
+end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[2], due, ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[5], ARGV[1])
 return 1
@@ -163,7 +205,16 @@ impl RedisQueue {
             prefix: prefix.to_owned(),
             timeout,
             clock: Box::new(SystemClock),
-            scripts: [ENQUEUE, TAKE, COMPLETE, RETRY, BURY, REVIVE, DISCARD].map(Script::new),
+            scripts: [
+                ENQUEUE.to_owned(),
+                TAKE.to_owned(),
+                format!("{OUT_OF_LANE}{COMPLETE}"),
+                RETRY.to_owned(),
+                format!("{OUT_OF_LANE}{BURY}"),
+                REVIVE.to_owned(),
+                DISCARD.to_owned(),
+            ]
+            .map(|code| Script::new(&code)),
         }
     }
 
@@ -178,6 +229,16 @@ impl RedisQueue {
             received: key("received"),
             dead: key("dead"),
         }
+    }
+
+    /// A lane's list of its jobs' keys, in the order they were stored, the first one
+    /// the only one due or taken: under the route's hash tag, like its other keys.
+    fn lane_key(&self, job: &Job) -> Option<String> {
+        let lane = job.lane.as_ref()?;
+        Some(format!(
+            "{}queue:{{{}}}:lane:{lane}",
+            self.prefix, job.route
+        ))
     }
 
     fn paused_set(&self) -> String {
@@ -246,11 +307,16 @@ impl DeliveryQueue for RedisQueue {
             .key(&keys.jobs)
             .key(&keys.due)
             .key(&keys.received)
-            .key(&keys.waiting)
+            .key(&keys.waiting);
+        if let Some(lane) = self.lane_key(job) {
+            invocation.key(lane);
+        }
+        invocation
             .arg(&job.key)
             .arg(job.encode()?)
             .arg(self.clock.now())
-            .arg(job.received_at);
+            .arg(job.received_at)
+            .arg(BEHIND);
         let stored: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         Ok(if stored == 1 {
             Enqueued::Stored
@@ -306,8 +372,14 @@ impl DeliveryQueue for RedisQueue {
             .key(&keys.received)
             .key(&keys.waiting)
             .key(&keys.tokens)
-            .key(&keys.takes)
-            .arg(&taken.job.key);
+            .key(&keys.takes);
+        if let Some(lane) = self.lane_key(&taken.job) {
+            invocation.key(lane);
+        }
+        invocation
+            .arg(&taken.job.key)
+            .arg(self.clock.now())
+            .arg(BEHIND);
         let _: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         Ok(())
     }
@@ -340,11 +412,17 @@ impl DeliveryQueue for RedisQueue {
             .key(&keys.tokens)
             .key(&keys.waiting)
             .key(&keys.received)
-            .key(&keys.dead)
+            .key(&keys.dead);
+        if let Some(lane) = self.lane_key(job) {
+            invocation.key(lane);
+        }
+        invocation
             .arg(&job.key)
             .arg(taken.token)
             .arg(died)
-            .arg(job.encode()?);
+            .arg(job.encode()?)
+            .arg(self.clock.now())
+            .arg(BEHIND);
         let changed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         crate::store::owned(changed == 1)
     }
@@ -437,12 +515,17 @@ impl DeliveryQueue for RedisQueue {
             .key(&keys.due)
             .key(&keys.dead)
             .key(&keys.waiting)
-            .key(&keys.received)
+            .key(&keys.received);
+        if let Some(lane) = self.lane_key(&job) {
+            invocation.key(lane);
+        }
+        invocation
             .arg(key)
             .arg(died)
             .arg(now)
             .arg(job.encode()?)
-            .arg(job.received_at);
+            .arg(job.received_at)
+            .arg(BEHIND);
         let changed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         Ok(changed == 1)
     }

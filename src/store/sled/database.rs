@@ -22,6 +22,10 @@ pub(super) struct QueueTrees {
     pub(super) received: Tree,
     pub(super) dead: Tree,
     pub(super) paused: Tree,
+    pub(super) lanes: Tree,
+    /// Numbers the lanes' jobs in the order they were stored (sled's ids only grow, also
+    /// across restarts).
+    pub(super) ids: sled::Db,
 }
 
 impl QueueTrees {
@@ -32,6 +36,8 @@ impl QueueTrees {
             received: db.open_tree("jobs_received")?,
             dead: db.open_tree("jobs_dead")?,
             paused: db.open_tree("jobs_paused")?,
+            lanes: db.open_tree("jobs_lanes")?,
+            ids: db.clone(),
         })
     }
 }

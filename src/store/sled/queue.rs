@@ -10,10 +10,16 @@
 //! No sled transaction: the first one a process runs turns on a lock around every sled
 //! operation of the process, which cost the hot path an order of magnitude
 //! (`docs/performance.md`). A job changes by compare-and-swap instead; its new index
-//! entries are written before the swap and its old ones removed after, so an index entry
-//! may be stale (a take, a count or a listing checks it against the job, and drops it)
-//! but a job never lacks one, except after a crash between the swap and the index write,
-//! which the opening of the store mends (it reads every job anyway, for the counts).
+//! entries are written before the swap and its old ones removed after. So an index entry
+//! may be ahead of its job for a moment (a take, a count or a listing checks each entry
+//! against the job, and passes over one that does not match: removing it would orphan a
+//! job about to be written), but a job never lacks one. Only a crash leaves entries
+//! stale or missing; the opening of the store mends both (it reads every job anyway, for
+//! the counts).
+//! - `jobs_lanes`: the jobs of each lane (`queue.order_by`) in the order stored (route,
+//!   the lane, a number from sled's ids, the key). Only a lane's first job is due; the
+//!   others wait at [`BEHIND`]. Whether a job is first is decided under a lock of the
+//!   lane, by one change at a time.
 //!
 //! An enqueue and a take wait for the flush that writes them to disk (shared with every
 //! caller that arrived meanwhile) whatever `durability` says; a retry, a bury or a
@@ -21,17 +27,21 @@
 //! again, and delivered again (the documented window). The counts live in memory: no
 //! other process uses this database.
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use sled::{IVec, Tree};
 
 use super::database::{Database, QueueTrees};
 use crate::store::queue::{
-    DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor, parse_dead_cursor,
+    BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
+    parse_dead_cursor,
 };
 use crate::store::{Clock, Millis, StoreError, millis};
 
@@ -41,6 +51,8 @@ struct Entry {
     due_at: Millis,
     token: u64,
     takes: u32,
+    /// Its place in its lane (`job.lane`), if it has one.
+    lane_seq: u64,
     job: Job,
 }
 
@@ -54,20 +66,38 @@ impl Entry {
             .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
     }
 
-    /// Its index entries: in `due` and `received` while it is not dead, in `dead` once it
-    /// is.
+    /// Its index entries: in `due`, `received` and its lane's while it is not dead, in
+    /// `dead` once it is.
     fn indexes<'t>(&self, trees: &'t QueueTrees) -> Vec<(&'t Tree, Vec<u8>)> {
         let job = &self.job;
-        match job.dead {
-            Some((died, _)) => vec![(&trees.dead, index_key(&job.route, died, &job.key))],
-            None => vec![
-                (&trees.due, index_key(&job.route, self.due_at, &job.key)),
-                (
-                    &trees.received,
-                    index_key(&job.route, job.received_at, &job.key),
-                ),
-            ],
+        if let Some((died, _)) = job.dead {
+            return vec![(&trees.dead, index_key(&job.route, died, &job.key))];
         }
+        let mut indexes = vec![
+            (&trees.due, index_key(&job.route, self.due_at, &job.key)),
+            (
+                &trees.received,
+                index_key(&job.route, job.received_at, &job.key),
+            ),
+        ];
+        if let Some(lane) = &job.lane {
+            let mut index = lane_prefix(&job.route, lane);
+            index.extend_from_slice(&self.lane_seq.to_be_bytes());
+            index.extend_from_slice(job.key.as_bytes());
+            indexes.push((&trees.lanes, index));
+        }
+        indexes
+    }
+
+    /// Whether the lane entry `index` files this job as it is now.
+    fn files(&self, index: &[u8]) -> bool {
+        self.job.dead.is_none()
+            && self.job.lane.as_ref().is_some_and(|lane| {
+                let prefix = lane_prefix(&self.job.route, lane);
+                index.len() == prefix.len() + 8 + self.job.key.len()
+                    && index.starts_with(&prefix)
+                    && index[prefix.len()..prefix.len() + 8] == self.lane_seq.to_be_bytes()
+            })
     }
 }
 
@@ -97,11 +127,15 @@ impl Counts {
     }
 }
 
+/// How many locks the lanes share.
+const LANE_LOCKS: usize = 64;
+
 /// The embedded store's queue.
 pub(super) struct SledQueue {
     database: Database,
     clock: Arc<dyn Clock>,
     counts: DashMap<String, Counts>,
+    lane_locks: Vec<Mutex<()>>,
 }
 
 /// An index entry: the route, a zero byte, the time big-endian, the key.
@@ -112,6 +146,26 @@ fn index_key(route: &str, at: Millis, key: &str) -> Vec<u8> {
     index.extend_from_slice(&at.to_be_bytes());
     index.extend_from_slice(key.as_bytes());
     index
+}
+
+/// Where a lane's entries start: the route, a zero byte, the lane's length (two bytes) and
+/// the lane; each entry then has its place (eight bytes) and the job's key.
+fn lane_prefix(route: &str, lane: &str) -> Vec<u8> {
+    let lane = &lane.as_bytes()[..lane.len().min(u16::MAX as usize)];
+    let mut prefix = Vec::with_capacity(route.len() + 3 + lane.len());
+    prefix.extend_from_slice(route.as_bytes());
+    prefix.push(0);
+    prefix.extend_from_slice(&(lane.len() as u16).to_be_bytes());
+    prefix.extend_from_slice(lane);
+    prefix
+}
+
+/// The lane prefix an entry of `jobs_lanes` starts with, and its job's key.
+fn lane_of(index: &[u8]) -> Option<(&[u8], &[u8])> {
+    let route = index.iter().position(|byte| *byte == 0)?;
+    let length = index.get(route + 1..route + 3)?;
+    let end = route + 3 + usize::from(u16::from_be_bytes([length[0], length[1]]));
+    Some((index.get(..end)?, index.get(end + 8..)?))
 }
 
 fn route_prefix(route: &str) -> Vec<u8> {
@@ -126,7 +180,7 @@ fn indexed_key<'i>(route: &str, index: &'i [u8]) -> &'i [u8] {
 }
 
 /// When the oldest job of `route` that is neither delivered nor dead was received; stale
-/// index entries met on the way are dropped.
+/// index entries met on the way are passed over.
 fn oldest_received(trees: &QueueTrees, route: &str) -> Result<Option<Millis>, StoreError> {
     for indexed in trees.received.scan_prefix(route_prefix(route)) {
         let (index, _) = indexed?;
@@ -145,9 +199,60 @@ fn oldest_received(trees: &QueueTrees, route: &str) -> Result<Option<Millis>, St
         if live {
             return Ok(Some(at));
         }
-        trees.received.remove(index)?;
     }
     Ok(None)
+}
+
+/// Removes the index entries that file no job as it is (a crash between a change and the
+/// removal of its old entries). Runs at open, before any change.
+fn drop_stale_indexes(trees: &QueueTrees) -> Result<(), StoreError> {
+    for tree in [&trees.due, &trees.received, &trees.dead, &trees.lanes] {
+        for indexed in tree.iter() {
+            let (index, _) = indexed?;
+            let key = if std::ptr::eq(tree, &trees.lanes) {
+                lane_of(&index).map(|(_, key)| key)
+            } else {
+                let route = index.iter().position(|byte| *byte == 0);
+                route.and_then(|route| index.get(route + 9..))
+            };
+            let entry = match key {
+                Some(key) => trees.jobs.get(key)?,
+                None => None,
+            };
+            let filed = entry
+                .and_then(|bytes| Entry::read(&bytes).ok())
+                .is_some_and(|entry| {
+                    entry.indexes(trees).iter().any(|(other, kept)| {
+                        std::ptr::eq(*other, tree) && kept.as_slice() == &index[..]
+                    })
+                });
+            if !filed {
+                tree.remove(index)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the index entries a change wrote for a job it did not change after all,
+/// except those the job as it is now (`current`, if any) files too.
+fn take_back(
+    trees: &QueueTrees,
+    ours: &[(&Tree, Vec<u8>)],
+    current: Option<IVec>,
+) -> Result<(), StoreError> {
+    let theirs = current
+        .and_then(|bytes| Entry::read(&bytes).ok())
+        .map_or_else(Vec::new, |entry| entry.indexes(trees));
+    for (tree, index) in ours {
+        let shared = theirs
+            .iter()
+            .any(|(other, kept)| std::ptr::eq(*other, *tree) && kept == index);
+        if !shared {
+            tree.remove(index.as_slice())?;
+        }
+    }
+    Ok(())
 }
 
 /// What a change found and left: the job before, and after (none once removed).
@@ -155,8 +260,9 @@ type Swapped = (Entry, Option<Entry>);
 
 impl SledQueue {
     /// The queue of an open database: its counts read from its jobs, the index entries a
-    /// crash left unwritten written, and the jobs taken when the last process stopped due
-    /// now (their attempts were cut off). Blocks on disk I/O.
+    /// crash left unwritten written and those it left stale removed, and the jobs taken
+    /// when the last process stopped due now (their attempts were cut off). Blocks on
+    /// disk I/O.
     pub(super) fn new(
         trees: &QueueTrees,
         clock: Arc<dyn Clock>,
@@ -186,11 +292,89 @@ impl SledQueue {
                 .or_default()
                 .change(&entry.job, true);
         }
-        Ok(SledQueue {
+        drop_stale_indexes(trees)?;
+        let queue = SledQueue {
             database,
             clock,
             counts,
-        })
+            lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
+        };
+        queue.mend_lanes(trees)?;
+        Ok(queue)
+    }
+
+    /// Makes each lane's first job due if it waits behind one that went (a crash between
+    /// the two changes).
+    fn mend_lanes(&self, trees: &QueueTrees) -> Result<(), StoreError> {
+        let mut last: Option<Vec<u8>> = None;
+        for indexed in trees.lanes.iter() {
+            let (index, _) = indexed?;
+            let Some((prefix, _)) = lane_of(&index) else {
+                continue;
+            };
+            if last.as_deref() != Some(prefix) {
+                self.promote_first(trees, prefix)?;
+                last = Some(prefix.to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    /// Serializes the changes of a lane (of one of [`LANE_LOCKS`] shards of lanes), so
+    /// that whether a job is its lane's first is decided by one change at a time: none
+    /// for a job without a lane. No other process opens the database.
+    fn lane_lock(&self, route: &str, lane: Option<&str>) -> Option<MutexGuard<'_, ()>> {
+        let mut hasher = DefaultHasher::new();
+        (route, lane?).hash(&mut hasher);
+        Some(self.lane_locks[hasher.finish() as usize % LANE_LOCKS].lock())
+    }
+
+    /// The first job of a lane that is not dead, stale entries passed over. Runs under
+    /// the lane's lock.
+    fn lane_head(&self, trees: &QueueTrees, prefix: &[u8]) -> Result<Option<Entry>, StoreError> {
+        for indexed in trees.lanes.scan_prefix(prefix) {
+            let (index, _) = indexed?;
+            let entry = match lane_of(&index) {
+                Some((_, key)) => trees.jobs.get(key)?,
+                None => None,
+            };
+            if let Some(entry) = entry.and_then(|bytes| Entry::read(&bytes).ok())
+                && entry.files(&index)
+            {
+                return Ok(Some(entry));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Makes the first job of `job`'s lane due now if it waits behind one that went.
+    /// Runs under the lane's lock.
+    fn promote(&self, trees: &QueueTrees, job: &Job) -> Result<(), StoreError> {
+        match &job.lane {
+            Some(lane) => self.promote_first(trees, &lane_prefix(&job.route, lane)),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the first job of the lane at `prefix` due now if it is behind.
+    fn promote_first(&self, trees: &QueueTrees, prefix: &[u8]) -> Result<(), StoreError> {
+        let Some(first) = self.lane_head(trees, prefix)? else {
+            return Ok(());
+        };
+        if first.due_at != BEHIND {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        self.swap(trees, first.job.key.as_bytes(), |entry| {
+            if entry.due_at != BEHIND || entry.token != 0 || entry.job.dead.is_some() {
+                return Err(());
+            }
+            Ok(Some(Entry {
+                due_at: now,
+                ..entry.clone()
+            }))
+        })?;
+        Ok(())
     }
 
     fn count(&self, job: &Job, add: bool) {
@@ -237,14 +421,12 @@ impl SledQueue {
             tree.insert(index.as_slice(), &[])?;
         }
         let encoded = after.as_ref().map(Entry::encode).transpose()?;
-        if trees
-            .jobs
-            .compare_and_swap(key, Some(bytes), encoded.map(IVec::from))?
-            .is_err()
+        if let Err(changed) =
+            trees
+                .jobs
+                .compare_and_swap(key, Some(bytes), encoded.map(IVec::from))?
         {
-            for (tree, index) in &new_indexes {
-                tree.remove(index.as_slice())?;
-            }
+            take_back(trees, &new_indexes, changed.current)?;
             return Ok(None);
         }
         for (tree, index) in before.indexes(trees) {
@@ -266,8 +448,8 @@ impl SledQueue {
         }
     }
 
-    /// Takes the job a due index entry files, due again at `due_at`, unless the entry is
-    /// stale (the job moved, died or went), which is then removed.
+    /// Takes the job a due index entry files, due again at `due_at`, unless the entry does
+    /// not match the job (a change under way, or a stale entry).
     fn take_one(
         &self,
         trees: &QueueTrees,
@@ -284,6 +466,7 @@ impl SledQueue {
                 due_at,
                 token,
                 takes: entry.takes + 1,
+                lane_seq: entry.lane_seq,
                 job: entry.job.clone(),
             }))
         })?;
@@ -293,10 +476,7 @@ impl SledQueue {
                 job: after.job,
                 token,
             })),
-            _ => {
-                trees.due.remove(index)?;
-                Ok(None)
-            }
+            _ => Ok(None),
         }
     }
 
@@ -317,6 +497,7 @@ impl SledQueue {
                     due_at: due_at.unwrap_or(0),
                     token: 0,
                     takes: stored.takes,
+                    lane_seq: stored.lane_seq,
                     job: job.clone(),
                 }))
             })
@@ -333,53 +514,42 @@ impl SledQueue {
 impl DeliveryQueue for SledQueue {
     async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError> {
         let database = self.database.open()?;
-        let now = self.clock.now();
-        let entry = Entry {
-            due_at: now,
-            token: 0,
-            takes: 0,
-            job: job.clone(),
-        }
-        .encode()?;
         let trees = &database.queue;
         let stored = (|| {
-            // The index entries first: a job must never lack them (a stale one is dropped
-            // where it is read).
-            trees
-                .due
-                .insert(index_key(&job.route, now, &job.key), &[])?;
-            trees
-                .received
-                .insert(index_key(&job.route, job.received_at, &job.key), &[])?;
+            let _lane = self.lane_lock(&job.route, job.lane.as_deref());
+            let now = self.clock.now();
+            let (due_at, lane_seq) = match &job.lane {
+                Some(lane) => {
+                    let behind = self.lane_head(trees, &lane_prefix(&job.route, lane))?;
+                    let due_at = if behind.is_some() { BEHIND } else { now };
+                    (due_at, trees.ids.generate_id()?)
+                }
+                None => (now, 0),
+            };
+            let entry = Entry {
+                due_at,
+                token: 0,
+                takes: 0,
+                lane_seq,
+                job: job.clone(),
+            };
+            // The index entries first: a job must never lack them.
+            let ours = entry.indexes(trees);
+            for (tree, index) in &ours {
+                tree.insert(index.as_slice(), &[])?;
+            }
             let inserted = trees.jobs.compare_and_swap(
                 job.key.as_bytes(),
                 None::<&[u8]>,
-                Some(entry.as_slice()),
+                Some(entry.encode()?),
             )?;
-            let Err(existing) = inserted else {
-                return Ok(Enqueued::Stored);
-            };
-            // Ours are taken back, unless they are the stored job's own.
-            let theirs = existing
-                .current
-                .and_then(|bytes| Entry::read(&bytes).ok())
-                .map_or_else(Vec::new, |entry| entry.indexes(trees));
-            let ours = [
-                (&trees.due, index_key(&job.route, now, &job.key)),
-                (
-                    &trees.received,
-                    index_key(&job.route, job.received_at, &job.key),
-                ),
-            ];
-            for (tree, index) in ours {
-                let shared = theirs
-                    .iter()
-                    .any(|(other, kept)| std::ptr::eq(*other, tree) && *kept == index);
-                if !shared {
-                    tree.remove(index)?;
+            match inserted {
+                Ok(()) => Ok(Enqueued::Stored),
+                Err(existing) => {
+                    take_back(trees, &ours, existing.current)?;
+                    Ok(Enqueued::AlreadyQueued)
                 }
             }
-            Ok(Enqueued::AlreadyQueued)
         })();
         let stored = self.database.reopen_if_failed(&database, stored)?;
         if stored == Enqueued::Stored {
@@ -426,13 +596,17 @@ impl DeliveryQueue for SledQueue {
     }
 
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
+        let job = &taken.job;
         let removed = self.on_database(|trees| {
-            self.swap(trees, taken.job.key.as_bytes(), |stored| {
+            let _lane = self.lane_lock(&job.route, job.lane.as_deref());
+            let removed = self.swap(trees, job.key.as_bytes(), |stored| {
                 if stored.job.dead.is_some() {
                     return Err(());
                 }
                 Ok(None)
-            })
+            })?;
+            self.promote(trees, job)?;
+            Ok(removed)
         })?;
         if let Some(swapped) = removed {
             self.recount(&swapped);
@@ -450,7 +624,9 @@ impl DeliveryQueue for SledQueue {
                 "a job is buried with its time of death".into(),
             ));
         }
-        self.change_taken(taken, job, None)
+        let _lane = self.lane_lock(&job.route, job.lane.as_deref());
+        self.change_taken(taken, job, None)?;
+        self.on_database(|trees| self.promote(trees, job))
     }
 
     async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
@@ -491,35 +667,47 @@ impl DeliveryQueue for SledQueue {
                     Some(bytes) => Entry::read(&bytes).ok().map(|entry| entry.job),
                     None => None,
                 };
-                // A stale entry (the job revived, discarded, or died again) is dropped.
+                // One that does not match the job (revived, discarded, dying again) is passed
+                // over.
                 let current = job.filter(|job| {
                     job.dead
                         .is_some_and(|(at, _)| index == index_key(route, at, &job.key))
                 });
-                match current {
-                    Some(job) => page.jobs.push(job),
-                    None => {
-                        trees.dead.remove(index)?;
-                    }
-                }
+                page.jobs.extend(current);
             }
             Ok(page)
         })
     }
 
     async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
-        let now = self.clock.now();
+        let Some(dead) = self.job(route, key).await? else {
+            return Ok(false);
+        };
         let revived = self.on_database(|trees| {
+            // A job of a lane goes to the end of it.
+            let _lane = self.lane_lock(route, dead.lane.as_deref());
+            let now = self.clock.now();
+            let (due_at, lane_seq) = match &dead.lane {
+                Some(lane) => match self.lane_head(trees, &lane_prefix(route, lane))? {
+                    Some(_) => (BEHIND, trees.ids.generate_id()?),
+                    None => (now, trees.ids.generate_id()?),
+                },
+                None => (now, 0),
+            };
             self.swap(trees, key.as_bytes(), |stored| {
-                if stored.job.route != route || stored.job.dead.is_none() {
+                if stored.job.route != route
+                    || stored.job.dead.is_none()
+                    || stored.job.lane != dead.lane
+                {
                     return Err(());
                 }
                 let mut job = stored.job.clone();
                 job.revive(now);
                 Ok(Some(Entry {
-                    due_at: now,
+                    due_at,
                     token: 0,
                     takes: stored.takes,
+                    lane_seq,
                     job,
                 }))
             })
