@@ -75,8 +75,8 @@ impl Queue {
         self.queue.enqueue(&job).await.unwrap()
     }
 
-    /// The names of the jobs a take of up to ten gets, sorted.
-    async fn take_names(&self) -> Vec<(String, dedupe_proxy::store::queue::Taken)> {
+    /// The jobs a take of up to ten gets, with their names, sorted by name.
+    async fn take_sorted(&self) -> Vec<(String, dedupe_proxy::store::queue::Taken)> {
         let mut taken: Vec<_> = self
             .take(10, VISIBLE)
             .await
@@ -305,7 +305,7 @@ async fn a_lane_delivers_one_job_at_a_time_in_the_order_stored(h: Harness) {
         5,
         "the jobs behind count as waiting"
     );
-    let taken = q.take_names().await;
+    let taken = q.take_sorted().await;
     assert_eq!(names(&taken), ["a1", "b1", "n1"], "only each lane's first");
 
     // A retry keeps the lane's place: a2 stays behind a1.
@@ -316,34 +316,58 @@ async fn a_lane_delivers_one_job_at_a_time_in_the_order_stored(h: Harness) {
     for (_, other) in &taken[1..] {
         q.queue.complete(other).await.unwrap();
     }
-    let again = q.take_names().await;
+    let again = q.take_sorted().await;
     assert_eq!(names(&again), ["a1"]);
     q.queue.complete(&again[0].1).await.unwrap();
 
     // Delivered: the next is due. Buried: the next is due too.
-    let a2 = q.take_names().await;
+    let a2 = q.take_sorted().await;
     assert_eq!(names(&a2), ["a2"]);
     let mut job = a2[0].1.job.clone();
     job.record(q.attempt(422));
     job.dead = Some((q.now(), DeadReason::Refused));
     q.queue.bury(&a2[0].1, &job).await.unwrap();
-    let a3 = q.take_names().await;
+    let a3 = q.take_sorted().await;
     assert_eq!(names(&a3), ["a3"]);
 
     // Revived while a3 is out: it goes behind a3.
     assert!(q.queue.revive(&q.route, &job.key).await.unwrap());
-    assert!(q.take_names().await.is_empty(), "a2 waits behind a3");
+    assert!(q.take_sorted().await.is_empty(), "a2 waits behind a3");
     q.queue.complete(&a3[0].1).await.unwrap();
-    let revived = q.take_names().await;
+    let revived = q.take_sorted().await;
     assert_eq!(names(&revived), ["a2"]);
     q.queue.complete(&revived[0].1).await.unwrap();
-    assert!(q.take_names().await.is_empty());
+    assert!(q.take_sorted().await.is_empty());
     let counts = q.counts().await;
     assert_eq!((counts.waiting, counts.retrying, counts.dead), (0, 0, 0));
 
     // An emptied lane takes a new job at once.
     q.enqueue_in("A", "a4").await;
-    assert_eq!(names(&q.take_names().await), ["a4"]);
+    q.enqueue_in("A", "a5").await;
+    let a4 = q.take(10, Duration::from_millis(500)).await;
+    assert_eq!(a4.len(), 1);
+    // Its visibility ended: a4 is taken again, a5 still waits.
+    q.h.pass(Duration::from_millis(700)).await;
+    let again = q.take_sorted().await;
+    assert_eq!(names(&again), ["a4"]);
+    assert_eq!(again[0].1.attempt, 2);
+    // Dead, then a5 goes; a4 replayed into the lane emptied meanwhile is due at once,
+    // and discarding a dead letter leaves the lane as it is.
+    let mut job = again[0].1.job.clone();
+    job.dead = Some((q.now(), DeadReason::Refused));
+    q.queue.bury(&again[0].1, &job).await.unwrap();
+    let a5 = q.take_sorted().await;
+    assert_eq!(names(&a5), ["a5"]);
+    q.queue.complete(&a5[0].1).await.unwrap();
+    assert!(q.queue.revive(&q.route, &job.key).await.unwrap());
+    let replayed = q.take_sorted().await;
+    assert_eq!(names(&replayed), ["a4"]);
+    job = replayed[0].1.job.clone();
+    job.dead = Some((q.now(), DeadReason::Refused));
+    q.queue.bury(&replayed[0].1, &job).await.unwrap();
+    q.enqueue_in("A", "a6").await;
+    assert!(q.queue.discard(&q.route, &job.key).await.unwrap());
+    assert_eq!(names(&q.take_sorted().await), ["a6"]);
 }
 
 async fn concurrent_enqueues_and_takers_keep_a_lane_in_order(h: Harness) {
@@ -351,11 +375,13 @@ async fn concurrent_enqueues_and_takers_keep_a_lane_in_order(h: Harness) {
 }
 
 /// Jobs stored while takers run are each taken once (none left behind by a take that
-/// met it half written); with a lane, one at a time and in each sender's order.
+/// met it half written).
 async fn jobs_stored_while_takers_run_are_all_taken(h: Harness) {
     enqueue_while_taking(h, None).await;
 }
 
+/// Eight senders store jobs while three workers take and complete them; with a lane, the
+/// workers get one job of it at a time, in each sender's order.
 async fn enqueue_while_taking(h: Harness, lane: Option<&'static str>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     const SENDERS: usize = 8;
@@ -402,6 +428,9 @@ async fn enqueue_while_taking(h: Harness, lane: Option<&'static str>) {
                     "two jobs out at once"
                 );
                 delivered.lock().push(q.name(&taken[0].job.key));
+                // The job is out a while, while the other workers take: none may get
+                // another of its lane until it is completed (the count drops just before).
+                tokio::time::sleep(Duration::from_millis(1)).await;
                 out.fetch_sub(1, Ordering::SeqCst);
                 q.queue.complete(&taken[0]).await.unwrap();
             }

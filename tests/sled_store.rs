@@ -357,8 +357,7 @@ async fn open_raw(path: &Path) -> sled::Db {
     loop {
         match sled::open(path) {
             Ok(db) => return db,
-            Err(error) if std::time::Instant::now() < deadline => {
-                let _ = error;
+            Err(_) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(error) => panic!("{error}"),

@@ -45,7 +45,8 @@ pub struct QueuePolicy {
     )]
     pub target: Option<Duration>,
     /// What a job's lane is: jobs of one lane are delivered one at a time, in the order
-    /// they were accepted. An event the template cannot read has no lane.
+    /// they were stored (a replayed one joins the end). An event the template cannot
+    /// read has no lane.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order_by: Option<KeyTemplate>,
 }

@@ -20,10 +20,12 @@
 //! ended cannot undo another's later attempt; complete is not: the app answered success.
 //!
 //! Jobs of a lane (`queue.order_by`) go one at a time, in the order they were stored: a
-//! job enqueued (or revived) while its lane holds another that is not dead waits, due at
-//! [`BEHIND`], and the earliest waiting one is made due when the one before it is
-//! completed or buried. So only the first job of a lane is ever ready or taken, and a
-//! retrying one holds the rest of its lane back until it is delivered or dead.
+//! job enqueued (or revived: it joins the end) while its lane holds another that is not
+//! dead waits, due at [`BEHIND`] (counted as waiting, and in the oldest's age), and the
+//! earliest waiting one is made due when the one before it is completed or buried. So
+//! only the first job of a lane is ready or taken (save when a take's visibility ends
+//! while its attempt still runs, as for any job), and a retrying one holds the rest of
+//! its lane back until it is delivered or dead.
 
 use std::time::Duration;
 
@@ -88,7 +90,8 @@ impl DeadReason {
     }
 }
 
-/// A queued delivery and its history.
+/// A queued delivery and its history. Its fields, in this order, are the stores' record
+/// format (postcard): a change of them is a change of format.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     /// The event's store key: the job's name.
@@ -206,7 +209,8 @@ pub struct DeadPage {
 /// The queue every store keeps for `delivery: queued`.
 #[async_trait]
 pub trait DeliveryQueue: Send + Sync + 'static {
-    /// Stores `job`, ready now, unless a job of its key is queued or dead. Returns once
+    /// Stores `job`, ready now (or behind, see the module's doc), unless a job of its key
+    /// is queued or dead. Returns once
     /// the job is durable: on disk for the embedded store, acknowledged by the server for
     /// the shared ones.
     async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError>;
@@ -222,15 +226,15 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     ) -> Result<Vec<Taken>, StoreError>;
 
     /// Removes a delivered job, whoever took it last; one buried or removed meanwhile is
-    /// left as it is.
+    /// left as it is. The next job of its lane, if any, is made due.
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError>;
 
     /// Stores `job` (its history grown) and makes it due at `due_at`. `NotOwner` if the
     /// take's visibility ended and the job was taken again or settled.
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError>;
 
-    /// Stores `job` in dead letters, as dying when its `dead` says (which must be set).
-    /// `NotOwner` as for retry.
+    /// Stores `job` in dead letters, as dying when its `dead` says (which must be set),
+    /// and makes the next job of its lane due. `NotOwner` as for retry.
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError>;
 
     /// The job of a store key on `route`, queued or dead.
@@ -245,8 +249,8 @@ pub trait DeliveryQueue: Send + Sync + 'static {
         limit: usize,
     ) -> Result<DeadPage, StoreError>;
 
-    /// Makes a dead job ready now, with a fresh `max_attempts` and `max_age`. Returns
-    /// whether it was dead.
+    /// Makes a dead job ready now (or behind, at the end of its lane), with a fresh
+    /// `max_attempts` and `max_age`. Returns whether it was dead.
     async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError>;
 
     /// Removes a dead job. Returns whether it was dead.

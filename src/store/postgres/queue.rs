@@ -6,6 +6,12 @@
 //! the take's token. Partial indexes keep the due jobs by route and time, and the dead
 //! letters by route and time of death; `<table>_paused` lists the paused routes.
 //!
+//! A job of a lane (`queue.order_by`) has its `lane` and a `lane_seq` from
+//! `<table>_jobs_lane_seq`; only a lane's first job that is not dead is due, the others
+//! wait at [`BEHIND`]. Each change of a lane runs in a transaction that holds
+//! `pg_advisory_xact_lock(hashtext(route), hashtext(lane))` (two lanes of one hash share
+//! a lock, harmlessly) and ends by making the lane's first job due.
+//!
 //! The queue's times are the replicas' clocks (it compares times it wrote itself), not the
 //! database's. It has a pool of its own ([`QUEUE_POOL`] connections), so that deliveries
 //! never wait behind claims.
@@ -26,7 +32,8 @@ use crate::store::queue::{
 };
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
-/// The jobs' table, its indexes and the paused routes' table, beside the claims table.
+/// The jobs' table, its indexes, the lanes' sequence and the paused routes' table, beside
+/// the claims table.
 pub(super) fn create_tables(table: &str) -> String {
     let jobs = beside(table, "_jobs");
     let due = beside(table, "_jobs_due");
@@ -68,14 +75,14 @@ struct Statements {
     complete: Sql,
     retry: Sql,
     bury: Sql,
-    lanes: Lanes,
+    lanes: LaneStatements,
     operations: Operations,
 }
 
 /// The statements of jobs with a lane, each run in a transaction that holds the lane's
 /// lock (`lock`), so that whether a job is its lane's first is decided by one
 /// transaction at a time.
-struct Lanes {
+struct LaneStatements {
     lock: Sql,
     /// As `enqueue`, due at `$7` (never) if the lane holds a job that is not dead.
     enqueue: Sql,
@@ -142,14 +149,14 @@ impl Statements {
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
-            lanes: Lanes::for_table(table, sending),
+            lanes: LaneStatements::for_table(table, sending),
             operations: Operations::for_table(table, sending),
         }
     }
 }
 
-impl Lanes {
-    fn for_table(table: &str, sending: Sending) -> Lanes {
+impl LaneStatements {
+    fn for_table(table: &str, sending: Sending) -> LaneStatements {
         let jobs = beside(table, "_jobs");
         let lane_seq = beside(table, "_jobs_lane_seq");
         let sql = |types: &'static [Type], text: String| Sql {
@@ -157,11 +164,13 @@ impl Lanes {
             types,
             sending,
         };
+        // Whether the lane holds a job that is not dead: the route is `$2` and the lane `$6`
+        // in every statement that asks.
         let busy = format!(
             "EXISTS (SELECT 1 FROM {jobs} WHERE route = $2 AND lane = $6 AND dead_at IS NULL)"
         );
         use Type as T;
-        Lanes {
+        LaneStatements {
             lock: sql(
                 &[T::TEXT, T::TEXT],
                 "SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))".to_owned(),
@@ -301,14 +310,15 @@ impl PostgresQueue {
         .await
     }
 
-    /// Runs `steps` in one transaction that holds the lock of `job`'s lane, then makes the
-    /// lane's first job due if it is behind. Returns how many rows each step changed.
-    async fn in_lane(
+    /// Runs `statement` in a transaction that holds the lock of `job`'s lane, then makes
+    /// the lane's first job due if it is behind. Returns how many rows it changed.
+    async fn in_ordered_lane(
         &self,
         job: &Job,
         lane: &str,
-        steps: &[(&Sql, &[&(dyn ToSql + Sync)])],
-    ) -> Result<Vec<u64>, StoreError> {
+        statement: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
         let lanes = &self.statements.lanes;
         let (now, behind) = (signed(self.clock.now()), signed(BEHIND));
         within("postgres", self.timeout, async {
@@ -318,10 +328,7 @@ impl PostgresQueue {
                 .lock
                 .execute_in(&transaction, &[&job.route, &lane])
                 .await?;
-            let mut changed = Vec::with_capacity(steps.len());
-            for (statement, params) in steps {
-                changed.push(statement.execute_in(&transaction, params).await?);
-            }
+            let changed = statement.execute_in(&transaction, params).await?;
             let promote: [&(dyn ToSql + Sync); 4] = [&job.route, &lane, &now, &behind];
             lanes.promote.execute_in(&transaction, &promote).await?;
             transaction.commit().await?;
@@ -343,7 +350,7 @@ impl PostgresQueue {
         // A retry leaves the lane as it is: its job stays first.
         let changed = match &job.lane {
             Some(lane) if job.dead.is_some() => {
-                self.in_lane(job, lane, &[(statement, &params)]).await?[0]
+                self.in_ordered_lane(job, lane, statement, &params).await?
             }
             _ => self.execute(statement, &params).await?,
         };
@@ -366,7 +373,7 @@ impl DeliveryQueue for PostgresQueue {
                     &job.key, &job.route, &now, &received, &encoded, lane, &behind,
                 ];
                 let enqueue = &self.statements.lanes.enqueue;
-                self.in_lane(job, lane, &[(enqueue, &params)]).await?[0] == 1
+                self.in_ordered_lane(job, lane, enqueue, &params).await? == 1
             }
             None => {
                 let params: [&(dyn ToSql + Sync); 5] =
@@ -410,8 +417,8 @@ impl DeliveryQueue for PostgresQueue {
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
         let (job, complete) = (&taken.job, &self.statements.complete);
         match &job.lane {
-            Some(lane) => self.in_lane(job, lane, &[(complete, &[&job.key])]).await,
-            None => self.execute(complete, &[&job.key]).await.map(|n| vec![n]),
+            Some(lane) => self.in_ordered_lane(job, lane, complete, &[&job.key]).await,
+            None => self.execute(complete, &[&job.key]).await,
         }
         .map(drop)
     }
@@ -477,7 +484,7 @@ impl DeliveryQueue for PostgresQueue {
                 let params: [&(dyn ToSql + Sync); 7] =
                     [&key, &route, &now, &encoded, &died, lane, &behind];
                 let revive = &self.statements.lanes.revive;
-                self.in_lane(&job, lane, &[(revive, &params)]).await?[0]
+                self.in_ordered_lane(&job, lane, revive, &params).await?
             }
             None => {
                 let params: [&(dyn ToSql + Sync); 5] = [&key, &died, &now, &encoded, &route];

@@ -10,8 +10,9 @@
 //! - `waiting`: a set of the jobs not tried yet in this round, for the counts;
 //! - `received`: a sorted set by time of receipt, for the oldest's age;
 //! - `dead`: a sorted set of the dead letters by time of death;
-//! - `lane:<lane>`: a list of a lane's jobs (`queue.order_by`) in the order stored; the
-//!   others wait in `due` at a score no clock reaches until the first is settled;
+//! - `lane:<lane>`: a list of a lane's jobs (`queue.order_by`) in the order stored; all
+//!   but the first wait in `due` at a score no clock reaches ([`BEHIND`]) until the first
+//!   is completed or buried;
 //! - `{prefix}queue:paused`: a set of the paused routes.
 //!
 //! One sorted set holds what a Stream, a delayed set and claiming idle entries back would
@@ -285,7 +286,7 @@ impl DeliveryQueue for RedisQueue {
         };
         if let Some(policy) = setting("maxmemory-policy").filter(|policy| policy != "noeviction") {
             return Some(format!(
-                "Redis evicts keys when full (maxmemory-policy {policy}): it can drop a route's queued jobs whole; set maxmemory-policy noeviction for a Redis that keeps queued jobs"
+                "Redis evicts keys when full (maxmemory-policy {policy}): it can drop a route's queued jobs whole, and hold an ordered lane for good; set maxmemory-policy noeviction for a Redis that keeps queued jobs"
             ));
         }
         match (setting("appendonly").as_deref(), setting("appendfsync").as_deref()) {

@@ -6,6 +6,11 @@
 //! - `jobs_received`: the same by the time each was received, for the oldest's age.
 //! - `jobs_dead`: dead letters by route and the time they died, for their listing.
 //! - `jobs_paused`: the routes paused.
+//! - `jobs_lanes`: the jobs of each lane (`queue.order_by`) in the order stored (route,
+//!   a zero byte, the lane's length and the lane, a number from sled's ids, the key).
+//!   Only a lane's first job is due; the others wait at [`BEHIND`]. Whether a job is
+//!   first is decided under a lock its lane shares with few others ([`LANE_LOCKS`]):
+//!   one change at a time. No other process opens the database.
 //!
 //! No sled transaction: the first one a process runs turns on a lock around every sled
 //! operation of the process, which cost the hot path an order of magnitude
@@ -14,12 +19,9 @@
 //! may be ahead of its job for a moment (a take, a count or a listing checks each entry
 //! against the job, and passes over one that does not match: removing it would orphan a
 //! job about to be written), but a job never lacks one. Only a crash leaves entries
-//! stale or missing; the opening of the store mends both (it reads every job anyway, for
-//! the counts).
-//! - `jobs_lanes`: the jobs of each lane (`queue.order_by`) in the order stored (route,
-//!   the lane, a number from sled's ids, the key). Only a lane's first job is due; the
-//!   others wait at [`BEHIND`]. Whether a job is first is decided under a lock of the
-//!   lane, by one change at a time.
+//! stale or missing (or a duplicate enqueue racing a change of its job within one
+//! millisecond); the opening of the store mends both (it reads every job anyway, for the
+//! counts), and makes each lane's first job due if a crash left it behind.
 //!
 //! An enqueue and a take wait for the flush that writes them to disk (shared with every
 //! caller that arrived meanwhile) whatever `durability` says; a retry, a bury or a
@@ -130,6 +132,9 @@ impl Counts {
 /// How many locks the lanes share.
 const LANE_LOCKS: usize = 64;
 
+/// How many due entries that match no job (see the module's doc) a take passes over.
+const PASSED_OVER: usize = 256;
+
 /// The embedded store's queue.
 pub(super) struct SledQueue {
     database: Database,
@@ -149,7 +154,8 @@ fn index_key(route: &str, at: Millis, key: &str) -> Vec<u8> {
 }
 
 /// Where a lane's entries start: the route, a zero byte, the lane's length (two bytes) and
-/// the lane; each entry then has its place (eight bytes) and the job's key.
+/// the lane; each entry then has its place (eight bytes) and the job's key. A lane is at
+/// most a key's length (512 bytes); the cut is only there to keep the length exact.
 fn lane_prefix(route: &str, lane: &str) -> Vec<u8> {
     let lane = &lane.as_bytes()[..lane.len().min(u16::MAX as usize)];
     let mut prefix = Vec::with_capacity(route.len() + 3 + lane.len());
@@ -347,6 +353,25 @@ impl SledQueue {
         Ok(None)
     }
 
+    /// Where a job joining `lane` (at its end) goes: due now, or behind if the lane holds
+    /// a job that is not dead; and its number in the lane. Runs under the lane's lock.
+    fn place_in_lane(
+        &self,
+        trees: &QueueTrees,
+        route: &str,
+        lane: Option<&str>,
+        now: Millis,
+    ) -> Result<(Millis, u64), StoreError> {
+        let Some(lane) = lane else {
+            return Ok((now, 0));
+        };
+        let due_at = match self.lane_head(trees, &lane_prefix(route, lane))? {
+            Some(_) => BEHIND,
+            None => now,
+        };
+        Ok((due_at, trees.ids.generate_id()?))
+    }
+
     /// Makes the first job of `job`'s lane due now if it waits behind one that went.
     /// Runs under the lane's lock.
     fn promote(&self, trees: &QueueTrees, job: &Job) -> Result<(), StoreError> {
@@ -484,23 +509,22 @@ impl SledQueue {
     /// or in dead letters.
     fn change_taken(
         &self,
+        trees: &QueueTrees,
         taken: &Taken,
         job: &Job,
         due_at: Option<Millis>,
     ) -> Result<(), StoreError> {
-        let swapped = self.on_database(|trees| {
-            self.swap(trees, taken.job.key.as_bytes(), |stored| {
-                if stored.token != taken.token || stored.job.dead.is_some() {
-                    return Err(());
-                }
-                Ok(Some(Entry {
-                    due_at: due_at.unwrap_or(0),
-                    token: 0,
-                    takes: stored.takes,
-                    lane_seq: stored.lane_seq,
-                    job: job.clone(),
-                }))
-            })
+        let swapped = self.swap(trees, taken.job.key.as_bytes(), |stored| {
+            if stored.token != taken.token || stored.job.dead.is_some() {
+                return Err(());
+            }
+            Ok(Some(Entry {
+                due_at: due_at.unwrap_or(0),
+                token: 0,
+                takes: stored.takes,
+                lane_seq: stored.lane_seq,
+                job: job.clone(),
+            }))
         })?;
         let Some(swapped) = swapped else {
             return Err(StoreError::NotOwner);
@@ -518,14 +542,8 @@ impl DeliveryQueue for SledQueue {
         let stored = (|| {
             let _lane = self.lane_lock(&job.route, job.lane.as_deref());
             let now = self.clock.now();
-            let (due_at, lane_seq) = match &job.lane {
-                Some(lane) => {
-                    let behind = self.lane_head(trees, &lane_prefix(&job.route, lane))?;
-                    let due_at = if behind.is_some() { BEHIND } else { now };
-                    (due_at, trees.ids.generate_id()?)
-                }
-                None => (now, 0),
-            };
+            let (due_at, lane_seq) =
+                self.place_in_lane(trees, &job.route, job.lane.as_deref(), now)?;
             let entry = Entry {
                 due_at,
                 token: 0,
@@ -572,19 +590,17 @@ impl DeliveryQueue for SledQueue {
             let now = self.clock.now();
             let prefix = route_prefix(route);
             let end = index_key(route, now.saturating_add(1), "");
-            let mut due = Vec::new();
-            for entry in trees
-                .due
-                .range(prefix.as_slice()..end.as_slice())
-                .take(limit)
-            {
-                let (index, _) = entry?;
-                due.push(index);
-            }
             let until = now.saturating_add(millis(visibility));
             let mut taken = Vec::new();
-            for index in due {
+            // Entries that do not match their job are passed over without counting, up
+            // to a bound: a take never stops short behind a few of them.
+            let due = trees.due.range(prefix.as_slice()..end.as_slice());
+            for entry in due.take(limit.saturating_add(PASSED_OVER)) {
+                let (index, _) = entry?;
                 taken.extend(self.take_one(trees, route, &index, until)?);
+                if taken.len() == limit {
+                    break;
+                }
             }
             Ok(taken)
         })?;
@@ -615,7 +631,7 @@ impl DeliveryQueue for SledQueue {
     }
 
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {
-        self.change_taken(taken, job, Some(due_at))
+        self.on_database(|trees| self.change_taken(trees, taken, job, Some(due_at)))
     }
 
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
@@ -624,9 +640,11 @@ impl DeliveryQueue for SledQueue {
                 "a job is buried with its time of death".into(),
             ));
         }
-        let _lane = self.lane_lock(&job.route, job.lane.as_deref());
-        self.change_taken(taken, job, None)?;
-        self.on_database(|trees| self.promote(trees, job))
+        self.on_database(|trees| {
+            let _lane = self.lane_lock(&job.route, job.lane.as_deref());
+            self.change_taken(trees, taken, job, None)?;
+            self.promote(trees, job)
+        })
     }
 
     async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
@@ -687,13 +705,7 @@ impl DeliveryQueue for SledQueue {
             // A job of a lane goes to the end of it.
             let _lane = self.lane_lock(route, dead.lane.as_deref());
             let now = self.clock.now();
-            let (due_at, lane_seq) = match &dead.lane {
-                Some(lane) => match self.lane_head(trees, &lane_prefix(route, lane))? {
-                    Some(_) => (BEHIND, trees.ids.generate_id()?),
-                    None => (now, trees.ids.generate_id()?),
-                },
-                None => (now, 0),
-            };
+            let (due_at, lane_seq) = self.place_in_lane(trees, route, dead.lane.as_deref(), now)?;
             self.swap(trees, key.as_bytes(), |stored| {
                 if stored.job.route != route
                     || stored.job.dead.is_none()
