@@ -212,6 +212,42 @@ fn a_file_without_routes_is_warned_about() {
     }
 }
 
+/// A queued route whose lanes anyone can choose (no signature check, or a lane read from
+/// what the signature does not cover) passes `check` with a warning; a signed one does
+/// not warn.
+#[test]
+fn lanes_anyone_can_choose_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let route = |verify: &str, order_by: &str| {
+        format!(
+            "upstream: http://127.0.0.1:8080\nroutes:\n  - name: hooks\n    match: {{ path: /hooks }}\n    key: \"{{json:/id}}\"\n{verify}    delivery: queued\n    queue: {{ order_by: \"{order_by}\" }}\n"
+        )
+    };
+    let signed =
+        "    verify: { hmac: { secret_env: LANES_SECRET, header: X-Signature, encoding: hex } }\n";
+    for (text, warned) in [
+        (route("", "{json:/entity}"), true),
+        (route(signed, "{header:x-entity}"), true),
+        (route(signed, "{json:/entity}"), false),
+    ] {
+        let file = dir.path().join("lanes.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let output = Command::new(binary_path())
+            .args(["check", "-c"])
+            .arg(&file)
+            .env("LANES_SECRET", "0123456789abcdef0123456789abcdef")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{text}\n{stderr}");
+        assert_eq!(
+            stderr.contains("queue.order_by can be set by whoever reaches the route"),
+            warned,
+            "{text}\n{stderr}"
+        );
+    }
+}
+
 /// A file with several mistakes gets one line for each, in the file's order, each with its
 /// own line and column (and a route's index as the file counts it): the operator fixes
 /// them all in one go instead of one per run.

@@ -302,3 +302,54 @@ async fn a_replica_that_stops_reading_its_notifications_is_cut_off_before_the_qu
     .await;
     drop((other, healthy));
 }
+
+/// A replica that stalls while it holds a lane's lock (`queue.order_by`) holds up that
+/// lane for at most the store's `timeout`, never the other lanes or the whole queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_lock_held_elsewhere_costs_a_timeout_not_the_queue() {
+    use dedupe_proxy::store::queue::{Enqueued, Job, QueuedRequest};
+    let table = "sessions_lanes";
+    drop_postgres_tables(table).await;
+    let config = postgres_config(POSTGRES_URL, table);
+    let store = PostgresStore::connect(&config, None).await.unwrap();
+    let queue = store.queue().unwrap();
+    let job = |key: &str, lane: &str| {
+        let request = QueuedRequest {
+            method: "POST".into(),
+            target: "/".into(),
+            headers: vec![],
+            body: bytes::Bytes::from_static(b"{}"),
+        };
+        let mut job = Job::new(key.into(), "r".into(), 1, request);
+        job.lane = Some(lane.into());
+        job
+    };
+    // Another session holds lane A's lock, as a replica stalled inside its transaction.
+    let holder = client(POSTGRES_URL).await;
+    holder
+        .execute("SELECT pg_advisory_lock(hashtext('r'), hashtext('A'))", &[])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let refused = queue.enqueue(&job("r:a1", "A")).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(
+        started.elapsed() < config.timeout.0 + Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Both of the queue's connections are usable again: other lanes go on.
+    for n in 0..4 {
+        let stored = queue.enqueue(&job(&format!("r:b{n}"), "B")).await.unwrap();
+        assert_eq!(stored, Enqueued::Stored);
+    }
+    holder
+        .execute("SELECT pg_advisory_unlock_all()", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        queue.enqueue(&job("r:a1", "A")).await.unwrap(),
+        Enqueued::Stored
+    );
+    drop_postgres_tables(table).await;
+}

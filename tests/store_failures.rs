@@ -218,6 +218,13 @@ async fn a_full_disk_refuses_queued_events_and_loses_none_it_acknowledged() {
         || async { acknowledged.iter().all(|id| upstream.executions(id) == 1) },
     )
     .await;
+    // The counts were read again from the reopened database: nothing waits.
+    eventually(Duration::from_secs(5), "the counts at zero", || async {
+        let queue = send(admin, "GET", "/v1/queue", &[], "").await.json();
+        let route = &queue["routes"][0];
+        route["waiting"] == 0 && route["retrying"] == 0 && route["oldest_received_at"].is_null()
+    })
+    .await;
     eprintln!(
         "full disk: {} acknowledged, {refused} refused, all delivered",
         acknowledged.len()

@@ -340,7 +340,30 @@ impl Route {
                 self.name
             ));
         }
+        if self.steerable_lanes() {
+            warnings.push(format!(
+                "route `{}`: queue.order_by can be set by whoever reaches the route (no verify, or read from a part the signature does not cover): events that fail on purpose in a victim's lane hold its real events back until max_attempts or max_age",
+                self.name
+            ));
+        }
         warnings
+    }
+
+    /// Whether someone without the signing secret can choose the lane of an event
+    /// (`queue.order_by`).
+    fn steerable_lanes(&self) -> bool {
+        let Some(order_by) = self
+            .policy
+            .queue
+            .as_ref()
+            .and_then(|queue| queue.order_by.as_ref())
+        else {
+            return false;
+        };
+        match &self.verify {
+            None => true,
+            Some(verify) => order_by.reads_unsigned_parts(verify.signed_headers()),
+        }
     }
 
     /// Whether someone without the signing secret can choose an event's entity and version

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
+use tokio_postgres::IsolationLevel;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::connection::{self, Sending, Sql};
@@ -171,9 +172,14 @@ impl LaneStatements {
         );
         use Type as T;
         LaneStatements {
+            // The waits bounded first (the select list runs in order): a replica stalled
+            // while it holds a lane's lock loses its session, not the lane.
             lock: sql(
-                &[T::TEXT, T::TEXT],
-                "SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))".to_owned(),
+                &[T::TEXT, T::TEXT, T::TEXT],
+                "SELECT set_config('lock_timeout', $3, true),
+                   set_config('idle_in_transaction_session_timeout', $3, true),
+                   pg_advisory_xact_lock(hashtext($1), hashtext($2))"
+                    .to_owned(),
             ),
             enqueue: sql(
                 &[T::TEXT, T::TEXT, T::INT8, T::INT8, T::BYTEA, T::TEXT, T::INT8],
@@ -323,10 +329,17 @@ impl PostgresQueue {
         let (now, behind) = (signed(self.clock.now()), signed(BEHIND));
         within("postgres", self.timeout, async {
             let mut client = self.pool.get().await?;
-            let transaction = client.transaction().await?;
+            // Read committed, whatever the server's default: each statement must see what
+            // the lane's previous holder committed.
+            let transaction = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::ReadCommitted)
+                .start()
+                .await?;
+            let waits = format!("{}ms", self.timeout.as_millis().max(1));
             lanes
                 .lock
-                .execute_in(&transaction, &[&job.route, &lane])
+                .execute_in(&transaction, &[&job.route, &lane, &waits])
                 .await?;
             let changed = statement.execute_in(&transaction, params).await?;
             let promote: [&(dyn ToSql + Sync); 4] = [&job.route, &lane, &now, &behind];

@@ -1,5 +1,5 @@
 //! The delivery queue on Redis, shared by every replica. A route's jobs live under keys
-//! that share one hash tag (`{prefix}queue:{<route>}:...`), so that each change is one Lua
+//! that share one hash tag (`{prefix}queue/{<route>}/...`), so that each change is one Lua
 //! script on one node, also on Redis Cluster (a route's whole queue is on one node):
 //!
 //! - `jobs`: a hash of each job's record by store key;
@@ -10,10 +10,13 @@
 //! - `waiting`: a set of the jobs not tried yet in this round, for the counts;
 //! - `received`: a sorted set by time of receipt, for the oldest's age;
 //! - `dead`: a sorted set of the dead letters by time of death;
-//! - `lane:<lane>`: a list of a lane's jobs (`queue.order_by`) in the order stored; all
+//! - `lane/<lane>`: a list of a lane's jobs (`queue.order_by`) in the order stored; all
 //!   but the first wait in `due` at a score no clock reaches ([`BEHIND`]) until the first
 //!   is completed or buried;
-//! - `{prefix}queue:paused`: a set of the paused routes.
+//! - `{prefix}queue/paused`: a set of the paused routes.
+//!
+//! No claim's key is one of these: a claim's is `{prefix}<namespace>:<key>`, and a
+//! namespace has no `/`.
 //!
 //! One sorted set holds what a Stream, a delayed set and claiming idle entries back would
 //! hold between them: a retry, a delay and a lost worker are all a score in the future.
@@ -220,7 +223,7 @@ impl RedisQueue {
     }
 
     fn keys(&self, route: &str) -> RouteKeys {
-        let key = |part: &str| format!("{}queue:{{{route}}}:{part}", self.prefix);
+        let key = |part: &str| format!("{}queue/{{{route}}}/{part}", self.prefix);
         RouteKeys {
             jobs: key("jobs"),
             due: key("due"),
@@ -237,13 +240,13 @@ impl RedisQueue {
     fn lane_key(&self, job: &Job) -> Option<String> {
         let lane = job.lane.as_ref()?;
         Some(format!(
-            "{}queue:{{{}}}:lane:{lane}",
+            "{}queue/{{{}}}/lane/{lane}",
             self.prefix, job.route
         ))
     }
 
     fn paused_set(&self) -> String {
-        format!("{}queue:paused", self.prefix)
+        format!("{}queue/paused", self.prefix)
     }
 
     async fn bounded<T>(

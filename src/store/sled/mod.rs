@@ -124,7 +124,7 @@ impl SledStore {
             slot: Arc::new(RwLock::new(Some(Arc::clone(&opened)))),
             config: config.clone(),
         };
-        let queue = SledQueue::new(&opened.queue, Arc::clone(&clock), database.clone())?;
+        let queue = SledQueue::new(Arc::clone(&clock), database.clone())?;
         Ok(SledStore {
             queue: Arc::new(queue),
             database,

@@ -31,7 +31,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,7 +40,7 @@ use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use sled::{IVec, Tree};
 
-use super::database::{Database, QueueTrees};
+use super::database::{Database, OpenDatabase, QueueTrees};
 use crate::store::queue::{
     BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
     parse_dead_cursor,
@@ -141,6 +141,8 @@ pub(super) struct SledQueue {
     clock: Arc<dyn Clock>,
     counts: DashMap<String, Counts>,
     lane_locks: Vec<Mutex<()>>,
+    /// The database last mended: one opened since is mended before its first use.
+    mended: Mutex<Weak<OpenDatabase>>,
 }
 
 /// An index entry: the route, a zero byte, the time big-endian, the key.
@@ -265,17 +267,40 @@ fn take_back(
 type Swapped = (Entry, Option<Entry>);
 
 impl SledQueue {
-    /// The queue of an open database: its counts read from its jobs, the index entries a
-    /// crash left unwritten written and those it left stale removed, and the jobs taken
-    /// when the last process stopped due now (their attempts were cut off). Blocks on
+    /// The queue of the store's database, mended (see [`SledQueue::mend`]). Blocks on
     /// disk I/O.
-    pub(super) fn new(
-        trees: &QueueTrees,
-        clock: Arc<dyn Clock>,
-        database: Database,
-    ) -> Result<SledQueue, StoreError> {
-        let counts = DashMap::<String, Counts>::new();
-        let now = clock.now();
+    pub(super) fn new(clock: Arc<dyn Clock>, database: Database) -> Result<SledQueue, StoreError> {
+        let queue = SledQueue {
+            database,
+            clock,
+            counts: DashMap::new(),
+            lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
+            mended: Mutex::new(Weak::new()),
+        };
+        queue.open()?;
+        Ok(queue)
+    }
+
+    /// The open database, mended first if it is newly opened (at start, or reopened
+    /// from disk after a failure: either way, what a crash left).
+    fn open(&self) -> Result<Arc<OpenDatabase>, StoreError> {
+        let database = self.database.open()?;
+        let mut mended = self.mended.lock();
+        if !std::ptr::eq(mended.as_ptr(), Arc::as_ptr(&database)) {
+            let result = self.mend(&database.queue);
+            self.database.reopen_if_failed(&database, result)?;
+            *mended = Arc::downgrade(&database);
+        }
+        Ok(database)
+    }
+
+    /// Mends what a crash left: the jobs taken when it came made due now (their attempts
+    /// were cut off), the index entries it left unwritten written and those it left stale
+    /// removed, each lane's first job made due, and the counts read again. Blocks on disk
+    /// I/O, for every job.
+    fn mend(&self, trees: &QueueTrees) -> Result<(), StoreError> {
+        self.counts.clear();
+        let now = self.clock.now();
         for stored in trees.jobs.iter() {
             let (key, bytes) = stored?;
             let mut entry = match Entry::read(&bytes) {
@@ -293,20 +318,10 @@ impl SledQueue {
             for (tree, index) in entry.indexes(trees) {
                 tree.insert(index, &[])?;
             }
-            counts
-                .entry(entry.job.route.clone())
-                .or_default()
-                .change(&entry.job, true);
+            self.count(&entry.job, true);
         }
         drop_stale_indexes(trees)?;
-        let queue = SledQueue {
-            database,
-            clock,
-            counts,
-            lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
-        };
-        queue.mend_lanes(trees)?;
-        Ok(queue)
+        self.mend_lanes(trees)
     }
 
     /// Makes each lane's first job due if it waits behind one that went (a crash between
@@ -414,7 +429,7 @@ impl SledQueue {
         &self,
         work: impl FnOnce(&QueueTrees) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let database = self.database.open()?;
+        let database = self.open()?;
         let result = work(&database.queue);
         self.database.reopen_if_failed(&database, result)
     }
@@ -537,7 +552,7 @@ impl SledQueue {
 #[async_trait]
 impl DeliveryQueue for SledQueue {
     async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError> {
-        let database = self.database.open()?;
+        let database = self.open()?;
         let trees = &database.queue;
         let stored = (|| {
             let _lane = self.lane_lock(&job.route, job.lane.as_deref());
@@ -585,7 +600,7 @@ impl DeliveryQueue for SledQueue {
         limit: usize,
         visibility: Duration,
     ) -> Result<Vec<Taken>, StoreError> {
-        let database = self.database.open()?;
+        let database = self.open()?;
         let taken = self.on_database(|trees| {
             let now = self.clock.now();
             let prefix = route_prefix(route);
@@ -766,7 +781,7 @@ impl DeliveryQueue for SledQueue {
             }
             Ok(())
         })?;
-        let database = self.database.open()?;
+        let database = self.open()?;
         let flushed = database.flusher.flush().await;
         self.database.reopen_if_failed(&database, flushed)
     }
