@@ -145,18 +145,24 @@ async fn abandoned_leases_are_swept_too() {
 /// Opens the store again after a drop. sled's background flusher lets go of the directory
 /// lock a moment after the drop; a restarted process never sees this, its predecessor
 /// being gone.
-async fn reopen(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
+/// What `open` gives once the data directory's earlier user has let go of it (its lock is
+/// released a moment after it is dropped).
+async fn once_unlocked<T, E: std::fmt::Display>(open: impl Fn() -> Result<T, E>) -> T {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match SledStore::open_with_clock(&sled_config(path, Durability::Batched), clock.clone()) {
-            Ok(store) => return store,
-            Err(error) if std::time::Instant::now() < deadline => {
-                assert!(error.to_string().contains("in use"), "{error}");
+        match open() {
+            Ok(opened) => return opened,
+            Err(_) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(error) => panic!("{error}"),
         }
     }
+}
+
+async fn reopen(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
+    let config = sled_config(path, Durability::Batched);
+    once_unlocked(|| SledStore::open_with_clock(&config, clock.clone())).await
 }
 
 #[tokio::test]
@@ -353,16 +359,7 @@ async fn entity_records_are_swept_by_expiry_and_survive_a_restart() {
 
 /// The database under `path`, opened as sled itself, once the store has let go of it.
 async fn open_raw(path: &Path) -> sled::Db {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    }
+    once_unlocked(|| sled::open(path)).await
 }
 
 #[tokio::test]
