@@ -260,6 +260,137 @@ async fn the_admin_commands_drive_a_running_proxy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_commands_watch_pause_and_replay_dead_letters() {
+    let upstream = Upstream::start().await;
+    // Refused by the app: straight to dead letters, with its answer (a terminal escape
+    // in it, which the table must not pass on).
+    upstream.script([
+        Answer::status(422).body("no such \u{1b}[31mcustomer"),
+        Answer::status(422).body("no"),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let route = json_route("    delivery: queued\n");
+    std::fs::write(
+        &config,
+        config_text(upstream.addr, &dir.path().join("data"), &route),
+    )
+    .unwrap();
+    let proxy = Binary::start(&config);
+    let admin = format!("http://{}", proxy.admin);
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--admin", &admin]);
+        let output = dedupe(&all, &[]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        stdout(&output)
+    };
+    for id in ["evt/a 1", "evt_b"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 202);
+    }
+    eventually(
+        std::time::Duration::from_secs(10),
+        "two dead letters",
+        || async {
+            run(&["queue", "dead", "hooks", "--json"])
+                .matches("\"dead_at\"")
+                .count()
+                == 2
+        },
+    )
+    .await;
+
+    let status = run(&["queue", "status"]);
+    assert!(status.starts_with("ROUTE"), "{status}");
+    let row = status
+        .lines()
+        .find(|line| line.starts_with("hooks"))
+        .unwrap();
+    assert_eq!(
+        row.split_whitespace().nth(5),
+        Some("2"),
+        "two dead: {status}"
+    );
+
+    // Filters and pages: one per page, both with --all.
+    let refused = run(&["queue", "dead", "hooks", "--status", "422", "--limit", "1"]);
+    assert!(refused.contains("more: --after "), "{refused}");
+    let all = run(&["queue", "dead", "hooks", "--limit", "1", "--all"]);
+    assert_eq!(all.matches("refused").count(), 2, "{all}");
+    assert_eq!(all.matches("KEY").count(), 1, "one heading: {all}");
+    let none = run(&["queue", "dead", "hooks", "--key-prefix", "zzz", "--json"]);
+    let none: serde_json::Value = serde_json::from_str(&none).unwrap();
+    assert_eq!(none["jobs"].as_array().unwrap().len(), 0);
+
+    // A key with a slash and a space reaches its own job; the app's answer is shown
+    // without its control characters.
+    let shown = run(&["queue", "show", "hooks", "evt/a 1"]);
+    assert!(
+        shown.contains("ATTEMPT AT") && shown.contains("422"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("customer") && !shown.contains('\u{1b}'),
+        "{shown}"
+    );
+
+    // Paused, a replayed job waits; resumed, it is delivered.
+    assert!(run(&["queue", "pause", "hooks"]).contains("paused: hooks"));
+    assert!(run(&["queue", "replay", "hooks", "evt/a 1"]).contains("replayed"));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(upstream.executions("evt/a 1"), 0);
+    assert!(run(&["queue", "resume", "hooks"]).contains("resumed: hooks"));
+    eventually(
+        std::time::Duration::from_secs(10),
+        "evt/a 1 delivered",
+        || async { upstream.executions("evt/a 1") == 1 },
+    )
+    .await;
+
+    // The other: replayed in bulk and watched, refused again, and discarded.
+    upstream.script([Answer::status(422)]);
+    let bulk = run(&[
+        "queue",
+        "replay-all",
+        "hooks",
+        "--reason",
+        "refused",
+        "--json",
+    ]);
+    let bulk: serde_json::Value = serde_json::from_str(&bulk).unwrap();
+    let id = match &bulk["id"] {
+        serde_json::Value::String(id) => id.clone(),
+        id => id.to_string(),
+    };
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the bulk replay done",
+        || async { run(&["queue", "replays", &id]).contains("done") },
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(10),
+        "evt_b dead again",
+        || async { run(&["queue", "dead", "hooks"]).contains("evt_b") },
+    )
+    .await;
+    let discarded = run(&["queue", "discard", "hooks", "evt_b", "--json"]);
+    assert!(discarded.contains(r#""discarded""#), "{discarded}");
+    let missing = dedupe(&["queue", "show", "hooks", "evt_b", "--admin", &admin], &[]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("no_such_job"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_commands_find_the_api_and_its_token_through_the_configuration() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();

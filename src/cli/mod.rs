@@ -1,8 +1,10 @@
 //! Command-line arguments: `run` (the default), `check` and `demo`, and the commands that
-//! drive a running proxy through its admin API (`routes`, `reload`, `keys`, `entities`;
-//! carried out in [`admin`]).
+//! drive a running proxy through its admin API (`routes`, `reload`, `keys`, `entities`,
+//! `queue`; carried out in [`admin`] and `queue`, over `api`).
 
 pub mod admin;
+mod api;
+mod queue;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -82,6 +84,12 @@ pub enum Command {
     Entities {
         #[command(subcommand)]
         command: EntitiesCommand,
+    },
+    /// Watch, pause and resume queued routes (`delivery: queued`); list, inspect, replay
+    /// and discard their dead letters.
+    Queue {
+        #[command(subcommand)]
+        command: QueueCommand,
     },
 }
 
@@ -216,6 +224,102 @@ pub enum KeysCommand {
         #[command(flatten)]
         admin: AdminArgs,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Each queued route's counts: waiting, retrying, in flight, dead, the oldest's age.
+    Status {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Stop delivering a route's jobs, on every replica (accepting goes on).
+    Pause {
+        route: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Deliver a paused route's jobs again.
+    Resume {
+        route: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// A page of a route's dead letters (every page with --all).
+    Dead {
+        route: String,
+        #[command(flatten)]
+        filter: DeadFilterArgs,
+        /// The most jobs on a page (1 to 100).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
+        limit: Option<u8>,
+        /// The page after this cursor (the `next` a listing printed).
+        #[arg(long)]
+        after: Option<String>,
+        /// Follow the cursor to the last page.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// One job, queued or dead, with every attempt kept.
+    Show {
+        route: String,
+        key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Make a dead letter due again now, for a new round of attempts.
+    Replay {
+        route: String,
+        key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Replay every dead letter the filter picks, in the background (prints its id).
+    ReplayAll {
+        route: String,
+        #[command(flatten)]
+        filter: DeadFilterArgs,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// A bulk replay's progress.
+    Replays {
+        id: String,
+        /// Cancel it (what it replayed stays replayed).
+        #[arg(long)]
+        cancel: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Discard a dead letter.
+    Discard {
+        route: String,
+        key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// Which dead letters a listing or a bulk replay picks.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DeadFilterArgs {
+    /// The app's last status.
+    #[arg(long)]
+    pub status: Option<u16>,
+    /// Why they died: refused, max_attempts or max_age.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Their keys' prefix.
+    #[arg(long)]
+    pub key_prefix: Option<String>,
+    /// Dead at or after this time (RFC 3339).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Dead before this time (RFC 3339).
+    #[arg(long)]
+    pub until: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,0 +1,254 @@
+//! The `queue` commands: a queued route's counts, pause and resume, and its dead letters
+//! (listed, shown, replayed one by one or in bulk, discarded), through the admin API's
+//! `/v1/queue` and `/v1/replays`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use http::Method;
+use serde_json::{Value, json};
+
+use super::api::{Api, Failure, fields, plain, print, segment, table};
+use super::{DeadFilterArgs, QueueCommand};
+
+pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
+    match command {
+        QueueCommand::Status { admin } => {
+            let api = Api::find(config, &admin)?;
+            let answer = api.call(Method::GET, "/v1/queue", None).await?;
+            print(&admin, &answer, status_table);
+        }
+        QueueCommand::Pause { route, admin } => {
+            let api = Api::find(config, &admin)?;
+            let path = format!("{}/pause", route_path(&route));
+            let answer = api.call(Method::POST, &path, Some(json!({}))).await?;
+            print(&admin, &answer, |_| format!("paused: {route}\n"));
+        }
+        QueueCommand::Resume { route, admin } => {
+            let api = Api::find(config, &admin)?;
+            let path = format!("{}/resume", route_path(&route));
+            let answer = api.call(Method::POST, &path, Some(json!({}))).await?;
+            print(&admin, &answer, |_| format!("resumed: {route}\n"));
+        }
+        QueueCommand::Dead {
+            route,
+            filter,
+            limit,
+            after,
+            all,
+            admin,
+        } => {
+            let api = Api::find(config, &admin)?;
+            let page = Page { limit, after, all };
+            dead_letters(&api, &route, &filter, page, &admin).await?;
+        }
+        QueueCommand::Show { route, key, admin } => {
+            let api = Api::find(config, &admin)?;
+            let answer = api.call(Method::GET, &job_path(&route, &key), None).await?;
+            print(&admin, &answer, job_fields);
+        }
+        QueueCommand::Replay { route, key, admin } => {
+            let api = Api::find(config, &admin)?;
+            let path = format!("{}/replay", job_path(&route, &key));
+            let answer = api.call(Method::POST, &path, Some(json!({}))).await?;
+            print(&admin, &answer, |_| format!("replayed: {route}/{key}\n"));
+        }
+        QueueCommand::ReplayAll {
+            route,
+            filter,
+            admin,
+        } => {
+            let api = Api::find(config, &admin)?;
+            let path = format!(
+                "{}/replays?{}",
+                route_path(&route),
+                filter_query(&filter).finish()
+            );
+            let answer = api.call(Method::POST, &path, Some(json!({}))).await?;
+            print(&admin, &answer, fields);
+        }
+        QueueCommand::Replays { id, cancel, admin } => {
+            let api = Api::find(config, &admin)?;
+            let method = if cancel { Method::DELETE } else { Method::GET };
+            let answer = api
+                .call(method, &format!("/v1/replays/{}", segment(&id)), None)
+                .await?;
+            print(&admin, &answer, fields);
+        }
+        QueueCommand::Discard { route, key, admin } => {
+            let api = Api::find(config, &admin)?;
+            api.call(Method::DELETE, &job_path(&route, &key), None)
+                .await?;
+            let discarded = json!({ "discarded": { "route": route, "key": key } });
+            print(&admin, &discarded, |_| {
+                format!("discarded: {route}/{key}\n")
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Which page of a listing to print, or every page.
+struct Page {
+    limit: Option<u8>,
+    after: Option<String>,
+    all: bool,
+}
+
+/// Prints a page of a route's dead letters, or every page under one heading with `all`.
+async fn dead_letters(
+    api: &Api,
+    route: &str,
+    filter: &DeadFilterArgs,
+    mut page: Page,
+    admin: &super::AdminArgs,
+) -> Result<(), Failure> {
+    let mut first = true;
+    loop {
+        let mut query = filter_query(filter);
+        if let Some(limit) = page.limit {
+            query.append_pair("limit", &limit.to_string());
+        }
+        if let Some(after) = &page.after {
+            query.append_pair("after", after);
+        }
+        let path = format!("{}/dead?{}", route_path(route), query.finish());
+        let answer = api.call(Method::GET, &path, None).await?;
+        let next = answer["next"].as_str().map(str::to_owned);
+        print(admin, &answer, |answer| {
+            dead_table(answer, first, !page.all)
+        });
+        first = false;
+        if !page.all || next.is_none() {
+            return Ok(());
+        }
+        if next == page.after {
+            return Err(Failure::Api(format!(
+                "the listing's cursor did not move ({}): stopped",
+                next.unwrap_or_default()
+            )));
+        }
+        page.after = next;
+    }
+}
+
+fn route_path(route: &str) -> String {
+    format!("/v1/queue/{}", segment(route))
+}
+
+fn job_path(route: &str, key: &str) -> String {
+    format!("{}/jobs/{}", route_path(route), segment(key))
+}
+
+/// The filter as the API's query takes it.
+fn filter_query(filter: &DeadFilterArgs) -> form_urlencoded::Serializer<'static, String> {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    let status = filter.status.map(|status| status.to_string());
+    for (name, value) in [
+        ("status", status.as_deref()),
+        ("reason", filter.reason.as_deref()),
+        ("key_prefix", filter.key_prefix.as_deref()),
+        ("since", filter.since.as_deref()),
+        ("until", filter.until.as_deref()),
+    ] {
+        if let Some(value) = value {
+            query.append_pair(name, value);
+        }
+    }
+    query
+}
+
+fn status_table(answer: &Value) -> String {
+    let rows: Vec<Vec<String>> = answer["routes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|route| {
+            let age = route["oldest_age_seconds"]
+                .as_u64()
+                .map_or_else(|| "-".to_owned(), |age| format!("{age}s"));
+            vec![
+                plain(&route["route"]),
+                plain(&route["paused"]),
+                plain(&route["waiting"]),
+                plain(&route["retrying"]),
+                plain(&route["in_flight"]),
+                plain(&route["dead"]),
+                age,
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ROUTE",
+            "PAUSED",
+            "WAITING",
+            "RETRYING",
+            "IN FLIGHT",
+            "DEAD",
+            "OLDEST",
+        ],
+        &rows,
+    )
+}
+
+/// A page of dead letters, under headings if `headings`, with the cursor of the next page
+/// if `more`.
+fn dead_table(answer: &Value, headings: bool, more: bool) -> String {
+    let rows: Vec<Vec<String>> = answer["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|job| {
+            vec![
+                plain(&job["key"]),
+                plain(&job["dead_because"]),
+                plain(&job["last_status"]),
+                plain(&job["attempts"]),
+                plain(&job["dead_at"]),
+            ]
+        })
+        .collect();
+    let mut text = table(&["KEY", "WHY", "STATUS", "ATTEMPTS", "DEAD AT"], &rows);
+    if !headings {
+        text = text
+            .split_once('\n')
+            .map(|(_, rows)| rows.to_owned())
+            .unwrap_or_default();
+    }
+    if let Some(next) = answer["next"].as_str().filter(|_| more) {
+        let _ = writeln!(text, "more: --after {next}");
+    }
+    text
+}
+
+/// A job's fields, then its attempts as a table.
+fn job_fields(answer: &Value) -> String {
+    let mut job = answer.clone();
+    let history = job
+        .as_object_mut()
+        .and_then(|fields| fields.remove("history"))
+        .unwrap_or(Value::Null);
+    let mut text = fields(&job);
+    let rows: Vec<Vec<String>> = history
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|attempt| {
+            vec![
+                plain(&attempt["at"]),
+                plain(&attempt["status"]),
+                plain(&attempt["latency_ms"]),
+                // The app's answer, on one line and without control characters (a
+                // terminal would act on them).
+                plain(&attempt["answer"])
+                    .chars()
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect(),
+            ]
+        })
+        .collect();
+    text.push('\n');
+    text.push_str(&table(&["ATTEMPT AT", "STATUS", "MS", "ANSWER"], &rows));
+    text
+}
