@@ -264,10 +264,8 @@ async fn the_queue_commands_watch_pause_and_replay_dead_letters() {
     let upstream = Upstream::start().await;
     // Refused by the app: straight to dead letters, with its answer (a terminal escape
     // in it, which the table must not pass on).
-    upstream.script([
-        Answer::status(422).body("no such \u{1b}[31mcustomer"),
-        Answer::status(422).body("no"),
-    ]);
+    let refusal = Answer::status(422).body("no such \u{1b}[31mcustomer");
+    upstream.script([refusal.clone(), refusal]);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.yaml");
     let route = json_route("    delivery: queued\n");
@@ -323,9 +321,48 @@ async fn the_queue_commands_watch_pause_and_replay_dead_letters() {
     let all = run(&["queue", "dead", "hooks", "--limit", "1", "--all"]);
     assert_eq!(all.matches("refused").count(), 2, "{all}");
     assert_eq!(all.matches("KEY").count(), 1, "one heading: {all}");
-    let none = run(&["queue", "dead", "hooks", "--key-prefix", "zzz", "--json"]);
-    let none: serde_json::Value = serde_json::from_str(&none).unwrap();
-    assert_eq!(none["jobs"].as_array().unwrap().len(), 0);
+    for filter in [
+        ["--key-prefix", "zzz"],
+        ["--reason", "max_age"],
+        ["--since", "2999-01-01T00:00:00Z"],
+    ] {
+        let mut args = vec!["queue", "dead", "hooks", "--json"];
+        args.extend(filter);
+        let none: serde_json::Value = serde_json::from_str(&run(&args)).unwrap();
+        assert_eq!(none["jobs"].as_array().unwrap().len(), 0, "{filter:?}");
+    }
+    let picked = run(&[
+        "queue",
+        "dead",
+        "hooks",
+        "--reason",
+        "refused",
+        "--key-prefix",
+        "evt_",
+    ]);
+    assert!(
+        picked.contains("evt_b") && !picked.contains("evt/a 1"),
+        "{picked}"
+    );
+    // The cursor to paste is quoted: the key in it holds a space.
+    let first = run(&["queue", "dead", "hooks", "--limit", "1"]);
+    let hint = first
+        .lines()
+        .find(|line| line.starts_with("more:"))
+        .unwrap();
+    assert!(
+        hint.starts_with("more: --after '") && hint.ends_with('\''),
+        "{hint}"
+    );
+    for (args, code) in [
+        (vec!["queue", "dead", "hooks", "--reason", "bored"], 2),
+        (vec!["queue", "dead", "hooks", "--status", "42"], 2),
+        (vec!["queue", "dead", "nosuch"], 1),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--admin", &admin]);
+        assert_eq!(dedupe(&all, &[]).status.code(), Some(code), "{args:?}");
+    }
 
     // A key with a slash and a space reaches its own job; the app's answer is shown
     // without its control characters.
@@ -354,19 +391,12 @@ async fn the_queue_commands_watch_pause_and_replay_dead_letters() {
 
     // The other: replayed in bulk and watched, refused again, and discarded.
     upstream.script([Answer::status(422)]);
-    let bulk = run(&[
-        "queue",
-        "replay-all",
-        "hooks",
-        "--reason",
-        "refused",
-        "--json",
-    ]);
-    let bulk: serde_json::Value = serde_json::from_str(&bulk).unwrap();
-    let id = match &bulk["id"] {
-        serde_json::Value::String(id) => id.clone(),
-        id => id.to_string(),
-    };
+    let bulk = run(&["queue", "replay-all", "hooks", "--reason", "refused"]);
+    assert!(
+        bulk.starts_with("replay ") && bulk.contains("started"),
+        "{bulk}"
+    );
+    let id = bulk.split_whitespace().nth(1).unwrap().to_owned();
     eventually(
         std::time::Duration::from_secs(10),
         "the bulk replay done",

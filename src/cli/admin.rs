@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, fields, plain, print, segment, table};
+use super::api::{Api, Failure, after_hint, fields, pages, plain, print, segment, table};
 use super::{Command, EntitiesCommand, KeysCommand, Outcome};
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
@@ -95,13 +95,12 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             route,
             state,
             limit,
-            mut after,
+            after,
             all,
             admin,
         } => {
             let api = Api::find(config, &admin)?;
-            let mut first = true;
-            loop {
+            let path = |after: Option<&str>| {
                 let mut query = form_urlencoded::Serializer::new(String::new());
                 query.append_pair("route", &route);
                 if let Some(state) = state {
@@ -110,26 +109,16 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
                 if let Some(limit) = limit {
                     query.append_pair("limit", &limit.to_string());
                 }
-                if let Some(after) = &after {
+                if let Some(after) = after {
                     query.append_pair("after", after);
                 }
-                let path = format!("/v1/keys?{}", query.finish());
-                let answer = api.call(Method::GET, &path, None).await?;
-                let next = answer["next"].as_str().map(str::to_owned);
-                // Under --all, one table: headings once, no cursor to pass on.
-                print(&admin, &answer, |answer| keys_table(answer, first, !all));
-                first = false;
-                if !all || next.is_none() {
-                    break;
-                }
-                if next == after {
-                    return Err(Failure::Api(format!(
-                        "the listing's cursor did not move ({}): stopped",
-                        next.unwrap_or_default()
-                    )));
-                }
-                after = next;
-            }
+                format!("/v1/keys?{}", query.finish())
+            };
+            // Under --all, one table: headings once, no cursor to pass on.
+            pages(&api, after, all, path, |answer, first| {
+                print(&admin, answer, |answer| keys_table(answer, first, !all));
+            })
+            .await?;
         }
         KeysCommand::Show { route, key, admin } => {
             let api = Api::find(config, &admin)?;
@@ -206,7 +195,7 @@ fn keys_table(answer: &Value, headings: bool, more: bool) -> String {
             .unwrap_or_default();
     }
     if let Some(next) = answer["next"].as_str().filter(|_| more) {
-        let _ = writeln!(text, "more: --after {next}");
+        let _ = writeln!(text, "{}", after_hint(next));
     }
     text
 }

@@ -4,6 +4,7 @@
 //! `DEDUPE_ADMIN_TOKEN`), one request and its answer or refusal, and answers printed as
 //! tables for people or as the API's JSON with `--json`.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
@@ -156,7 +157,7 @@ impl Api {
 fn refusal(status: StatusCode, answer: &Value) -> String {
     let detail = answer["detail"].as_str().unwrap_or("no detail");
     let code = answer["error"].as_str().unwrap_or("error");
-    format!("{detail} ({code}, HTTP {})", status.as_u16())
+    printable(&format!("{detail} ({code}, HTTP {})", status.as_u16()))
 }
 
 /// The parts of a configuration's `admin:` the commands use.
@@ -214,9 +215,57 @@ pub(super) fn print(admin: &AdminArgs, answer: &Value, table: impl Fn(&Value) ->
 pub(super) fn plain(value: &Value) -> String {
     match value {
         Value::Null => "-".to_owned(),
-        Value::String(text) => text.clone(),
+        Value::String(text) => printable(text),
         other => other.to_string(),
     }
+}
+
+/// `text` with every character a terminal would act on or that reorders a line (controls,
+/// line and paragraph separators, bidirectional overrides) shown as `\u{fffd}`: what the
+/// API answers may come from senders and apps.
+pub(super) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            let reorders = matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || reorders { '\u{fffd}' } else { c }
+        })
+        .collect()
+}
+
+/// Fetches a listing's pages from `after` on (`path` makes each request's path from the
+/// cursor): one page, or with `all` each page until `next` is null. `show` prints each,
+/// told whether it is the first. A cursor seen before stops it: such a listing would
+/// never end.
+pub(super) async fn pages(
+    api: &Api,
+    mut after: Option<String>,
+    all: bool,
+    path: impl Fn(Option<&str>) -> String,
+    mut show: impl FnMut(&Value, bool),
+) -> Result<(), Failure> {
+    let mut seen: HashSet<String> = after.iter().cloned().collect();
+    let mut first = true;
+    loop {
+        let answer = api.call(Method::GET, &path(after.as_deref()), None).await?;
+        show(&answer, first);
+        first = false;
+        let Some(next) = answer["next"].as_str().filter(|_| all) else {
+            return Ok(());
+        };
+        if !seen.insert(next.to_owned()) {
+            return Err(Failure::Api(format!(
+                "the listing's cursor came back ({}): stopped",
+                printable(next)
+            )));
+        }
+        after = Some(next.to_owned());
+    }
+}
+
+/// A listing's cursor as a line to paste into a shell: `--after '<cursor>'`, quoted (a
+/// cursor holds a key, which may hold spaces or `$(...)`).
+pub(super) fn after_hint(next: &str) -> String {
+    format!("more: --after '{}'", printable(next).replace('\'', r"'\''"))
 }
 
 /// One object's fields, a line each.
@@ -265,6 +314,18 @@ mod tests {
         assert_eq!(segment("evt_1-b~c"), "evt_1-b~c");
         assert_eq!(segment(".."), "%2E%2E");
         assert_eq!(segment("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
+    }
+
+    #[test]
+    fn what_a_terminal_acts_on_is_not_printed() {
+        assert_eq!(
+            printable("a\u{1b}[31mb\u{202e}c\nd"),
+            "a\u{fffd}[31mb\u{fffd}c\u{fffd}d"
+        );
+        assert_eq!(
+            after_hint("0001x$(rm -rf /)'y"),
+            r"more: --after '0001x$(rm -rf /)'\''y'"
+        );
     }
 
     #[test]

@@ -286,7 +286,7 @@ pub enum QueueCommand {
     },
     /// A bulk replay's progress.
     Replays {
-        id: String,
+        id: u64,
         /// Cancel it (what it replayed stays replayed).
         #[arg(long)]
         cancel: bool,
@@ -306,11 +306,11 @@ pub enum QueueCommand {
 #[derive(Debug, Clone, Default, Args)]
 pub struct DeadFilterArgs {
     /// The app's last status.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(100..=599))]
     pub status: Option<u16>,
-    /// Why they died: refused, max_attempts or max_age.
-    #[arg(long)]
-    pub reason: Option<String>,
+    /// Why they died.
+    #[arg(long, value_enum)]
+    pub reason: Option<DeadReasonArg>,
     /// Their keys' prefix.
     #[arg(long)]
     pub key_prefix: Option<String>,
@@ -320,6 +320,27 @@ pub struct DeadFilterArgs {
     /// Dead before this time (RFC 3339).
     #[arg(long)]
     pub until: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeadReasonArg {
+    /// The app answered a status that is not retried.
+    #[value(name = "refused")]
+    Refused,
+    #[value(name = "max_attempts", alias = "max-attempts")]
+    MaxAttempts,
+    #[value(name = "max_age", alias = "max-age")]
+    MaxAge,
+}
+
+impl DeadReasonArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReasonArg::Refused => "refused",
+            DeadReasonArg::MaxAttempts => "max_attempts",
+            DeadReasonArg::MaxAge => "max_age",
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

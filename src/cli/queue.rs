@@ -8,7 +8,7 @@ use std::path::Path;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, fields, plain, print, segment, table};
+use super::api::{Api, Failure, after_hint, fields, pages, plain, print, segment, table};
 use super::{DeadFilterArgs, QueueCommand};
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
@@ -65,15 +65,21 @@ pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> R
                 filter_query(&filter).finish()
             );
             let answer = api.call(Method::POST, &path, Some(json!({}))).await?;
-            print(&admin, &answer, fields);
+            print(&admin, &answer, |answer| {
+                let id = plain(&answer["id"]);
+                format!("replay {id} started (watch: dedupe-proxy queue replays {id})\n")
+            });
         }
         QueueCommand::Replays { id, cancel, admin } => {
             let api = Api::find(config, &admin)?;
-            let method = if cancel { Method::DELETE } else { Method::GET };
-            let answer = api
-                .call(method, &format!("/v1/replays/{}", segment(&id)), None)
-                .await?;
-            print(&admin, &answer, fields);
+            let path = format!("/v1/replays/{id}");
+            if cancel {
+                let answer = api.call(Method::DELETE, &path, None).await?;
+                print(&admin, &answer, |_| format!("cancelling: replay {id}\n"));
+            } else {
+                let answer = api.call(Method::GET, &path, None).await?;
+                print(&admin, &answer, fields);
+            }
         }
         QueueCommand::Discard { route, key, admin } => {
             let api = Api::find(config, &admin)?;
@@ -100,36 +106,23 @@ async fn dead_letters(
     api: &Api,
     route: &str,
     filter: &DeadFilterArgs,
-    mut page: Page,
+    page: Page,
     admin: &super::AdminArgs,
 ) -> Result<(), Failure> {
-    let mut first = true;
-    loop {
+    let path = |after: Option<&str>| {
         let mut query = filter_query(filter);
         if let Some(limit) = page.limit {
             query.append_pair("limit", &limit.to_string());
         }
-        if let Some(after) = &page.after {
+        if let Some(after) = after {
             query.append_pair("after", after);
         }
-        let path = format!("{}/dead?{}", route_path(route), query.finish());
-        let answer = api.call(Method::GET, &path, None).await?;
-        let next = answer["next"].as_str().map(str::to_owned);
-        print(admin, &answer, |answer| {
-            dead_table(answer, first, !page.all)
-        });
-        first = false;
-        if !page.all || next.is_none() {
-            return Ok(());
-        }
-        if next == page.after {
-            return Err(Failure::Api(format!(
-                "the listing's cursor did not move ({}): stopped",
-                next.unwrap_or_default()
-            )));
-        }
-        page.after = next;
-    }
+        format!("{}/dead?{}", route_path(route), query.finish())
+    };
+    pages(api, page.after, page.all, path, |answer, first| {
+        print(admin, answer, |answer| dead_table(answer, first, !page.all));
+    })
+    .await
 }
 
 fn route_path(route: &str) -> String {
@@ -146,7 +139,7 @@ fn filter_query(filter: &DeadFilterArgs) -> form_urlencoded::Serializer<'static,
     let status = filter.status.map(|status| status.to_string());
     for (name, value) in [
         ("status", status.as_deref()),
-        ("reason", filter.reason.as_deref()),
+        ("reason", filter.reason.map(|reason| reason.as_str())),
         ("key_prefix", filter.key_prefix.as_deref()),
         ("since", filter.since.as_deref()),
         ("until", filter.until.as_deref()),
@@ -217,9 +210,18 @@ fn dead_table(answer: &Value, headings: bool, more: bool) -> String {
             .unwrap_or_default();
     }
     if let Some(next) = answer["next"].as_str().filter(|_| more) {
-        let _ = writeln!(text, "more: --after {next}");
+        let _ = writeln!(text, "{}", after_hint(next));
     }
     text
+}
+
+/// The start of an app's answer, as one cell (`plain` has made it printable).
+fn answer_cell(answer: &str) -> String {
+    const SHOWN: usize = 120;
+    match answer.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &answer[..cut]),
+        None => answer.to_owned(),
+    }
 }
 
 /// A job's fields, then its attempts as a table.
@@ -241,10 +243,7 @@ fn job_fields(answer: &Value) -> String {
                 plain(&attempt["latency_ms"]),
                 // The app's answer, on one line and without control characters (a
                 // terminal would act on them).
-                plain(&attempt["answer"])
-                    .chars()
-                    .map(|c| if c.is_control() { ' ' } else { c })
-                    .collect(),
+                answer_cell(&plain(&attempt["answer"])),
             ]
         })
         .collect();
