@@ -72,14 +72,7 @@ pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> R
         }
         QueueCommand::Replays { id, cancel, admin } => {
             let api = Api::find(config, &admin)?;
-            let path = format!("/v1/replays/{id}");
-            if cancel {
-                let answer = api.call(Method::DELETE, &path, None).await?;
-                print(&admin, &answer, |_| format!("cancelling: replay {id}\n"));
-            } else {
-                let answer = api.call(Method::GET, &path, None).await?;
-                print(&admin, &answer, fields);
-            }
+            replay_progress(&api, id, cancel, &admin).await?;
         }
         QueueCommand::Discard { route, key, admin } => {
             let api = Api::find(config, &admin)?;
@@ -90,6 +83,24 @@ pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> R
                 format!("discarded: {route}/{key}\n")
             });
         }
+    }
+    Ok(())
+}
+
+/// Prints a bulk replay's progress, or cancels it.
+async fn replay_progress(
+    api: &Api,
+    id: u64,
+    cancel: bool,
+    admin: &super::AdminArgs,
+) -> Result<(), Failure> {
+    let path = format!("/v1/replays/{id}");
+    if cancel {
+        let answer = api.call(Method::DELETE, &path, None).await?;
+        print(admin, &answer, |_| format!("cancelling: replay {id}\n"));
+    } else {
+        let answer = api.call(Method::GET, &path, None).await?;
+        print(admin, &answer, fields);
     }
     Ok(())
 }
