@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, after_hint, fields, pages, plain, print, segment, table};
+use super::api::{Api, Failure, fields, page_table, pages, plain, print, segment, table};
 use super::{Command, EntitiesCommand, KeysCommand, Outcome};
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
@@ -95,8 +95,7 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             route,
             state,
             limit,
-            after,
-            all,
+            page,
             admin,
         } => {
             let api = Api::find(config, &admin)?;
@@ -115,8 +114,10 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
                 format!("/v1/keys?{}", query.finish())
             };
             // Under --all, one table: headings once, no cursor to pass on.
-            pages(&api, after, all, path, |answer, first| {
-                print(&admin, answer, |answer| keys_table(answer, first, !all));
+            pages(&api, page.after, page.all, path, |answer, first| {
+                print(&admin, answer, |answer| {
+                    keys_table(answer, first, !page.all)
+                });
             })
             .await?;
         }
@@ -184,20 +185,8 @@ fn keys_table(answer: &Value, headings: bool, more: bool) -> String {
             ]
         })
         .collect();
-    let mut text = table(
-        &["KEY", "STATE", "UPSTREAM", "DONE/HELD AT", "EXPIRES"],
-        &rows,
-    );
-    if !headings {
-        text = text
-            .split_once('\n')
-            .map(|(_, rows)| rows.to_owned())
-            .unwrap_or_default();
-    }
-    if let Some(next) = answer["next"].as_str().filter(|_| more) {
-        let _ = writeln!(text, "{}", after_hint(next));
-    }
-    text
+    let names = ["KEY", "STATE", "UPSTREAM", "DONE/HELD AT", "EXPIRES"];
+    page_table(&names, &rows, answer, headings, more)
 }
 
 fn routes_table(answer: &Value) -> String {

@@ -262,9 +262,31 @@ pub(super) async fn pages(
     }
 }
 
+/// One page of a listing as a table: under its headings if `headings` (under `--all`,
+/// only the first page has them), then the cursor of the next page if `more`.
+pub(super) fn page_table(
+    names: &[&str],
+    rows: &[Vec<String>],
+    answer: &Value,
+    headings: bool,
+    more: bool,
+) -> String {
+    let mut text = table(names, rows);
+    if !headings {
+        text = text
+            .split_once('\n')
+            .map(|(_, rows)| rows.to_owned())
+            .unwrap_or_default();
+    }
+    if let Some(next) = answer["next"].as_str().filter(|_| more) {
+        let _ = writeln!(text, "{}", after_hint(next));
+    }
+    text
+}
+
 /// A listing's cursor as a line to paste into a shell: `--after '<cursor>'`, quoted (a
 /// cursor holds a key, which may hold spaces or `$(...)`).
-pub(super) fn after_hint(next: &str) -> String {
+fn after_hint(next: &str) -> String {
     format!("more: --after '{}'", printable(next).replace('\'', r"'\''"))
 }
 

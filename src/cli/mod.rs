@@ -188,12 +188,8 @@ pub enum KeysCommand {
         /// The most keys on a page (1 to 1000).
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1000))]
         limit: Option<u16>,
-        /// The page after this cursor (the `next` a listing printed).
-        #[arg(long)]
-        after: Option<String>,
-        /// Follow the cursor to the last page.
-        #[arg(long)]
-        all: bool,
+        #[command(flatten)]
+        page: PageArgs,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -253,12 +249,8 @@ pub enum QueueCommand {
         /// The most jobs on a page (1 to 100).
         #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
         limit: Option<u8>,
-        /// The page after this cursor (the `next` a listing printed).
-        #[arg(long)]
-        after: Option<String>,
-        /// Follow the cursor to the last page.
-        #[arg(long)]
-        all: bool,
+        #[command(flatten)]
+        page: PageArgs,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -300,6 +292,17 @@ pub enum QueueCommand {
         #[command(flatten)]
         admin: AdminArgs,
     },
+}
+
+/// Which page of a listing: the one after a cursor, or every page.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PageArgs {
+    /// The page after this cursor (the `next` a listing printed).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Follow the cursor to the last page.
+    #[arg(long)]
+    pub all: bool,
 }
 
 /// Which dead letters a listing or a bulk replay picks.

@@ -2,14 +2,13 @@
 //! (listed, shown, replayed one by one or in bulk, discarded), through the admin API's
 //! `/v1/queue` and `/v1/replays`.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, after_hint, fields, pages, plain, print, segment, table};
-use super::{DeadFilterArgs, QueueCommand};
+use super::api::{Api, Failure, fields, page_table, pages, plain, print, segment, table};
+use super::{DeadFilterArgs, PageArgs, QueueCommand};
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
     match command {
@@ -34,13 +33,11 @@ pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> R
             route,
             filter,
             limit,
-            after,
-            all,
+            page,
             admin,
         } => {
             let api = Api::find(config, &admin)?;
-            let page = Page { limit, after, all };
-            dead_letters(&api, &route, &filter, page, &admin).await?;
+            dead_letters(&api, &route, &filter, limit, page, &admin).await?;
         }
         QueueCommand::Show { route, key, admin } => {
             let api = Api::find(config, &admin)?;
@@ -105,24 +102,18 @@ async fn replay_progress(
     Ok(())
 }
 
-/// Which page of a listing to print, or every page.
-struct Page {
-    limit: Option<u8>,
-    after: Option<String>,
-    all: bool,
-}
-
 /// Prints a page of a route's dead letters, or every page under one heading with `all`.
 async fn dead_letters(
     api: &Api,
     route: &str,
     filter: &DeadFilterArgs,
-    page: Page,
+    limit: Option<u8>,
+    page: PageArgs,
     admin: &super::AdminArgs,
 ) -> Result<(), Failure> {
     let path = |after: Option<&str>| {
         let mut query = filter_query(filter);
-        if let Some(limit) = page.limit {
+        if let Some(limit) = limit {
             query.append_pair("limit", &limit.to_string());
         }
         if let Some(after) = after {
@@ -213,17 +204,8 @@ fn dead_table(answer: &Value, headings: bool, more: bool) -> String {
             ]
         })
         .collect();
-    let mut text = table(&["KEY", "WHY", "STATUS", "ATTEMPTS", "DEAD AT"], &rows);
-    if !headings {
-        text = text
-            .split_once('\n')
-            .map(|(_, rows)| rows.to_owned())
-            .unwrap_or_default();
-    }
-    if let Some(next) = answer["next"].as_str().filter(|_| more) {
-        let _ = writeln!(text, "{}", after_hint(next));
-    }
-    text
+    let names = ["KEY", "WHY", "STATUS", "ATTEMPTS", "DEAD AT"];
+    page_table(&names, &rows, answer, headings, more)
 }
 
 /// The start of an app's answer, as one cell (`plain` has made it printable).
