@@ -31,6 +31,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -141,8 +142,11 @@ pub(super) struct SledQueue {
     clock: Arc<dyn Clock>,
     counts: DashMap<String, Counts>,
     lane_locks: Vec<Mutex<()>>,
-    /// The database last mended: one opened since is mended before its first use.
+    /// The database last mended: one opened since is mended before its first use. The
+    /// address is read without the lock on every operation; the `Weak` keeps it from
+    /// being reused by another database.
     mended: Mutex<Weak<OpenDatabase>>,
+    mended_at: AtomicUsize,
 }
 
 /// An index entry: the route, a zero byte, the time big-endian, the key.
@@ -229,11 +233,7 @@ fn drop_stale_indexes(trees: &QueueTrees) -> Result<(), StoreError> {
             };
             let filed = entry
                 .and_then(|bytes| Entry::read(&bytes).ok())
-                .is_some_and(|entry| {
-                    entry.indexes(trees).iter().any(|(other, kept)| {
-                        std::ptr::eq(*other, tree) && kept.as_slice() == &index[..]
-                    })
-                });
+                .is_some_and(|entry| holds(&entry.indexes(trees), tree, &index));
             if !filed {
                 tree.remove(index)?;
             }
@@ -252,11 +252,20 @@ fn take_back(
     let theirs = current
         .and_then(|bytes| Entry::read(&bytes).ok())
         .map_or_else(Vec::new, |entry| entry.indexes(trees));
-    for (tree, index) in ours {
-        let shared = theirs
-            .iter()
-            .any(|(other, kept)| std::ptr::eq(*other, *tree) && kept == index);
-        if !shared {
+    remove_unshared(ours, &theirs)
+}
+
+/// Whether `indexes` holds the entry `index` of `tree`.
+fn holds(indexes: &[(&Tree, Vec<u8>)], tree: &Tree, index: &[u8]) -> bool {
+    indexes
+        .iter()
+        .any(|(other, kept)| std::ptr::eq(*other, tree) && kept.as_slice() == index)
+}
+
+/// Removes the entries of `gone` that `kept` does not hold too.
+fn remove_unshared(gone: &[(&Tree, Vec<u8>)], kept: &[(&Tree, Vec<u8>)]) -> Result<(), StoreError> {
+    for (tree, index) in gone {
+        if !holds(kept, tree, index) {
             tree.remove(index.as_slice())?;
         }
     }
@@ -276,6 +285,7 @@ impl SledQueue {
             counts: DashMap::new(),
             lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
             mended: Mutex::new(Weak::new()),
+            mended_at: AtomicUsize::new(0),
         };
         queue.open()?;
         Ok(queue)
@@ -285,11 +295,16 @@ impl SledQueue {
     /// from disk after a failure: either way, what a crash left).
     fn open(&self) -> Result<Arc<OpenDatabase>, StoreError> {
         let database = self.database.open()?;
+        let address = Arc::as_ptr(&database) as usize;
+        if self.mended_at.load(Ordering::Acquire) == address {
+            return Ok(database);
+        }
         let mut mended = self.mended.lock();
         if !std::ptr::eq(mended.as_ptr(), Arc::as_ptr(&database)) {
             let result = self.mend(&database.queue);
             self.database.reopen_if_failed(&database, result)?;
             *mended = Arc::downgrade(&database);
+            self.mended_at.store(address, Ordering::Release);
         }
         Ok(database)
     }
@@ -469,14 +484,7 @@ impl SledQueue {
             take_back(trees, &new_indexes, changed.current)?;
             return Ok(None);
         }
-        for (tree, index) in before.indexes(trees) {
-            let kept = new_indexes
-                .iter()
-                .any(|(other, kept)| std::ptr::eq(*other, tree) && *kept == index);
-            if !kept {
-                tree.remove(index)?;
-            }
-        }
+        remove_unshared(&before.indexes(trees), &new_indexes)?;
         Ok(Some((before, after)))
     }
 
