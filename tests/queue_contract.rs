@@ -380,6 +380,26 @@ async fn a_lane_delivers_one_job_at_a_time_in_the_order_stored(h: Harness) {
     assert_eq!(names(&q.take_sorted().await), ["a6"]);
 }
 
+/// Lanes as a sender may write them (the hash tag's braces, separators, a space, a
+/// non-ASCII letter, the longest a key may be, and one a prefix of another) are each a
+/// lane of their own, on every store.
+async fn odd_lanes_are_lanes_of_their_own(h: Harness) {
+    let q = Queue::of(h);
+    let long = "x".repeat(512);
+    let lanes = ["}{route}:lane/", "a b\u{e9}", "a", "ab", long.as_str()];
+    for (n, lane) in lanes.iter().enumerate() {
+        q.enqueue_in(lane, &format!("l{n}-1")).await;
+        q.enqueue_in(lane, &format!("l{n}-2")).await;
+    }
+    let firsts = q.take_sorted().await;
+    assert_eq!(names(&firsts), ["l0-1", "l1-1", "l2-1", "l3-1", "l4-1"]);
+    for (_, taken) in &firsts {
+        q.queue.complete(taken).await.unwrap();
+    }
+    let seconds = q.take_sorted().await;
+    assert_eq!(names(&seconds), ["l0-2", "l1-2", "l2-2", "l3-2", "l4-2"]);
+}
+
 async fn concurrent_enqueues_and_takers_keep_a_lane_in_order(h: Harness) {
     enqueue_while_taking(h, Some("one")).await;
 }
@@ -512,5 +532,6 @@ contract!(
     pausing_is_kept_in_the_store,
     a_lane_delivers_one_job_at_a_time_in_the_order_stored,
     concurrent_enqueues_and_takers_keep_a_lane_in_order,
+    odd_lanes_are_lanes_of_their_own,
     jobs_stored_while_takers_run_are_all_taken,
 );

@@ -360,21 +360,24 @@ impl Route {
         else {
             return false;
         };
-        match &self.verify {
-            None => true,
-            Some(verify) => order_by.reads_unsigned_parts(verify.signed_headers()),
-        }
+        self.settable_unsigned(|signed| order_by.reads_unsigned_parts(signed))
+    }
+
+    /// Whether a value the route reads as `reads` says (given the headers its signature
+    /// covers) can be chosen without the signing secret: always when nothing is verified.
+    fn settable_unsigned(&self, reads_unsigned: impl Fn(&[&str]) -> bool) -> bool {
+        self.verify
+            .as_ref()
+            .is_none_or(|verify| reads_unsigned(verify.signed_headers()))
     }
 
     /// Whether someone without the signing secret can choose an event's entity and version
     /// (`order:`): the route checks no signature, or reads them from a part it does not sign.
     /// A version far ahead, once done, makes the entity's real events stale.
     pub(crate) fn steerable_versions(&self) -> bool {
-        match (&self.order, &self.verify) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(order), Some(verify)) => order.reads_unsigned_parts(verify.signed_headers()),
-        }
+        self.order.as_ref().is_some_and(|order| {
+            self.settable_unsigned(|signed| order.reads_unsigned_parts(signed))
+        })
     }
 
     /// Whether the upstream's status counts as success for this route.

@@ -108,11 +108,7 @@ struct Operations {
 impl Statements {
     fn for_table(table: &str, sending: Sending) -> Statements {
         let jobs = beside(table, "_jobs");
-        let sql = |types: &'static [Type], text: String| Sql {
-            text,
-            types,
-            sending,
-        };
+        let sql = statement(sending);
         use Type as T;
         Statements {
             enqueue: sql(
@@ -160,11 +156,7 @@ impl LaneStatements {
     fn for_table(table: &str, sending: Sending) -> LaneStatements {
         let jobs = beside(table, "_jobs");
         let lane_seq = beside(table, "_jobs_lane_seq");
-        let sql = |types: &'static [Type], text: String| Sql {
-            text,
-            types,
-            sending,
-        };
+        let sql = statement(sending);
         // Whether the lane holds a job that is not dead: the route is `$2` and the lane `$6`
         // in every statement that asks.
         let busy = format!(
@@ -217,11 +209,7 @@ impl Operations {
     fn for_table(table: &str, sending: Sending) -> Operations {
         let jobs = beside(table, "_jobs");
         let paused = beside(table, "_paused");
-        let sql = |types: &'static [Type], text: String| Sql {
-            text,
-            types,
-            sending,
-        };
+        let sql = statement(sending);
         use Type as T;
         Operations {
             job: sql(
@@ -275,6 +263,15 @@ pub(super) struct PostgresQueue {
     timeout: Duration,
     statements: Statements,
     clock: Arc<dyn Clock>,
+}
+
+/// Makes the queue's statements, each sent as `sending` says.
+fn statement(sending: Sending) -> impl Fn(&'static [Type], String) -> Sql {
+    move |types, text| Sql {
+        text,
+        types,
+        sending,
+    }
 }
 
 /// A time or count as PostgreSQL's `bigint`.
