@@ -300,8 +300,15 @@ pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
         return Ok(Cow::Borrowed(path.as_bytes()));
     }
     let mut segments = segments(path)?;
-    if let Some(last) = segments.last_mut() {
+    // What the extension leaves may end in a space or a dot (`e .json`), trimmed as any
+    // segment's are; a segment left empty goes, and the one before is the last.
+    while let Some(last) = segments.last_mut() {
         strip_extension(last);
+        last.truncate(untrimmed(last));
+        if !last.is_empty() {
+            break;
+        }
+        segments.pop();
     }
     Ok(Cow::Owned(joined(&segments)))
 }
@@ -366,13 +373,7 @@ fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
             if segment.len() >= 2 && segment.iter().all(|&byte| byte == b'.') {
                 return Err(TargetError::ParentSegment);
             }
-            let kept = segment.len()
-                - segment
-                    .iter()
-                    .rev()
-                    .take_while(|&&byte| byte == b'.' || byte == b' ')
-                    .count();
-            let segment = &segment[..kept];
+            let segment = &segment[..untrimmed(segment)];
             if !segment.is_empty() {
                 segments.push(fold_case(segment));
             }
@@ -382,6 +383,17 @@ fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
         }
     }
     Ok(segments)
+}
+
+/// How much of a segment is left once its trailing dots and spaces go (Windows and IIS
+/// drop them).
+fn untrimmed(segment: &[u8]) -> usize {
+    segment.len()
+        - segment
+            .iter()
+            .rev()
+            .take_while(|&&byte| byte == b'.' || byte == b' ')
+            .count()
 }
 
 /// How many times an escape is decoded at most: a server that decodes twice reads
@@ -631,6 +643,22 @@ mod tests {
         assert_eq!(normal("*"), "/*");
         assert_eq!(normal_path(""), Err(TargetError::NoPath));
         assert_eq!(normal_path("a/b"), Err(TargetError::NoPath));
+    }
+
+    #[test]
+    fn what_an_extension_leaves_is_trimmed_so_the_form_is_its_own() {
+        // Found by fuzz/request_head: `e .` lost its extension and kept its space.
+        for (path, normal_form) in [
+            ("/e%20%2e%2%%0%2e%0%2eid=7", "/e"),
+            ("/a/e%20.json", "/a/e"),
+            ("/a/%20.json", "/a"),
+            ("/%20.json", "/"),
+        ] {
+            let once = normal_path(path).unwrap();
+            assert_eq!(once.as_ref(), normal_form.as_bytes(), "{path}");
+            let text = std::str::from_utf8(&once).unwrap();
+            assert_eq!(normal_path(text).unwrap().as_ref(), once.as_ref(), "{path}");
+        }
     }
 
     #[test]
