@@ -24,6 +24,8 @@
 //!   atomically, owner-checked, on sled (embedded) or shared by replicas on Redis or
 //!   PostgreSQL, each entity's newest done version, and the queued jobs; `waiting` keeps
 //!   the duplicates that wait for an outcome.
+//! - `delivery_log` records what became of each request, off the request path, in the
+//!   store's log ([`store::log`]), and reads it back for the admin API.
 //! - [`upstream`] holds the pooled clients, one per worker; `response` writes every
 //!   answer the proxy makes.
 //! - `server` accepts connections within [`config::Limits`] and hands each to one of
@@ -57,6 +59,7 @@ mod background;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub(crate) mod delivery_log;
 pub(crate) mod descriptors;
 pub mod dsn;
 pub mod key;

@@ -104,6 +104,7 @@ impl Reloader {
             ("limits", old.limits != new.limits),
             ("shutdown_grace", old.shutdown_grace != new.shutdown_grace),
             ("telemetry", old.telemetry != new.telemetry),
+            ("delivery_log", old.delivery_log != new.delivery_log),
         ]
         .into_iter()
         .filter_map(|(setting, changed)| changed.then_some(setting))

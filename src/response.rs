@@ -277,8 +277,8 @@ impl Refusal {
 /// What the proxy wrote itself, kept with a refusal's response (never sent) so that a
 /// route can write it another way: [`as_problem`].
 #[derive(Clone, Debug)]
-struct RefusalParts {
-    code: &'static str,
+pub(crate) struct RefusalParts {
+    pub(crate) code: &'static str,
     detail: String,
 }
 
@@ -356,8 +356,12 @@ pub enum AdminRefusal {
     NoSuchJob,
     /// The job is queued, not dead: only a dead letter is replayed or discarded.
     NotDead,
-    /// Too many of something run already (bulk replays).
+    /// Too many of something run already (bulk replays, live tails).
     TooMany(String),
+    /// The delivery log is off, so there is nothing to read.
+    NoDeliveryLog,
+    /// No entry of the delivery log has the id: trimmed, or never logged.
+    NoSuchDelivery,
 }
 
 impl AdminRefusal {
@@ -392,6 +396,8 @@ impl AdminRefusal {
             AdminRefusal::NoSuchJob => StatusCode::NOT_FOUND,
             AdminRefusal::NotDead => StatusCode::CONFLICT,
             AdminRefusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            AdminRefusal::NoDeliveryLog => StatusCode::NOT_FOUND,
+            AdminRefusal::NoSuchDelivery => StatusCode::NOT_FOUND,
         }
     }
 
@@ -422,6 +428,8 @@ impl AdminRefusal {
             AdminRefusal::NoSuchJob => "no_such_job",
             AdminRefusal::NotDead => "not_dead",
             AdminRefusal::TooMany(_) => "too_many",
+            AdminRefusal::NoDeliveryLog => "no_delivery_log",
+            AdminRefusal::NoSuchDelivery => "no_such_delivery",
         }
     }
 
@@ -454,6 +462,8 @@ impl AdminRefusal {
             AdminRefusal::NoSuchJob => "no queued or dead job has this key: it was delivered, discarded, or never queued".into(),
             AdminRefusal::NotDead => "the job is queued, not dead: only a dead letter is replayed or discarded".into(),
             AdminRefusal::TooMany(reason) => reason.clone(),
+            AdminRefusal::NoDeliveryLog => "the delivery log is off (delivery_log.enabled: false)".into(),
+            AdminRefusal::NoSuchDelivery => "no entry of the delivery log has this id: it was trimmed, or never logged".into(),
         }
     }
 
@@ -711,7 +721,9 @@ mod tests {
             | AdminRefusal::NotQueued(_)
             | AdminRefusal::NoSuchJob
             | AdminRefusal::NotDead
-            | AdminRefusal::TooMany(_) => refusal.parts(),
+            | AdminRefusal::TooMany(_)
+            | AdminRefusal::NoDeliveryLog
+            | AdminRefusal::NoSuchDelivery => refusal.parts(),
         };
         for refusal in [
             AdminRefusal::Closed,
@@ -738,6 +750,8 @@ mod tests {
             AdminRefusal::NoSuchJob,
             AdminRefusal::NotDead,
             AdminRefusal::TooMany(String::new()),
+            AdminRefusal::NoDeliveryLog,
+            AdminRefusal::NoSuchDelivery,
         ] {
             let (status, code, _) = admin(&refusal);
             assert!(

@@ -17,13 +17,13 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Deserializes any string through `T::from_str`, reporting `expecting` on a non-string.
-struct FromStrVisitor<T> {
+pub(crate) struct FromStrVisitor<T> {
     expecting: &'static str,
     target: PhantomData<T>,
 }
 
 impl<T> FromStrVisitor<T> {
-    const fn new(expecting: &'static str) -> Self {
+    pub(crate) const fn new(expecting: &'static str) -> Self {
         FromStrVisitor {
             expecting,
             target: PhantomData,

@@ -65,6 +65,14 @@ pub(super) enum Api<'a> {
     Replay {
         id: &'a str,
     },
+    /// `/v1/deliveries`: the delivery log, filtered.
+    Deliveries,
+    /// `/v1/deliveries/tail`: the entries stored from now on, as events.
+    DeliveriesTail,
+    /// `/v1/deliveries/{id}`: one entry.
+    Delivery {
+        id: &'a str,
+    },
 }
 
 impl<'a> Endpoint<'a> {
@@ -78,7 +86,13 @@ impl<'a> Endpoint<'a> {
             "/v1/reload" => Api::Reload,
             "/v1/keys" => Api::Keys,
             "/v1/queue" => Api::Queue,
+            "/v1/deliveries" => Api::Deliveries,
+            "/v1/deliveries/tail" => Api::DeliveriesTail,
             _ if path.starts_with("/v1/queue/") => queue(&path["/v1/queue/".len()..])?,
+            _ if path.starts_with("/v1/deliveries/") => {
+                let id = &path["/v1/deliveries/".len()..];
+                (!id.is_empty() && !id.contains('/')).then_some(Api::Delivery { id })?
+            }
             _ if path.starts_with("/v1/replays/") => {
                 let id = &path["/v1/replays/".len()..];
                 (!id.is_empty() && !id.contains('/')).then_some(Api::Replay { id })?
@@ -103,7 +117,9 @@ impl<'a> Endpoint<'a> {
     pub(super) fn allow(&self) -> &'static str {
         match self {
             Endpoint::Probe(_) | Endpoint::Api(Api::Routes | Api::Keys | Api::Queue) => "GET, HEAD",
-            Endpoint::Api(Api::Dead { .. }) => "GET, HEAD",
+            Endpoint::Api(
+                Api::Dead { .. } | Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. },
+            ) => "GET, HEAD",
             Endpoint::Api(
                 Api::Reload
                 | Api::Resolve { .. }
@@ -218,6 +234,8 @@ mod tests {
         );
         assert_eq!(api("/v1/queue/github/dead"), Api::Dead { route: "github" });
         assert_eq!(api("/v1/replays/7"), Api::Replay { id: "7" });
+        assert_eq!(api("/v1/deliveries/12-3"), Api::Delivery { id: "12-3" });
+        assert_eq!(api("/v1/deliveries/tail"), Api::DeliveriesTail);
         for unknown in [
             "/v1/queue/github",
             "/v1/queue//pause",
@@ -225,6 +243,8 @@ mod tests {
             "/v1/queue/github/other",
             "/v1/replays/",
             "/v1/replays/1/2",
+            "/v1/deliveries/",
+            "/v1/deliveries/1-2/x",
             "/",
             "/v1",
             "/v1/keys/",

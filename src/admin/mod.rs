@@ -9,6 +9,7 @@
 
 mod access;
 mod bulk;
+mod deliveries;
 mod endpoint;
 mod queue;
 
@@ -64,6 +65,8 @@ pub struct Admin {
     metrics: Arc<Metrics>,
     /// Bulk replays of dead letters started here.
     replays: bulk::Replays,
+    /// Live tails of the delivery log.
+    tails: deliveries::Tails,
 }
 
 impl Admin {
@@ -88,6 +91,7 @@ impl Admin {
             },
             metrics,
             replays: bulk::Replays::default(),
+            tails: deliveries::Tails::default(),
         }
     }
 
@@ -99,6 +103,7 @@ impl Admin {
     /// Reports not ready from now on, so that traffic moves elsewhere during the drain.
     pub fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.tails.close();
     }
 
     /// Serves one admin request that came on `ends`, holding `_permit` (a place among the
@@ -124,7 +129,7 @@ impl Admin {
         let answer = match endpoint {
             Endpoint::Probe(probe) => self.probe(probe),
             Endpoint::Api(api) => match self.serving.get() {
-                Some(serving) => serve_api(serving, &self.replays, api, request).await,
+                Some(serving) => self.serve_api(serving, api, request).await,
                 None => AdminRefusal::Starting.into_response(),
             },
         };
@@ -165,8 +170,27 @@ impl Admin {
     }
 }
 
-/// Answers a request to the API (`GET` for a `HEAD`: its body is left out after).
-async fn serve_api(
+impl Admin {
+    /// Answers a request to the API (`GET` for a `HEAD`: its body is left out after).
+    async fn serve_api(
+        &self,
+        serving: &Serving,
+        api: Api<'_>,
+        request: Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        let recorder = serving.proxy.recorder();
+        let query = request.uri().query();
+        match api {
+            Api::Deliveries => deliveries::list(recorder, query).await,
+            Api::DeliveriesTail => deliveries::tail(&self.tails, recorder, query),
+            Api::Delivery { id } => deliveries::get(recorder, id).await,
+            other => serve_store_api(serving, &self.replays, other, request).await,
+        }
+    }
+}
+
+/// Answers a request to the API about routes, keys and the queue.
+async fn serve_store_api(
     serving: &Serving,
     replays: &bulk::Replays,
     api: Api<'_>,
@@ -188,6 +212,9 @@ async fn serve_api(
         }
         Api::Replays { route } => start_replay(serving, replays, route, request.uri().query()),
         Api::Replay { id } => replay_request(replays, method, id),
+        Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. } => {
+            AdminRefusal::NotFound.into_response()
+        }
     }
 }
 

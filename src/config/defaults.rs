@@ -17,6 +17,23 @@ pub(crate) fn admin_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9091))
 }
 
+pub(crate) fn yes() -> bool {
+    true
+}
+
+/// The delivery log keeps three days, and at most a hundred thousand entries.
+pub fn log_retention() -> HumanDuration {
+    HumanDuration(Duration::from_secs(3 * 24 * 3600))
+}
+
+pub fn log_max_entries() -> u64 {
+    100_000
+}
+
+/// Bounds on what `delivery_log:` and a route's `log:` may ask for.
+pub(crate) const LOG_MAX_ENTRIES_LIMIT: u64 = 100_000_000;
+pub(crate) const LOG_BODY_LIMIT: u64 = 64 << 10;
+
 pub fn shutdown_grace() -> HumanDuration {
     HumanDuration(Duration::from_secs(25))
 }

@@ -16,12 +16,13 @@ use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
 use super::defaults;
 use super::queue::{QueueFile, queue_section};
-use super::sections::{AdminConfig, Limits, TelemetryConfig};
+use super::sections::{AdminConfig, DeliveryLogConfig, Limits, TelemetryConfig};
 use super::store::{StoreConfig, store_section};
 use super::whole_map::map_then;
 use crate::key::KeyTemplate;
 use crate::order::Order;
 use crate::preset::Preset;
+use crate::route::logging::LoggedHeader;
 use crate::route::{
     DeliveryMode, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
     ReplayGuard, Unmatched,
@@ -53,6 +54,8 @@ pub(super) struct ConfigFile {
     pub(super) limits: Limits,
     #[serde(default)]
     pub(super) telemetry: Option<TelemetryConfig>,
+    #[serde(default, deserialize_with = "delivery_log_section")]
+    pub(super) delivery_log: DeliveryLogConfig,
     #[serde(default, deserialize_with = "route_list")]
     pub(super) routes: Vec<RouteFile>,
 }
@@ -99,6 +102,17 @@ pub(super) struct RouteFile {
     pub(super) delivery: Option<DeliveryMode>,
     #[serde(default, deserialize_with = "queue_section")]
     pub(super) queue: Option<QueueFile>,
+    /// What the delivery log records of this route's requests beyond the entry.
+    pub(super) log: Option<LogFile>,
+}
+
+/// `log:`; each field inherits separately.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LogFile {
+    pub(super) bodies: Option<bool>,
+    pub(super) max_body_bytes: Option<Size>,
+    pub(super) headers: Option<Vec<LoggedHeader>>,
 }
 
 /// `duplicate_response:`; each field inherits separately.
@@ -154,6 +168,14 @@ impl RouteFile {
         }
         if self.success_status.as_ref().is_some_and(Vec::is_empty) {
             return Err("`success_status` must list at least one status or class".into());
+        }
+        if let Some(limit) = self.log.as_ref().and_then(|log| log.max_body_bytes)
+            && limit.0 > defaults::LOG_BODY_LIMIT
+        {
+            return Err(format!(
+                "`log.max_body_bytes` must be at most {} (each entry is kept in the store)",
+                Size(defaults::LOG_BODY_LIMIT)
+            ));
         }
         Ok(())
     }
@@ -356,6 +378,23 @@ fn longer_than_zero<'de, D: Deserializer<'de>>(
     }
 
     deserializer.deserialize_str(Positive)
+}
+
+fn delivery_log_section<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<DeliveryLogConfig, D::Error> {
+    map_then(deserializer, |log: DeliveryLogConfig| {
+        if log.max_entries == 0 || log.max_entries > defaults::LOG_MAX_ENTRIES_LIMIT {
+            return Err(format!(
+                "`max_entries` must be from 1 to {}",
+                defaults::LOG_MAX_ENTRIES_LIMIT
+            ));
+        }
+        if log.retention.0.is_zero() {
+            return Err("`retention` must be longer than zero".into());
+        }
+        Ok(log)
+    })
 }
 
 fn limits_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {

@@ -28,12 +28,12 @@ use file::ConfigFile;
 /// Where the admin port listens when the file does not say.
 pub(crate) use defaults::admin_listen as default_admin_listen;
 pub use errors::ConfigError;
-pub use sections::{AdminConfig, Limits, OtlpProtocol, TelemetryConfig};
+pub use sections::{AdminConfig, DeliveryLogConfig, Limits, OtlpProtocol, TelemetryConfig};
 pub use store::{
     DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
     StoreConfig, TlsConfig,
 };
-pub(crate) use store::{QUEUE_POOL, driver_url};
+pub(crate) use store::{LOG_POOL, QUEUE_POOL, driver_url};
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.
 #[derive(Debug, Clone, Serialize)]
@@ -51,6 +51,8 @@ pub struct Config {
     /// Traces; none: the `OTEL_*` environment decides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<TelemetryConfig>,
+    /// The log of what became of each request.
+    pub delivery_log: DeliveryLogConfig,
     pub unmatched: Unmatched,
     /// `defaults:` resolved against the built-in values; unmatched requests use its
     /// `upstream_timeout`.

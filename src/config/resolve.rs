@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::file::{ConfigFile, DuplicateResponseFile, MatchFile, RouteFile};
+use super::file::{ConfigFile, DuplicateResponseFile, LogFile, MatchFile, RouteFile};
 use super::{Config, Overrides, defaults};
 use crate::key::KeyTemplate;
 use crate::preset::{FingerprintScope, Preset};
+use crate::route::logging::LogPolicy;
 use crate::route::{
     DeliveryMode, DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing,
     Unmatched,
@@ -37,6 +38,7 @@ impl ConfigFile {
             shutdown_grace: self.shutdown_grace,
             limits: self.limits,
             telemetry: self.telemetry,
+            delivery_log: self.delivery_log,
             unmatched: self.unmatched,
             defaults: resolve_policy(&self.defaults, &RouteFile::default()),
             routes,
@@ -169,13 +171,17 @@ fn checks_passed_by_forward(routes: &[Route], warnings: &mut Vec<String>) {
 
 /// Resolves a checked route entry (name, match and key present) against `defaults`.
 fn resolve_route(file: RouteFile, defaults: &RouteFile, upstream: &UpstreamUrl) -> Route {
-    let policy = resolve_policy(&file, defaults);
+    let mut policy = resolve_policy(&file, defaults);
     let name = file.name.expect("checked: a route has a name").0;
     let key = file.key.expect("checked: a route has a key");
     let verify = match file.verify {
         Some(VerifySetting::On(verify)) => Some(verify),
         Some(VerifySetting::Off) | None => None,
     };
+    // A signature header of the route's own naming is never logged either.
+    if let Some(signature) = verify.as_ref().and_then(Verify::signature_header) {
+        policy.log.headers.retain(|name| name != signature);
+    }
     let replay_guard = file
         .replay_guard
         .or(defaults.replay_guard)
@@ -259,8 +265,31 @@ fn resolve_policy(own: &RouteFile, defaults: &RouteFile) -> Policy {
             .map_or(FingerprintScope::Body, Preset::fingerprint_scope),
         problem_details: own.preset.is_some_and(Preset::problem_details),
         delivery: own.delivery.unwrap_or_default(),
+        log: resolve_log(own, d),
         queue: (own.delivery == Some(DeliveryMode::Queued))
             .then(|| super::queue::QueueFile::resolve(own.queue.as_ref())),
+    }
+}
+
+/// `log`: each field the route's own, else `defaults:`'s, else built in.
+fn resolve_log(own: &RouteFile, defaults: &RouteFile) -> LogPolicy {
+    let none = LogFile::default();
+    let own = own.log.as_ref().unwrap_or(&none);
+    let default = defaults.log.as_ref().unwrap_or(&none);
+    let builtin = LogPolicy::default();
+    LogPolicy {
+        bodies: own.bodies.or(default.bodies).unwrap_or(builtin.bodies),
+        max_body_bytes: own
+            .max_body_bytes
+            .or(default.max_body_bytes)
+            .map_or(builtin.max_body_bytes, |size| size.0),
+        headers: own
+            .headers
+            .as_ref()
+            .or(default.headers.as_ref())
+            .map_or(builtin.headers, |names| {
+                names.iter().map(|name| name.0.clone()).collect()
+            }),
     }
 }
 

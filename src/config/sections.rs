@@ -1,5 +1,5 @@
 //! The sections of the file that are settings as written, beside the routes and the
-//! store: `admin:`, `telemetry:` and `limits:`.
+//! store: `admin:`, `telemetry:`, `limits:` and `delivery_log:`.
 
 use std::net::SocketAddr;
 
@@ -105,6 +105,35 @@ impl Default for Limits {
             header_read_timeout: defaults::header_read_timeout(),
             body_read_timeout: defaults::body_read_timeout(),
             max_header_bytes: defaults::max_header_bytes(),
+        }
+    }
+}
+
+/// `delivery_log:`: the log of what became of every request a route took, kept in the
+/// store (`crate::delivery_log`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryLogConfig {
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// How long an entry is kept.
+    #[serde(default = "defaults::log_retention")]
+    pub retention: HumanDuration,
+    /// The most entries kept: beyond, the oldest go first.
+    #[serde(default = "defaults::log_max_entries")]
+    pub max_entries: u64,
+    /// Log requests no route took too (they are always counted).
+    #[serde(default)]
+    pub unmatched: bool,
+}
+
+impl Default for DeliveryLogConfig {
+    fn default() -> Self {
+        DeliveryLogConfig {
+            enabled: true,
+            retention: defaults::log_retention(),
+            max_entries: defaults::log_max_entries(),
+            unmatched: false,
         }
     }
 }

@@ -18,6 +18,9 @@ use crate::values::{EnvSecret, HumanDuration, PemFile, Secret, Size, TableName};
 /// `pool_size`.
 pub(crate) const QUEUE_POOL: usize = 2;
 
+/// The connections PostgreSQL's delivery log opens: its writer's, and one for readers.
+pub(crate) const LOG_POOL: usize = 2;
+
 /// `store:`: exactly one backend.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreConfig {
@@ -113,7 +116,7 @@ impl StoreConfig {
             StoreConfig::Redis(_) => workers + 2,
             StoreConfig::Postgres(postgres) => {
                 let share = (postgres.pool_size as u64).div_ceil(workers.max(1)).max(1);
-                workers * share + 3 + QUEUE_POOL as u64
+                workers * share + 3 + (QUEUE_POOL + LOG_POOL) as u64
             }
         }
     }

@@ -10,8 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+mod log;
 mod queue;
 
+pub(crate) use log::{LogDrop, LogMetrics};
 pub(crate) use queue::{AttemptResult, QueueGauges, QueueMetrics};
 
 use crate::response::DedupeStatus;
@@ -196,6 +198,8 @@ pub struct Metrics {
     lease_renewals: Family<ResultLabel, Counter>,
     /// `dedupe_queue_*`.
     pub(crate) queue: QueueMetrics,
+    /// `dedupe_delivery_log_*`.
+    pub(crate) log: LogMetrics,
 }
 
 impl Default for Metrics {
@@ -227,9 +231,11 @@ impl Metrics {
             last_reload_successful: Gauge::default(),
             lease_renewals: Family::default(),
             queue: QueueMetrics::new(),
+            log: LogMetrics::default(),
         };
         metrics.register_deliveries();
         metrics.queue.register(&mut metrics.registry);
+        metrics.log.register(&mut metrics.registry);
         metrics.register_the_rest();
         // Series that exist from the start, at zero (reloads: none tried is a success).
         for result in LeaseRenewal::ALL {

@@ -37,12 +37,14 @@
 mod accept;
 mod answers;
 mod ledger;
+mod noted;
 pub(crate) mod operator;
 mod relay;
 mod replay;
 
 use self::answers::{Answer, held, in_flight, unavailable};
 use self::ledger::{Ledger, OpenClaim};
+use self::noted::{Captured, Noted, Replayed, UpstreamAnswer, Waited, mark};
 use self::replay::fingerprint;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -58,6 +60,7 @@ use tracing::{Instrument, Span, field};
 
 use crate::body::{self, ProxyBody};
 use crate::config::Config;
+use crate::delivery_log::Recorder;
 use crate::key::{Delivery, KeyError};
 use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
@@ -101,6 +104,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// The delivery of queued routes' jobs, when the store keeps a queue.
     deliveries: Option<Arc<Deliveries>>,
+    /// What became of each request, for the delivery log.
+    recorder: Arc<Recorder>,
 }
 
 impl Proxy {
@@ -120,9 +125,14 @@ impl Proxy {
                 waiting.announce(key);
             }
         }));
+        let recorder = Arc::new(Recorder::start(
+            &config.delivery_log,
+            store.delivery_log(),
+            Arc::clone(&metrics),
+        ));
         let deliveries = store
             .queue()
-            .map(|queue| Deliveries::new(queue, Arc::clone(&metrics)));
+            .map(|queue| Deliveries::new(queue, Arc::clone(&metrics), Arc::clone(&recorder)));
         if let Some(deliveries) = &deliveries {
             deliveries.set_routes(routing.table.shared_routes());
         }
@@ -145,6 +155,7 @@ impl Proxy {
             signature_work: SignatureWork::new(workers),
             metrics,
             deliveries,
+            recorder,
         }
     }
 
@@ -164,6 +175,11 @@ impl Proxy {
 
     pub fn store(&self) -> &Arc<dyn ClaimStore> {
         &self.store
+    }
+
+    /// The delivery log's recorder.
+    pub(crate) fn recorder(&self) -> &Arc<Recorder> {
+        &self.recorder
     }
 
     /// The delivery of queued routes, when the store keeps a queue.
@@ -199,7 +215,10 @@ impl Proxy {
         };
         let Some(route) = route else {
             self.metrics.unmatched();
-            return self.pass_unmatched(&routing, request, peer, permit).await;
+            let noted = Noted::when(self.recorder.records_unmatched(), &request, peer);
+            let mut response = self.pass_unmatched(&routing, request, peer, permit).await;
+            noted::record(noted, &self.recorder, None, None, &mut response);
+            return response;
         };
         let span = tracing::info_span!(
             "delivery",
@@ -210,10 +229,18 @@ impl Proxy {
         );
         telemetry::continue_trace(&span, request.headers());
         let started = Instant::now();
-        let (outcome, response) = self
+        let noted = Noted::when(self.recorder.enabled(), &request, peer);
+        let (outcome, mut response) = self
             .deliver(&route, request, peer, permit)
             .instrument(span.clone())
             .await;
+        noted::record(
+            noted,
+            &self.recorder,
+            Some(&route),
+            Some(outcome),
+            &mut response,
+        );
         span.in_scope(|| {
             let (status, elapsed_ms) = (
                 response.status().as_u16(),
@@ -270,13 +297,19 @@ impl Proxy {
                 guard,
                 body,
             }) => {
+                let captured = self
+                    .recorder
+                    .enabled()
+                    .then(|| Captured::of(&key, &route.policy.log, request.headers(), &body));
                 let request = Outbound {
                     request,
                     guard,
                     body,
                 };
-                self.claim_and_forward(route, &key, fingerprint, request, permit)
-                    .await
+                let (outcome, response) = self
+                    .claim_and_forward(route, &key, fingerprint, request, permit)
+                    .await;
+                (outcome, mark::<Captured>(response, captured))
             }
         }
     }
@@ -373,8 +406,10 @@ impl Proxy {
             Ok(Claiming::Claimed(open)) => self.after_claim(route, open, request, permit).await,
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
-                self.wait_for_outcome(route, key, fingerprint, request, permit)
-                    .await
+                let (outcome, response) = self
+                    .wait_for_outcome(route, key, fingerprint, request, permit)
+                    .await;
+                (outcome, mark(response, Waited))
             }
             Ok(Claiming::InFlight) => in_flight(route),
             Ok(Claiming::Held) => held(route),
@@ -678,7 +713,14 @@ impl Proxy {
             )
             .instrument(step)
             .await;
-        let elapsed = started.elapsed().as_secs_f64();
+        let answered = UpstreamAnswer {
+            status: sent
+                .as_ref()
+                .ok()
+                .map(|response| response.status().as_u16()),
+            elapsed: started.elapsed(),
+        };
+        let elapsed = answered.elapsed.as_secs_f64();
         self.metrics.upstream_answered(&route.name, elapsed);
         if let Ok(response) = &sent {
             Span::current().record("upstream_status", response.status().as_u16());
@@ -690,7 +732,7 @@ impl Proxy {
             .instrument(telemetry::step_span!("record"))
             .await;
         open.settle();
-        outcome
+        (outcome.0, mark(outcome.1, answered))
     }
 
     /// Waits up to `grace` for forward tasks to finish, then releases the claims of those
@@ -740,9 +782,12 @@ impl Proxy {
                 );
             }
         }
+        let policy = &route.policy.duplicate_response;
+        let replayed = (policy.replay && record.response.is_some()).then_some(Replayed);
+        let response = response::duplicate(policy, record.response);
         (
             DedupeStatus::Duplicate,
-            response::duplicate(&route.policy.duplicate_response, record.response),
+            mark::<Replayed>(response, replayed),
         )
     }
 }

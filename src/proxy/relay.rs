@@ -13,6 +13,7 @@ use tracing::{Instrument, Span};
 
 use super::Proxy;
 use super::answers::failure;
+use super::noted::{UpstreamAnswer, mark};
 use crate::body::{self, ProxyBody};
 use crate::response::Refusal;
 use crate::route::{Routing, Unmatched};
@@ -69,13 +70,21 @@ impl Proxy {
             telemetry::step_span!("forward")
         };
         telemetry::propagate(&step, request.headers_mut());
+        let started = std::time::Instant::now();
         let sent = self
             .upstream
             .send(&upstream.address, request, timeout, &AtomicBool::new(false))
             .instrument(step)
             .await;
         place.answered();
-        match sent {
+        let answered = UpstreamAnswer {
+            status: sent
+                .as_ref()
+                .ok()
+                .map(|response| response.status().as_u16()),
+            elapsed: started.elapsed(),
+        };
+        let response = match sent {
             Ok(response) => upstream::inbound(response),
             Err(error) => {
                 // A sender that breaks off its own body must not fill the log.
@@ -87,7 +96,8 @@ impl Proxy {
                 let (_, refusal) = failure(error);
                 refusal.into_response()
             }
-        }
+        };
+        mark(response, answered)
     }
 }
 

@@ -16,9 +16,11 @@ use http::header::HeaderName;
 use http::{HeaderValue, Request, StatusCode};
 
 use crate::body::{self, ProxyBody};
+use crate::delivery_log::Recorder;
 use crate::metrics::{AttemptResult, Metrics};
 use crate::route::Route;
 use crate::route::delivery::{Answered, Next, QueuePolicy};
+use crate::store::log::{Fate, LoggedDelivery};
 use crate::store::queue::{ANSWER_KEPT, Attempt, DeliveryQueue, Job, Taken};
 use crate::store::{Clock, StoreError, rfc3339};
 use crate::upstream::{DEDUPE_ATTEMPT, DEDUPE_RECEIVED_AT, Upstream};
@@ -32,6 +34,7 @@ pub(super) struct AttemptContext {
     pub(super) queue: Arc<dyn DeliveryQueue>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) clock: Arc<dyn Clock>,
+    pub(super) recorder: Arc<Recorder>,
 }
 
 /// Delivers a taken job once and settles it.
@@ -67,6 +70,15 @@ pub(super) async fn deliver(
         now,
         rand::random::<f64>(),
     );
+    if context.recorder.enabled() {
+        let fate = match next {
+            Next::Delivered => Fate::Delivered,
+            Next::RetryAt(_) => Fate::Retrying,
+            Next::Dead(_) => Fate::Dead,
+        };
+        let entry = logged(route, &job, fate, started_at, context.recorder.replica());
+        context.recorder.record(entry);
+    }
     let name = &route.name;
     let metrics = &context.metrics.queue;
     let settled = match next {
@@ -102,6 +114,53 @@ pub(super) async fn deliver(
             metrics.store_error(name);
             tracing::error!(route = %name, key = %job.key, %error, "the attempt's outcome was not recorded; the job is due again when its visibility ends");
         }
+    }
+}
+
+/// The delivery log's entry of the attempt `job` just recorded.
+fn logged(
+    route: &Route,
+    job: &Job,
+    fate: Fate,
+    started_at: u64,
+    replica: Option<String>,
+) -> LoggedDelivery {
+    let last = job.history.last();
+    let target = &job.request.target;
+    let key = job
+        .key
+        .strip_prefix(&route.namespace)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .unwrap_or(&job.key);
+    LoggedDelivery {
+        at: started_at,
+        route: Some(route.name.clone()),
+        scope: Some(route.namespace.clone()),
+        key: Some(key.to_owned()),
+        fate,
+        refusal: None,
+        waited: false,
+        replayed: false,
+        attempt: Some(job.attempted),
+        status: 0,
+        upstream_status: last.and_then(|attempt| attempt.status),
+        upstream_ms: last.map(|attempt| u32::try_from(attempt.latency_ms).unwrap_or(u32::MAX)),
+        duration_ms: last.map_or(0, |attempt| {
+            u32::try_from(attempt.latency_ms).unwrap_or(u32::MAX)
+        }),
+        size: Some(job.request.body.len() as u64),
+        method: job.request.method.clone(),
+        path: target
+            .split_once('?')
+            .map_or(target.as_str(), |(path, _)| path)
+            .to_owned(),
+        request_id: None,
+        trace_id: None,
+        client: None,
+        replica,
+        headers: Vec::new(),
+        body: None,
+        body_truncated: false,
     }
 }
 

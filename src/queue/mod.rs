@@ -25,6 +25,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::delivery_log::Recorder;
 use crate::metrics::{Metrics, QueueGauges};
 use crate::route::Route;
 use crate::store::queue::{DeliveryQueue, Enqueued, Job, QueueCounts};
@@ -165,13 +166,18 @@ pub struct Deliveries {
 }
 
 impl Deliveries {
-    pub(crate) fn new(queue: Arc<dyn DeliveryQueue>, metrics: Arc<Metrics>) -> Arc<Deliveries> {
+    pub(crate) fn new(
+        queue: Arc<dyn DeliveryQueue>,
+        metrics: Arc<Metrics>,
+        recorder: Arc<Recorder>,
+    ) -> Arc<Deliveries> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let attempts = Arc::new(AttemptContext {
             upstream: Upstream::new(0),
             queue: Arc::clone(&queue),
             metrics: Arc::clone(&metrics),
             clock: Arc::clone(&clock),
+            recorder,
         });
         let deliveries = Arc::new(Deliveries {
             queue,

@@ -3,6 +3,7 @@
 //! the first route matching a request.
 
 pub mod delivery;
+pub mod logging;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +78,8 @@ pub struct Policy {
     /// With `delivery: queued`, and only then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueuePolicy>,
+    /// What the delivery log records beyond the entry.
+    pub log: logging::LogPolicy,
 }
 
 /// `delivery:`: how a route delivers what it accepts.

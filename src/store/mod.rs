@@ -3,7 +3,7 @@
 //! (`order:`), and that keeps the queued jobs (`delivery: queued`, [`queue`]).
 //! [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded backend,
 //! `redis` and `postgres` the shared ones (with `tls` toward them); each keeps a
-//! [`queue::DeliveryQueue`] beside its claims. `error.rs` says why an operation failed,
+//! [`queue::DeliveryQueue`] and a [`log::DeliveryLog`] beside its claims. `error.rs` says why an operation failed,
 //! `time.rs` where the time comes from, `keys.rs` how store keys are named.
 //!
 //! A key is absent, `in_flight` (an owner holds it until its lease ends), `done` (until
@@ -28,6 +28,7 @@
 
 mod error;
 pub(crate) mod keys;
+pub mod log;
 pub mod postgres;
 pub mod queue;
 pub mod redis;
@@ -581,6 +582,11 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// The delivery queue kept beside the claims (`delivery: queued`), if this store has
     /// one.
     fn queue(&self) -> Option<Arc<dyn queue::DeliveryQueue>> {
+        None
+    }
+
+    /// The delivery log kept beside the claims, if this store keeps one.
+    fn delivery_log(&self) -> Option<Arc<dyn log::DeliveryLog>> {
         None
     }
 

@@ -55,6 +55,10 @@ impl HmacHeader {
             prefix: file.prefix,
         }
     }
+
+    pub(super) fn header(&self) -> &HeaderName {
+        &self.header
+    }
 }
 
 impl Scheme for HmacHeader {

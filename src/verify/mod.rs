@@ -128,6 +128,15 @@ impl Verify {
         scheme.prepare(headers, now)?.bounded()
     }
 
+    /// The header a configured HMAC check reads its signature from (the providers'
+    /// schemes name theirs in words the delivery log refuses anyway).
+    pub(crate) fn signature_header(&self) -> Option<&http::HeaderName> {
+        match self {
+            Verify::Hmac(scheme) => Some(scheme.header()),
+            _ => None,
+        }
+    }
+
     /// The scheme's name, as `verify:` spells it.
     pub(crate) fn scheme_name(&self) -> &'static str {
         match self {

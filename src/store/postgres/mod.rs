@@ -20,6 +20,7 @@ mod batch;
 mod connection;
 mod lane;
 mod listener;
+mod log;
 mod queue;
 mod record;
 mod schema;
@@ -36,6 +37,7 @@ use self::connection::Sending;
 use self::connection::Sql;
 use self::lane::{ClaimRequest, FinishRequest, Found, Lane};
 use self::listener::{Listener, hear};
+use self::log::PostgresLog;
 use self::queue::PostgresQueue;
 use self::record::{live_state, signed, unsigned};
 use self::statements::Statements;
@@ -61,6 +63,7 @@ pub struct PostgresStore {
     /// Ends the listening when the store is dropped.
     stop_hearing: CancellationToken,
     queue: Arc<PostgresQueue>,
+    log: Arc<PostgresLog>,
 }
 
 impl Drop for PostgresStore {
@@ -112,6 +115,7 @@ impl PostgresStore {
             listener,
             stop_hearing: CancellationToken::new(),
             queue: Arc::new(PostgresQueue::new(config)?),
+            log: Arc::new(PostgresLog::new(config)?),
         };
         let prepared = async {
             let mut direct = connection::schema_pool(config)?.get().await?;
@@ -409,6 +413,10 @@ impl ClaimStore for PostgresStore {
     /// Durability is the database's (each statement commits).
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn delivery_log(&self) -> Option<Arc<dyn crate::store::log::DeliveryLog>> {
+        Some(Arc::clone(&self.log) as Arc<dyn crate::store::log::DeliveryLog>)
     }
 
     fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {

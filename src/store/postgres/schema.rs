@@ -73,6 +73,9 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
     transaction
         .batch_execute(&super::queue::create_tables(table))
         .await?;
+    transaction
+        .batch_execute(&super::log::create_table(table))
+        .await?;
     transaction.commit().await
 }
 

@@ -27,6 +27,7 @@
 
 mod connection;
 mod listing;
+mod log;
 mod queue;
 mod scripts;
 mod stored;
@@ -41,6 +42,7 @@ use redis::{AsyncCommands, Script};
 use tokio_util::sync::CancellationToken;
 
 use self::connection::{Link, Opener, check_version};
+use self::log::RedisLog;
 use self::queue::RedisQueue;
 use self::scripts::{FORGET, RECORD_VERSION, RELEASE, RENEW, REPLACE, SETTLE};
 use self::stored::{
@@ -80,6 +82,7 @@ pub struct RedisStore {
     /// Ends the subscription when the store is dropped.
     stop_hearing: CancellationToken,
     queue: Arc<RedisQueue>,
+    log: Arc<RedisLog>,
 }
 
 impl Drop for RedisStore {
@@ -124,8 +127,14 @@ impl RedisStore {
             &config.prefix,
             config.timeout.0,
         ));
+        let log = Arc::new(RedisLog::new(
+            outside.clone(),
+            &config.prefix,
+            config.timeout.0,
+        ));
         Ok(RedisStore {
             queue,
+            log,
             connections: PerWorker::new(outside, each),
             outcomes_channel: format!("{}outcomes", config.prefix),
             subscribers: Opener::subscribers(config)?,
@@ -464,6 +473,10 @@ impl ClaimStore for RedisStore {
     /// Durability is the Redis server's (its `appendfsync` setting).
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn delivery_log(&self) -> Option<Arc<dyn crate::store::log::DeliveryLog>> {
+        Some(Arc::clone(&self.log) as Arc<dyn crate::store::log::DeliveryLog>)
     }
 
     fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {

@@ -57,6 +57,8 @@ pub(super) struct OpenDatabase {
     pub(super) entities: sled::Tree,
     pub(super) entity_expiry: sled::Tree,
     pub(super) queue: QueueTrees,
+    /// The delivery log's chunks (`log.rs`).
+    pub(super) log: sled::Tree,
     /// Makes queued jobs durable always, and done marks with `fsync`.
     pub(super) flusher: GroupFlusher,
     pub(super) fsync_done_marks: bool,
@@ -91,6 +93,7 @@ impl OpenDatabase {
         let entities = db.open_tree("entities")?;
         let entity_expiry = db.open_tree("entity_expiry")?;
         let queue = QueueTrees::open(&db)?;
+        let log = db.open_tree("delivery_log")?;
         let flusher = GroupFlusher::start(db.clone());
         Ok(OpenDatabase {
             db,
@@ -99,6 +102,7 @@ impl OpenDatabase {
             entities,
             entity_expiry,
             queue,
+            log,
             flusher,
             fsync_done_marks: config.durability == Durability::Fsync,
         })

@@ -27,6 +27,7 @@
 
 mod database;
 mod epochs;
+mod log;
 mod queue;
 
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use parking_lot::RwLock;
 
 use self::database::{Database, OpenDatabase};
 use self::epochs::RecordKey;
+use self::log::SledLog;
 use self::queue::SledQueue;
 use super::queue::DeliveryQueue;
 use super::{
@@ -102,6 +104,7 @@ pub struct SledStore {
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
     queue: Arc<SledQueue>,
+    log: Arc<SledLog>,
 }
 
 impl SledStore {
@@ -127,6 +130,7 @@ impl SledStore {
         let queue = SledQueue::new(Arc::clone(&clock), database.clone())?;
         Ok(SledStore {
             queue: Arc::new(queue),
+            log: Arc::new(SledLog::new(database.clone())),
             database,
             open_keys,
             next_token: AtomicU64::new(rand::random()),
@@ -528,6 +532,10 @@ impl ClaimStore for SledStore {
 
     fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {
         Some(Arc::clone(&self.queue) as Arc<dyn DeliveryQueue>)
+    }
+
+    fn delivery_log(&self) -> Option<Arc<dyn crate::store::log::DeliveryLog>> {
+        Some(Arc::clone(&self.log) as Arc<dyn crate::store::log::DeliveryLog>)
     }
 
     fn done_keys(&self) -> Option<u64> {

@@ -1,0 +1,325 @@
+//! The delivery log as the proxy keeps it: the [`Recorder`] takes each request's entry
+//! off the request path (a bounded buffer; full, it drops and counts), a writer task
+//! stores them in batches in the store's [`DeliveryLog`], tells live tails, and a trimmer
+//! keeps the log within its retention and count. `query.rs` reads it back through
+//! filters and cursors for the admin API.
+//!
+//! The log never slows or fails a delivery: recording is a `try_send`, and every store
+//! failure costs entries, counted in `dedupe_delivery_log_dropped_total`, never answers.
+
+pub(crate) mod query;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::config::DeliveryLogConfig;
+use crate::metrics::{LogDrop, Metrics};
+use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
+use crate::store::{Clock, SystemClock, millis};
+
+/// Entries waiting for the writer at most: about a second of a busy proxy's deliveries.
+const BUFFER: usize = 16_384;
+
+/// Entries stored in one batch at most, and the most body bytes one batch carries.
+const BATCH: usize = 256;
+const BATCH_BODY_BYTES: usize = 1 << 20;
+
+/// Entries a live tail may fall behind by before it is told it missed some.
+const TAIL_BUFFER: usize = 1024;
+
+/// How often the log is trimmed to its retention and count.
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+
+/// An entry as stored, with its id, for live tails.
+pub type Stored = Arc<(LogId, LoggedDelivery)>;
+
+/// Takes entries from the request path and has them stored.
+pub struct Recorder {
+    /// None when the log is off or the store keeps none.
+    sender: Option<mpsc::Sender<LoggedDelivery>>,
+    tail: broadcast::Sender<Stored>,
+    log: Option<Arc<dyn DeliveryLog>>,
+    unmatched: bool,
+    metrics: Arc<Metrics>,
+    replica: Option<Arc<str>>,
+    /// Stops the trimmer when the recorder goes.
+    _trimming: Option<DropGuard>,
+}
+
+impl Recorder {
+    /// Starts the writer and the trimmer of `log` on the current runtime.
+    pub fn start(
+        config: &DeliveryLogConfig,
+        log: Option<Arc<dyn DeliveryLog>>,
+        metrics: Arc<Metrics>,
+    ) -> Recorder {
+        let (tail, _) = broadcast::channel(TAIL_BUFFER);
+        let log = log.filter(|_| config.enabled);
+        let (sender, trimming) = match &log {
+            Some(log) => {
+                let (sender, receiver) = mpsc::channel(BUFFER);
+                tokio::spawn(write(
+                    receiver,
+                    Arc::clone(log),
+                    tail.clone(),
+                    Arc::clone(&metrics),
+                ));
+                let stop = CancellationToken::new();
+                let trimmer = trim(
+                    Arc::clone(log),
+                    config.retention.0,
+                    config.max_entries,
+                    Arc::clone(&metrics),
+                );
+                let stopped = stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = stopped.cancelled() => {}
+                        () = trimmer => {}
+                    }
+                });
+                (Some(sender), Some(stop.drop_guard()))
+            }
+            None => (None, None),
+        };
+        Recorder {
+            sender,
+            tail,
+            log,
+            unmatched: config.unmatched,
+            metrics,
+            replica: std::env::var("HOSTNAME")
+                .ok()
+                .filter(|name| !name.is_empty())
+                .map(Arc::from),
+            _trimming: trimming,
+        }
+    }
+
+    /// Whether entries are recorded at all.
+    pub fn enabled(&self) -> bool {
+        self.sender.is_some()
+    }
+
+    /// Whether requests no route took are recorded.
+    pub fn records_unmatched(&self) -> bool {
+        self.unmatched && self.enabled()
+    }
+
+    /// The replica's name for its entries.
+    pub fn replica(&self) -> Option<String> {
+        self.replica.as_deref().map(str::to_owned)
+    }
+
+    /// Hands `entry` to the writer, or drops it (counted) if the writer is behind.
+    pub fn record(&self, entry: LoggedDelivery) {
+        let Some(sender) = &self.sender else {
+            return;
+        };
+        if sender.try_send(entry).is_err() {
+            self.metrics.log.dropped(LogDrop::Full, 1);
+        }
+    }
+
+    /// The log, to read back.
+    pub fn log(&self) -> Option<&Arc<dyn DeliveryLog>> {
+        self.log.as_ref()
+    }
+
+    /// Every entry stored from now on, as it is stored.
+    pub fn subscribe(&self) -> broadcast::Receiver<Stored> {
+        self.tail.subscribe()
+    }
+}
+
+/// Stores what the recorder takes, a batch at a time, until the recorder is gone and
+/// every entry taken is stored.
+async fn write(
+    mut receiver: mpsc::Receiver<LoggedDelivery>,
+    log: Arc<dyn DeliveryLog>,
+    tail: broadcast::Sender<Stored>,
+    metrics: Arc<Metrics>,
+) {
+    let mut taken = Vec::with_capacity(BATCH);
+    let mut last_warning: Option<std::time::Instant> = None;
+    while receiver.recv_many(&mut taken, BATCH).await > 0 {
+        let mut rest = taken.as_slice();
+        while !rest.is_empty() {
+            let batch = &rest[..batch_length(rest)];
+            rest = &rest[batch.len()..];
+            match log.append(batch).await {
+                Ok(ids) => {
+                    metrics.log.stored(batch.len());
+                    if tail.receiver_count() > 0 {
+                        for (id, entry) in ids.into_iter().zip(batch) {
+                            let _ = tail.send(Arc::new((id, entry.clone())));
+                        }
+                    }
+                }
+                Err(error) => {
+                    metrics.log.dropped(LogDrop::StoreError, batch.len());
+                    // At most one line a minute: a store that is down would fill the log.
+                    if last_warning.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+                        tracing::warn!(%error, entries = batch.len(), "the delivery log could not store entries; they are dropped");
+                        last_warning = Some(std::time::Instant::now());
+                    }
+                }
+            }
+        }
+        taken.clear();
+    }
+}
+
+/// How many of `entries` go in the next batch: at least one, and no more than
+/// [`BATCH_BODY_BYTES`] of bodies.
+fn batch_length(entries: &[LoggedDelivery]) -> usize {
+    let mut bytes = 0;
+    for (index, entry) in entries.iter().enumerate() {
+        bytes += entry.body.as_ref().map_or(0, |body| body.len());
+        if bytes > BATCH_BODY_BYTES && index > 0 {
+            return index;
+        }
+    }
+    entries.len()
+}
+
+/// Trims the log to `retention` and `max_entries` every [`TRIM_EVERY`].
+async fn trim(
+    log: Arc<dyn DeliveryLog>,
+    retention: Duration,
+    max_entries: u64,
+    metrics: Arc<Metrics>,
+) {
+    let mut ticks = tokio::time::interval(TRIM_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let older_than = SystemClock.now().saturating_sub(millis(retention));
+        match log.trim(older_than, max_entries).await {
+            Ok(removed) => metrics.log.trimmed(removed),
+            Err(error) => tracing::warn!(%error, "trimming the delivery log failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::log::Fate;
+
+    fn entry(body: usize) -> LoggedDelivery {
+        LoggedDelivery {
+            at: 0,
+            route: None,
+            scope: None,
+            key: None,
+            fate: Fate::Forwarded,
+            refusal: None,
+            waited: false,
+            replayed: false,
+            attempt: None,
+            status: 200,
+            upstream_status: None,
+            upstream_ms: None,
+            duration_ms: 0,
+            size: None,
+            method: "POST".into(),
+            path: "/".into(),
+            request_id: None,
+            trace_id: None,
+            client: None,
+            replica: None,
+            headers: Vec::new(),
+            body: Some(vec![0; body].into()),
+            body_truncated: false,
+        }
+    }
+
+    /// A log whose store never answers, or always fails.
+    struct Stalled(bool);
+
+    #[async_trait::async_trait]
+    impl DeliveryLog for Stalled {
+        async fn append(
+            &self,
+            _: &[LoggedDelivery],
+        ) -> Result<Vec<LogId>, crate::store::StoreError> {
+            if self.0 {
+                std::future::pending::<()>().await;
+            }
+            Err(crate::store::StoreError::Backend("down".into()))
+        }
+        async fn read(
+            &self,
+            _: Option<LogId>,
+            _: usize,
+        ) -> Result<Vec<(LogId, LoggedDelivery)>, crate::store::StoreError> {
+            Ok(Vec::new())
+        }
+        async fn get(&self, _: LogId) -> Result<Option<LoggedDelivery>, crate::store::StoreError> {
+            Ok(None)
+        }
+        async fn trim(&self, _: u64, _: u64) -> Result<u64, crate::store::StoreError> {
+            Ok(0)
+        }
+    }
+
+    fn dropped(metrics: &Metrics, reason: &str) -> u64 {
+        let text = metrics.encode(crate::metrics::KeyCounts::default());
+        let series = format!("dedupe_delivery_log_dropped_total{{reason=\"{reason}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+            .parse()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_log_that_cannot_keep_up_drops_and_counts_and_never_waits() {
+        let metrics = Arc::new(Metrics::new());
+        let config = DeliveryLogConfig::default();
+        let stuck = Recorder::start(&config, Some(Arc::new(Stalled(true))), Arc::clone(&metrics));
+        // The writer takes its first batch, then never comes back for more.
+        stuck.record(entry(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        let offered = BUFFER + 5000;
+        for _ in 0..offered {
+            stuck.record(entry(0));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "recording never waits"
+        );
+        assert_eq!(dropped(&metrics, "full"), (offered - BUFFER) as u64);
+
+        let failing = Recorder::start(
+            &config,
+            Some(Arc::new(Stalled(false))),
+            Arc::clone(&metrics),
+        );
+        for _ in 0..10 {
+            failing.record(entry(0));
+        }
+        let waited = std::time::Instant::now();
+        while dropped(&metrics, "store_error") < 10 {
+            assert!(
+                waited.elapsed() < Duration::from_secs(5),
+                "store errors counted"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[test]
+    fn a_batch_carries_a_megabyte_of_bodies_at_most_and_one_entry_at_least() {
+        let big = vec![entry(600 << 10), entry(600 << 10), entry(10)];
+        assert_eq!(batch_length(&big), 1);
+        assert_eq!(batch_length(&big[1..]), 2);
+        let huge = vec![entry(2 << 20)];
+        assert_eq!(batch_length(&huge), 1);
+    }
+}

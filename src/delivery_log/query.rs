@@ -1,0 +1,352 @@
+//! Reading the delivery log back: a [`Filter`] from a query string, pages newest first
+//! with a cursor bound to their filter, and each entry as the admin API shows it.
+//!
+//! A page reads at most [`EXAMINED_MAX`] entries: one whose filter matches few of a large
+//! log ends early, with a cursor to go on from (as Redis's key listing does).
+
+use base64::Engine;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::store::log::{DeliveryLog, Fate, LogId, LoggedDelivery};
+use crate::store::{Millis, StoreError, rfc3339};
+
+/// Entries one page shows at most, and without `limit`.
+pub const LIMIT_MAX: usize = 500;
+pub const LIMIT_DEFAULT: usize = 50;
+
+/// Entries one page reads at most.
+pub const EXAMINED_MAX: usize = 20_000;
+
+/// Entries read from the store at a time.
+const READ_BATCH: usize = 256;
+
+/// A status, or a class of them (`5xx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusMatch {
+    Exactly(u16),
+    Class(u16),
+}
+
+impl StatusMatch {
+    fn parse(text: &str) -> Option<StatusMatch> {
+        let bytes = text.as_bytes();
+        match bytes {
+            [class @ b'1'..=b'5', b'x' | b'X', b'x' | b'X'] => {
+                Some(StatusMatch::Class(u16::from(class - b'0')))
+            }
+            [b'1'..=b'5', b'0'..=b'9', b'0'..=b'9'] => text.parse().ok().map(StatusMatch::Exactly),
+            _ => None,
+        }
+    }
+
+    fn admits(self, status: u16) -> bool {
+        match self {
+            StatusMatch::Exactly(wanted) => status == wanted,
+            StatusMatch::Class(class) => status / 100 == class,
+        }
+    }
+}
+
+/// What an outcome filter names: a fate, or one of the marks beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutcomeTerm {
+    Fate(Fate),
+    Waited,
+    Replayed,
+}
+
+/// Which entries a listing or a tail shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    route: Option<String>,
+    key: Option<String>,
+    key_prefix: Option<String>,
+    outcomes: Vec<OutcomeTerm>,
+    status: Option<StatusMatch>,
+    upstream_status: Option<StatusMatch>,
+    since: Option<Millis>,
+    until: Option<Millis>,
+    /// The query as written, less `limit` and `cursor`, which the cursor is bound to.
+    canonical: String,
+}
+
+/// A listing's request: its filter, where it starts and how many it shows.
+#[derive(Debug)]
+pub struct Listing {
+    pub filter: Filter,
+    pub before: Option<LogId>,
+    pub limit: usize,
+}
+
+impl Filter {
+    /// The listing `query` asks for; a message naming what is wrong otherwise.
+    pub fn parse(query: Option<&str>, paged: bool) -> Result<Listing, String> {
+        let mut filter = Filter::default();
+        let (mut limit, mut cursor) = (LIMIT_DEFAULT, None);
+        let mut canonical: Vec<(String, String)> = Vec::new();
+        for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let value = value.into_owned();
+            match &*name {
+                "limit" if paged => {
+                    limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=LIMIT_MAX).contains(n))
+                        .ok_or_else(|| format!("limit must be a number from 1 to {LIMIT_MAX}"))?;
+                    continue;
+                }
+                "cursor" if paged => {
+                    cursor = Some(value);
+                    continue;
+                }
+                "route" => filter.route = Some(value.clone()),
+                "key" => filter.key = Some(value.clone()),
+                "key_prefix" => filter.key_prefix = Some(value.clone()),
+                "outcome" => filter.outcomes = outcomes(&value)?,
+                "status" => filter.status = Some(status(&name, &value)?),
+                "upstream_status" => filter.upstream_status = Some(status(&name, &value)?),
+                "since" => filter.since = Some(time(&name, &value)?),
+                "until" => filter.until = Some(time(&name, &value)?),
+                other => return Err(format!("unknown query parameter `{other}`")),
+            }
+            canonical.push((name.into_owned(), value));
+        }
+        canonical.sort();
+        filter.canonical = format!("{canonical:?}");
+        let before = cursor
+            .map(|cursor| filter.read_cursor(&cursor))
+            .transpose()?;
+        Ok(Listing {
+            filter,
+            before,
+            limit,
+        })
+    }
+
+    /// Whether `entry` is one the filter shows.
+    pub fn admits(&self, entry: &LoggedDelivery) -> bool {
+        let text_is = |wanted: &Option<String>, found: &Option<String>| {
+            wanted.is_none() || wanted.as_deref() == found.as_deref()
+        };
+        text_is(&self.route, &entry.route)
+            && text_is(&self.key, &entry.key)
+            && self.key_prefix.as_ref().is_none_or(|prefix| {
+                entry
+                    .key
+                    .as_ref()
+                    .is_some_and(|key| key.starts_with(prefix.as_str()))
+            })
+            && (self.outcomes.is_empty()
+                || self.outcomes.iter().any(|term| match term {
+                    OutcomeTerm::Fate(fate) => entry.fate == *fate,
+                    OutcomeTerm::Waited => entry.waited,
+                    OutcomeTerm::Replayed => entry.replayed,
+                }))
+            && self.status.is_none_or(|wanted| wanted.admits(entry.status))
+            && self.upstream_status.is_none_or(|wanted| {
+                entry
+                    .upstream_status
+                    .is_some_and(|status| wanted.admits(status))
+            })
+            && self.since.is_none_or(|since| entry.at >= since)
+            && self.until.is_none_or(|until| entry.at < until)
+    }
+
+    /// The cursor of a page that ended at `id`: the id and a digest of the filter, so
+    /// that a cursor given with another filter is refused rather than misread.
+    fn cursor(&self, id: LogId) -> String {
+        format!("{id}.{}", self.digest())
+    }
+
+    fn read_cursor(&self, cursor: &str) -> Result<LogId, String> {
+        let bad = || format!("`{cursor}` is not a cursor of the delivery log");
+        let (id, digest) = cursor.rsplit_once('.').ok_or_else(bad)?;
+        let id = id.parse::<LogId>().map_err(|_| bad())?;
+        if digest != self.digest() {
+            return Err(format!(
+                "the cursor `{cursor}` was made for another filter: ask again with the filter of the page it came from"
+            ));
+        }
+        Ok(id)
+    }
+
+    fn digest(&self) -> String {
+        let hash = Sha256::digest(self.canonical.as_bytes());
+        hex::encode(&hash[..8])
+    }
+}
+
+fn outcomes(text: &str) -> Result<Vec<OutcomeTerm>, String> {
+    text.split(',')
+        .map(|term| match term {
+            "waited" => Ok(OutcomeTerm::Waited),
+            "replayed" => Ok(OutcomeTerm::Replayed),
+            _ => Fate::parse(term).map(OutcomeTerm::Fate).ok_or_else(|| {
+                let names: Vec<_> = Fate::ALL.iter().map(|fate| fate.as_str()).collect();
+                format!(
+                    "outcome `{term}` is not one of {}, waited, replayed",
+                    names.join(", ")
+                )
+            }),
+        })
+        .collect()
+}
+
+fn status(name: &str, text: &str) -> Result<StatusMatch, String> {
+    StatusMatch::parse(text)
+        .ok_or_else(|| format!("{name} `{text}` is not a status (like 502) or a class (like 5xx)"))
+}
+
+fn time(name: &str, text: &str) -> Result<Millis, String> {
+    let at = humantime::parse_rfc3339_weak(text)
+        .map_err(|_| format!("{name} `{text}` is not a time like 2026-12-02T10:00:00Z"))?;
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map(crate::store::millis)
+        .map_err(|_| format!("{name} `{text}` is before 1970"))
+}
+
+/// One page of a listing, newest first, and the cursor of the next (none after the last).
+pub struct Page {
+    pub entries: Vec<(LogId, LoggedDelivery)>,
+    pub next: Option<String>,
+}
+
+/// Reads the page `listing` asks for.
+pub async fn page(log: &dyn DeliveryLog, listing: &Listing) -> Result<Page, StoreError> {
+    let mut entries = Vec::new();
+    let (mut before, mut examined) = (listing.before, 0);
+    loop {
+        let batch = log.read(before, READ_BATCH).await?;
+        let exhausted = batch.len() < READ_BATCH;
+        for (id, entry) in batch {
+            examined += 1;
+            before = Some(id);
+            if listing.filter.admits(&entry) {
+                entries.push((id, entry));
+                if entries.len() == listing.limit {
+                    break;
+                }
+            }
+        }
+        // A full page, or one that read its share: more may follow.
+        if entries.len() == listing.limit || examined >= EXAMINED_MAX {
+            return Ok(Page {
+                entries,
+                next: before.map(|id| listing.filter.cursor(id)),
+            });
+        }
+        if exhausted {
+            return Ok(Page {
+                entries,
+                next: None,
+            });
+        }
+    }
+}
+
+/// An entry as the API shows it; with `whole`, its headers and body too.
+pub fn describe(id: LogId, entry: &LoggedDelivery, whole: bool) -> Value {
+    let mut shown = json!({
+        "id": id.to_string(),
+        "at": rfc3339(entry.at),
+        "route": entry.route,
+        "scope": entry.scope,
+        "key": entry.key,
+        "outcome": entry.fate.as_str(),
+        "refusal": entry.refusal,
+        "waited": entry.waited,
+        "replayed": entry.replayed,
+        "attempt": entry.attempt,
+        "status": (entry.status != 0).then_some(entry.status),
+        "upstream_status": entry.upstream_status,
+        "upstream_ms": entry.upstream_ms,
+        "duration_ms": entry.duration_ms,
+        "size": entry.size,
+        "method": entry.method,
+        "path": entry.path,
+        "request_id": entry.request_id,
+        "trace_id": entry.trace_id,
+        "client": entry.client,
+        "replica": entry.replica,
+        "body_recorded": entry.body.is_some(),
+    });
+    if whole {
+        let headers: Vec<_> = entry
+            .headers
+            .iter()
+            .map(|(name, value)| json!([name, value]))
+            .collect();
+        shown["headers"] = Value::Array(headers);
+        shown["body_truncated"] = Value::Bool(entry.body_truncated);
+        // Text when it is, else base64: the API's answer is always valid JSON.
+        let (body, encoding) = match &entry.body {
+            None => (Value::Null, Value::Null),
+            Some(body) => match std::str::from_utf8(body) {
+                Ok(text) => (Value::String(text.to_owned()), json!("utf-8")),
+                Err(_) => (
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
+                    json!("base64"),
+                ),
+            },
+        };
+        shown["body"] = body;
+        shown["body_encoding"] = encoding;
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_classes_read_and_nothing_else() {
+        assert_eq!(StatusMatch::parse("502"), Some(StatusMatch::Exactly(502)));
+        assert_eq!(StatusMatch::parse("5xx"), Some(StatusMatch::Class(5)));
+        for bad in ["", "5", "50", "5000", "6xx", "099", "x5x", "+20", "٥٠٢"] {
+            assert_eq!(StatusMatch::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_cursor_is_refused_with_another_filter_and_read_with_its_own() {
+        let first = Filter::parse(Some("route=stripe&outcome=duplicate"), true).unwrap();
+        let cursor = first.filter.cursor(LogId(7, 3));
+        let same = Filter::parse(
+            Some(&format!(
+                "outcome=duplicate&route=stripe&cursor={cursor}&limit=5"
+            )),
+            true,
+        )
+        .unwrap();
+        assert_eq!(same.before, Some(LogId(7, 3)));
+        assert_eq!(same.limit, 5);
+        let other = Filter::parse(Some(&format!("route=github&cursor={cursor}")), true);
+        assert!(other.unwrap_err().contains("another filter"));
+        for bad in ["x", "7-3", "7-3.zz", ".", "7.3.abc"] {
+            let error =
+                Filter::parse(Some(&format!("route=stripe&cursor={bad}")), true).unwrap_err();
+            assert!(error.contains("cursor"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn malformed_filters_are_named() {
+        for (query, says) in [
+            ("outcome=maybe", "outcome `maybe`"),
+            ("status=abc", "status `abc`"),
+            ("since=yesterday", "since `yesterday`"),
+            ("limit=0", "limit"),
+            ("limit=501", "limit"),
+            ("colour=red", "`colour`"),
+        ] {
+            let error = Filter::parse(Some(query), true).unwrap_err();
+            assert!(error.contains(says), "{query}: {error}");
+        }
+        assert!(
+            Filter::parse(Some("limit=5"), false).is_err(),
+            "a tail has no pages"
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! The delivery log's contract: one entry per request a route took (and per queued
+//! attempt), kept beside the claims (sled in the same database, Redis and PostgreSQL in
+//! the shared store, so that every replica's deliveries are in one log), newest first,
+//! until its retention ends or newer entries push it out.
+//!
+//! An entry is named by a [`LogId`], two numbers the backend gives it when it stores it:
+//! ids grow in the order entries are stored, on every store.
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::error::StoreError;
+use super::time::Millis;
+
+/// Where an entry stands in its log: sled's chunk and place in it, Redis's stream ID
+/// (milliseconds and sequence), PostgreSQL's row ID and 0. Ordered as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LogId(pub u64, pub u64);
+
+impl fmt::Display for LogId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+impl FromStr for LogId {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<LogId, StoreError> {
+        let bad = || StoreError::BadRequest(format!("`{text}` is not a delivery's id"));
+        let (first, second) = text.split_once('-').ok_or_else(bad)?;
+        let number = |part: &str| {
+            (!part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit()))
+                .then(|| part.parse::<u64>().ok())
+                .flatten()
+        };
+        Ok(LogId(
+            number(first).ok_or_else(bad)?,
+            number(second).ok_or_else(bad)?,
+        ))
+    }
+}
+
+/// What became of a request, as the log names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fate {
+    /// Forwarded; the app succeeded; the key is done.
+    Forwarded,
+    /// The key was done: answered without forwarding.
+    Duplicate,
+    /// Another delivery of the key was under way.
+    InFlight,
+    /// The key is held (its forward may have run), or this delivery's forward was
+    /// ambiguous and held it.
+    Held,
+    /// Older than its entity's newest done version, skipped.
+    Stale,
+    /// Stored for queued delivery and acknowledged.
+    Queued,
+    /// Forwarded; the app failed or could not be reached; the claim was released.
+    UpstreamError,
+    /// The store could not be used; nothing was forwarded.
+    StoreError,
+    /// Forwarded without a claim (no key, or the store failing with `forward`).
+    Unkeyed,
+    /// Refused: a signature missing, malformed, stale or wrong.
+    SignatureRefused,
+    /// Refused before anything was stored, for another reason (no key, a body too large
+    /// or too slow, a changed body under the same key).
+    BadRequest,
+    /// No route took it (logged only with `delivery_log.unmatched`).
+    Unmatched,
+    /// A queued job's attempt the app accepted.
+    Delivered,
+    /// A queued job's attempt that failed, tried again later.
+    Retrying,
+    /// A queued job's attempt after which it went to dead letters.
+    Dead,
+}
+
+impl Fate {
+    pub const ALL: [Fate; 15] = [
+        Fate::Forwarded,
+        Fate::Duplicate,
+        Fate::InFlight,
+        Fate::Held,
+        Fate::Stale,
+        Fate::Queued,
+        Fate::UpstreamError,
+        Fate::StoreError,
+        Fate::Unkeyed,
+        Fate::SignatureRefused,
+        Fate::BadRequest,
+        Fate::Unmatched,
+        Fate::Delivered,
+        Fate::Retrying,
+        Fate::Dead,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fate::Forwarded => "forwarded",
+            Fate::Duplicate => "duplicate",
+            Fate::InFlight => "in_flight",
+            Fate::Held => "held",
+            Fate::Stale => "stale",
+            Fate::Queued => "queued",
+            Fate::UpstreamError => "upstream_error",
+            Fate::StoreError => "store_error",
+            Fate::Unkeyed => "unkeyed",
+            Fate::SignatureRefused => "signature_refused",
+            Fate::BadRequest => "bad_request",
+            Fate::Unmatched => "unmatched",
+            Fate::Delivered => "delivered",
+            Fate::Retrying => "retrying",
+            Fate::Dead => "dead",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Fate> {
+        Fate::ALL.into_iter().find(|fate| fate.as_str() == text)
+    }
+}
+
+/// One request's fate, as the log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedDelivery {
+    /// When it was answered (an attempt: when it started).
+    pub at: Millis,
+    /// None for a request no route took.
+    pub route: Option<String>,
+    /// The route's key namespace: its `scope`, else its name.
+    pub scope: Option<String>,
+    pub key: Option<String>,
+    pub fate: Fate,
+    /// The code of the proxy's own refusal, if it refused.
+    pub refusal: Option<String>,
+    /// It waited for another delivery of its key (`on_in_flight: wait`).
+    pub waited: bool,
+    /// It was answered with the app's recorded answer (`duplicate_response.replay`).
+    pub replayed: bool,
+    /// A queued job's attempt: its number.
+    pub attempt: Option<u32>,
+    /// What the sender was answered; 0 for a queued attempt (no sender waits).
+    pub status: u16,
+    pub upstream_status: Option<u16>,
+    pub upstream_ms: Option<u32>,
+    pub duration_ms: u32,
+    /// The request body's size in bytes, when known.
+    pub size: Option<u64>,
+    pub method: String,
+    /// The request's path, without its query.
+    pub path: String,
+    pub request_id: Option<String>,
+    pub trace_id: Option<String>,
+    /// The sender's address, as the connection came.
+    pub client: Option<String>,
+    /// The replica that logged it (its host name), when known.
+    pub replica: Option<String>,
+    /// The headers the route's `log.headers` names.
+    pub headers: Vec<(String, String)>,
+    /// The body, up to `log.max_body_bytes`, with `log.bodies`.
+    pub body: Option<Bytes>,
+    pub body_truncated: bool,
+}
+
+/// The version of the entries' encoding, written before each.
+const ENCODING: u8 = 1;
+
+impl LoggedDelivery {
+    /// The entry as stored: its encoding's version, then postcard.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![ENCODING];
+        bytes.extend(postcard::to_stdvec(self).expect("an entry always serializes"));
+        bytes
+    }
+
+    /// An entry as stored; `None` for one of another version or unreadable.
+    pub fn decode(bytes: &[u8]) -> Option<LoggedDelivery> {
+        match bytes.split_first() {
+            Some((&ENCODING, rest)) => postcard::from_bytes(rest).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// The log kept by a store.
+#[async_trait]
+pub trait DeliveryLog: Send + Sync + 'static {
+    /// Stores `entries`, in order; returns their ids, in the same order.
+    async fn append(&self, entries: &[LoggedDelivery]) -> Result<Vec<LogId>, StoreError>;
+
+    /// Up to `limit` entries stored before `before` (from the newest when none), newest
+    /// first. Entries that do not read are passed over.
+    async fn read(
+        &self,
+        before: Option<LogId>,
+        limit: usize,
+    ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError>;
+
+    /// The entry `id`, if it is still kept.
+    async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError>;
+
+    /// Removes the entries stored before `older_than`, then the oldest beyond the newest
+    /// `keep` (sled removes whole chunks, Redis trims near the count: both may keep a few
+    /// more). Returns how many were removed, where the store tells.
+    async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_read_back_as_written_and_nothing_else_reads() {
+        for id in [LogId(0, 0), LogId(1_733_160_000_000, 7), LogId(u64::MAX, 1)] {
+            assert_eq!(id.to_string().parse::<LogId>().unwrap(), id);
+        }
+        for bad in [
+            "",
+            "1",
+            "-1",
+            "1-",
+            "a-1",
+            "1-+2",
+            "1-2-3",
+            "99999999999999999999-0",
+            " 1-2",
+        ] {
+            assert!(bad.parse::<LogId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_fate_reads_back_by_its_name() {
+        for fate in Fate::ALL {
+            assert_eq!(Fate::parse(fate.as_str()), Some(fate));
+        }
+        assert_eq!(Fate::parse("waited"), None);
+    }
+}

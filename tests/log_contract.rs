@@ -1,0 +1,153 @@
+//! The delivery log's contract (`store::log::DeliveryLog`), run unchanged against sled,
+//! Redis, PostgreSQL, their TLS servers, the Redis Cluster and PostgreSQL through
+//! PgBouncer: ids that grow in the order stored (concurrent writers too), reads newest
+//! first from any id, one entry by its id, and trimming by count and by age.
+//!
+//! The backends run one after another in one test: a log is one per store, and a trim
+//! in one backend's test must not meet another's entries on a server they share.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_proxy::store::log::{DeliveryLog, Fate, LogId, LoggedDelivery};
+use support::Harness;
+
+fn now() -> u64 {
+    dedupe_proxy::store::millis(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap(),
+    )
+}
+
+fn entry(key: &str) -> LoggedDelivery {
+    LoggedDelivery {
+        at: now(),
+        route: Some("hooks".into()),
+        scope: Some("hooks".into()),
+        key: Some(key.into()),
+        fate: Fate::Forwarded,
+        refusal: None,
+        waited: false,
+        replayed: true,
+        attempt: Some(3),
+        status: 200,
+        upstream_status: Some(200),
+        upstream_ms: Some(4),
+        duration_ms: 5,
+        size: Some(14),
+        method: "POST".into(),
+        path: "/hooks".into(),
+        request_id: Some("r".into()),
+        trace_id: None,
+        client: Some("127.0.0.1:1".into()),
+        replica: None,
+        headers: vec![("x-event".into(), "ünïcode".into())],
+        body: Some(bytes::Bytes::from_static(b"\xff\x00binary")),
+        body_truncated: true,
+    }
+}
+
+async fn keys(log: &dyn DeliveryLog, before: Option<LogId>, limit: usize) -> Vec<String> {
+    log.read(before, limit)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, entry)| entry.key.unwrap())
+        .collect()
+}
+
+async fn the_log_keeps_its_contract(h: Harness) {
+    let log = h.store.delivery_log().expect("every store keeps a log");
+    log.trim(u64::MAX, 0).await.unwrap();
+    assert!(log.read(None, 10).await.unwrap().is_empty(), "an empty log");
+
+    let mut ids = Vec::new();
+    for key in ["a", "b", "c"] {
+        ids.extend(log.append(&[entry(key)]).await.unwrap());
+    }
+    ids.extend(log.append(&[entry("d"), entry("e")]).await.unwrap());
+    assert_eq!(ids.len(), 5);
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
+
+    assert_eq!(keys(&*log, None, 10).await, ["e", "d", "c", "b", "a"]);
+    assert_eq!(keys(&*log, Some(ids[2]), 10).await, ["b", "a"]);
+    assert_eq!(keys(&*log, None, 2).await, ["e", "d"]);
+    assert_eq!(keys(&*log, Some(ids[3]), 2).await, ["c", "b"]);
+    let read = log.read(Some(ids[1]), 5).await.unwrap();
+    assert_eq!(read, vec![(ids[0], entry_at("a", &read[0].1))]);
+
+    let whole = log.get(ids[2]).await.unwrap().unwrap();
+    assert_eq!(whole.key.as_deref(), Some("c"));
+    assert_eq!(
+        whole.headers,
+        [("x-event".to_owned(), "ünïcode".to_owned())]
+    );
+    assert_eq!(whole.body.as_deref(), Some(&b"\xff\x00binary"[..]));
+    assert_eq!(log.get(LogId(ids[4].0 + 1_000_000, 0)).await.unwrap(), None);
+    assert_eq!(log.get(LogId(ids[4].0, 999)).await.unwrap(), None);
+
+    // Two writers at once: every entry stored, each under an id of its own.
+    let writers: Vec<_> = (0..2)
+        .map(|writer| {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for n in 0..40 {
+                    ids.extend(
+                        log.append(&[entry(&format!("w{writer}-{n}"))])
+                            .await
+                            .unwrap(),
+                    );
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut written = HashSet::new();
+    for writer in writers {
+        written.extend(writer.await.unwrap());
+    }
+    assert_eq!(written.len(), 80);
+    assert_eq!(log.read(None, 500).await.unwrap().len(), 85);
+
+    // By count: the newest three stay.
+    let newest = keys(&*log, None, 3).await;
+    log.trim(0, 3).await.unwrap();
+    assert_eq!(keys(&*log, None, 10).await, newest);
+
+    // By age: what was stored before the time goes.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let cutoff = now();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    log.append(&[entry("late")]).await.unwrap();
+    log.trim(cutoff, 1000).await.unwrap();
+    assert_eq!(keys(&*log, None, 10).await, ["late"]);
+}
+
+/// `expected`'s entry named `key`, at the time it was stored with.
+fn entry_at(key: &str, stored: &LoggedDelivery) -> LoggedDelivery {
+    LoggedDelivery {
+        at: stored.at,
+        ..entry(key)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_keeps_the_log_contract() {
+    let harnesses = [
+        Harness::sled().await,
+        Harness::redis().await,
+        Harness::postgres().await,
+        Harness::redis_tls().await,
+        Harness::redis_cluster().await,
+        Harness::postgres_tls().await,
+        Harness::postgres_pooled().await,
+    ];
+    for harness in harnesses.into_iter().flatten() {
+        the_log_keeps_its_contract(harness).await;
+    }
+}
