@@ -59,7 +59,7 @@ fn the_alert_rules_are_valid_and_fire_when_they_should() {
     };
     let dir = repo("deploy/prometheus");
     let checked = run(&promtool, &["check", "rules", "alerts.yaml"], &dir);
-    assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 12 rules found"), "{checked}");
     let tested = run(&promtool, &["test", "rules", "alerts.test.yaml"], &dir);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
@@ -363,7 +363,7 @@ async fn a_real_prometheus_scrapes_the_binary_and_evaluates_the_dashboard_and_al
                 (field("name"), field("health"), field("state"))
             })
             .collect();
-        if rules.len() == 11 && rules.iter().all(|(_, health, _)| health == "ok") {
+        if rules.len() == 12 && rules.iter().all(|(_, health, _)| health == "ok") {
             break rules;
         }
         assert!(
