@@ -6,7 +6,9 @@ use tokio_postgres::types::Type;
 use super::connection::{Sending, Sql};
 use crate::store::RESOLVED_STATUS;
 
-/// The database's time in milliseconds since the Unix epoch.
+/// The database's time in milliseconds since the Unix epoch. A statement that writes two
+/// times reads it once (a `now` CTE): the wall clock can step back between two reads, and
+/// a record whose expiry came before its own start would break its invariants.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// The columns of a record, as `record.rs` reads them.
@@ -140,10 +142,11 @@ fn hold(table: &str, channel: &str) -> (&'static [Type], String) {
     (
         &[Type::TEXT, Type::TEXT, Type::INT8, Type::TEXT, Type::BOOL],
         format!(
-            "WITH held AS (
-           UPDATE {table} SET state = 'held', owner = NULL, completed_at = {NOW_MS},
-                  expires_at = {NOW_MS} + $3, hold_reason = $4
-           WHERE key = $1 AND owner = $2 AND state = 'in_flight'
+            "WITH now AS (SELECT {NOW_MS} AS ms),
+         held AS (
+           UPDATE {table} SET state = 'held', owner = NULL, completed_at = now.ms,
+                  expires_at = now.ms + $3, hold_reason = $4
+           FROM now WHERE key = $1 AND owner = $2 AND state = 'in_flight'
            RETURNING key)
          SELECT key, CASE WHEN $5 THEN pg_notify('{channel}', key) END FROM held"
         ),
@@ -154,10 +157,11 @@ fn resolve_done(table: &str) -> (&'static [Type], String) {
     (
         &[Type::TEXT, Type::INT8],
         format!(
-            "UPDATE {table} SET state = 'done', completed_at = {NOW_MS},
-                expires_at = {NOW_MS} + $2, upstream_status = {RESOLVED_STATUS},
+            "WITH now AS (SELECT {NOW_MS} AS ms)
+         UPDATE {table} SET state = 'done', completed_at = now.ms,
+                expires_at = now.ms + $2, upstream_status = {RESOLVED_STATUS},
                 hold_reason = NULL
-         WHERE key = $1 AND state = 'held' AND expires_at > {NOW_MS}"
+         FROM now WHERE key = $1 AND state = 'held' AND expires_at > now.ms"
         ),
     )
 }
@@ -211,8 +215,9 @@ fn finish_many(table: &str, channel: &str) -> (&'static [Type], String) {
             Type::BYTEA_ARRAY,
         ],
         format!(
-            "WITH done AS (UPDATE {table} AS t SET state = 'done', completed_at = {NOW_MS},
-                expires_at = {NOW_MS} + f.retention, upstream_status = f.upstream_status,
+            "WITH now AS (SELECT {NOW_MS} AS ms),
+         done AS (UPDATE {table} AS t SET state = 'done', completed_at = now.ms,
+                expires_at = now.ms + f.retention, upstream_status = f.upstream_status,
                 response_status = f.response_status,
                 response_content_type = f.response_content_type,
                 response_body = f.response_body,
@@ -220,7 +225,8 @@ fn finish_many(table: &str, channel: &str) -> (&'static [Type], String) {
          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::int[],
                      $6::text[], $7::bytea[], $8::bool[], $9::bytea[])
            AS f(key, owner, retention, upstream_status, response_status,
-                response_content_type, response_body, announce, response_headers)
+                response_content_type, response_body, announce, response_headers),
+           now
          WHERE t.key = f.key AND t.owner = f.owner AND t.state = 'in_flight'
          RETURNING t.key, f.announce)
          SELECT key, CASE WHEN announce THEN pg_notify('{channel}', key) END FROM done"
@@ -302,7 +308,7 @@ fn record_version(entities: &str) -> (&'static [Type], String) {
         &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8],
         format!(
             "INSERT INTO {entities} AS e (key, sort_key, version, recorded_at, expires_at)
-         VALUES ($1, $2, $3, {NOW_MS}, {NOW_MS} + $4)
+         SELECT $1, $2, $3, now.ms, now.ms + $4 FROM (SELECT {NOW_MS} AS ms) AS now
          ON CONFLICT (key) DO UPDATE SET
            sort_key = EXCLUDED.sort_key, version = EXCLUDED.version,
            recorded_at = EXCLUDED.recorded_at, expires_at = EXCLUDED.expires_at
