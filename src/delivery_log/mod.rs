@@ -24,7 +24,12 @@ use crate::store::{Clock, SystemClock, millis};
 const BUFFER: usize = 16_384;
 
 /// Entries stored in one batch at most, and the most body bytes one batch carries.
-const BATCH: usize = 256;
+const BATCH: usize = 512;
+
+/// How often the writer takes what waits. It sleeps in between rather than waiting on
+/// the buffer, so that recording an entry never wakes another thread: a wake-up per
+/// delivery cost more than the rest of recording.
+const WRITE_EVERY: Duration = Duration::from_millis(20);
 const BATCH_BODY_BYTES: usize = 1 << 20;
 
 /// Entries a live tail may fall behind by before it is told it missed some.
@@ -44,7 +49,6 @@ pub struct Recorder {
     log: Option<Arc<dyn DeliveryLog>>,
     unmatched: bool,
     metrics: Arc<Metrics>,
-    replica: Option<Arc<str>>,
     /// Stops the trimmer when the recorder goes.
     _trimming: Option<DropGuard>,
 }
@@ -66,6 +70,7 @@ impl Recorder {
                     Arc::clone(log),
                     tail.clone(),
                     Arc::clone(&metrics),
+                    replica_name(),
                 ));
                 let stop = CancellationToken::new();
                 let trimmer = trim(
@@ -91,10 +96,6 @@ impl Recorder {
             log,
             unmatched: config.unmatched,
             metrics,
-            replica: std::env::var("HOSTNAME")
-                .ok()
-                .filter(|name| !name.is_empty())
-                .map(Arc::from),
             _trimming: trimming,
         }
     }
@@ -107,11 +108,6 @@ impl Recorder {
     /// Whether requests no route took are recorded.
     pub fn records_unmatched(&self) -> bool {
         self.unmatched && self.enabled()
-    }
-
-    /// The replica's name for its entries.
-    pub fn replica(&self) -> Option<String> {
-        self.replica.as_deref().map(str::to_owned)
     }
 
     /// Hands `entry` to the writer, or drops it (counted) if the writer is behind.
@@ -135,17 +131,38 @@ impl Recorder {
     }
 }
 
-/// Stores what the recorder takes, a batch at a time, until the recorder is gone and
-/// every entry taken is stored.
+/// This replica's name for its entries: the host's (a pod's name on Kubernetes).
+fn replica_name() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|name| !name.is_empty())
+}
+
+/// Stores what the recorder takes, a batch at a time and named after `replica`, until the
+/// recorder is gone and every entry taken is stored.
 async fn write(
     mut receiver: mpsc::Receiver<LoggedDelivery>,
     log: Arc<dyn DeliveryLog>,
     tail: broadcast::Sender<Stored>,
     metrics: Arc<Metrics>,
+    replica: Option<String>,
 ) {
     let mut taken = Vec::with_capacity(BATCH);
     let mut last_warning: Option<std::time::Instant> = None;
-    while receiver.recv_many(&mut taken, BATCH).await > 0 {
+    let mut ticks = tokio::time::interval(WRITE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let closed = match take(&mut receiver, &mut taken) {
+            Taken::Empty => {
+                ticks.tick().await;
+                continue;
+            }
+            Taken::Some => false,
+            Taken::Closed => true,
+        };
+        for entry in &mut taken {
+            entry.replica.clone_from(&replica);
+        }
         let mut rest = taken.as_slice();
         while !rest.is_empty() {
             let batch = &rest[..batch_length(rest)];
@@ -170,7 +187,32 @@ async fn write(
             }
         }
         taken.clear();
+        if closed {
+            return;
+        }
     }
+}
+
+/// What [`take`] found waiting.
+enum Taken {
+    /// Entries, a batch at most (more may wait).
+    Some,
+    Empty,
+    /// The recorder is gone: what it handed over is taken, and no more comes.
+    Closed,
+}
+
+/// Takes up to [`BATCH`] entries that wait, without waiting for any.
+fn take(receiver: &mut mpsc::Receiver<LoggedDelivery>, taken: &mut Vec<LoggedDelivery>) -> Taken {
+    while taken.len() < BATCH {
+        match receiver.try_recv() {
+            Ok(entry) => taken.push(entry),
+            Err(mpsc::error::TryRecvError::Empty) if taken.is_empty() => return Taken::Empty,
+            Err(mpsc::error::TryRecvError::Empty) => return Taken::Some,
+            Err(mpsc::error::TryRecvError::Disconnected) => return Taken::Closed,
+        }
+    }
+    Taken::Some
 }
 
 /// How many of `entries` go in the next batch: at least one, and no more than

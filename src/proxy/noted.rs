@@ -150,7 +150,6 @@ impl Noted {
         route: Option<&Route>,
         outcome: Option<DedupeStatus>,
         response: &mut Response<ProxyBody>,
-        replica: Option<String>,
     ) -> LoggedDelivery {
         let extensions = response.extensions_mut();
         let captured = extensions.remove::<Captured>();
@@ -192,7 +191,8 @@ impl Noted {
             request_id: self.request_id,
             trace_id: self.trace_id,
             client: Some(self.client.to_string()),
-            replica,
+            // The writer names the replica, off the request path.
+            replica: None,
             headers,
             body,
             body_truncated,
@@ -209,7 +209,7 @@ pub(super) fn record(
     response: &mut Response<ProxyBody>,
 ) {
     if let Some(noted) = noted {
-        recorder.record(noted.entry(route, outcome, response, recorder.replica()));
+        recorder.record(noted.entry(route, outcome, response));
     }
 }
 

@@ -76,7 +76,7 @@ pub(super) async fn deliver(
             Next::RetryAt(_) => Fate::Retrying,
             Next::Dead(_) => Fate::Dead,
         };
-        let entry = logged(route, &job, fate, started_at, context.recorder.replica());
+        let entry = logged(route, &job, fate, started_at);
         context.recorder.record(entry);
     }
     let name = &route.name;
@@ -118,13 +118,7 @@ pub(super) async fn deliver(
 }
 
 /// The delivery log's entry of the attempt `job` just recorded.
-fn logged(
-    route: &Route,
-    job: &Job,
-    fate: Fate,
-    started_at: u64,
-    replica: Option<String>,
-) -> LoggedDelivery {
+fn logged(route: &Route, job: &Job, fate: Fate, started_at: u64) -> LoggedDelivery {
     let last = job.history.last();
     let target = &job.request.target;
     let key = job
@@ -157,7 +151,7 @@ fn logged(
         request_id: None,
         trace_id: None,
         client: None,
-        replica,
+        replica: None,
         headers: Vec::new(),
         body: None,
         body_truncated: false,

@@ -175,9 +175,13 @@ const ENCODING: u8 = 1;
 impl LoggedDelivery {
     /// The entry as stored: its encoding's version, then postcard.
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = vec![ENCODING];
-        bytes.extend(postcard::to_stdvec(self).expect("an entry always serializes"));
-        bytes
+        self.encode_into(Vec::with_capacity(256))
+    }
+
+    /// `out` with the entry as stored added at its end.
+    pub fn encode_into(&self, mut out: Vec<u8>) -> Vec<u8> {
+        out.push(ENCODING);
+        postcard::to_extend(self, out).expect("an entry always serializes")
     }
 
     /// An entry as stored; `None` for one of another version or unreadable.

@@ -84,13 +84,23 @@ impl Header {
 
 fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
     let newest_at = entries.iter().map(|entry| entry.at).max().unwrap_or(0);
-    let mut chunk = vec![CHUNK_VERSION];
+    // About 200 bytes an entry without a body: one allocation for most chunks.
+    let bodies: usize = entries
+        .iter()
+        .filter_map(|entry| entry.body.as_ref())
+        .map(|body| body.len())
+        .sum();
+    let mut chunk = Vec::with_capacity(HEADER + entries.len() * 256 + bodies);
+    chunk.push(CHUNK_VERSION);
     chunk.extend((entries.len() as u32).to_le_bytes());
     chunk.extend(newest_at.to_le_bytes());
     for entry in entries {
-        let encoded = entry.encode();
-        chunk.extend((encoded.len() as u32).to_le_bytes());
-        chunk.extend(encoded);
+        // The length goes before the entry, once the entry is written after it.
+        let at = chunk.len();
+        chunk.extend([0; 4]);
+        chunk = entry.encode_into(chunk);
+        let length = (chunk.len() - at - 4) as u32;
+        chunk[at..at + 4].copy_from_slice(&length.to_le_bytes());
     }
     chunk
 }
