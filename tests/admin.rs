@@ -204,7 +204,11 @@ async fn a_wrong_method_is_405_with_allow_and_head_answers_as_get_without_a_body
         ("PUT", "/readyz", "GET, HEAD"),
         ("GET", "/v1/reload", "POST"),
         ("DELETE", "/v1/keys", "GET, HEAD"),
-        ("PATCH", "/v1/keys/hooks/evt_methods", "GET, HEAD, DELETE"),
+        (
+            "PUT",
+            "/v1/keys/hooks/evt_methods",
+            "GET, HEAD, DELETE, PATCH",
+        ),
         ("GET", "/v1/keys/hooks/evt_methods/resolve", "POST"),
         ("POST", "/v1/entities/hooks/e", "GET, HEAD, DELETE"),
     ];
@@ -397,6 +401,102 @@ async fn forgetting_a_key_of_a_guarded_route_lets_its_redelivery_run() {
         "runs again once forgotten"
     );
     assert_eq!(upstream.requests(), 2);
+    // Its expiry moved, its body's moves with it: once both pass, the same body under a
+    // fresh ID runs again.
+    let json = [("content-type", "application/json")];
+    let soon = r#"{"expires_in":"1s"}"#;
+    let moved = send(proxy.admin, "PATCH", "/v1/keys/guarded/d1", &json, soon).await;
+    assert_eq!(moved.status, 200, "{}", moved.body);
+    assert_eq!(deliver("d3").await, "duplicate");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert_eq!(deliver("d3").await, "forwarded");
+    assert_eq!(upstream.requests(), 3);
+}
+
+/// A done key's expiry moves through the API, sooner or later; `GET` shows the answer it
+/// recorded for duplicates whole; a body that asks for no expiry in the future, or in
+/// another shape, is a 400 that changes nothing.
+#[tokio::test]
+async fn a_done_keys_expiry_moves_and_its_recorded_answer_shows() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201)
+        .body("made")
+        .header("content-type", "text/plain")
+        .header("location", "/orders/1")]);
+    let route = json_route("    retention: 1h\n    duplicate_response: { replay: true }\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    assert_eq!(post_event(proxy.addr, "evt_1").await.status, 201);
+
+    let key = send(proxy.admin, "GET", "/v1/keys/hooks/evt_1", &[], "").await;
+    let record = key.json();
+    assert_eq!(record["answer_status"], 201);
+    assert_eq!(record["answer"]["status"], 201);
+    assert_eq!(record["answer"]["body_bytes"], 4);
+    let headers = record["answer"]["headers"].as_array().unwrap();
+    assert!(
+        headers.contains(&serde_json::json!(["location", "/orders/1"])),
+        "{headers:?}"
+    );
+
+    let json = [("content-type", "application/json")];
+    let path = "/v1/keys/hooks/evt_1";
+    for bad in [
+        "",
+        "{}",
+        "[1]",
+        r#"{"expires_in":"soon"}"#,
+        r#"{"expires_in":"-5m"}"#,
+        r#"{"expires_at":"yesterday"}"#,
+        r#"{"expires_at":"2001-01-01T00:00:00Z"}"#,
+        r#"{"expires_in":"4000days"}"#,
+        r#"{"expires_in":"1h","expires_at":"2030-01-01T00:00:00Z"}"#,
+        r#"{"expires_in":"1h","also":1}"#,
+    ] {
+        let reply = send(proxy.admin, "PATCH", path, &json, bad).await;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
+        assert_eq!(reply.json()["error"], "bad_request", "{bad}");
+    }
+    let huge = format!(r#"{{"expires_in":"{}"}}"#, "9".repeat(5_000));
+    assert_eq!(
+        send(proxy.admin, "PATCH", path, &json, huge).await.status,
+        400
+    );
+    assert_eq!(
+        send(proxy.admin, "GET", path, &[], "").await.json()["expires_at"],
+        record["expires_at"],
+        "nothing moved"
+    );
+
+    // Later, shown as the key now is.
+    let later = send(
+        proxy.admin,
+        "PATCH",
+        path,
+        &json,
+        r#"{"expires_at":"2030-01-01T00:00:00Z"}"#,
+    )
+    .await;
+    assert_eq!(later.status, 200, "{}", later.body);
+    assert_eq!(later.json()["expires_at"], "2030-01-01T00:00:00.000Z");
+    assert_eq!(later.json()["answer"]["status"], 201);
+    // Sooner: once it passes, the next delivery runs the work again.
+    let sooner = send(proxy.admin, "PATCH", path, &json, r#"{"expires_in":"1s"}"#).await;
+    assert_eq!(sooner.status, 200, "{}", sooner.body);
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "forwarded");
+    assert_eq!(upstream.requests(), 2);
+
+    let absent = send(
+        proxy.admin,
+        "PATCH",
+        "/v1/keys/hooks/evt_none",
+        &json,
+        r#"{"expires_in":"1h"}"#,
+    )
+    .await;
+    assert_eq!(absent.status, 404);
+    assert_eq!(absent.json()["error"], "absent");
 }
 
 /// A web page the operator opens cannot drive the admin port: not by posting a form or a

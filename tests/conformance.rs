@@ -23,8 +23,8 @@ use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, Forgotten, KeyState, RESOLVED_STATUS,
-    RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Expiry, Forgotten,
+    KeyState, RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
 };
 use dedupe_proxy::values::TableName;
 use dedupe_proxy::workers::{self, Workers};
@@ -600,6 +600,73 @@ async fn forget_removes_done_keys_but_not_in_flight_ones(h: Harness) {
     h.claimed("k").await;
 }
 
+/// A done key's expiry moves sooner or later with the rest of its record kept; an
+/// in-flight, held or absent key is left alone.
+async fn a_done_keys_expiry_moves_and_nothing_else_does(h: Harness) {
+    let claim = h.claimed("k").await;
+    assert_eq!(
+        h.store.set_expiry(&h.key("k"), u64::MAX / 2).await.unwrap(),
+        Expiry::InFlight
+    );
+    let answer = RecordedResponse {
+        status: 201,
+        headers: vec![("content-type".into(), Bytes::from_static(b"text/plain"))],
+        body: Bytes::from_static(b"made"),
+    };
+    let completion = Completion {
+        response: Some(answer.clone()),
+        ..done(201, SHORT_RETENTION)
+    };
+    h.store.finish(&claim, completion).await.unwrap();
+    let Some(KeyState::Done(before)) = h.state("k").await else {
+        panic!("done expected");
+    };
+    // Later: past the retention it was finished with, the key is still a duplicate.
+    let later = before.completed_at + millis(RETENTION);
+    assert_eq!(
+        h.store.set_expiry(&h.key("k"), later).await.unwrap(),
+        Expiry::Set
+    );
+    let moved = DoneRecord {
+        expires_at: later,
+        ..before.clone()
+    };
+    assert_eq!(h.state("k").await, Some(KeyState::Done(moved)));
+    h.pass(SHORT_RETENTION + Duration::from_millis(200)).await;
+    h.store.sweep(10_000).await.unwrap();
+    let ClaimOutcome::Done(record) = h.store.claim(&h.key("k"), BODY, LEASE).await.unwrap() else {
+        panic!("still done after the retention it had");
+    };
+    assert_eq!(record.response, Some(answer));
+    // Sooner, about 3 s from now (SHORT_RETENTION and a little have passed): once that
+    // time passes, the key is gone and the next delivery runs.
+    let sooner = before.completed_at + millis(SHORT_RETENTION) + 3_200;
+    assert_eq!(
+        h.store.set_expiry(&h.key("k"), sooner).await.unwrap(),
+        Expiry::Set
+    );
+    let Some(KeyState::Done(shortened)) = h.state("k").await else {
+        panic!("done until its new expiry");
+    };
+    assert_eq!(shortened.expires_at, sooner);
+    h.pass(Duration::from_millis(3_400)).await;
+    assert_eq!(h.state("k").await, None);
+    h.claimed("k").await;
+
+    held(&h, "h", RETENTION).await;
+    assert_eq!(
+        h.store.set_expiry(&h.key("h"), u64::MAX / 2).await.unwrap(),
+        Expiry::Held
+    );
+    assert_eq!(
+        h.store
+            .set_expiry(&h.key("none"), u64::MAX / 2)
+            .await
+            .unwrap(),
+        Expiry::Absent
+    );
+}
+
 async fn the_recorded_answer_is_kept_for_replay(h: Harness) {
     let header =
         |name: &str, value: &'static str| (name.to_owned(), Bytes::from_static(value.as_bytes()));
@@ -870,6 +937,7 @@ conformance!(
     a_renewed_lease_outlives_its_first_end_for_its_owner_only,
     done_keys_expire_after_their_retention,
     forget_removes_done_keys_but_not_in_flight_ones,
+    a_done_keys_expiry_moves_and_nothing_else_does,
     the_recorded_answer_is_kept_for_replay,
     concurrent_claims_of_one_key_give_exactly_one_owner,
     every_key_the_proxy_accepts_is_stored_apart,

@@ -1,6 +1,6 @@
 //! Who may use the admin port, checked in front of everything it serves: the Host and
 //! Origin rules that keep a web page the operator opens from driving it, and the bearer
-//! token of `/v1/*`.
+//! token of `/v1/*` and `/mcp`.
 //!
 //! A page on another site can make the operator's browser send requests to the admin port
 //! (a form posted to `http://127.0.0.1:9091/v1/reload`), or rebind its own name to the
@@ -25,7 +25,7 @@ use subtle::ConstantTimeEq;
 use crate::response::AdminRefusal;
 use crate::values::Secret;
 
-/// Who may use `/v1/*`.
+/// Who may use `/v1/*` and `/mcp`.
 pub enum Access {
     /// Whoever presents this bearer token.
     Token(Secret),
@@ -55,7 +55,7 @@ impl Rules {
         if !request.method().is_safe() {
             check_origin(request.headers())?;
         }
-        if path.starts_with("/v1/") {
+        if path.starts_with("/v1/") || path == "/mcp" {
             match &self.access {
                 Access::Closed => return Err(AdminRefusal::Closed),
                 Access::Token(token) if !bearer_matches(request.headers(), token) => {

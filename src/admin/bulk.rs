@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::queue::Deliveries;
 use crate::route::Route;
 use crate::store::queue::{DeliveryQueue, Job, dead_cursor};
-use crate::store::{Millis, StoreError, rfc3339};
+use crate::store::{Millis, StoreError, parse_rfc3339, rfc3339};
 
 /// The most dead letters read to fill one page of matches: a filter that matches little
 /// ends a page early, with its `next`, rather than read the whole list.
@@ -67,8 +67,8 @@ impl DeadFilter {
                     }
                 },
                 "key_prefix" => filter.key_prefix = Some(value.into_owned()),
-                "since" => filter.since = Some(time(&value)?),
-                "until" => filter.until = Some(time(&value)?),
+                "since" => filter.since = Some(parse_rfc3339(&name, &value)?),
+                "until" => filter.until = Some(parse_rfc3339(&name, &value)?),
                 "limit" => {
                     limit = value
                         .parse::<usize>()
@@ -113,16 +113,6 @@ impl DeadFilter {
             "until": self.until.map(rfc3339),
         })
     }
-}
-
-/// An RFC 3339 time in milliseconds since the epoch.
-fn time(text: &str) -> Result<Millis, String> {
-    let at = humantime::parse_rfc3339_weak(text)
-        .map_err(|_| format!("`{text}` is not a time like 2026-12-01T10:00:00Z"))?;
-    let since_epoch = at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| format!("`{text}` is before 1970"))?;
-    Ok(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Up to `limit` of the route's dead letters that `filter` admits, after the cursor

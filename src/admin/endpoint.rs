@@ -3,6 +3,7 @@
 //! is answered 405 with `Allow`, an unknown one 404.
 
 use http::Method;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// An endpoint of the admin port: a probe, or one of the API's under `/v1/`.
 #[derive(Debug, PartialEq, Eq)]
@@ -127,9 +128,10 @@ impl<'a> Endpoint<'a> {
                 | Api::Replays { .. }
                 | Api::Job { replay: true, .. },
             ) => "POST",
-            Endpoint::Api(
-                Api::Key { .. } | Api::Entity { .. } | Api::Job { .. } | Api::Replay { .. },
-            ) => "GET, HEAD, DELETE",
+            Endpoint::Api(Api::Key { .. }) => "GET, HEAD, DELETE, PATCH",
+            Endpoint::Api(Api::Entity { .. } | Api::Job { .. } | Api::Replay { .. }) => {
+                "GET, HEAD, DELETE"
+            }
         }
     }
 
@@ -139,6 +141,16 @@ impl<'a> Endpoint<'a> {
             .split(", ")
             .any(|allowed| allowed == method.as_str())
     }
+}
+
+/// What a path segment escapes: all but RFC 3986's unreserved characters, and dots too,
+/// so that no intermediary reads a key `..` as a dot segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
+
+/// `text` as one segment of an admin path (a route's name, a key), as `parse` reads it
+/// back once percent-decoded.
+pub(crate) fn path_segment(text: &str) -> String {
+    utf8_percent_encode(text, SEGMENT).to_string()
 }
 
 /// What follows `/v1/queue/`.
@@ -257,9 +269,17 @@ mod tests {
     }
 
     #[test]
+    fn segments_escape_all_but_unreserved_characters() {
+        assert_eq!(path_segment("evt_1-b~c"), "evt_1-b~c");
+        assert_eq!(path_segment(".."), "%2E%2E");
+        assert_eq!(path_segment("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
+    }
+
+    #[test]
     fn head_goes_wherever_get_does() {
         let key = Endpoint::parse("/v1/keys/r/k").unwrap();
         assert!(key.takes(&Method::HEAD) && key.takes(&Method::DELETE));
+        assert!(key.takes(&Method::PATCH));
         assert!(!key.takes(&Method::POST));
         assert!(!Endpoint::Api(Api::Reload).takes(&Method::GET));
     }

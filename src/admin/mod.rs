@@ -1,8 +1,8 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
-//! keys: listed, inspected, forgotten, and held ones resolved; and the newest version done
-//! for an entity (`order:`), inspected or forgotten; queued delivery's routes, paused and
-//! resumed, and its dead letters (`queue.rs`, `bulk.rs`). Kept on its own port
-//! (127.0.0.1 by default) so that providers never reach it.
+//! keys and entities (`keys.rs`), queued delivery's routes, paused and resumed, and its
+//! dead letters (`queue.rs`, `bulk.rs`), the delivery log (`deliveries.rs`) and `/mcp`
+//! (`mcp.rs`). Kept on its own port (127.0.0.1 by default) so that providers never reach
+//! it.
 //!
 //! Every request first meets [`access`]: the Host and Origin rules that keep web pages
 //! out, and the bearer token of `/v1/*`; then [`endpoint`] names what it asks for.
@@ -11,32 +11,33 @@ mod access;
 mod bulk;
 mod deliveries;
 mod endpoint;
+mod keys;
+mod mcp;
 mod queue;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
-
+use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::body::{self, ProxyBody, empty, full};
-use crate::config::{AdminConfig, Limits};
+use crate::config::{AdminConfig, Limits, McpAccess};
 use crate::metrics::{KeyCounts, Metrics};
 use crate::proxy::Proxy;
-use crate::proxy::operator::{self, Resolving};
 use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
-use crate::route::Route;
 use crate::server::{Ends, RequestPermit};
-use crate::store::{
-    Forgotten, HeldRecord, KeyState, QUEUED_STATUS, RESOLVED_STATUS, Resolution,
-    STALE_SKIPPED_STATUS, StateFilter, StoreError, entity_key, rfc3339, store_key,
-};
 use access::{Access, Rules};
+pub(crate) use endpoint::path_segment;
 use endpoint::{Api, Endpoint, Probe};
+
+/// The largest request body the API reads (a resolution, an expiry), and how long it
+/// waits for one.
+const BODY_MAX: u64 = 1024;
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The most connections the admin port takes: probes, a scraper and a few operators need
 /// few, and the descriptors they take are set aside from the proxy's.
@@ -67,6 +68,8 @@ pub struct Admin {
     replays: bulk::Replays,
     /// Live tails of the delivery log.
     tails: deliveries::Tails,
+    /// What `/mcp` offers.
+    mcp: McpAccess,
 }
 
 impl Admin {
@@ -92,6 +95,7 @@ impl Admin {
             metrics,
             replays: bulk::Replays::default(),
             tails: deliveries::Tails::default(),
+            mcp: config.mcp,
         }
     }
 
@@ -117,6 +121,24 @@ impl Admin {
         if let Err(refusal) = self.rules.check(&request, ends.local) {
             return refusal.into_response();
         }
+        if request.uri().path() == "/mcp" {
+            return match (self.mcp, self.serving.get()) {
+                (McpAccess::Off, _) => AdminRefusal::NotFound.into_response(),
+                (_, None) => AdminRefusal::Starting.into_response(),
+                (_, Some(_)) => mcp::serve(Arc::clone(&self), request).await,
+            };
+        }
+        // Every body the API takes is small: read whole, within bounds, before it is
+        // answered.
+        let (head, body) = request.into_parts();
+        match body::read_limited(&head.headers, body, BODY_MAX, BODY_READ_TIMEOUT).await {
+            Ok(body) => self.answer(Request::from_parts(head, body)).await,
+            Err(error) => AdminRefusal::BadRequest(error.to_string()).into_response(),
+        }
+    }
+
+    /// Answers a request that met the port's rules, by what its path names.
+    async fn answer(&self, request: Request<Bytes>) -> Response<ProxyBody> {
         // Owned: a resolution takes the request's body along with the path's parts.
         let path = request.uri().path().to_owned();
         let Some(endpoint) = Endpoint::parse(&path) else {
@@ -176,7 +198,7 @@ impl Admin {
         &self,
         serving: &Serving,
         api: Api<'_>,
-        request: Request<Incoming>,
+        request: Request<Bytes>,
     ) -> Response<ProxyBody> {
         let recorder = serving.proxy.recorder();
         let query = request.uri().query();
@@ -194,16 +216,17 @@ async fn serve_store_api(
     serving: &Serving,
     replays: &bulk::Replays,
     api: Api<'_>,
-    request: Request<Incoming>,
+    request: Request<Bytes>,
 ) -> Response<ProxyBody> {
-    let method = request.method();
+    // Owned: a key's request takes the request's body along.
+    let method = &request.method().clone();
     match api {
         Api::Routes => routes(serving),
         Api::Reload => reload(serving).await,
-        Api::Keys => list_keys(serving, request.uri().query()).await,
-        Api::Key { route, key } => key_request(serving, method, route, key).await,
-        Api::Entity { route, entity } => entity_request(serving, method, route, entity).await,
-        Api::Resolve { route, key } => resolve(serving, route, key, request).await,
+        Api::Keys => keys::list(serving, request.uri().query()).await,
+        Api::Key { route, key } => keys::one(serving, route, key, request).await,
+        Api::Entity { route, entity } => keys::entity(serving, method, route, entity).await,
+        Api::Resolve { route, key } => keys::resolve(serving, route, key, request).await,
         Api::Queue => queue::overview(&serving.proxy).await,
         Api::Pause { route, paused } => queue::pause(&serving.proxy, route, paused).await,
         Api::Dead { route } => queue::dead(&serving.proxy, route, request.uri().query()).await,
@@ -291,298 +314,5 @@ async fn reload(serving: &Serving) -> Response<ProxyBody> {
         Ok(Ok(reloaded)) => json_response(StatusCode::OK, json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed }).to_string()),
         Ok(Err(invalid)) => AdminRefusal::InvalidConfig(invalid.on_one_line()).into_response(),
         Err(failed) => AdminRefusal::Internal(failed.to_string()).into_response(),
-    }
-}
-
-/// `GET` or `DELETE /v1/keys/{route}/{key}`; the key is percent-decoded.
-async fn key_request(
-    serving: &Serving,
-    method: &Method,
-    route_name: &str,
-    raw_key: &str,
-) -> Response<ProxyBody> {
-    let proxy = &serving.proxy;
-    let routing = proxy.routing();
-    let Some(route) = routing.table.by_name(route_name) else {
-        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
-    };
-    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
-    let full_key = store_key(&route.namespace, &key);
-    let store = proxy.store();
-    match *method {
-        Method::DELETE => {
-            match operator::forget(store.as_ref(), &routing, route, &full_key).await {
-                Ok(Forgotten::Removed) => {
-                    tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
-                    let mut response = Response::new(empty());
-                    *response.status_mut() = StatusCode::NO_CONTENT;
-                    response
-                }
-                Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
-                Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
-                Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
-                Err(failure) => AdminRefusal::from(failure).into_response(),
-            }
-        }
-        // GET, or HEAD answered as one: the endpoint takes no other.
-        _ => match store.inspect(&full_key).await {
-            Ok(Some(state)) => json_response(
-                StatusCode::OK,
-                describe(route_name, &key, &state).to_string(),
-            ),
-            Ok(None) => AdminRefusal::Absent.into_response(),
-            Err(failure) => AdminRefusal::from(failure).into_response(),
-        },
-    }
-}
-
-/// `GET /v1/entities/{route}/{entity}`: the newest version done for an entity of a route
-/// with `order:`; `DELETE` forgets it (after a version far ahead made real events stale).
-async fn entity_request(
-    serving: &Serving,
-    method: &Method,
-    route_name: &str,
-    raw_entity: &str,
-) -> Response<ProxyBody> {
-    let routing = serving.proxy.routing();
-    let Some(route) = routing.table.by_name(route_name) else {
-        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
-    };
-    if route.order.is_none() {
-        return AdminRefusal::NoOrder(route_name.to_owned()).into_response();
-    }
-    let entity = percent_encoding::percent_decode_str(raw_entity).decode_utf8_lossy();
-    let full_key = entity_key(&route.namespace, &entity);
-    let store = serving.proxy.store();
-    match *method {
-        Method::DELETE => match store.forget_entity(&full_key).await {
-            Ok(true) => {
-                tracing::info!(route = route_name, entity = %entity, "entity's version forgotten through the admin API");
-                let mut response = Response::new(empty());
-                *response.status_mut() = StatusCode::NO_CONTENT;
-                response
-            }
-            Ok(false) => AdminRefusal::NoVersion.into_response(),
-            Err(failure) => AdminRefusal::from(failure).into_response(),
-        },
-        // GET, or HEAD answered as one: the endpoint takes no other.
-        _ => match store.newest_version(&full_key).await {
-            Ok(Some(record)) => {
-                let body = json!({
-                    "route": route_name,
-                    "entity": entity,
-                    "newest_version": record.newest.text,
-                    "recorded_at": rfc3339(record.recorded_at),
-                    "expires_at": rfc3339(record.expires_at),
-                });
-                json_response(StatusCode::OK, body.to_string())
-            }
-            Ok(None) => AdminRefusal::NoVersion.into_response(),
-            Err(failure) => AdminRefusal::from(failure).into_response(),
-        },
-    }
-}
-
-/// The most keys one page of `GET /v1/keys` lists, and how many without `limit`.
-const LIST_LIMIT_MAX: usize = 1000;
-const LIST_LIMIT_DEFAULT: usize = 100;
-
-/// `GET /v1/keys?route=R[&state=in_flight|done|held][&limit=N][&after=CURSOR]`: a page of
-/// a route's keys, and the cursor of the next page (`null` after the last).
-async fn list_keys(serving: &Serving, query: Option<&str>) -> Response<ProxyBody> {
-    let (mut route_name, mut state, mut limit, mut after) = (None, None, LIST_LIMIT_DEFAULT, None);
-    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        let bad = |reason: String| AdminRefusal::BadRequest(reason).into_response();
-        match &*name {
-            "route" => route_name = Some(value.into_owned()),
-            "state" => match StateFilter::parse(&value) {
-                Some(filter) => state = Some(filter),
-                None => {
-                    return bad(format!(
-                        "state `{value}` is not one of in_flight, done, held"
-                    ));
-                }
-            },
-            "limit" => match value.parse::<usize>() {
-                Ok(n) if (1..=LIST_LIMIT_MAX).contains(&n) => limit = n,
-                _ => return bad(format!("limit must be a number from 1 to {LIST_LIMIT_MAX}")),
-            },
-            "after" => after = Some(value.into_owned()),
-            other => return bad(format!("unknown query parameter `{other}`")),
-        }
-    }
-    let Some(route_name) = route_name else {
-        return AdminRefusal::BadRequest("`route` is required".into()).into_response();
-    };
-    let routing = serving.proxy.routing();
-    let Some(route) = routing.table.by_name(&route_name) else {
-        return AdminRefusal::NoSuchRoute(route_name).into_response();
-    };
-    let store = serving.proxy.store();
-    let page = match store
-        .list(&route.namespace, state, after.as_deref(), limit)
-        .await
-    {
-        Ok(page) => page,
-        Err(StoreError::BadRequest(reason)) => {
-            return AdminRefusal::BadRequest(reason).into_response();
-        }
-        Err(failure) => {
-            return AdminRefusal::from(failure).into_response();
-        }
-    };
-    let namespace = format!("{}:", route.namespace);
-    let keys: Vec<_> = page
-        .keys
-        .iter()
-        .map(|(full_key, state)| {
-            let key = full_key.strip_prefix(&namespace).unwrap_or(full_key);
-            describe(&route_name, key, state)
-        })
-        .collect();
-    let body = json!({ "keys": keys, "next": page.next });
-    json_response(StatusCode::OK, body.to_string())
-}
-
-/// The largest body `POST .../resolve` reads.
-const RESOLVE_BODY_MAX: u64 = 1024;
-
-/// `POST /v1/keys/{route}/{key}/resolve` with `{"outcome":"done"}` (the work happened:
-/// duplicates get the duplicate answer) or `{"outcome":"release"}` (the next delivery runs
-/// it), and `"held_at"` if wanted (the hold the operator looked into, as `GET` showed it: a
-/// key held again since is left alone).
-async fn resolve(
-    serving: &Serving,
-    route_name: &str,
-    raw_key: &str,
-    request: Request<Incoming>,
-) -> Response<ProxyBody> {
-    let routing = serving.proxy.routing();
-    let Some(route) = routing.table.by_name(route_name) else {
-        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
-    };
-    let (resolution, expected_hold) = match asked_resolution(route, request).await {
-        Ok(asked) => asked,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
-    let full_key = store_key(&route.namespace, &key);
-    let store = serving.proxy.store();
-    let is_the_hold = |held: &HeldRecord| {
-        expected_hold
-            .as_ref()
-            .is_none_or(|expected| *expected == rfc3339(held.held_at))
-    };
-    let resolved = operator::resolve(
-        store.as_ref(),
-        &routing,
-        route,
-        &full_key,
-        resolution,
-        is_the_hold,
-    );
-    match resolved.await {
-        Ok(Resolving::Resolved) => {
-            let outcome = match resolution {
-                Resolution::Done { .. } => "done",
-                Resolution::Release => "release",
-            };
-            tracing::info!(route = route_name, key = %key, outcome, "held key resolved through the admin API");
-            match store.inspect(&full_key).await {
-                Ok(Some(state)) => json_response(
-                    StatusCode::OK,
-                    describe(route_name, &key, &state).to_string(),
-                ),
-                _ => json_response(
-                    StatusCode::OK,
-                    json!({ "route": route_name, "key": key, "state": "absent" }).to_string(),
-                ),
-            }
-        }
-        Ok(Resolving::NotHeld) => AdminRefusal::NotHeld.into_response(),
-        Ok(Resolving::HeldAgain) => AdminRefusal::HeldAgain.into_response(),
-        Err(failure) => AdminRefusal::from(failure).into_response(),
-    }
-}
-
-/// The resolution a `POST .../resolve` body asks for, and the hold it names if any.
-async fn asked_resolution(
-    route: &Route,
-    request: Request<Incoming>,
-) -> Result<(Resolution, Option<String>), AdminRefusal> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Asked {
-        outcome: String,
-        held_at: Option<String>,
-    }
-    let (head, body) = request.into_parts();
-    let body = body::read_limited(&head.headers, body, RESOLVE_BODY_MAX, RESOLVE_READ_TIMEOUT)
-        .await
-        .map_err(|error| AdminRefusal::BadRequest(error.to_string()))?;
-    let asked = serde_json::from_slice::<Asked>(&body).ok();
-    let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
-        Some("done") => Resolution::Done {
-            retention: route.policy.retention,
-        },
-        Some("release") => Resolution::Release,
-        _ => {
-            return Err(AdminRefusal::BadRequest(
-                r#"the body must be {"outcome":"done"} or {"outcome":"release"}, with "held_at" if wanted"#.into(),
-            ));
-        }
-    };
-    Ok((resolution, asked.and_then(|asked| asked.held_at)))
-}
-
-/// How long `POST .../resolve` waits for its (small) body.
-const RESOLVE_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The admin API's view of a key.
-fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
-    match state {
-        KeyState::InFlight {
-            claimed_at,
-            lease_until,
-            fingerprint,
-        } => json!({
-            "route": route,
-            "key": key,
-            "state": "in_flight",
-            "claimed_at": rfc3339(*claimed_at),
-            "completed_at": null,
-            "expires_at": rfc3339(*lease_until),
-            "upstream_status": null,
-            "body_sha256": hex::encode(fingerprint),
-        }),
-        KeyState::Done(done) => json!({
-            "route": route,
-            "key": key,
-            "state": "done",
-            "claimed_at": rfc3339(done.claimed_at),
-            "completed_at": rfc3339(done.completed_at),
-            "expires_at": rfc3339(done.expires_at),
-            // None where no answer from the app was seen.
-            "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS | QUEUED_STATUS)).then_some(done.upstream_status),
-            "done_because": match done.upstream_status {
-                RESOLVED_STATUS => "resolved",
-                STALE_SKIPPED_STATUS => "stale_skipped",
-                QUEUED_STATUS => "queued",
-                _ => "upstream_success",
-            },
-            "body_sha256": hex::encode(done.fingerprint),
-        }),
-        KeyState::Held(held) => json!({
-            "route": route,
-            "key": key,
-            "state": "held",
-            "claimed_at": rfc3339(held.claimed_at),
-            "held_at": rfc3339(held.held_at),
-            "completed_at": null,
-            "expires_at": rfc3339(held.expires_at),
-            "upstream_status": null,
-            "held_because": held.reason.as_str(),
-            "body_sha256": hex::encode(held.fingerprint),
-        }),
     }
 }

@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, fields, page_table, pages, plain, print, segment, table};
+use super::api::{Api, Failure, fields, page_table, pages, plain, print, table};
 use super::{Command, EntitiesCommand, KeysCommand, Outcome};
+use crate::admin::path_segment;
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
 /// reached, 2 when the command itself is wrong.
@@ -70,7 +71,11 @@ async fn carry_out(config: Option<&Path>, command: Command) -> Result<(), Failur
                 } => (Method::DELETE, route, entity, admin),
             };
             let api = Api::find(config, &admin)?;
-            let path = format!("/v1/entities/{}/{}", segment(&route), segment(&entity));
+            let path = format!(
+                "/v1/entities/{}/{}",
+                path_segment(&route),
+                path_segment(&entity)
+            );
             let forgetting = method == Method::DELETE;
             let answer = api.call(method, &path, None).await?;
             if forgetting {
@@ -135,6 +140,22 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
                 format!("forgotten: {route}/{key}\n")
             });
         }
+        KeysCommand::Expire {
+            route,
+            key,
+            at,
+            within,
+            admin,
+        } => {
+            let api = Api::find(config, &admin)?;
+            let body = match (at, within) {
+                (Some(at), _) => json!({ "expires_at": at }),
+                (None, within) => json!({ "expires_in": within }),
+            };
+            let path = key_path(&route, &key);
+            let answer = api.call(Method::PATCH, &path, Some(body)).await?;
+            print(&admin, &answer, fields);
+        }
         KeysCommand::Resolve {
             route,
             key,
@@ -160,7 +181,7 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
 }
 
 fn key_path(route: &str, key: &str) -> String {
-    format!("/v1/keys/{}/{}", segment(route), segment(key))
+    format!("/v1/keys/{}/{}", path_segment(route), path_segment(key))
 }
 
 /// A page of keys, under headings if `headings`, with the cursor of the next page if

@@ -75,7 +75,7 @@ pub enum Command {
     Routes(AdminArgs),
     /// Make a running proxy read its configuration file again.
     Reload(AdminArgs),
-    /// List, inspect and forget a running proxy's keys, and resolve held ones.
+    /// List, inspect, expire and forget a running proxy's keys, and resolve held ones.
     Keys {
         #[command(subcommand)]
         command: KeysCommand,
@@ -204,6 +204,21 @@ pub enum KeysCommand {
     Forget {
         route: String,
         key: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Move a done key's expiry, sooner or later: until then its deliveries are
+    /// duplicates.
+    #[command(group(clap::ArgGroup::new("when").required(true).args(["at", "within"])))]
+    Expire {
+        route: String,
+        key: String,
+        /// The new expiry, an RFC 3339 time (2026-12-31T00:00:00Z).
+        #[arg(long)]
+        at: Option<String>,
+        /// The new expiry from now, a duration (48h).
+        #[arg(long = "in")]
+        within: Option<String>,
         #[command(flatten)]
         admin: AdminArgs,
     },

@@ -7,8 +7,9 @@ use std::path::Path;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, fields, page_table, pages, plain, print, segment, table};
+use super::api::{Api, Failure, fields, page_table, pages, plain, print, table};
 use super::{DeadFilterArgs, PageArgs, QueueCommand};
+use crate::admin::path_segment;
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
     match command {
@@ -128,11 +129,11 @@ async fn dead_letters(
 }
 
 fn route_path(route: &str) -> String {
-    format!("/v1/queue/{}", segment(route))
+    format!("/v1/queue/{}", path_segment(route))
 }
 
 fn job_path(route: &str, key: &str) -> String {
-    format!("{}/jobs/{}", route_path(route), segment(key))
+    format!("{}/jobs/{}", route_path(route), path_segment(key))
 }
 
 /// The filter as the API's query takes it.

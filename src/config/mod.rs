@@ -28,7 +28,9 @@ use file::ConfigFile;
 /// Where the admin port listens when the file does not say.
 pub(crate) use defaults::admin_listen as default_admin_listen;
 pub use errors::ConfigError;
-pub use sections::{AdminConfig, DeliveryLogConfig, Limits, OtlpProtocol, TelemetryConfig};
+pub use sections::{
+    AdminConfig, DeliveryLogConfig, Limits, McpAccess, OtlpProtocol, TelemetryConfig,
+};
 pub use store::{
     DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
     StoreConfig, TlsConfig,

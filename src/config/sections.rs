@@ -24,6 +24,22 @@ pub struct AdminConfig {
     /// Service's DNS name, say); requests naming any other host are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostName>,
+    /// What `/mcp` (the admin API for coding agents) offers.
+    #[serde(default)]
+    pub mcp: McpAccess,
+}
+
+/// `admin.mcp`: the tools `/mcp` offers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpAccess {
+    /// No `/mcp`.
+    Off,
+    /// The tools that read: routes, keys, the delivery log.
+    #[default]
+    ReadOnly,
+    /// Those, and the tools that change keys (forget, set expiry, resolve).
+    ReadWrite,
 }
 
 impl Default for AdminConfig {
@@ -32,6 +48,7 @@ impl Default for AdminConfig {
             listen: defaults::admin_listen(),
             token_env: None,
             hosts: Vec::new(),
+            mcp: McpAccess::default(),
         }
     }
 }

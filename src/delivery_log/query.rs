@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::store::log::{DeliveryLog, Fate, LogId, LoggedDelivery};
-use crate::store::{Millis, StoreError, rfc3339};
+use crate::store::{Millis, StoreError, parse_rfc3339, rfc3339};
 
 /// Entries one page shows at most, and without `limit`.
 pub const LIMIT_MAX: usize = 500;
@@ -106,8 +106,8 @@ impl Filter {
                 "outcome" => filter.outcomes = outcomes(&value)?,
                 "status" => filter.status = Some(status(&name, &value)?),
                 "upstream_status" => filter.upstream_status = Some(status(&name, &value)?),
-                "since" => filter.since = Some(time(&name, &value)?),
-                "until" => filter.until = Some(time(&name, &value)?),
+                "since" => filter.since = Some(parse_rfc3339(&name, &value)?),
+                "until" => filter.until = Some(parse_rfc3339(&name, &value)?),
                 other => return Err(format!("unknown query parameter `{other}`")),
             }
             canonical.push((name.into_owned(), value));
@@ -196,14 +196,6 @@ fn outcomes(text: &str) -> Result<Vec<OutcomeTerm>, String> {
 fn status(name: &str, text: &str) -> Result<StatusMatch, String> {
     StatusMatch::parse(text)
         .ok_or_else(|| format!("{name} `{text}` is not a status (like 502) or a class (like 5xx)"))
-}
-
-fn time(name: &str, text: &str) -> Result<Millis, String> {
-    let at = humantime::parse_rfc3339_weak(text)
-        .map_err(|_| format!("{name} `{text}` is not a time like 2026-12-02T10:00:00Z"))?;
-    at.duration_since(std::time::UNIX_EPOCH)
-        .map(crate::store::millis)
-        .map_err(|_| format!("{name} `{text}` is before 1970"))
 }
 
 /// One page of a listing, newest first, and the cursor of the next (none after the last).

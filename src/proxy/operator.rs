@@ -1,9 +1,12 @@
 //! What an operator does to a key through the admin API, with the record the replay guard
 //! keeps of a delivery's body beside it (which only the proxy's claims make): forgetting a
-//! done key forgets its body, and resolving a held key resolves its body first.
+//! done key forgets its body, moving its expiry moves its body's, and resolving a held key
+//! resolves its body first.
 
 use crate::route::{Route, Routing};
-use crate::store::{ClaimStore, Forgotten, HeldRecord, KeyState, Resolution, StoreError, body_key};
+use crate::store::{
+    ClaimStore, Expiry, Forgotten, HeldRecord, KeyState, Millis, Resolution, StoreError, body_key,
+};
 
 /// Forgets a done key and, where a route of its scope guards against replays, the body it
 /// recorded: else a redelivery would still be that body's duplicate.
@@ -21,6 +24,24 @@ pub(crate) async fn forget(
             .await?;
     }
     store.forget(full_key).await
+}
+
+/// Moves a done key's expiry to `expires_at` and, where a route of its scope guards
+/// against replays, its body's: else the body would outlive the key, or go before it.
+pub(crate) async fn set_expiry(
+    store: &dyn ClaimStore,
+    routing: &Routing,
+    route: &Route,
+    full_key: &str,
+    expires_at: Millis,
+) -> Result<Expiry, StoreError> {
+    if routing.table.guards_bodies(&route.namespace)
+        && let Some(KeyState::Done(record)) = store.inspect(full_key).await?
+    {
+        let body = body_key(&route.namespace, &record.fingerprint);
+        store.set_expiry(&body, expires_at).await?;
+    }
+    store.set_expiry(full_key, expires_at).await
 }
 
 /// What a resolution did.

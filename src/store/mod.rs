@@ -41,7 +41,7 @@ pub(crate) use error::within;
 #[cfg(any(test, feature = "testing"))]
 pub use time::ManualClock;
 pub use time::{Clock, millis};
-pub(crate) use time::{Millis, SystemClock, rfc3339};
+pub(crate) use time::{Millis, SystemClock, parse_rfc3339, rfc3339};
 
 pub use keys::{Fingerprint, Version, entity_key};
 pub(crate) use keys::{body_key, store_key};
@@ -549,6 +549,10 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// record was removed; an in-flight or held key is left alone.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError>;
 
+    /// Moves a done key's expiry to `expires_at` (sooner or later), keeping the rest of
+    /// its record; an in-flight or held key is left alone.
+    async fn set_expiry(&self, key: &str, expires_at: Millis) -> Result<Expiry, StoreError>;
+
     /// The newest version done for `entity` (an [`entity_key`]), unless none was or its
     /// record has expired.
     async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError>;
@@ -645,6 +649,15 @@ fn owned(changed: bool) -> Result<(), StoreError> {
     } else {
         Err(StoreError::NotOwner)
     }
+}
+
+/// What `set_expiry` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    Set,
+    Absent,
+    InFlight,
+    Held,
 }
 
 /// What `forget` did.

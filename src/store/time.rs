@@ -58,3 +58,13 @@ pub fn millis(duration: Duration) -> Millis {
 pub(crate) fn rfc3339(at: Millis) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at)).to_string()
 }
+
+/// RFC 3339 text (as an operator writes it in a filter or a request) as a time; the error
+/// says what was wrong, naming the value `name`.
+pub(crate) fn parse_rfc3339(name: &str, text: &str) -> Result<Millis, String> {
+    let at = humantime::parse_rfc3339_weak(text)
+        .map_err(|_| format!("{name} `{text}` is not a time like 2026-12-01T10:00:00Z"))?;
+    at.duration_since(UNIX_EPOCH)
+        .map(millis)
+        .map_err(|_| format!("{name} `{text}` is before 1970"))
+}

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Fingerprint, Forgotten,
-    KeyState, Page, Resolution, StateFilter, StoreError, Swept, Version,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Expiry, Fingerprint,
+    Forgotten, KeyState, Page, Resolution, StateFilter, StoreError, Swept, Version,
 };
 
 use super::*;
@@ -117,6 +117,9 @@ impl ClaimStore for FailingStore {
     }
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         self.inner.forget(key).await
+    }
+    async fn set_expiry(&self, key: &str, expires_at: u64) -> Result<Expiry, StoreError> {
+        self.inner.set_expiry(key, expires_at).await
     }
     async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {
         if self.fail_versions {

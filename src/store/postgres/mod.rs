@@ -43,9 +43,9 @@ use self::record::{live_state, signed, unsigned};
 use self::statements::Statements;
 use super::queue::DeliveryQueue;
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Fingerprint, Forgotten,
-    Heard, KeyState, Page, RecordedResponse, Resolution, StateFilter, StoreError, Swept, Version,
-    millis, owned, page, within,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Expiry, Fingerprint,
+    Forgotten, Heard, KeyState, Millis, Page, RecordedResponse, Resolution, StateFilter,
+    StoreError, Swept, Version, millis, owned, page, within,
 };
 use crate::config::PostgresConfig;
 use crate::workers::{PerWorker, Workers};
@@ -340,6 +340,25 @@ impl ClaimStore for PostgresStore {
                 Some("in_flight") => Forgotten::InFlight,
                 Some("held") => Forgotten::Held,
                 _ => Forgotten::Absent,
+            },
+        )
+    }
+
+    async fn set_expiry(&self, key: &str, expires_at: Millis) -> Result<Expiry, StoreError> {
+        let expires_at = signed(expires_at);
+        if self
+            .execute(&self.statements.set_expiry, &[&key, &expires_at])
+            .await?
+            == 1
+        {
+            return Ok(Expiry::Set);
+        }
+        let rows = self.query(&self.statements.state_of, &[&key]).await?;
+        Ok(
+            match rows.first().map(|row| row.get::<_, String>(0)).as_deref() {
+                Some("in_flight") => Expiry::InFlight,
+                Some("held") => Expiry::Held,
+                _ => Expiry::Absent,
             },
         )
     }

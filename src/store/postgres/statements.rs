@@ -53,6 +53,7 @@ pub(super) struct Statements {
     pub(super) list: Sql,
     pub(super) list_held: Sql,
     pub(super) forget_done: Sql,
+    pub(super) set_expiry: Sql,
     pub(super) count_held: Sql,
     pub(super) state_of: Sql,
     pub(super) sweep: Sql,
@@ -83,6 +84,7 @@ impl Statements {
             release: sql(release(table, &channel)),
             renew: sql(renew(table)),
             forget_done: sql(forget_done(table)),
+            set_expiry: sql(set_expiry(table)),
             count_held: sql(count_held(table)),
             state_of: sql(state_of(table)),
             sweep: sql(sweep(table)),
@@ -264,6 +266,16 @@ fn forget_done(table: &str) -> (&'static [Type], String) {
     )
 }
 
+fn set_expiry(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT, Type::INT8],
+        format!(
+            "UPDATE {table} SET expires_at = $2
+         WHERE key = $1 AND state = 'done' AND expires_at > {NOW_MS}"
+        ),
+    )
+}
+
 fn count_held(table: &str) -> (&'static [Type], String) {
     (
         &[],
@@ -333,7 +345,7 @@ mod tests {
 
     impl Statements {
         /// Every statement: the pattern names every field, so a new one must be added.
-        fn every(&self) -> [&Sql; 18] {
+        fn every(&self) -> [&Sql; 19] {
             let Statements {
                 claim_many,
                 current,
@@ -346,6 +358,7 @@ mod tests {
                 list,
                 list_held,
                 forget_done,
+                set_expiry,
                 count_held,
                 state_of,
                 sweep,
@@ -366,6 +379,7 @@ mod tests {
                 list,
                 list_held,
                 forget_done,
+                set_expiry,
                 count_held,
                 state_of,
                 sweep,

@@ -47,14 +47,15 @@ use self::queue::RedisQueue;
 use self::scripts::{FORGET, RECORD_VERSION, RELEASE, RENEW, REPLACE, SETTLE};
 use self::stored::{
     Finished, Holding, Started, Stored, decode_entity, encode, encode_entity, malformed,
-    owner_prefix,
+    owner_prefix, with_expiry,
 };
 use self::subscription::hear;
 use super::queue::DeliveryQueue;
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, EntityRecord, Fingerprint,
-    Forgotten, Heard, KeyState, Millis, Page, RESOLVED_STATUS, Resolution, StateFilter, StoreError,
-    Swept, SystemClock, Version, count_by_namespace, millis, owned, within,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, EntityRecord, Expiry,
+    Fingerprint, Forgotten, Heard, KeyState, Millis, Page, RESOLVED_STATUS, Resolution,
+    StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis, owned,
+    within,
 };
 use crate::config::RedisConfig;
 use crate::workers::{PerWorker, Workers};
@@ -412,6 +413,36 @@ impl ClaimStore for RedisStore {
             "absent" => Ok(Forgotten::Absent),
             _ => Err(malformed("a claim record has an unknown tag")),
         }
+    }
+
+    async fn set_expiry(&self, key: &str, expires_at: Millis) -> Result<Expiry, StoreError> {
+        // A value changed between the read and the swap is read again: a claim or a
+        // forget raced the operator.
+        for _ in 0..3 {
+            let Some((stored, value)) = self.read(key).await? else {
+                return Ok(Expiry::Absent);
+            };
+            match stored {
+                Stored::InFlight(_) => return Ok(Expiry::InFlight),
+                Stored::Held(..) => return Ok(Expiry::Held),
+                Stored::Done(_) => {}
+            }
+            let moved = with_expiry(&value, expires_at)
+                .ok_or_else(|| malformed("a done record cannot be read"))?;
+            let ttl = expires_at.saturating_sub(self.clock.now()).max(1);
+            let mut connection = self.connection();
+            let mut invocation = self.replace.key(self.key(key));
+            invocation.arg(value).arg(moved).arg(ttl);
+            let replaced: i64 = self
+                .bounded(invocation.invoke_async(&mut connection))
+                .await?;
+            if replaced == 1 {
+                return Ok(Expiry::Set);
+            }
+        }
+        Err(StoreError::Backend(
+            "the key kept changing while its expiry was set".into(),
+        ))
     }
 
     fn hear_outcomes(&self, heard: Heard) {

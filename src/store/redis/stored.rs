@@ -100,6 +100,17 @@ impl Stored {
     }
 }
 
+/// A done value with its expiry moved to `expires_at`, the rest as it was; `None` for
+/// another value.
+pub(super) fn with_expiry(value: &[u8], expires_at: Millis) -> Option<Vec<u8>> {
+    let rest = value.strip_prefix(b"d")?;
+    let (mut finished, started): (Finished, _) = postcard::take_from_bytes(rest).ok()?;
+    finished.expires_at = expires_at;
+    let mut moved = encode(&finished, vec![b'd']);
+    moved.extend_from_slice(started);
+    Some(moved)
+}
+
 /// An entity's record as stored: `v`, the sort key, `:`, the record.
 pub(super) fn encode_entity(record: &EntityRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + record.newest.text.len());

@@ -46,8 +46,9 @@ use self::queue::SledQueue;
 use super::queue::DeliveryQueue;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, EntityRecord,
-    Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS, Resolution,
-    StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis, page,
+    Expiry, Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS,
+    Resolution, StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis,
+    page,
 };
 use crate::config::SledConfig;
 
@@ -467,6 +468,31 @@ impl ClaimStore for SledStore {
             }
         });
         self.reopen_if_failed(&database, forgotten)
+    }
+
+    async fn set_expiry(&self, key: &str, expires_at: Millis) -> Result<Expiry, StoreError> {
+        let now = self.clock.now();
+        match self
+            .open_keys
+            .get(key)
+            .filter(|open| open.live(now))
+            .as_deref()
+        {
+            Some(OpenKey::InFlight(_)) => return Ok(Expiry::InFlight),
+            Some(OpenKey::Held(_)) => return Ok(Expiry::Held),
+            None => {}
+        }
+        let database = self.database()?;
+        let record_key = database.epochs.record_key(key);
+        let refiled = database.live_done(&record_key, now).and_then(|done| {
+            let Some(done) = done else {
+                return Ok(Expiry::Absent);
+            };
+            let moved = DoneRecord { expires_at, ..done };
+            database.epochs.refile(&record_key, &moved)?;
+            Ok(Expiry::Set)
+        });
+        self.reopen_if_failed(&database, refiled)
     }
 
     async fn sweep(&self, limit: usize) -> Result<Swept, StoreError> {

@@ -324,6 +324,22 @@ impl Epochs {
         Ok(())
     }
 
+    /// Files `record`, a live record of `key` with its expiry moved, in the window of its
+    /// new expiry, then takes it out of every other: a claim meanwhile finds one copy or
+    /// the other, never none.
+    pub(super) fn refile(&self, key: &RecordKey, record: &DoneRecord) -> sled::Result<()> {
+        let retention = record.expires_at.saturating_sub(record.completed_at).max(1);
+        self.put(key, record, retention)?;
+        let window = Window::holding(record.expires_at, retention);
+        let by_window = self.by_window.read();
+        for epoch in by_window.values().filter(|epoch| epoch.window != window) {
+            if epoch.filter.may_contain(key) && epoch.delete(key)?.is_some() {
+                epoch.records.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     /// Removes `key`'s records from every tree. Returns whether a live one was removed.
     pub(super) fn remove(&self, key: &RecordKey, now: Millis) -> sled::Result<bool> {
         let by_window = self.by_window.read();

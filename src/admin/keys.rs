@@ -1,0 +1,391 @@
+//! Keys on the admin port: a route's keys listed, one inspected (with the answer it
+//! recorded), forgotten or given another expiry, a held one resolved; and the newest
+//! version done for an entity (`order:`), inspected or forgotten.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{Method, Request, Response, StatusCode};
+use serde_json::json;
+
+use super::Serving;
+use bytes::Bytes;
+
+use crate::body::{ProxyBody, empty};
+use crate::proxy::operator::{self, Resolving};
+use crate::response::{AdminRefusal, json_response};
+use crate::route::Route;
+use crate::store::{
+    DoneRecord, Expiry, Forgotten, HeldRecord, KeyState, Millis, QUEUED_STATUS, RESOLVED_STATUS,
+    Resolution, STALE_SKIPPED_STATUS, StateFilter, StoreError, entity_key, millis, parse_rfc3339,
+    rfc3339, store_key,
+};
+
+/// `GET`, `DELETE` or `PATCH /v1/keys/{route}/{key}`; the key is percent-decoded.
+pub(super) async fn one(
+    serving: &Serving,
+    route_name: &str,
+    raw_key: &str,
+    request: Request<Bytes>,
+) -> Response<ProxyBody> {
+    let proxy = &serving.proxy;
+    let routing = proxy.routing();
+    let Some(route) = routing.table.by_name(route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
+    };
+    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
+    let full_key = store_key(&route.namespace, &key);
+    let store = proxy.store();
+    match *request.method() {
+        Method::DELETE => {
+            match operator::forget(store.as_ref(), &routing, route, &full_key).await {
+                Ok(Forgotten::Removed) => {
+                    tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
+                    let mut response = Response::new(empty());
+                    *response.status_mut() = StatusCode::NO_CONTENT;
+                    response
+                }
+                Ok(Forgotten::Absent) => AdminRefusal::Absent.into_response(),
+                Ok(Forgotten::InFlight) => AdminRefusal::InFlight.into_response(),
+                Ok(Forgotten::Held) => AdminRefusal::Held.into_response(),
+                Err(failure) => AdminRefusal::from(failure).into_response(),
+            }
+        }
+        Method::PATCH => {
+            let expires_at = match asked_expiry(request).await {
+                Ok(expires_at) => expires_at,
+                Err(refusal) => return refusal.into_response(),
+            };
+            let set = operator::set_expiry(store.as_ref(), &routing, route, &full_key, expires_at);
+            match set.await {
+                Ok(Expiry::Set) => {
+                    tracing::info!(route = route_name, key = %key, expires_at = %rfc3339(expires_at), "key's expiry set through the admin API");
+                    inspected(serving, route_name, &key, &full_key).await
+                }
+                Ok(Expiry::Absent) => AdminRefusal::Absent.into_response(),
+                Ok(Expiry::InFlight) => AdminRefusal::InFlight.into_response(),
+                Ok(Expiry::Held) => AdminRefusal::Held.into_response(),
+                Err(failure) => AdminRefusal::from(failure).into_response(),
+            }
+        }
+        // GET, or HEAD answered as one: the endpoint takes no other.
+        _ => inspected(serving, route_name, &key, &full_key).await,
+    }
+}
+
+/// A key as `GET` shows it: its state, and the answer it recorded whole.
+async fn inspected(
+    serving: &Serving,
+    route_name: &str,
+    key: &str,
+    full_key: &str,
+) -> Response<ProxyBody> {
+    match serving.proxy.store().inspect(full_key).await {
+        Ok(Some(state)) => {
+            let mut described = describe(route_name, key, &state);
+            if let KeyState::Done(DoneRecord {
+                response: Some(answer),
+                ..
+            }) = &state
+            {
+                let headers: Vec<_> = answer
+                    .headers
+                    .iter()
+                    .map(|(name, value)| json!([name, String::from_utf8_lossy(value)]))
+                    .collect();
+                described["answer"] = json!({
+                    "status": answer.status,
+                    "headers": headers,
+                    "body_bytes": answer.body.len(),
+                });
+            }
+            json_response(StatusCode::OK, described.to_string())
+        }
+        Ok(None) => AdminRefusal::Absent.into_response(),
+        Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// The longest expiry an operator may set: far beyond any provider's retries.
+const EXPIRY_MAX: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// The expiry a `PATCH` body asks for: `{"expires_at":"<RFC 3339>"}` or
+/// `{"expires_in":"48h"}`, in the future and at most [`EXPIRY_MAX`] away.
+async fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Asked {
+        expires_at: Option<String>,
+        expires_in: Option<String>,
+    }
+    let bad = |reason: String| AdminRefusal::BadRequest(reason);
+    let body = request.into_body();
+    let shape = r#"the body must be {"expires_at":"2026-12-31T00:00:00Z"} or {"expires_in":"48h"}"#;
+    let asked = serde_json::from_slice::<Asked>(&body).map_err(|_| bad(shape.into()))?;
+    let now = millis(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    );
+    let expires_at = match (asked.expires_at, asked.expires_in) {
+        (Some(at), None) => parse_rfc3339("expires_at", &at).map_err(bad)?,
+        (None, Some(text)) => {
+            let after = humantime::parse_duration(&text)
+                .map_err(|_| bad(format!("expires_in `{text}` is not a duration like 48h")))?;
+            now.saturating_add(millis(after))
+        }
+        _ => return Err(bad(shape.into())),
+    };
+    if expires_at <= now {
+        return Err(bad(
+            "the expiry is not in the future: DELETE the key to forget it now".into(),
+        ));
+    }
+    if expires_at - now > millis(EXPIRY_MAX) {
+        return Err(bad("the expiry is more than 10 years away".into()));
+    }
+    Ok(expires_at)
+}
+
+/// `GET /v1/entities/{route}/{entity}`: the newest version done for an entity of a route
+/// with `order:`; `DELETE` forgets it (after a version far ahead made real events stale).
+pub(super) async fn entity(
+    serving: &Serving,
+    method: &Method,
+    route_name: &str,
+    raw_entity: &str,
+) -> Response<ProxyBody> {
+    let routing = serving.proxy.routing();
+    let Some(route) = routing.table.by_name(route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
+    };
+    if route.order.is_none() {
+        return AdminRefusal::NoOrder(route_name.to_owned()).into_response();
+    }
+    let entity = percent_encoding::percent_decode_str(raw_entity).decode_utf8_lossy();
+    let full_key = entity_key(&route.namespace, &entity);
+    let store = serving.proxy.store();
+    match *method {
+        Method::DELETE => match store.forget_entity(&full_key).await {
+            Ok(true) => {
+                tracing::info!(route = route_name, entity = %entity, "entity's version forgotten through the admin API");
+                let mut response = Response::new(empty());
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+            }
+            Ok(false) => AdminRefusal::NoVersion.into_response(),
+            Err(failure) => AdminRefusal::from(failure).into_response(),
+        },
+        // GET, or HEAD answered as one: the endpoint takes no other.
+        _ => match store.newest_version(&full_key).await {
+            Ok(Some(record)) => {
+                let body = json!({
+                    "route": route_name,
+                    "entity": entity,
+                    "newest_version": record.newest.text,
+                    "recorded_at": rfc3339(record.recorded_at),
+                    "expires_at": rfc3339(record.expires_at),
+                });
+                json_response(StatusCode::OK, body.to_string())
+            }
+            Ok(None) => AdminRefusal::NoVersion.into_response(),
+            Err(failure) => AdminRefusal::from(failure).into_response(),
+        },
+    }
+}
+
+/// The most keys one page of `GET /v1/keys` lists, and how many without `limit`.
+const LIST_LIMIT_MAX: usize = 1000;
+const LIST_LIMIT_DEFAULT: usize = 100;
+
+/// `GET /v1/keys?route=R[&state=in_flight|done|held][&limit=N][&after=CURSOR]`: a page of
+/// a route's keys, and the cursor of the next page (`null` after the last).
+pub(super) async fn list(serving: &Serving, query: Option<&str>) -> Response<ProxyBody> {
+    let (mut route_name, mut state, mut limit, mut after) = (None, None, LIST_LIMIT_DEFAULT, None);
+    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let bad = |reason: String| AdminRefusal::BadRequest(reason).into_response();
+        match &*name {
+            "route" => route_name = Some(value.into_owned()),
+            "state" => match StateFilter::parse(&value) {
+                Some(filter) => state = Some(filter),
+                None => {
+                    return bad(format!(
+                        "state `{value}` is not one of in_flight, done, held"
+                    ));
+                }
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=LIST_LIMIT_MAX).contains(&n) => limit = n,
+                _ => return bad(format!("limit must be a number from 1 to {LIST_LIMIT_MAX}")),
+            },
+            "after" => after = Some(value.into_owned()),
+            other => return bad(format!("unknown query parameter `{other}`")),
+        }
+    }
+    let Some(route_name) = route_name else {
+        return AdminRefusal::BadRequest("`route` is required".into()).into_response();
+    };
+    let routing = serving.proxy.routing();
+    let Some(route) = routing.table.by_name(&route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name).into_response();
+    };
+    let store = serving.proxy.store();
+    let page = match store
+        .list(&route.namespace, state, after.as_deref(), limit)
+        .await
+    {
+        Ok(page) => page,
+        Err(StoreError::BadRequest(reason)) => {
+            return AdminRefusal::BadRequest(reason).into_response();
+        }
+        Err(failure) => {
+            return AdminRefusal::from(failure).into_response();
+        }
+    };
+    let namespace = format!("{}:", route.namespace);
+    let keys: Vec<_> = page
+        .keys
+        .iter()
+        .map(|(full_key, state)| {
+            let key = full_key.strip_prefix(&namespace).unwrap_or(full_key);
+            describe(&route_name, key, state)
+        })
+        .collect();
+    let body = json!({ "keys": keys, "next": page.next });
+    json_response(StatusCode::OK, body.to_string())
+}
+
+/// `POST /v1/keys/{route}/{key}/resolve` with `{"outcome":"done"}` (the work happened:
+/// duplicates get the duplicate answer) or `{"outcome":"release"}` (the next delivery runs
+/// it), and `"held_at"` if wanted (the hold the operator looked into, as `GET` showed it: a
+/// key held again since is left alone).
+pub(super) async fn resolve(
+    serving: &Serving,
+    route_name: &str,
+    raw_key: &str,
+    request: Request<Bytes>,
+) -> Response<ProxyBody> {
+    let routing = serving.proxy.routing();
+    let Some(route) = routing.table.by_name(route_name) else {
+        return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
+    };
+    let (resolution, expected_hold) = match asked_resolution(route, request).await {
+        Ok(asked) => asked,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
+    let full_key = store_key(&route.namespace, &key);
+    let store = serving.proxy.store();
+    let is_the_hold = |held: &HeldRecord| {
+        expected_hold
+            .as_ref()
+            .is_none_or(|expected| *expected == rfc3339(held.held_at))
+    };
+    let resolved = operator::resolve(
+        store.as_ref(),
+        &routing,
+        route,
+        &full_key,
+        resolution,
+        is_the_hold,
+    );
+    match resolved.await {
+        Ok(Resolving::Resolved) => {
+            let outcome = match resolution {
+                Resolution::Done { .. } => "done",
+                Resolution::Release => "release",
+            };
+            tracing::info!(route = route_name, key = %key, outcome, "held key resolved through the admin API");
+            match store.inspect(&full_key).await {
+                Ok(Some(state)) => json_response(
+                    StatusCode::OK,
+                    describe(route_name, &key, &state).to_string(),
+                ),
+                _ => json_response(
+                    StatusCode::OK,
+                    json!({ "route": route_name, "key": key, "state": "absent" }).to_string(),
+                ),
+            }
+        }
+        Ok(Resolving::NotHeld) => AdminRefusal::NotHeld.into_response(),
+        Ok(Resolving::HeldAgain) => AdminRefusal::HeldAgain.into_response(),
+        Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// The resolution a `POST .../resolve` body asks for, and the hold it names if any.
+async fn asked_resolution(
+    route: &Route,
+    request: Request<Bytes>,
+) -> Result<(Resolution, Option<String>), AdminRefusal> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Asked {
+        outcome: String,
+        held_at: Option<String>,
+    }
+    let body = request.into_body();
+    let asked = serde_json::from_slice::<Asked>(&body).ok();
+    let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
+        Some("done") => Resolution::Done {
+            retention: route.policy.retention,
+        },
+        Some("release") => Resolution::Release,
+        _ => {
+            return Err(AdminRefusal::BadRequest(
+                r#"the body must be {"outcome":"done"} or {"outcome":"release"}, with "held_at" if wanted"#.into(),
+            ));
+        }
+    };
+    Ok((resolution, asked.and_then(|asked| asked.held_at)))
+}
+
+/// The admin API's view of a key.
+fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
+    match state {
+        KeyState::InFlight {
+            claimed_at,
+            lease_until,
+            fingerprint,
+        } => json!({
+            "route": route,
+            "key": key,
+            "state": "in_flight",
+            "claimed_at": rfc3339(*claimed_at),
+            "completed_at": null,
+            "expires_at": rfc3339(*lease_until),
+            "upstream_status": null,
+            "body_sha256": hex::encode(fingerprint),
+        }),
+        KeyState::Done(done) => json!({
+            "route": route,
+            "key": key,
+            "state": "done",
+            "claimed_at": rfc3339(done.claimed_at),
+            "completed_at": rfc3339(done.completed_at),
+            "expires_at": rfc3339(done.expires_at),
+            // None where no answer from the app was seen.
+            "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS | QUEUED_STATUS)).then_some(done.upstream_status),
+            "done_because": match done.upstream_status {
+                RESOLVED_STATUS => "resolved",
+                STALE_SKIPPED_STATUS => "stale_skipped",
+                QUEUED_STATUS => "queued",
+                _ => "upstream_success",
+            },
+            "body_sha256": hex::encode(done.fingerprint),
+            // The answer duplicates are replayed (`replay`), if one was recorded.
+            "answer_status": done.response.as_ref().map(|answer| answer.status),
+        }),
+        KeyState::Held(held) => json!({
+            "route": route,
+            "key": key,
+            "state": "held",
+            "claimed_at": rfc3339(held.claimed_at),
+            "held_at": rfc3339(held.held_at),
+            "completed_at": null,
+            "expires_at": rfc3339(held.expires_at),
+            "upstream_status": null,
+            "held_because": held.reason.as_str(),
+            "body_sha256": hex::encode(held.fingerprint),
+        }),
+    }
+}

@@ -1,0 +1,68 @@
+"""A coding agent's side of `/mcp`, through the reference Python MCP client (`mcp`): it
+connects over Streamable HTTP, lists the tools, and calls the ones given on the command
+line in order. Prints what it saw as JSON for tests/mcp.rs to judge.
+
+Usage: mcp_agent.py URL CALLS_JSON, where CALLS_JSON is [[tool, {arguments}], ...];
+the bearer token, if any, is in MCP_TOKEN."""
+
+import asyncio
+import json
+import os
+import sys
+
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+
+def annotations(tool):
+    hints = tool.annotations
+    if hints is None:
+        return None
+    return {
+        "read_only": hints.read_only_hint,
+        "destructive": hints.destructive_hint,
+        "idempotent": hints.idempotent_hint,
+    }
+
+
+async def main(url, calls):
+    headers = {}
+    if os.environ.get("MCP_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MCP_TOKEN']}"
+    seen = {"tools": [], "calls": []}
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                initialized = await session.initialize()
+                seen["server"] = initialized.server_info.name
+                listed = await session.list_tools()
+                for tool in listed.tools:
+                    seen["tools"].append(
+                        {
+                            "name": tool.name,
+                            "annotations": annotations(tool),
+                            "required": tool.input_schema.get("required", []),
+                        }
+                    )
+                for name, arguments in calls:
+                    try:
+                        result = await session.call_tool(name, arguments)
+                    except Exception as error:  # the protocol's error, as an agent sees it
+                        seen["calls"].append({"tool": name, "refused": str(error)})
+                        continue
+                    text = "".join(
+                        block.text for block in result.content if block.type == "text"
+                    )
+                    seen["calls"].append(
+                        {
+                            "tool": name,
+                            "is_error": bool(result.is_error),
+                            "json": json.loads(text) if text else None,
+                            "structured": result.structured_content,
+                        }
+                    )
+    print(json.dumps(seen))
+
+
+asyncio.run(main(sys.argv[1], json.loads(sys.argv[2])))

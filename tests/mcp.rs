@@ -1,0 +1,308 @@
+//! `/mcp` on a real proxy, driven by the reference Python MCP client
+//! (`tests/clients/mcp_agent.py`): the read-only tools by default, annotated so; each tool
+//! answers what its admin API request answers (a refusal as a tool error); the tools that
+//! change keys only with `admin.mcp: read_write`, and then a forgotten key's next delivery
+//! is forwarded again. The port's rules hold for `/mcp` as for `/v1/*`: the token, the
+//! Host and Origin checks; an oversized message, a GET and `admin.mcp: off` are refused.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use serde_json::{Value, json};
+use support::*;
+
+fn client_installed() -> bool {
+    let installed = Command::new("python3")
+        .args(["-c", "import mcp.client.streamable_http"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "CI must install the Python MCP client (tests/setup)"
+        );
+        eprintln!("skipped: the Python MCP client is not installed (run tests/setup)");
+    }
+    installed
+}
+
+/// What the agent saw: the tools listed, and each call's answer in order.
+async fn agent(admin: SocketAddr, token: Option<&str>, calls: Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_agent.py");
+    let url = format!("http://{admin}/mcp");
+    let token = token.unwrap_or_default().to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .arg(url)
+            .arg(calls.to_string())
+            .env("MCP_TOKEN", token)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn tool_names(seen: &Value) -> Vec<&str> {
+    seen["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect()
+}
+
+const READ_TOOLS: [&str; 5] = [
+    "list_routes",
+    "list_keys",
+    "get_key",
+    "list_deliveries",
+    "get_delivery",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_default() {
+    if !client_installed() {
+        return;
+    }
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    assert_eq!(post_event(proxy.addr, "evt_1").await.status, 200);
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
+    wait_for_log(&proxy, 2).await;
+
+    let calls = json!([
+        ["list_routes", {}],
+        ["get_key", {"route": "hooks", "key": "evt_1"}],
+        ["list_keys", {"route": "hooks", "state": "in_flight", "limit": 10}],
+        ["list_deliveries", {"route": "hooks", "limit": 5}],
+        ["get_key", {"route": "hooks", "key": "evt_absent"}],
+        ["list_keys", {"route": "hooks", "state": "gone"}],
+        ["list_deliveries", {"since": "yesterday"}],
+        ["get_key", {"route": "hooks"}],
+        ["get_key", {"route": "hooks", "key": "evt_1", "extra": 1}],
+        ["forget_key", {"route": "hooks", "key": "evt_1"}],
+        ["no_such_tool", {}],
+    ]);
+    let seen = agent(proxy.admin, None, calls).await;
+    assert_eq!(seen["server"], "dedupe-proxy");
+    assert_eq!(tool_names(&seen), READ_TOOLS);
+    for tool in seen["tools"].as_array().unwrap() {
+        assert_eq!(
+            tool["annotations"],
+            json!({"read_only": true, "destructive": false, "idempotent": true}),
+            "{tool}"
+        );
+    }
+    let calls = seen["calls"].as_array().unwrap();
+    let answer = |index: usize| -> &Value {
+        assert_eq!(calls[index]["is_error"], false, "{}", calls[index]);
+        &calls[index]["json"]
+    };
+    assert_eq!(answer(0)["routes"][0]["name"], "hooks");
+    assert_eq!(answer(1)["state"], "done");
+    assert_eq!(answer(1)["upstream_status"], 200);
+    // Structured content is the API's JSON, for clients that read it.
+    assert_eq!(calls[1]["structured"], calls[1]["json"]);
+    assert_eq!(answer(2)["keys"], json!([]), "none in flight");
+    let deliveries = answer(3)["deliveries"].as_array().unwrap();
+    let outcomes: Vec<_> = deliveries.iter().map(|entry| &entry["outcome"]).collect();
+    assert_eq!(outcomes, [&json!("duplicate"), &json!("forwarded")]);
+
+    // The API's refusals come back as tool errors carrying the refusal's JSON.
+    let refusal = |index: usize| -> &Value {
+        assert_eq!(calls[index]["is_error"], true, "{}", calls[index]);
+        &calls[index]["json"]["error"]
+    };
+    assert_eq!(*refusal(4), "absent");
+    assert_eq!(*refusal(5), "bad_request");
+    assert_eq!(*refusal(6), "bad_request");
+    // Arguments a tool does not take, a missing one, a change or an unknown tool are the
+    // protocol's errors.
+    for (index, says) in [
+        (7, "`key` is required"),
+        (8, "takes no argument `extra`"),
+        (9, "admin.mcp is read_only"),
+        (10, "no tool is called"),
+    ] {
+        let refused = calls[index]["refused"].as_str().unwrap_or_default();
+        assert!(refused.contains(says), "{index}: {}", calls[index]);
+    }
+    // Nothing changed: the key is still done, so its next delivery is a duplicate.
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
+    assert_eq!(upstream.received().len(), 1);
+}
+
+/// Waits until the delivery log holds `count` entries.
+async fn wait_for_log(proxy: &Proxy, count: usize) {
+    for _ in 0..250 {
+        let reply = admin(proxy, "GET", "/v1/deliveries?limit=500", "").await;
+        if reply.json()["deliveries"].as_array().unwrap().len() >= count {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the log never held {count} entries");
+}
+
+const TOKEN: &str = "mcp-s3cret";
+
+fn token_config(dir: &std::path::Path, upstream: SocketAddr, mcp: &str) -> std::path::PathBuf {
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: DEDUPE_MCP_TOKEN, mcp: {mcp} }}\n{}",
+        json_route("")
+    );
+    write_config(dir, upstream, &rest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_read_write_an_agent_forgets_a_key_and_its_next_delivery_is_forwarded() {
+    if !client_installed() {
+        return;
+    }
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = token_config(dir.path(), upstream.addr, "read_write");
+    let proxy = Binary::start_with_env(&config, &[("DEDUPE_MCP_TOKEN", TOKEN)]);
+    // A key with characters a path must escape.
+    let key = "evt/1?x=#%";
+    let body = json!({ "id": key }).to_string();
+    assert_eq!(post_json(proxy.addr, "/hooks", &body).await.status, 200);
+    assert_eq!(
+        post_json(proxy.addr, "/hooks", &body).await.dedupe(),
+        "duplicate"
+    );
+
+    let calls = json!([
+        ["get_key", {"route": "hooks", "key": key}],
+        ["resolve_key", {"route": "hooks", "key": key, "outcome": "release"}],
+        ["set_key_expiry", {"route": "hooks", "key": key, "expires_in": "30d"}],
+        ["set_key_expiry", {"route": "hooks", "key": key, "expires_in": "soon"}],
+        ["forget_key", {"route": "hooks", "key": key}],
+        ["forget_key", {"route": "hooks", "key": key}],
+    ]);
+    let seen = agent(proxy.admin, Some(TOKEN), calls).await;
+    let mut expected = READ_TOOLS.to_vec();
+    expected.extend(["forget_key", "set_key_expiry", "resolve_key"]);
+    assert_eq!(tool_names(&seen), expected);
+    for tool in &seen["tools"].as_array().unwrap()[5..] {
+        assert_eq!(tool["annotations"]["read_only"], false, "{tool}");
+        assert_eq!(tool["annotations"]["destructive"], true, "{tool}");
+    }
+    let calls = seen["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["json"]["key"], key, "{}", calls[0]);
+    assert_eq!(calls[0]["json"]["state"], "done");
+    // Only a held key is resolved; the done key is forgotten once.
+    assert_eq!(calls[1]["json"]["error"], "not_held", "{}", calls[1]);
+    // 30 days on, where the route keeps done keys 7 days.
+    let expires_at = calls[2]["json"]["expires_at"].as_str().unwrap();
+    let completed_at = calls[0]["json"]["completed_at"].as_str().unwrap();
+    let days = |text: &str| {
+        humantime::parse_rfc3339(text)
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 86_400
+    };
+    assert!(days(expires_at) >= days(completed_at) + 29, "{}", calls[2]);
+    assert_eq!(calls[3]["json"]["error"], "bad_request", "{}", calls[3]);
+    assert_eq!(calls[4]["is_error"], false, "{}", calls[4]);
+    assert_eq!(calls[5]["json"]["error"], "absent", "{}", calls[5]);
+
+    assert_eq!(
+        post_json(proxy.addr, "/hooks", &body).await.dedupe(),
+        "forwarded"
+    );
+    assert_eq!(upstream.received().len(), 2);
+}
+
+/// A JSON-RPC `tools/list`, as a hand-made request sends it.
+const LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+
+fn mcp_headers<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    headers.extend_from_slice(extra);
+    headers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_meets_the_token_host_and_origin_rules_of_the_admin_api() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = token_config(dir.path(), upstream.addr, "read_only");
+    let proxy = Binary::start_with_env(&config, &[("DEDUPE_MCP_TOKEN", TOKEN)]);
+    let bearer = format!("Bearer {TOKEN}");
+    let bearer = bearer.as_str();
+
+    let post = |extra: Vec<(&'static str, &'static str)>, body: String| {
+        let admin = proxy.admin;
+        async move {
+            let mut headers = mcp_headers(&[]);
+            headers.extend(extra);
+            send(admin, "POST", "/mcp", &headers, body).await
+        }
+    };
+    let anonymous = post(vec![], LIST.into()).await;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.body);
+    let wrong = post(vec![("authorization", "Bearer mcp-s3cre")], LIST.into()).await;
+    assert_eq!(wrong.status, 401);
+
+    let headers = mcp_headers(&[("authorization", bearer)]);
+    let listed = send(proxy.admin, "POST", "/mcp", &headers, LIST).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.json()["result"]["tools"][0]["name"], "list_routes");
+
+    // A page on another site, a rebound name, a form post: refused before MCP is spoken.
+    let cross_site = mcp_headers(&[
+        ("authorization", bearer),
+        ("origin", "https://evil.example"),
+    ]);
+    let reply = send(proxy.admin, "POST", "/mcp", &cross_site, LIST).await;
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    assert_eq!(reply.json()["error"], "cross_origin");
+    let rebound = mcp_headers(&[("authorization", bearer), ("host", "evil.example")]);
+    let reply = send(proxy.admin, "POST", "/mcp", &rebound, LIST).await;
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    assert_eq!(reply.json()["error"], "host_not_allowed");
+
+    // A message far larger than any tool call, and a GET (no stream is offered).
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(200_000)
+    );
+    let reply = send(proxy.admin, "POST", "/mcp", &headers, huge).await;
+    assert_eq!(reply.status, 413, "{}", reply.body);
+    let get = send(proxy.admin, "GET", "/mcp", &[("authorization", bearer)], "").await;
+    assert_eq!(get.status, 405);
+    // Malformed JSON-RPC gets the protocol's error, and the port keeps serving.
+    let reply = send(proxy.admin, "POST", "/mcp", &headers, "{not json").await;
+    assert!(reply.status >= 400, "{}", reply.body);
+    let listed = send(proxy.admin, "POST", "/mcp", &headers, LIST).await;
+    assert_eq!(listed.status, 200);
+}
+
+#[tokio::test]
+async fn mcp_off_serves_nothing() {
+    let upstream = Upstream::start().await;
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, mcp: off }}\n{}",
+        json_route("")
+    );
+    let proxy = Proxy::start(upstream.addr, &rest).await;
+    let reply = send(proxy.admin, "POST", "/mcp", &mcp_headers(&[]), LIST).await;
+    assert_eq!(reply.status, 404, "{}", reply.body);
+}
