@@ -449,17 +449,21 @@ async fn a_done_keys_expiry_moves_and_its_recorded_answer_shows() {
         r#"{"expires_at":"yesterday"}"#,
         r#"{"expires_at":"2001-01-01T00:00:00Z"}"#,
         r#"{"expires_in":"4000days"}"#,
-        r#"{"expires_in":"1h","expires_at":"2030-01-01T00:00:00Z"}"#,
+        r#"{"expires_in":"1h","expires_at":"2099-01-01T00:00:00Z"}"#,
         r#"{"expires_in":"1h","also":1}"#,
     ] {
         let reply = send(proxy.admin, "PATCH", path, &json, bad).await;
         assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
         assert_eq!(reply.json()["error"], "bad_request", "{bad}");
     }
-    let huge = format!(r#"{{"expires_in":"{}"}}"#, "9".repeat(5_000));
-    assert_eq!(
-        send(proxy.admin, "PATCH", path, &json, huge).await.status,
-        400
+    // A valid body padded past the API's 1 KiB.
+    let padded = format!(r#"{{"expires_in":"1h"{}}}"#, " ".repeat(2_000));
+    let reply = send(proxy.admin, "PATCH", path, &json, padded).await;
+    assert_eq!(reply.status, 400);
+    assert!(
+        reply.json()["detail"].as_str().unwrap().contains("1024"),
+        "{}",
+        reply.body
     );
     assert_eq!(
         send(proxy.admin, "GET", path, &[], "").await.json()["expires_at"],
@@ -467,17 +471,13 @@ async fn a_done_keys_expiry_moves_and_its_recorded_answer_shows() {
         "nothing moved"
     );
 
-    // Later, shown as the key now is.
-    let later = send(
-        proxy.admin,
-        "PATCH",
-        path,
-        &json,
-        r#"{"expires_at":"2030-01-01T00:00:00Z"}"#,
-    )
-    .await;
+    // Later (a year on), shown as the key now is.
+    let year_on = std::time::SystemTime::now() + Duration::from_secs(365 * 86_400);
+    let year_on = humantime::format_rfc3339_seconds(year_on).to_string();
+    let body = format!(r#"{{"expires_at":"{year_on}"}}"#);
+    let later = send(proxy.admin, "PATCH", path, &json, body).await;
     assert_eq!(later.status, 200, "{}", later.body);
-    assert_eq!(later.json()["expires_at"], "2030-01-01T00:00:00.000Z");
+    assert_eq!(later.json()["expires_at"], year_on.replace('Z', ".000Z"));
     assert_eq!(later.json()["answer"]["status"], 201);
     // Sooner: once it passes, the next delivery runs the work again.
     let sooner = send(proxy.admin, "PATCH", path, &json, r#"{"expires_in":"1s"}"#).await;
@@ -497,6 +497,41 @@ async fn a_done_keys_expiry_moves_and_its_recorded_answer_shows() {
     .await;
     assert_eq!(absent.status, 404);
     assert_eq!(absent.json()["error"], "absent");
+
+    // Each change is in the delivery log: who, what (the request) and when; a refused
+    // one is not.
+    let mut changes = Vec::new();
+    for _ in 0..250 {
+        let listed = send(
+            proxy.admin,
+            "GET",
+            "/v1/deliveries?outcome=changed",
+            &[],
+            "",
+        )
+        .await;
+        changes = listed.json()["deliveries"].as_array().unwrap().clone();
+        if changes.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(changes.len(), 2, "{changes:#?}");
+    for change in &changes {
+        assert_eq!(change["by"], "api:loopback");
+        assert_eq!(change["method"], "PATCH");
+        assert_eq!(change["path"], "/v1/keys/hooks/evt_1");
+        assert_eq!(change["key"], "evt_1");
+        assert_eq!(change["status"], 200);
+        assert!(change["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+    }
+    let id = changes[0]["id"].as_str().unwrap();
+    let whole = send(proxy.admin, "GET", &format!("/v1/deliveries/{id}"), &[], "").await;
+    assert_eq!(
+        whole.json()["body"],
+        r#"{"expires_in":"1s"}"#,
+        "the newest first"
+    );
 }
 
 /// A web page the operator opens cannot drive the admin port: not by posting a form or a

@@ -226,6 +226,30 @@ async fn the_admin_commands_drive_a_running_proxy() {
         stderr(&resolved)
     );
 
+    // Its expiry moves; a duration the API cannot read is its refusal; --at or --in is
+    // required.
+    let expired = run(&[
+        "keys",
+        "expire",
+        "hooks",
+        "evt/one two",
+        "--in",
+        "30d",
+        "--json",
+    ]);
+    assert_eq!(expired.status.code(), Some(0), "{}", stderr(&expired));
+    let moved: serde_json::Value = serde_json::from_str(&stdout(&expired)).unwrap();
+    assert_ne!(moved["expires_at"], record["expires_at"], "{moved}");
+    let unreadable = run(&["keys", "expire", "hooks", "evt/one two", "--in", "soon"]);
+    assert_eq!(unreadable.status.code(), Some(1));
+    assert!(
+        stderr(&unreadable).contains("(bad_request, HTTP 400)"),
+        "{}",
+        stderr(&unreadable)
+    );
+    let neither = run(&["keys", "expire", "hooks", "evt/one two"]);
+    assert_eq!(neither.status.code(), Some(2));
+
     let forgotten = run(&["keys", "forget", "hooks", "evt/one two", "--json"]);
     assert_eq!(forgotten.status.code(), Some(0), "{}", stderr(&forgotten));
     let said: serde_json::Value = serde_json::from_str(&stdout(&forgotten)).unwrap();

@@ -48,6 +48,7 @@ fn entry(key: &str) -> LoggedDelivery {
         headers: vec![("x-event".into(), "ünïcode".into())],
         body: Some(bytes::Bytes::from_static(b"\xff\x00binary")),
         body_truncated: true,
+        by: Some("api:token".into()),
     }
 }
 

@@ -84,7 +84,7 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["list_routes", {}],
         ["get_key", {"route": "hooks", "key": "evt_1"}],
         ["list_keys", {"route": "hooks", "state": "in_flight", "limit": 10}],
-        ["list_deliveries", {"route": "hooks", "limit": 5}],
+        ["list_deliveries", {"route": "hooks", "limit": 1}],
         ["get_key", {"route": "hooks", "key": "evt_absent"}],
         ["list_keys", {"route": "hooks", "state": "gone"}],
         ["list_deliveries", {"since": "yesterday"}],
@@ -92,6 +92,7 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["get_key", {"route": "hooks", "key": "evt_1", "extra": 1}],
         ["forget_key", {"route": "hooks", "key": "evt_1"}],
         ["no_such_tool", {}],
+        ["get_delivery", {"id": "tail"}],
     ]);
     let seen = agent(proxy.admin, None, calls).await;
     assert_eq!(seen["server"], "dedupe-proxy");
@@ -114,9 +115,21 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
     // Structured content is the API's JSON, for clients that read it.
     assert_eq!(calls[1]["structured"], calls[1]["json"]);
     assert_eq!(answer(2)["keys"], json!([]), "none in flight");
-    let deliveries = answer(3)["deliveries"].as_array().unwrap();
-    let outcomes: Vec<_> = deliveries.iter().map(|entry| &entry["outcome"]).collect();
-    assert_eq!(outcomes, [&json!("duplicate"), &json!("forwarded")]);
+    // A page of one, then the next through its cursor, then the entry whole.
+    let first = answer(3);
+    assert_eq!(first["deliveries"].as_array().unwrap().len(), 1, "{first}");
+    assert_eq!(first["deliveries"][0]["outcome"], "duplicate");
+    let cursor = first["next"].as_str().unwrap();
+    let id = first["deliveries"][0]["id"].as_str().unwrap();
+    let more = json!([
+        ["list_deliveries", {"route": "hooks", "limit": 1, "cursor": cursor}],
+        ["get_delivery", {"id": id}],
+    ]);
+    let seen_more = agent(proxy.admin, None, more).await;
+    let second = &seen_more["calls"][0]["json"];
+    assert_eq!(second["deliveries"][0]["outcome"], "forwarded", "{second}");
+    assert_eq!(seen_more["calls"][1]["json"]["id"], id);
+    assert_eq!(seen_more["calls"][1]["json"]["outcome"], "duplicate");
 
     // The API's refusals come back as tool errors carrying the refusal's JSON.
     let refusal = |index: usize| -> &Value {
@@ -133,6 +146,8 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         (8, "takes no argument `extra`"),
         (9, "admin.mcp is read_only"),
         (10, "no tool is called"),
+        // The live tail's name is no delivery's id: it would never answer.
+        (11, "is not a delivery's id"),
     ] {
         let refused = calls[index]["refused"].as_str().unwrap_or_default();
         assert!(refused.contains(says), "{index}: {}", calls[index]);
@@ -224,6 +239,28 @@ async fn with_read_write_an_agent_forgets_a_key_and_its_next_delivery_is_forward
         "forwarded"
     );
     assert_eq!(upstream.received().len(), 2);
+
+    // What the agent changed is in the delivery log, as the agent's.
+    let listed = json!([["list_deliveries", {"outcome": "changed"}]]);
+    let seen = agent(proxy.admin, Some(TOKEN), listed).await;
+    let changes = seen["calls"][0]["json"]["deliveries"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let made: Vec<_> = changes
+        .iter()
+        .map(|change| {
+            (
+                change["method"].as_str().unwrap(),
+                change["by"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        made,
+        [("DELETE", "mcp:token"), ("PATCH", "mcp:token")],
+        "{changes:#?}"
+    );
 }
 
 /// A JSON-RPC `tools/list`, as a hand-made request sends it.

@@ -35,6 +35,17 @@ pub enum Access {
     Closed,
 }
 
+impl Access {
+    /// The credential a request that passed these rules used, as the log names it.
+    pub fn credential(&self) -> &'static str {
+        match self {
+            Access::Token(_) => "token",
+            Access::Local => "loopback",
+            Access::Closed => "none",
+        }
+    }
+}
+
 /// The rules every admin request meets.
 pub struct Rules {
     pub access: Access,

@@ -3,7 +3,6 @@
 //! is answered 405 with `Allow`, an unknown one 404.
 
 use http::Method;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// An endpoint of the admin port: a probe, or one of the API's under `/v1/`.
 #[derive(Debug, PartialEq, Eq)]
@@ -143,16 +142,6 @@ impl<'a> Endpoint<'a> {
     }
 }
 
-/// What a path segment escapes: all but RFC 3986's unreserved characters, and dots too,
-/// so that no intermediary reads a key `..` as a dot segment.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
-
-/// `text` as one segment of an admin path (a route's name, a key), as `parse` reads it
-/// back once percent-decoded.
-pub(crate) fn path_segment(text: &str) -> String {
-    utf8_percent_encode(text, SEGMENT).to_string()
-}
-
 /// What follows `/v1/queue/`.
 fn queue(rest: &str) -> Option<Api<'_>> {
     let (route, action) = rest
@@ -266,13 +255,6 @@ mod tests {
         ] {
             assert_eq!(Endpoint::parse(unknown), None, "{unknown}");
         }
-    }
-
-    #[test]
-    fn segments_escape_all_but_unreserved_characters() {
-        assert_eq!(path_segment("evt_1-b~c"), "evt_1-b~c");
-        assert_eq!(path_segment(".."), "%2E%2E");
-        assert_eq!(path_segment("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
     }
 
     #[test]

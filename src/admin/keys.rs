@@ -2,32 +2,96 @@
 //! recorded), forgotten or given another expiry, a held one resolved; and the newest
 //! version done for an entity (`order:`), inspected or forgotten.
 
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
-use super::Serving;
+use super::queue::masked_header;
 use bytes::Bytes;
 
 use crate::body::{ProxyBody, empty};
+use crate::proxy::Proxy;
 use crate::proxy::operator::{self, Resolving};
 use crate::response::{AdminRefusal, json_response};
 use crate::route::Route;
+use crate::store::log::{Fate, LoggedDelivery};
 use crate::store::{
-    DoneRecord, Expiry, Forgotten, HeldRecord, KeyState, Millis, QUEUED_STATUS, RESOLVED_STATUS,
-    Resolution, STALE_SKIPPED_STATUS, StateFilter, StoreError, entity_key, millis, parse_rfc3339,
-    rfc3339, store_key,
+    Clock, DoneRecord, Expiry, Forgotten, HeldRecord, KeyState, Millis, QUEUED_STATUS,
+    RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS, StateFilter, StoreError, SystemClock,
+    entity_key, millis, parse_rfc3339, rfc3339, store_key,
 };
+
+/// Who calls the admin API: the way in and the credential (`api:token`, `mcp:loopback`)
+/// and from where; set on each request before it is answered.
+#[derive(Clone)]
+pub(super) struct Caller {
+    pub(super) by: String,
+    pub(super) client: Option<SocketAddr>,
+}
+
+/// A change an operator asked for, as the delivery log keeps it: the request (its body
+/// is small and holds no secret: an expiry, a resolution) and who sent it.
+struct Change {
+    method: String,
+    path: String,
+    body: Bytes,
+    caller: Option<Caller>,
+}
+
+impl Change {
+    fn of(request: &Request<Bytes>) -> Change {
+        Change {
+            method: request.method().to_string(),
+            path: request.uri().path().to_owned(),
+            body: request.body().clone(),
+            caller: request.extensions().get::<Caller>().cloned(),
+        }
+    }
+
+    /// Logs the change of `key` (of `route`), answered `status`, as a `changed` entry.
+    fn log(self, proxy: &Proxy, route: &Route, key: &str, status: StatusCode) {
+        let (by, client) = match self.caller {
+            Some(caller) => (Some(caller.by), caller.client),
+            None => (None, None),
+        };
+        proxy.recorder().record(LoggedDelivery {
+            at: SystemClock.now(),
+            route: Some(route.name.clone()),
+            scope: Some(route.namespace.clone()),
+            key: Some(key.to_owned()),
+            fate: Fate::Changed,
+            refusal: None,
+            waited: false,
+            replayed: false,
+            attempt: None,
+            status: status.as_u16(),
+            upstream_status: None,
+            upstream_ms: None,
+            duration_ms: 0,
+            size: Some(self.body.len() as u64),
+            method: self.method,
+            path: self.path,
+            request_id: None,
+            trace_id: None,
+            client: client.map(|client| client.to_string()),
+            replica: None,
+            headers: Vec::new(),
+            body: (!self.body.is_empty()).then_some(self.body),
+            body_truncated: false,
+            by,
+        });
+    }
+}
 
 /// `GET`, `DELETE` or `PATCH /v1/keys/{route}/{key}`; the key is percent-decoded.
 pub(super) async fn one(
-    serving: &Serving,
+    proxy: &Proxy,
     route_name: &str,
     raw_key: &str,
     request: Request<Bytes>,
 ) -> Response<ProxyBody> {
-    let proxy = &serving.proxy;
     let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
@@ -35,11 +99,13 @@ pub(super) async fn one(
     let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
     let store = proxy.store();
+    let change = Change::of(&request);
     match *request.method() {
         Method::DELETE => {
             match operator::forget(store.as_ref(), &routing, route, &full_key).await {
                 Ok(Forgotten::Removed) => {
                     tracing::info!(route = route_name, key = %key, "key forgotten through the admin API");
+                    change.log(proxy, route, &key, StatusCode::NO_CONTENT);
                     let mut response = Response::new(empty());
                     *response.status_mut() = StatusCode::NO_CONTENT;
                     response
@@ -51,7 +117,7 @@ pub(super) async fn one(
             }
         }
         Method::PATCH => {
-            let expires_at = match asked_expiry(request).await {
+            let expires_at = match asked_expiry(request) {
                 Ok(expires_at) => expires_at,
                 Err(refusal) => return refusal.into_response(),
             };
@@ -59,7 +125,8 @@ pub(super) async fn one(
             match set.await {
                 Ok(Expiry::Set) => {
                     tracing::info!(route = route_name, key = %key, expires_at = %rfc3339(expires_at), "key's expiry set through the admin API");
-                    inspected(serving, route_name, &key, &full_key).await
+                    change.log(proxy, route, &key, StatusCode::OK);
+                    inspected(proxy, route_name, &key, &full_key).await
                 }
                 Ok(Expiry::Absent) => AdminRefusal::Absent.into_response(),
                 Ok(Expiry::InFlight) => AdminRefusal::InFlight.into_response(),
@@ -68,18 +135,18 @@ pub(super) async fn one(
             }
         }
         // GET, or HEAD answered as one: the endpoint takes no other.
-        _ => inspected(serving, route_name, &key, &full_key).await,
+        _ => inspected(proxy, route_name, &key, &full_key).await,
     }
 }
 
 /// A key as `GET` shows it: its state, and the answer it recorded whole.
 async fn inspected(
-    serving: &Serving,
+    proxy: &Proxy,
     route_name: &str,
     key: &str,
     full_key: &str,
 ) -> Response<ProxyBody> {
-    match serving.proxy.store().inspect(full_key).await {
+    match proxy.store().inspect(full_key).await {
         Ok(Some(state)) => {
             let mut described = describe(route_name, key, &state);
             if let KeyState::Done(DoneRecord {
@@ -90,7 +157,7 @@ async fn inspected(
                 let headers: Vec<_> = answer
                     .headers
                     .iter()
-                    .map(|(name, value)| json!([name, String::from_utf8_lossy(value)]))
+                    .map(|(name, value)| json!([name, masked_header(name, value)]))
                     .collect();
                 described["answer"] = json!({
                     "status": answer.status,
@@ -98,7 +165,11 @@ async fn inspected(
                     "body_bytes": answer.body.len(),
                 });
             }
-            json_response(StatusCode::OK, described.to_string())
+            // A configured secret that the answer echoed is masked as in the log.
+            json_response(
+                StatusCode::OK,
+                crate::redact::text(&described.to_string()).into_owned(),
+            )
         }
         Ok(None) => AdminRefusal::Absent.into_response(),
         Err(failure) => AdminRefusal::from(failure).into_response(),
@@ -110,7 +181,7 @@ const EXPIRY_MAX: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// The expiry a `PATCH` body asks for: `{"expires_at":"<RFC 3339>"}` or
 /// `{"expires_in":"48h"}`, in the future and at most [`EXPIRY_MAX`] away.
-async fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
+fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Asked {
@@ -119,7 +190,7 @@ async fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
     }
     let bad = |reason: String| AdminRefusal::BadRequest(reason);
     let body = request.into_body();
-    let shape = r#"the body must be {"expires_at":"2026-12-31T00:00:00Z"} or {"expires_in":"48h"}"#;
+    let shape = r#"the body must be {"expires_in":"48h"} or {"expires_at":"2030-01-01T00:00:00Z"}"#;
     let asked = serde_json::from_slice::<Asked>(&body).map_err(|_| bad(shape.into()))?;
     let now = millis(
         SystemTime::now()
@@ -141,7 +212,8 @@ async fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
         ));
     }
     if expires_at - now > millis(EXPIRY_MAX) {
-        return Err(bad("the expiry is more than 10 years away".into()));
+        let days = EXPIRY_MAX.as_secs() / 86_400;
+        return Err(bad(format!("the expiry is more than {days} days away")));
     }
     Ok(expires_at)
 }
@@ -149,12 +221,12 @@ async fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
 /// `GET /v1/entities/{route}/{entity}`: the newest version done for an entity of a route
 /// with `order:`; `DELETE` forgets it (after a version far ahead made real events stale).
 pub(super) async fn entity(
-    serving: &Serving,
-    method: &Method,
+    proxy: &Proxy,
     route_name: &str,
     raw_entity: &str,
+    request: &Request<Bytes>,
 ) -> Response<ProxyBody> {
-    let routing = serving.proxy.routing();
+    let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
     };
@@ -163,11 +235,12 @@ pub(super) async fn entity(
     }
     let entity = percent_encoding::percent_decode_str(raw_entity).decode_utf8_lossy();
     let full_key = entity_key(&route.namespace, &entity);
-    let store = serving.proxy.store();
-    match *method {
+    let store = proxy.store();
+    match *request.method() {
         Method::DELETE => match store.forget_entity(&full_key).await {
             Ok(true) => {
                 tracing::info!(route = route_name, entity = %entity, "entity's version forgotten through the admin API");
+                Change::of(request).log(proxy, route, &entity, StatusCode::NO_CONTENT);
                 let mut response = Response::new(empty());
                 *response.status_mut() = StatusCode::NO_CONTENT;
                 response
@@ -194,12 +267,12 @@ pub(super) async fn entity(
 }
 
 /// The most keys one page of `GET /v1/keys` lists, and how many without `limit`.
-const LIST_LIMIT_MAX: usize = 1000;
-const LIST_LIMIT_DEFAULT: usize = 100;
+pub(super) const LIST_LIMIT_MAX: usize = 1000;
+pub(super) const LIST_LIMIT_DEFAULT: usize = 100;
 
 /// `GET /v1/keys?route=R[&state=in_flight|done|held][&limit=N][&after=CURSOR]`: a page of
 /// a route's keys, and the cursor of the next page (`null` after the last).
-pub(super) async fn list(serving: &Serving, query: Option<&str>) -> Response<ProxyBody> {
+pub(super) async fn list(proxy: &Proxy, query: Option<&str>) -> Response<ProxyBody> {
     let (mut route_name, mut state, mut limit, mut after) = (None, None, LIST_LIMIT_DEFAULT, None);
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         let bad = |reason: String| AdminRefusal::BadRequest(reason).into_response();
@@ -224,11 +297,11 @@ pub(super) async fn list(serving: &Serving, query: Option<&str>) -> Response<Pro
     let Some(route_name) = route_name else {
         return AdminRefusal::BadRequest("`route` is required".into()).into_response();
     };
-    let routing = serving.proxy.routing();
+    let routing = proxy.routing();
     let Some(route) = routing.table.by_name(&route_name) else {
         return AdminRefusal::NoSuchRoute(route_name).into_response();
     };
-    let store = serving.proxy.store();
+    let store = proxy.store();
     let page = match store
         .list(&route.namespace, state, after.as_deref(), limit)
         .await
@@ -259,22 +332,23 @@ pub(super) async fn list(serving: &Serving, query: Option<&str>) -> Response<Pro
 /// it), and `"held_at"` if wanted (the hold the operator looked into, as `GET` showed it: a
 /// key held again since is left alone).
 pub(super) async fn resolve(
-    serving: &Serving,
+    proxy: &Proxy,
     route_name: &str,
     raw_key: &str,
     request: Request<Bytes>,
 ) -> Response<ProxyBody> {
-    let routing = serving.proxy.routing();
+    let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
     };
-    let (resolution, expected_hold) = match asked_resolution(route, request).await {
+    let change = Change::of(&request);
+    let (resolution, expected_hold) = match asked_resolution(route, request) {
         Ok(asked) => asked,
         Err(refusal) => return refusal.into_response(),
     };
     let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
-    let store = serving.proxy.store();
+    let store = proxy.store();
     let is_the_hold = |held: &HeldRecord| {
         expected_hold
             .as_ref()
@@ -295,6 +369,7 @@ pub(super) async fn resolve(
                 Resolution::Release => "release",
             };
             tracing::info!(route = route_name, key = %key, outcome, "held key resolved through the admin API");
+            change.log(proxy, route, &key, StatusCode::OK);
             match store.inspect(&full_key).await {
                 Ok(Some(state)) => json_response(
                     StatusCode::OK,
@@ -313,7 +388,7 @@ pub(super) async fn resolve(
 }
 
 /// The resolution a `POST .../resolve` body asks for, and the hold it names if any.
-async fn asked_resolution(
+fn asked_resolution(
     route: &Route,
     request: Request<Bytes>,
 ) -> Result<(Resolution, Option<String>), AdminRefusal> {

@@ -15,13 +15,15 @@ mod keys;
 mod mcp;
 mod queue;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use crate::body::{self, ProxyBody, empty, full};
 use crate::config::{AdminConfig, Limits, McpAccess};
@@ -31,8 +33,8 @@ use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
 use crate::server::{Ends, RequestPermit};
 use access::{Access, Rules};
-pub(crate) use endpoint::path_segment;
 use endpoint::{Api, Endpoint, Probe};
+use keys::Caller;
 
 /// The largest request body the API reads (a resolution, an expiry), and how long it
 /// waits for one.
@@ -125,15 +127,28 @@ impl Admin {
             return match (self.mcp, self.serving.get()) {
                 (McpAccess::Off, _) => AdminRefusal::NotFound.into_response(),
                 (_, None) => AdminRefusal::Starting.into_response(),
-                (_, Some(_)) => mcp::serve(Arc::clone(&self), request).await,
+                (access, Some(_)) => {
+                    let writes = access == McpAccess::ReadWrite;
+                    let caller = self.caller("mcp", ends);
+                    mcp::serve(self as Arc<dyn mcp::Api>, writes, caller, request).await
+                }
             };
         }
         // Every body the API takes is small: read whole, within bounds, before it is
         // answered.
-        let (head, body) = request.into_parts();
+        let (mut head, body) = request.into_parts();
+        head.extensions.insert(self.caller("api", ends));
         match body::read_limited(&head.headers, body, BODY_MAX, BODY_READ_TIMEOUT).await {
             Ok(body) => self.answer(Request::from_parts(head, body)).await,
             Err(error) => AdminRefusal::BadRequest(error.to_string()).into_response(),
+        }
+    }
+
+    /// Who sends a request that came `through` the API (`api`) or `/mcp` on `ends`.
+    fn caller(&self, through: &str, ends: Ends) -> Caller {
+        Caller {
+            by: format!("{through}:{}", self.rules.access.credential()),
+            client: Some(ends.peer),
         }
     }
 
@@ -192,6 +207,12 @@ impl Admin {
     }
 }
 
+impl mcp::Api for Admin {
+    fn answer(&self, request: Request<Bytes>) -> BoxFuture<'_, Response<ProxyBody>> {
+        Box::pin(Admin::answer(self, request))
+    }
+}
+
 impl Admin {
     /// Answers a request to the API (`GET` for a `HEAD`: its body is left out after).
     async fn serve_api(
@@ -223,10 +244,12 @@ async fn serve_store_api(
     match api {
         Api::Routes => routes(serving),
         Api::Reload => reload(serving).await,
-        Api::Keys => keys::list(serving, request.uri().query()).await,
-        Api::Key { route, key } => keys::one(serving, route, key, request).await,
-        Api::Entity { route, entity } => keys::entity(serving, method, route, entity).await,
-        Api::Resolve { route, key } => keys::resolve(serving, route, key, request).await,
+        Api::Keys => keys::list(&serving.proxy, request.uri().query()).await,
+        Api::Key { route, key } => keys::one(&serving.proxy, route, key, request).await,
+        Api::Entity { route, entity } => {
+            keys::entity(&serving.proxy, route, entity, &request).await
+        }
+        Api::Resolve { route, key } => keys::resolve(&serving.proxy, route, key, request).await,
         Api::Queue => queue::overview(&serving.proxy).await,
         Api::Pause { route, paused } => queue::pause(&serving.proxy, route, paused).await,
         Api::Dead { route } => queue::dead(&serving.proxy, route, request.uri().query()).await,

@@ -215,14 +215,7 @@ fn detail(route: &Route, job: &Job) -> Value {
         .request
         .headers
         .iter()
-        .map(|(name, value)| {
-            let shown = if SHOWN_HEADERS.contains(&name.as_str()) {
-                String::from_utf8_lossy(value).into_owned()
-            } else {
-                MASKED.into()
-            };
-            json!([name, shown])
-        })
+        .map(|(name, value)| json!([name, masked_header(name, value)]))
         .collect();
     value["request"] = json!({
         "method": job.request.method,
@@ -236,13 +229,27 @@ fn detail(route: &Route, job: &Job) -> Value {
     serde_json::from_str(&crate::redact::text(&value.to_string())).unwrap_or(value)
 }
 
+/// A header's value as the admin API shows it: masked unless the header is known to
+/// carry no secret (a signature or a token under a name no rule foresaw stays masked).
+pub(super) fn masked_header(name: &str, value: &[u8]) -> String {
+    if SHOWN_HEADERS.contains(&name) {
+        String::from_utf8_lossy(value).into_owned()
+    } else {
+        MASKED.into()
+    }
+}
+
 /// What stands for a value not shown.
 const MASKED: &str = "(masked)";
 
-/// Request headers whose values a job's view shows (lowercase): the message's own, the
-/// proxy's, and the providers' event names and IDs.
-const SHOWN_HEADERS: [&str; 22] = [
+/// Headers whose values the admin API shows (lowercase): a message's own, the proxy's,
+/// the providers' event names and IDs, and what an app's answer says of what it made.
+const SHOWN_HEADERS: [&str; 26] = [
     "content-type",
+    "content-location",
+    "location",
+    "etag",
+    "cache-control",
     "content-length",
     "content-encoding",
     "user-agent",

@@ -8,9 +8,8 @@ use std::process::ExitCode;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, fields, page_table, pages, plain, print, table};
-use super::{Command, EntitiesCommand, KeysCommand, Outcome};
-use crate::admin::path_segment;
+use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
+use super::{AdminArgs, Command, EntitiesCommand, KeysCommand, Outcome};
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
 /// reached, 2 when the command itself is wrong.
@@ -146,16 +145,7 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             at,
             within,
             admin,
-        } => {
-            let api = Api::find(config, &admin)?;
-            let body = match (at, within) {
-                (Some(at), _) => json!({ "expires_at": at }),
-                (None, within) => json!({ "expires_in": within }),
-            };
-            let path = key_path(&route, &key);
-            let answer = api.call(Method::PATCH, &path, Some(body)).await?;
-            print(&admin, &answer, fields);
-        }
+        } => expire(config, &route, &key, at, within, &admin).await?,
         KeysCommand::Resolve {
             route,
             key,
@@ -177,6 +167,27 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             print(&admin, &answer, fields);
         }
     }
+    Ok(())
+}
+
+/// `keys expire`: a done key's new expiry, `at` a time or `within` a duration from now.
+async fn expire(
+    config: Option<&Path>,
+    route: &str,
+    key: &str,
+    at: Option<String>,
+    within: Option<String>,
+    admin: &AdminArgs,
+) -> Result<(), Failure> {
+    let api = Api::find(config, admin)?;
+    let body = match (at, within) {
+        (Some(at), _) => json!({ "expires_at": at }),
+        (None, within) => json!({ "expires_in": within }),
+    };
+    let answer = api
+        .call(Method::PATCH, &key_path(route, key), Some(body))
+        .await?;
+    print(admin, &answer, fields);
     Ok(())
 }
 

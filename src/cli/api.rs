@@ -15,6 +15,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use super::AdminArgs;
@@ -27,6 +28,16 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The largest answer read (a page of 1 000 keys is about 300 KiB).
 const MAX_ANSWER: usize = 16 << 20;
+
+/// What a path segment escapes: all but RFC 3986's unreserved characters, and dots too,
+/// so that no intermediary reads a key `..` as a dot segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
+
+/// `text` as one segment of an admin API path (a route's name, a key), as the API reads
+/// it back once percent-decoded.
+pub(crate) fn path_segment(text: &str) -> String {
+    utf8_percent_encode(text, SEGMENT).to_string()
+}
 
 /// Why a command did not do what it was asked.
 pub(super) enum Failure {
@@ -321,6 +332,13 @@ pub(super) fn table(headings: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segments_escape_all_but_unreserved_characters() {
+        assert_eq!(path_segment("evt_1-b~c"), "evt_1-b~c");
+        assert_eq!(path_segment(".."), "%2E%2E");
+        assert_eq!(path_segment("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
+    }
 
     #[test]
     fn what_a_terminal_acts_on_is_not_printed() {

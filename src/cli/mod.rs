@@ -3,7 +3,7 @@
 //! `queue`; carried out in [`admin`] and `queue`, over `api`).
 
 pub mod admin;
-mod api;
+pub(crate) mod api;
 mod queue;
 
 use std::net::SocketAddr;
@@ -213,7 +213,7 @@ pub enum KeysCommand {
     Expire {
         route: String,
         key: String,
-        /// The new expiry, an RFC 3339 time (2026-12-31T00:00:00Z).
+        /// The new expiry, an RFC 3339 time (2030-01-01T00:00:00Z).
         #[arg(long)]
         at: Option<String>,
         /// The new expiry from now, a duration (48h).

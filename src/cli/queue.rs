@@ -7,9 +7,8 @@ use std::path::Path;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{Api, Failure, fields, page_table, pages, plain, print, table};
+use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
 use super::{DeadFilterArgs, PageArgs, QueueCommand};
-use crate::admin::path_segment;
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
     match command {

@@ -25,12 +25,12 @@ const BUFFER: usize = 16_384;
 
 /// Entries stored in one batch at most, and the most body bytes one batch carries.
 const BATCH: usize = 512;
+const BATCH_BODY_BYTES: usize = 1 << 20;
 
 /// How often the writer takes what waits. It sleeps in between rather than waiting on
 /// the buffer, so that recording an entry never wakes another thread: a wake-up per
 /// delivery cost more than the rest of recording.
 const WRITE_EVERY: Duration = Duration::from_millis(20);
-const BATCH_BODY_BYTES: usize = 1 << 20;
 
 /// Entries a live tail may fall behind by before it is told it missed some.
 const TAIL_BUFFER: usize = 1024;
@@ -277,6 +277,7 @@ mod tests {
             headers: Vec::new(),
             body: Some(vec![0; body].into()),
             body_truncated: false,
+            by: None,
         }
     }
 

@@ -262,6 +262,7 @@ pub fn describe(id: LogId, entry: &LoggedDelivery, whole: bool) -> Value {
         "client": entry.client,
         "replica": entry.replica,
         "body_recorded": entry.body.is_some(),
+        "by": entry.by,
     });
     if whole {
         let headers: Vec<_> = entry

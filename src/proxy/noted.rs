@@ -196,6 +196,7 @@ impl Noted {
             headers,
             body,
             body_truncated,
+            by: None,
         }
     }
 }

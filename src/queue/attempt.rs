@@ -155,6 +155,7 @@ fn logged(route: &Route, job: &Job, fate: Fate, started_at: u64) -> LoggedDelive
         headers: Vec::new(),
         body: None,
         body_truncated: false,
+        by: None,
     }
 }
 

@@ -81,10 +81,13 @@ pub enum Fate {
     Retrying,
     /// A queued job's attempt after which it went to dead letters.
     Dead,
+    /// An operator changed the key through the admin API: `by` says who, the method,
+    /// path and body what.
+    Changed,
 }
 
 impl Fate {
-    pub const ALL: [Fate; 15] = [
+    pub const ALL: [Fate; 16] = [
         Fate::Forwarded,
         Fate::Duplicate,
         Fate::InFlight,
@@ -100,6 +103,7 @@ impl Fate {
         Fate::Delivered,
         Fate::Retrying,
         Fate::Dead,
+        Fate::Changed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -119,6 +123,7 @@ impl Fate {
             Fate::Delivered => "delivered",
             Fate::Retrying => "retrying",
             Fate::Dead => "dead",
+            Fate::Changed => "changed",
         }
     }
 
@@ -167,6 +172,9 @@ pub struct LoggedDelivery {
     /// The body, up to `log.max_body_bytes`, with `log.bodies`.
     pub body: Option<Bytes>,
     pub body_truncated: bool,
+    /// Who changed the key, for a `changed` entry: the way in and the credential
+    /// (`api:token`, `mcp:loopback`).
+    pub by: Option<String>,
 }
 
 /// The version of the entries' encoding, written before each.

@@ -11,8 +11,7 @@ import os
 import sys
 
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
 
 def annotations(tool):
