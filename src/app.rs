@@ -314,6 +314,9 @@ impl Running {
     }
 }
 
+/// How long the delivery log gets to store its last entries at shutdown.
+const LOG_CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
 impl App {
     /// Stops accepting and reports not ready, lets in-flight forwards finish within the
     /// shutdown grace, releases the claims still open, flushes the store, and returns.
@@ -328,6 +331,7 @@ impl App {
         self.sweeper.abort();
         self.held_counter.abort();
         self.hangups.abort();
+        self.proxy.recorder().close(LOG_CLOSE_WITHIN).await;
         let flushed = self.store.flush().await;
         self.admin_server.stop().await;
         match &flushed {

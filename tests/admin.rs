@@ -717,3 +717,25 @@ async fn a_configured_name_reaches_the_admin_api() {
         );
     }
 }
+
+/// A read whose sender holds its body back is answered at once: only a change's body is
+/// waited for, so that such senders cannot hold the port's places and starve its probes.
+#[tokio::test]
+async fn a_read_is_answered_without_waiting_for_a_body_held_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    for path in ["/healthz", "/v1/routes", "/v1/keys/hooks/evt_none"] {
+        let mut stream = tokio::net::TcpStream::connect(proxy.admin).await.unwrap();
+        let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0; 512];
+        let read = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer while the body is held back"))
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.starts_with("HTTP/1.1 "), "{path}: {answer}");
+        assert!(!answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+    }
+}

@@ -667,6 +667,48 @@ async fn a_done_keys_expiry_moves_and_nothing_else_does(h: Harness) {
     );
 }
 
+/// Operators moving one key's expiry at once, and forgetting it meanwhile, leave it done
+/// at one of the expiries asked for, or forgotten: never lost, never brought back.
+async fn concurrent_expiry_moves_leave_one_of_them(h: Harness) {
+    const ROUNDS: usize = 40;
+    let h = Arc::new(h);
+    for round in 0..ROUNDS {
+        let name = format!("moved{round}");
+        let claim = h.claimed(&name).await;
+        h.store.finish(&claim, done(200, RETENTION)).await.unwrap();
+        let Some(KeyState::Done(record)) = h.state(&name).await else {
+            panic!("done expected");
+        };
+        // Expiries a day to a month on: windows of their own on the embedded store.
+        let asked: Vec<u64> = (1..=12)
+            .map(|days| record.completed_at + days * 2 * 86_400_000)
+            .collect();
+        let mut tasks = tokio::task::JoinSet::new();
+        for expires_at in asked.clone() {
+            let (h, key) = (Arc::clone(&h), h.key(&name));
+            tasks.spawn(async move { h.store.set_expiry(&key, expires_at).await.unwrap() });
+        }
+        while let Some(set) = tasks.join_next().await {
+            assert_eq!(set.unwrap(), Expiry::Set, "round {round}");
+        }
+        let Some(KeyState::Done(moved)) = h.state(&name).await else {
+            panic!("round {round}: the key was lost");
+        };
+        assert!(
+            asked.contains(&moved.expires_at),
+            "round {round}: {moved:?}"
+        );
+        // A forget racing moves: once both are done, the key is absent or done at an
+        // expiry asked for, and a forget after that leaves it absent.
+        let (h2, key) = (Arc::clone(&h), h.key(&name));
+        let mover = tokio::spawn(async move { h2.store.set_expiry(&key, asked[3]).await });
+        h.store.forget(&h.key(&name)).await.unwrap();
+        mover.await.unwrap().unwrap();
+        h.store.forget(&h.key(&name)).await.unwrap();
+        assert_eq!(h.state(&name).await, None, "round {round}: brought back");
+    }
+}
+
 async fn the_recorded_answer_is_kept_for_replay(h: Harness) {
     let header =
         |name: &str, value: &'static str| (name.to_owned(), Bytes::from_static(value.as_bytes()));
@@ -938,6 +980,7 @@ conformance!(
     done_keys_expire_after_their_retention,
     forget_removes_done_keys_but_not_in_flight_ones,
     a_done_keys_expiry_moves_and_nothing_else_does,
+    concurrent_expiry_moves_leave_one_of_them,
     the_recorded_answer_is_kept_for_replay,
     concurrent_claims_of_one_key_give_exactly_one_owner,
     every_key_the_proxy_accepts_is_stored_apart,

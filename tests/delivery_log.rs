@@ -438,3 +438,24 @@ async fn a_queued_event_is_logged_when_accepted_and_at_each_attempt() {
     assert_eq!(entries[0]["upstream_status"], 200);
     assert_eq!(entries[0]["path"], "/hooks");
 }
+
+/// What the proxy answered just before it shut down is in the log once it has stopped:
+/// the writer stores what waits before the store is flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_answered_before_a_shutdown_are_stored() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    for id in ["evt_a", "evt_b", "evt_c"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 200);
+    }
+    proxy.shutdown().await;
+    let clock = dedupe_proxy::store::ManualClock::new(0);
+    let store = open_sled(&proxy.data.path().join("db"), &clock);
+    let log = dedupe_proxy::store::ClaimStore::delivery_log(&store).unwrap();
+    let entries = log.read(None, 10).await.unwrap();
+    let keys: Vec<_> = entries
+        .iter()
+        .map(|(_, entry)| entry.key.as_deref().unwrap())
+        .collect();
+    assert_eq!(keys, ["evt_c", "evt_b", "evt_a"]);
+}

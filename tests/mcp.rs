@@ -322,9 +322,15 @@ async fn mcp_meets_the_token_host_and_origin_rules_of_the_admin_api() {
         "x".repeat(200_000)
     );
     let reply = send(proxy.admin, "POST", "/mcp", &headers, huge).await;
-    assert_eq!(reply.status, 413, "{}", reply.body);
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(
+        reply.json()["detail"].as_str().unwrap().contains("65536"),
+        "{}",
+        reply.body
+    );
     let get = send(proxy.admin, "GET", "/mcp", &[("authorization", bearer)], "").await;
     assert_eq!(get.status, 405);
+    assert_eq!(get.header("allow"), Some("POST"));
     // Malformed JSON-RPC gets the protocol's error, and the port keeps serving.
     let reply = send(proxy.admin, "POST", "/mcp", &headers, "{not json").await;
     assert!(reply.status >= 400, "{}", reply.body);

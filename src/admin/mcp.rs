@@ -19,8 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Full};
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -40,7 +39,7 @@ use crate::response::AdminRefusal;
 use crate::store::log::LogId;
 
 /// The largest JSON-RPC message `/mcp` reads: tool arguments are a few names and values.
-const REQUEST_BODY_MAX: usize = 64 * 1024;
+pub(super) const REQUEST_BODY_MAX: u64 = 64 * 1024;
 
 /// How long a tool's request may take: every one reads a page or changes a key.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,18 +51,18 @@ pub(super) trait Api: Send + Sync + 'static {
     fn answer(&self, request: Request<Bytes>) -> BoxFuture<'_, Response<ProxyBody>>;
 }
 
-/// Serves one request to `/mcp` (the port's rules already met); `writes` offers the
-/// tools that change keys.
+/// Serves one request to `/mcp` (the port's rules met, its body read whole within
+/// bounds); `writes` offers the tools that change keys.
 pub(super) async fn serve(
     api: Arc<dyn Api>,
     writes: bool,
     caller: Caller,
-    request: Request<Incoming>,
+    request: Request<Bytes>,
 ) -> Response<ProxyBody> {
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
-        .with_max_request_body_bytes(REQUEST_BODY_MAX)
+        .with_max_request_body_bytes(REQUEST_BODY_MAX as usize)
         // The port's own rules checked Host and Origin, with `admin.hosts`.
         .disable_allowed_hosts()
         .disable_allowed_origins()
@@ -79,7 +78,7 @@ pub(super) async fn serve(
         config,
     );
     service
-        .handle(request)
+        .handle(request.map(Full::new))
         .await
         .map(|body| body.map_err(|never: Infallible| match never {}).boxed())
 }
@@ -517,9 +516,14 @@ impl ServerHandler for McpServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.run(request).await.map(CallToolResponse::Complete)
+        // rmcp runs a call in a task of its own: it ends with its request, so that a client
+        // that goes away leaves nothing running past the port's limit on requests.
+        tokio::select! {
+            ran = self.run(request) => ran.map(CallToolResponse::Complete),
+            () = context.ct.cancelled() => Err(ErrorData::internal_error("the request ended", None)),
+        }
     }
 }
 

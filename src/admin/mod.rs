@@ -37,7 +37,7 @@ use endpoint::{Api, Endpoint, Probe};
 use keys::Caller;
 
 /// The largest request body the API reads (a resolution, an expiry), and how long it
-/// waits for one.
+/// waits for one (a `/mcp` message's too).
 const BODY_MAX: u64 = 1024;
 const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -123,25 +123,37 @@ impl Admin {
         if let Err(refusal) = self.rules.check(&request, ends.local) {
             return refusal.into_response();
         }
-        if request.uri().path() == "/mcp" {
-            return match (self.mcp, self.serving.get()) {
-                (McpAccess::Off, _) => AdminRefusal::NotFound.into_response(),
-                (_, None) => AdminRefusal::Starting.into_response(),
-                (access, Some(_)) => {
-                    let writes = access == McpAccess::ReadWrite;
-                    let caller = self.caller("mcp", ends);
-                    mcp::serve(self as Arc<dyn mcp::Api>, writes, caller, request).await
-                }
+        let mcp = request.uri().path() == "/mcp";
+        if mcp && (self.mcp == McpAccess::Off || request.method() != Method::POST) {
+            // Answered before any body is read (rmcp answers a GET with 405 too).
+            return match self.mcp {
+                McpAccess::Off => AdminRefusal::NotFound.into_response(),
+                _ => AdminRefusal::MethodNotAllowed("POST").into_response(),
             };
         }
-        // Every body the API takes is small: read whole, within bounds, before it is
-        // answered.
+        // Only a request that changes something has a body: a probe's or a read's is never
+        // waited for, so that a sender holding one back cannot hold the port's places.
         let (mut head, body) = request.into_parts();
-        head.extensions.insert(self.caller("api", ends));
-        match body::read_limited(&head.headers, body, BODY_MAX, BODY_READ_TIMEOUT).await {
-            Ok(body) => self.answer(Request::from_parts(head, body)).await,
-            Err(error) => AdminRefusal::BadRequest(error.to_string()).into_response(),
+        let body = if matches!(head.method, Method::POST | Method::PATCH) {
+            let limit = if mcp { mcp::REQUEST_BODY_MAX } else { BODY_MAX };
+            match body::read_limited(&head.headers, body, limit, BODY_READ_TIMEOUT).await {
+                Ok(body) => body,
+                Err(error) => return AdminRefusal::BadRequest(error.to_string()).into_response(),
+            }
+        } else {
+            Bytes::new()
+        };
+        if mcp {
+            let Some(_) = self.serving.get() else {
+                return AdminRefusal::Starting.into_response();
+            };
+            let writes = self.mcp == McpAccess::ReadWrite;
+            let caller = self.caller("mcp", ends);
+            let request = Request::from_parts(head, body);
+            return mcp::serve(self as Arc<dyn mcp::Api>, writes, caller, request).await;
         }
+        head.extensions.insert(self.caller("api", ends));
+        self.answer(Request::from_parts(head, body)).await
     }
 
     /// Who sends a request that came `through` the API (`api`) or `/mcp` on `ends`.

@@ -49,6 +49,9 @@ pub struct Recorder {
     log: Option<Arc<dyn DeliveryLog>>,
     unmatched: bool,
     metrics: Arc<Metrics>,
+    /// Tells the writer to store what waits and end ([`Recorder::close`]).
+    closing: CancellationToken,
+    writer: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Stops the trimmer when the recorder goes.
     _trimming: Option<DropGuard>,
 }
@@ -62,16 +65,19 @@ impl Recorder {
     ) -> Recorder {
         let (tail, _) = broadcast::channel(TAIL_BUFFER);
         let log = log.filter(|_| config.enabled);
+        let closing = CancellationToken::new();
+        let mut writer = None;
         let (sender, trimming) = match &log {
             Some(log) => {
                 let (sender, receiver) = mpsc::channel(BUFFER);
-                tokio::spawn(write(
+                writer = Some(tokio::spawn(write(
                     receiver,
                     Arc::clone(log),
                     tail.clone(),
                     Arc::clone(&metrics),
                     replica_name(),
-                ));
+                    closing.clone(),
+                )));
                 let stop = CancellationToken::new();
                 let trimmer = trim(
                     Arc::clone(log),
@@ -96,6 +102,8 @@ impl Recorder {
             log,
             unmatched: config.unmatched,
             metrics,
+            closing,
+            writer: parking_lot::Mutex::new(writer),
             _trimming: trimming,
         }
     }
@@ -120,6 +128,18 @@ impl Recorder {
         }
     }
 
+    /// Stores what waits and stops storing, within `within` (at shutdown, before the
+    /// store is flushed): what is recorded from then on is dropped.
+    pub async fn close(&self, within: Duration) {
+        self.closing.cancel();
+        let writer = self.writer.lock().take();
+        if let Some(writer) = writer
+            && tokio::time::timeout(within, writer).await.is_err()
+        {
+            tracing::warn!("the delivery log did not store its last entries in time");
+        }
+    }
+
     /// The log, to read back.
     pub fn log(&self) -> Option<&Arc<dyn DeliveryLog>> {
         self.log.as_ref()
@@ -139,13 +159,14 @@ fn replica_name() -> Option<String> {
 }
 
 /// Stores what the recorder takes, a batch at a time and named after `replica`, until the
-/// recorder is gone and every entry taken is stored.
+/// recorder is gone or `closing`, and every entry taken is stored.
 async fn write(
     mut receiver: mpsc::Receiver<LoggedDelivery>,
     log: Arc<dyn DeliveryLog>,
     tail: broadcast::Sender<Stored>,
     metrics: Arc<Metrics>,
     replica: Option<String>,
+    closing: CancellationToken,
 ) {
     let mut taken = Vec::with_capacity(BATCH);
     let mut last_warning: Option<std::time::Instant> = None;
@@ -153,8 +174,12 @@ async fn write(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let closed = match take(&mut receiver, &mut taken) {
+            Taken::Empty if closing.is_cancelled() => return,
             Taken::Empty => {
-                ticks.tick().await;
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    () = closing.cancelled() => {}
+                }
                 continue;
             }
             Taken::Some => false,

@@ -203,6 +203,9 @@ impl RedisStore {
     }
 }
 
+/// How many times a compare-and-swap of a key's value is tried before giving up.
+const SWAP_TRIES: usize = 32;
+
 #[async_trait]
 impl ClaimStore for RedisStore {
     async fn claim(
@@ -416,9 +419,10 @@ impl ClaimStore for RedisStore {
     }
 
     async fn set_expiry(&self, key: &str, expires_at: Millis) -> Result<Expiry, StoreError> {
-        // A value changed between the read and the swap is read again: a claim or a
-        // forget raced the operator.
-        for _ in 0..3 {
+        // A value changed between the read and the swap is read again: a forget or
+        // another move raced this one. Each round one of the racers wins, so a few
+        // operators at once are all served.
+        for _ in 0..SWAP_TRIES {
             let Some((stored, value)) = self.read(key).await? else {
                 return Ok(Expiry::Absent);
             };

@@ -106,6 +106,10 @@ pub struct SledStore {
     clock: Arc<dyn Clock>,
     queue: Arc<SledQueue>,
     log: Arc<SledLog>,
+    /// One operator's change of a done key at a time: a move of its expiry writes the new
+    /// copy before it removes the old, so two moves (or a move and a forget) interleaved
+    /// could leave no copy, or bring a forgotten one back.
+    operator_changes: parking_lot::Mutex<()>,
 }
 
 impl SledStore {
@@ -136,6 +140,7 @@ impl SledStore {
             open_keys,
             next_token: AtomicU64::new(rand::random()),
             clock,
+            operator_changes: parking_lot::Mutex::new(()),
         })
     }
 
@@ -456,10 +461,13 @@ impl ClaimStore for SledStore {
             None => {}
         }
         let database = self.database()?;
-        let removed = database
-            .epochs
-            .remove(&database.epochs.record_key(key), now)
-            .map_err(StoreError::from);
+        let removed = {
+            let _one_at_a_time = self.operator_changes.lock();
+            database
+                .epochs
+                .remove(&database.epochs.record_key(key), now)
+                .map_err(StoreError::from)
+        };
         let forgotten = removed.map(|live| {
             if live {
                 Forgotten::Removed
@@ -484,14 +492,22 @@ impl ClaimStore for SledStore {
         }
         let database = self.database()?;
         let record_key = database.epochs.record_key(key);
-        let refiled = database.live_done(&record_key, now).and_then(|done| {
-            let Some(done) = done else {
-                return Ok(Expiry::Absent);
-            };
-            let moved = DoneRecord { expires_at, ..done };
-            database.epochs.refile(&record_key, &moved)?;
-            Ok(Expiry::Set)
-        });
+        let refiled = {
+            let _one_at_a_time = self.operator_changes.lock();
+            database.live_done(&record_key, now).and_then(|done| {
+                let Some(done) = done else {
+                    return Ok(Expiry::Absent);
+                };
+                let moved = DoneRecord { expires_at, ..done };
+                database.epochs.refile(&record_key, &moved)?;
+                Ok(Expiry::Set)
+            })
+        };
+        // As durable as a finish: a lost extension would let a duplicate run.
+        let refiled = match refiled {
+            Ok(Expiry::Set) => database.make_durable().await.map(|()| Expiry::Set),
+            other => other,
+        };
         self.reopen_if_failed(&database, refiled)
     }
 
