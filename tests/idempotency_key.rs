@@ -11,21 +11,6 @@ use std::time::Duration;
 use support::*;
 
 /// Whether Python's `requests` is there (`tests/setup` installs it); CI must have it.
-fn requests_installed() -> bool {
-    let installed = Command::new("python3")
-        .args(["-c", "import requests"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !installed {
-        assert!(
-            std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "CI must install requests (tests/setup)"
-        );
-        eprintln!("skipped: Python's requests is not installed (run tests/setup)");
-    }
-    installed
-}
-
 const ROUTE: &str = "routes:\n  - name: orders\n    match: { method: POST, path_prefix: /orders }\n    preset: idempotency_key\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,7 +29,7 @@ async fn a_client_sending_the_same_request_twice_gets_one_order() {
             .header("content-type", "application/json")
             .after(Duration::from_millis(500)),
     ]);
-    if !requests_installed() {
+    if !python_module_installed("requests") {
         return;
     }
     let proxy = Proxy::start(upstream.addr, ROUTE).await;

@@ -13,21 +13,6 @@ use std::process::Command;
 use serde_json::{Value, json};
 use support::*;
 
-fn client_installed() -> bool {
-    let installed = Command::new("python3")
-        .args(["-c", "import mcp.client.streamable_http"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !installed {
-        assert!(
-            std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "CI must install the Python MCP client (tests/setup)"
-        );
-        eprintln!("skipped: the Python MCP client is not installed (run tests/setup)");
-    }
-    installed
-}
-
 /// What the agent saw: the tools listed, and each call's answer in order.
 async fn agent(admin: SocketAddr, token: Option<&str>, calls: Value) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_agent.py");
@@ -71,7 +56,7 @@ const READ_TOOLS: [&str; 5] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_default() {
-    if !client_installed() {
+    if !python_module_installed("mcp.client.streamable_http") {
         return;
     }
     let upstream = Upstream::start().await;
@@ -181,7 +166,7 @@ fn token_config(dir: &std::path::Path, upstream: SocketAddr, mcp: &str) -> std::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_read_write_an_agent_forgets_a_key_and_its_next_delivery_is_forwarded() {
-    if !client_installed() {
+    if !python_module_installed("mcp.client.streamable_http") {
         return;
     }
     let upstream = Upstream::start().await;

@@ -116,3 +116,20 @@ pub async fn admin(proxy: &Proxy, method: &str, path: &str, body: &str) -> Reply
     let json = [("content-type", "application/json")];
     send(proxy.admin, method, path, &json, body.to_owned()).await
 }
+
+/// Whether Python can import `module` (a real client library the tests drive, installed by
+/// tests/setup). Without it a test is skipped with a message, or fails under `CI=true`.
+pub fn python_module_installed(module: &str) -> bool {
+    let installed = std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "CI must install Python's {module} (tests/setup)"
+        );
+        eprintln!("skipped: Python's {module} is not installed (run tests/setup)");
+    }
+    installed
+}

@@ -97,6 +97,12 @@ struct Lease {
     fingerprint: Fingerprint,
 }
 
+/// What an open key is, to an operator's change.
+enum Open {
+    InFlight,
+    Held,
+}
+
 /// The embedded store.
 pub struct SledStore {
     database: Database,
@@ -202,6 +208,21 @@ impl SledStore {
                     Ok(claimed())
                 }
             },
+        }
+    }
+
+    /// Whether `key` is in flight or held at `now`: an operator's change of a done key
+    /// leaves such a key alone.
+    fn open_state(&self, key: &str, now: Millis) -> Option<Open> {
+        match self
+            .open_keys
+            .get(key)
+            .filter(|open| open.live(now))
+            .as_deref()
+        {
+            Some(OpenKey::InFlight(_)) => Some(Open::InFlight),
+            Some(OpenKey::Held(_)) => Some(Open::Held),
+            None => None,
         }
     }
 
@@ -450,14 +471,9 @@ impl ClaimStore for SledStore {
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         let now = self.clock.now();
-        match self
-            .open_keys
-            .get(key)
-            .filter(|open| open.live(now))
-            .as_deref()
-        {
-            Some(OpenKey::InFlight(_)) => return Ok(Forgotten::InFlight),
-            Some(OpenKey::Held(_)) => return Ok(Forgotten::Held),
+        match self.open_state(key, now) {
+            Some(Open::InFlight) => return Ok(Forgotten::InFlight),
+            Some(Open::Held) => return Ok(Forgotten::Held),
             None => {}
         }
         let database = self.database()?;
@@ -480,14 +496,9 @@ impl ClaimStore for SledStore {
 
     async fn set_expiry(&self, key: &str, expires_at: Millis) -> Result<Expiry, StoreError> {
         let now = self.clock.now();
-        match self
-            .open_keys
-            .get(key)
-            .filter(|open| open.live(now))
-            .as_deref()
-        {
-            Some(OpenKey::InFlight(_)) => return Ok(Expiry::InFlight),
-            Some(OpenKey::Held(_)) => return Ok(Expiry::Held),
+        match self.open_state(key, now) {
+            Some(Open::InFlight) => return Ok(Expiry::InFlight),
+            Some(Open::Held) => return Ok(Expiry::Held),
             None => {}
         }
         let database = self.database()?;
