@@ -4,11 +4,13 @@
 
 use http::Method;
 
-/// An endpoint of the admin port: a probe, or one of the API's under `/v1/`.
+/// An endpoint of the admin port: a probe, one of the API's under `/v1/`, or `/mcp`.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Endpoint<'a> {
     Probe(Probe),
     Api(Api<'a>),
+    /// `/mcp`: the Model Context Protocol, each tool an `Api` request.
+    Mcp,
 }
 
 /// The endpoints that answer from the start, without the token.
@@ -82,6 +84,7 @@ impl<'a> Endpoint<'a> {
             "/healthz" => return Some(Endpoint::Probe(Probe::Health)),
             "/readyz" => return Some(Endpoint::Probe(Probe::Ready)),
             "/metrics" => return Some(Endpoint::Probe(Probe::Metrics)),
+            "/mcp" => return Some(Endpoint::Mcp),
             "/v1/routes" => Api::Routes,
             "/v1/reload" => Api::Reload,
             "/v1/keys" => Api::Keys,
@@ -126,7 +129,8 @@ impl<'a> Endpoint<'a> {
                 | Api::Pause { .. }
                 | Api::Replays { .. }
                 | Api::Job { replay: true, .. },
-            ) => "POST",
+            )
+            | Endpoint::Mcp => "POST",
             Endpoint::Api(Api::Key { .. }) => "GET, HEAD, DELETE, PATCH",
             Endpoint::Api(Api::Entity { .. } | Api::Job { .. } | Api::Replay { .. }) => {
                 "GET, HEAD, DELETE"

@@ -5,12 +5,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
 use super::queue::masked_header;
-use bytes::Bytes;
-
 use crate::body::{ProxyBody, empty};
 use crate::proxy::Proxy;
 use crate::proxy::operator::{self, Resolving};

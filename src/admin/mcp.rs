@@ -52,13 +52,13 @@ pub(super) trait Api: Send + Sync + 'static {
 }
 
 /// Serves one request to `/mcp` (the port's rules met, its body read whole within
-/// bounds); `writes` offers the tools that change keys.
+/// bounds, its [`Caller`] named); `writes` offers the tools that change keys.
 pub(super) async fn serve(
     api: Arc<dyn Api>,
     writes: bool,
-    caller: Caller,
     request: Request<Bytes>,
 ) -> Response<ProxyBody> {
+    let caller = request.extensions().get::<Caller>().cloned();
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
@@ -89,7 +89,7 @@ struct McpServer {
     api: Arc<dyn Api>,
     writes: bool,
     /// Who sent the request, named in the log of what its tools change.
-    caller: Caller,
+    caller: Option<Caller>,
 }
 
 /// One argument of a tool.
@@ -529,18 +529,24 @@ impl ServerHandler for McpServer {
 
 /// The status and JSON body of `call` sent by `caller`, answered by `api`, within
 /// [`CALL_TIMEOUT`].
-async fn answer_in_process(api: &dyn Api, call: ApiCall, caller: Caller) -> (StatusCode, Bytes) {
+async fn answer_in_process(
+    api: &dyn Api,
+    call: ApiCall,
+    caller: Option<Caller>,
+) -> (StatusCode, Bytes) {
     let body = call.body.map(|body| body.to_string()).unwrap_or_default();
     let request = Request::builder()
         .method(call.method)
         .uri(call.path_and_query)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .extension(caller)
         .body(Bytes::from(body));
-    let Ok(request) = request else {
+    let Ok(mut request) = request else {
         let refused = AdminRefusal::BadRequest("the arguments do not make a valid path".into());
         return answer_whole(refused.into_response()).await;
     };
+    if let Some(caller) = caller {
+        request.extensions_mut().insert(caller);
+    }
     match tokio::time::timeout(CALL_TIMEOUT, async {
         answer_whole(api.answer(request).await).await
     })

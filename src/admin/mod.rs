@@ -123,19 +123,26 @@ impl Admin {
         if let Err(refusal) = self.rules.check(&request, ends.local) {
             return refusal.into_response();
         }
-        let mcp = request.uri().path() == "/mcp";
-        if mcp && (self.mcp == McpAccess::Off || request.method() != Method::POST) {
-            // Answered before any body is read (rmcp answers a GET with 405 too).
-            return match self.mcp {
-                McpAccess::Off => AdminRefusal::NotFound.into_response(),
-                _ => AdminRefusal::MethodNotAllowed("POST").into_response(),
-            };
+        // Owned: the endpoint names parts of the path while the request moves on.
+        let path = request.uri().path().to_owned();
+        let endpoint = match Endpoint::parse(&path) {
+            Some(Endpoint::Mcp) if self.mcp == McpAccess::Off => None,
+            found => found,
+        };
+        let Some(endpoint) = endpoint else {
+            return AdminRefusal::NotFound.into_response();
+        };
+        if !endpoint.takes(request.method()) {
+            return AdminRefusal::MethodNotAllowed(endpoint.allow()).into_response();
         }
         // Only a request that changes something has a body: a probe's or a read's is never
         // waited for, so that a sender holding one back cannot hold the port's places.
         let (mut head, body) = request.into_parts();
         let body = if matches!(head.method, Method::POST | Method::PATCH) {
-            let limit = if mcp { mcp::REQUEST_BODY_MAX } else { BODY_MAX };
+            let limit = match endpoint {
+                Endpoint::Mcp => mcp::REQUEST_BODY_MAX,
+                _ => BODY_MAX,
+            };
             match body::read_limited(&head.headers, body, limit, BODY_READ_TIMEOUT).await {
                 Ok(body) => body,
                 Err(error) => return AdminRefusal::BadRequest(error.to_string()).into_response(),
@@ -143,17 +150,21 @@ impl Admin {
         } else {
             Bytes::new()
         };
-        if mcp {
-            let Some(_) = self.serving.get() else {
+        let through = if matches!(endpoint, Endpoint::Mcp) {
+            "mcp"
+        } else {
+            "api"
+        };
+        head.extensions.insert(self.caller(through, ends));
+        let request = Request::from_parts(head, body);
+        if matches!(endpoint, Endpoint::Mcp) {
+            if self.serving.get().is_none() {
                 return AdminRefusal::Starting.into_response();
-            };
+            }
             let writes = self.mcp == McpAccess::ReadWrite;
-            let caller = self.caller("mcp", ends);
-            let request = Request::from_parts(head, body);
-            return mcp::serve(self as Arc<dyn mcp::Api>, writes, caller, request).await;
+            return mcp::serve(self as Arc<dyn mcp::Api>, writes, request).await;
         }
-        head.extensions.insert(self.caller("api", ends));
-        self.answer(Request::from_parts(head, body)).await
+        self.serve(endpoint, request).await
     }
 
     /// Who sends a request that came `through` the API (`api`) or `/mcp` on `ends`.
@@ -164,16 +175,22 @@ impl Admin {
         }
     }
 
-    /// Answers a request that met the port's rules, by what its path names.
+    /// Answers a request made inside the process (a tool's), as the port answers one
+    /// that met its rules.
     async fn answer(&self, request: Request<Bytes>) -> Response<ProxyBody> {
-        // Owned: a resolution takes the request's body along with the path's parts.
         let path = request.uri().path().to_owned();
-        let Some(endpoint) = Endpoint::parse(&path) else {
-            return AdminRefusal::NotFound.into_response();
-        };
-        if !endpoint.takes(request.method()) {
-            return AdminRefusal::MethodNotAllowed(endpoint.allow()).into_response();
+        match Endpoint::parse(&path) {
+            // A tool never names `/mcp` itself.
+            None | Some(Endpoint::Mcp) => AdminRefusal::NotFound.into_response(),
+            Some(endpoint) if !endpoint.takes(request.method()) => {
+                AdminRefusal::MethodNotAllowed(endpoint.allow()).into_response()
+            }
+            Some(endpoint) => self.serve(endpoint, request).await,
         }
+    }
+
+    /// Answers a request to `endpoint`, which takes its method.
+    async fn serve(&self, endpoint: Endpoint<'_>, request: Request<Bytes>) -> Response<ProxyBody> {
         let head = request.method() == Method::HEAD;
         let answer = match endpoint {
             Endpoint::Probe(probe) => self.probe(probe),
@@ -181,6 +198,7 @@ impl Admin {
                 Some(serving) => self.serve_api(serving, api, request).await,
                 None => AdminRefusal::Starting.into_response(),
             },
+            Endpoint::Mcp => AdminRefusal::NotFound.into_response(),
         };
         if head { without_body(answer) } else { answer }
     }
