@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use support::*;
@@ -34,25 +33,7 @@ async fn a_client_sending_the_same_request_twice_gets_one_order() {
     }
     let proxy = Proxy::start(upstream.addr, ROUTE).await;
     let base = format!("http://{}", proxy.addr);
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/clients/idempotency_key.py"
-    );
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .arg(script)
-            .arg(base)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let seen = python_client("idempotency_key.py", vec![base], Vec::new()).await;
     let status = |name: &str| seen[name]["status"].as_u64().unwrap();
 
     assert_eq!(status("first"), 201);

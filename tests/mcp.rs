@@ -8,33 +8,15 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Command;
 
 use serde_json::{Value, json};
 use support::*;
 
 /// What the agent saw: the tools listed, and each call's answer in order.
 async fn agent(admin: SocketAddr, token: Option<&str>, calls: Value) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_agent.py");
-    let url = format!("http://{admin}/mcp");
+    let args = vec![format!("http://{admin}/mcp"), calls.to_string()];
     let token = token.unwrap_or_default().to_owned();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .arg(script)
-            .arg(url)
-            .arg(calls.to_string())
-            .env("MCP_TOKEN", token)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    python_client("mcp_agent.py", args, vec![("MCP_TOKEN".into(), token)]).await
 }
 
 fn tool_names(seen: &Value) -> Vec<&str> {

@@ -133,3 +133,29 @@ pub fn python_module_installed(module: &str) -> bool {
     }
     installed
 }
+
+/// What the Python client `tests/clients/<script>` printed as JSON, run with `args` and
+/// `env`; the test fails with its stderr if it failed.
+pub async fn python_client(
+    script: &str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> serde_json::Value {
+    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(path)
+            .args(args)
+            .envs(env)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
