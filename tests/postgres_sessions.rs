@@ -67,7 +67,7 @@ async fn behind_pgbouncer_the_pooled_sessions_are_left_as_they_were() {
                 store.release(&claim).await.unwrap();
             }
             store.inspect(&key).await.unwrap();
-            store.list("t", None, None, 10).await.unwrap();
+            store.list("t", "", None, None, 10).await.unwrap();
             store.sweep(100).await.unwrap();
         });
     }

@@ -8,17 +8,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use super::queue::masked_header;
 use crate::body::{ProxyBody, empty};
+use crate::key::MAX_KEY_BYTES;
 use crate::proxy::Proxy;
 use crate::proxy::operator::{self, Resolving};
 use crate::response::{AdminRefusal, json_response};
 use crate::route::Route;
 use crate::store::log::{Fate, LoggedDelivery};
 use crate::store::{
-    Clock, DoneRecord, Expiry, Forgotten, HeldRecord, KeyState, Millis, QUEUED_STATUS,
-    RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS, StateFilter, StoreError, SystemClock,
+    ClaimStore, Clock, DoneRecord, Expiry, Forgotten, HeldRecord, KeyState, Millis, Page,
+    QUEUED_STATUS, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS, StateFilter, SystemClock,
     entity_key, millis, parse_rfc3339, rfc3339, store_key,
 };
 
@@ -269,14 +271,20 @@ pub(super) async fn entity(
 pub(super) const LIST_LIMIT_MAX: usize = 1000;
 pub(super) const LIST_LIMIT_DEFAULT: usize = 100;
 
-/// `GET /v1/keys?route=R[&state=in_flight|done|held][&limit=N][&after=CURSOR]`: a page of
-/// a route's keys, and the cursor of the next page (`null` after the last).
+/// `GET /v1/keys?route=R[&prefix=P][&state=in_flight|done|held][&limit=N][&after=CURSOR]`:
+/// a page of a route's keys starting with `P`, and the cursor of the next page (`null`
+/// after the last).
 pub(super) async fn list(proxy: &Proxy, query: Option<&str>) -> Response<ProxyBody> {
-    let (mut route_name, mut state, mut limit, mut after) = (None, None, LIST_LIMIT_DEFAULT, None);
+    let (mut route_name, mut prefix, mut state) = (None, String::new(), None);
+    let (mut limit, mut after) = (LIST_LIMIT_DEFAULT, None);
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         let bad = |reason: String| AdminRefusal::BadRequest(reason).into_response();
         match &*name {
             "route" => route_name = Some(value.into_owned()),
+            "prefix" => match checked_prefix(&value) {
+                Ok(()) => prefix = value.into_owned(),
+                Err(reason) => return bad(reason),
+            },
             "state" => match StateFilter::parse(&value) {
                 Some(filter) => state = Some(filter),
                 None => {
@@ -300,18 +308,17 @@ pub(super) async fn list(proxy: &Proxy, query: Option<&str>) -> Response<ProxyBo
     let Some(route) = routing.table.by_name(&route_name) else {
         return AdminRefusal::NoSuchRoute(route_name).into_response();
     };
-    let store = proxy.store();
-    let page = match store
-        .list(&route.namespace, state, after.as_deref(), limit)
+    let listing = Listing {
+        scope: &route.namespace,
+        prefix: &prefix,
+        state,
+    };
+    let page = match listing
+        .page(proxy.store().as_ref(), after.as_deref(), limit)
         .await
     {
         Ok(page) => page,
-        Err(StoreError::BadRequest(reason)) => {
-            return AdminRefusal::BadRequest(reason).into_response();
-        }
-        Err(failure) => {
-            return AdminRefusal::from(failure).into_response();
-        }
+        Err(refusal) => return refusal.into_response(),
     };
     let namespace = format!("{}:", route.namespace);
     let keys: Vec<_> = page
@@ -324,6 +331,69 @@ pub(super) async fn list(proxy: &Proxy, query: Option<&str>) -> Response<ProxyBo
         .collect();
     let body = json!({ "keys": keys, "next": page.next });
     json_response(StatusCode::OK, body.to_string())
+}
+
+/// Why `prefix` cannot start keys, if it cannot: longer than a key, or with a control
+/// character no extracted key holds.
+pub(super) fn checked_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "the prefix is {} bytes; a key is at most {MAX_KEY_BYTES}",
+            prefix.len()
+        ));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err("the prefix holds a control character, which no key does".into());
+    }
+    Ok(())
+}
+
+/// One listing of a scope's keys: which keys it shows. Its pages' cursors carry a
+/// fingerprint of it, so that a cursor from another listing is refused, not misread.
+pub(super) struct Listing<'a> {
+    pub(super) scope: &'a str,
+    pub(super) prefix: &'a str,
+    pub(super) state: Option<StateFilter>,
+}
+
+impl Listing<'_> {
+    /// Up to `limit` keys after the cursor `after`, with the next page's cursor.
+    pub(super) async fn page(
+        &self,
+        store: &dyn ClaimStore,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, AdminRefusal> {
+        let fingerprint = self.fingerprint();
+        let inner = match after {
+            None => None,
+            Some(cursor) => match cursor.split_once('.') {
+                Some((mark, inner)) if mark == fingerprint => Some(inner),
+                _ => {
+                    return Err(AdminRefusal::BadRequest(format!(
+                        "`{cursor}` is not a cursor of this listing (another route, prefix or state, or not a cursor)"
+                    )));
+                }
+            },
+        };
+        let scope = self.scope;
+        let mut page = store
+            .list(scope, self.prefix, self.state, inner, limit)
+            .await?;
+        page.next = page.next.map(|next| format!("{fingerprint}.{next}"));
+        Ok(page)
+    }
+
+    fn fingerprint(&self) -> String {
+        let state = match self.state {
+            None => "",
+            Some(StateFilter::InFlight) => "in_flight",
+            Some(StateFilter::Done) => "done",
+            Some(StateFilter::Held) => "held",
+        };
+        let named = format!("{}\n{}\n{state}", self.scope, self.prefix);
+        hex::encode(&Sha256::digest(named.as_bytes())[..8])
+    }
 }
 
 /// `POST /v1/keys/{route}/{key}/resolve` with `{"outcome":"done"}` (the work happened:

@@ -528,11 +528,14 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// key is left alone.
     async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError>;
 
-    /// Up to `limit` live keys of `namespace` (store keys `<namespace>:...`), in `state`
-    /// if given, starting after the cursor `after` (a page's `next`).
+    /// Up to `limit` live keys of `namespace` whose key starts with `prefix` (store keys
+    /// `<namespace>:<prefix>...`), in `state` if given, starting after the cursor `after`
+    /// (a page's `next`). A page may hold fewer keys than `limit` (even none) and still
+    /// have a next one: each page looks at a bounded part of the store.
     async fn list(
         &self,
         namespace: &str,
+        prefix: &str,
         state: Option<StateFilter>,
         after: Option<&str>,
         limit: usize,

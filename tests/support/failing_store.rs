@@ -103,11 +103,14 @@ impl ClaimStore for FailingStore {
     async fn list(
         &self,
         namespace: &str,
+        prefix: &str,
         state: Option<StateFilter>,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
-        self.inner.list(namespace, state, after, limit).await
+        self.inner
+            .list(namespace, prefix, state, after, limit)
+            .await
     }
     async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.inner.count_held().await

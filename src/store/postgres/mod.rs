@@ -45,7 +45,7 @@ use super::queue::DeliveryQueue;
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Expiry, Fingerprint,
     Forgotten, Heard, KeyState, Millis, Page, RecordedResponse, Resolution, StateFilter,
-    StoreError, Swept, Version, millis, owned, page, within,
+    StoreError, Swept, Version, millis, owned, page, store_key, within,
 };
 use crate::config::PostgresConfig;
 use crate::workers::{PerWorker, Workers};
@@ -292,11 +292,12 @@ impl ClaimStore for PostgresStore {
     async fn list(
         &self,
         namespace: &str,
+        prefix: &str,
         state: Option<StateFilter>,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
-        let prefix = format!("{namespace}:");
+        let prefix = store_key(namespace, prefix);
         let state = state.map(|state| match state {
             StateFilter::InFlight => "in_flight",
             StateFilter::Done => "done",

@@ -67,12 +67,13 @@ fn glob_literal(text: &str) -> String {
     escaped
 }
 
-/// Up to `limit` live keys of `namespace` (in `state`, if given), after `after`.
+/// Up to `limit` live keys whose store keys start with `listed` (in `state`, if given),
+/// after `after`. `prefix` is the store's own, before every Redis key.
 pub(super) async fn list(
     mut connection: Link,
     prefix: &str,
     timeout: Duration,
-    namespace: &str,
+    listed: &str,
     state: Option<StateFilter>,
     after: Option<&str>,
     limit: usize,
@@ -83,7 +84,7 @@ pub(super) async fn list(
         None => Cursor::default(),
     };
     let nodes = primaries(&mut connection).await?;
-    let pattern = format!("{}{}:*", glob_literal(prefix), glob_literal(namespace));
+    let pattern = format!("{}{}*", glob_literal(prefix), glob_literal(listed));
     let mut page = Page::default();
     for _ in 0..BATCHES_PER_PAGE {
         let Some(node) = nodes.get(cursor.node) else {

@@ -55,7 +55,7 @@ use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, EntityRecord, Expiry,
     Fingerprint, Forgotten, Heard, KeyState, Millis, Page, RESOLVED_STATUS, Resolution,
     StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis, owned,
-    within,
+    store_key, within,
 };
 use crate::config::RedisConfig;
 use crate::workers::{PerWorker, Workers};
@@ -390,13 +390,23 @@ impl ClaimStore for RedisStore {
     async fn list(
         &self,
         namespace: &str,
+        prefix: &str,
         state: Option<StateFilter>,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
         let connection = self.connection();
-        let (prefix, timeout) = (&self.prefix, self.timeout);
-        listing::list(connection, prefix, timeout, namespace, state, after, limit).await
+        let listed = store_key(namespace, prefix);
+        listing::list(
+            connection,
+            &self.prefix,
+            self.timeout,
+            &listed,
+            state,
+            after,
+            limit,
+        )
+        .await
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, StoreError> {

@@ -27,6 +27,7 @@
 
 mod database;
 mod epochs;
+mod listing;
 mod log;
 mod queue;
 
@@ -48,7 +49,7 @@ use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, EntityRecord,
     Expiry, Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS,
     Resolution, StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis,
-    page,
+    store_key,
 };
 use crate::config::SledConfig;
 
@@ -247,9 +248,12 @@ impl SledStore {
                     response: completion.response.clone(),
                 };
                 // On failure the lease stays until it ends: duplicates meanwhile get 409.
-                database
-                    .epochs
-                    .put(&lease.record_key, &done, millis(completion.retention))?;
+                database.epochs.put(
+                    &lease.record_key,
+                    &done,
+                    millis(completion.retention),
+                    &claim.key,
+                )?;
                 open.remove();
                 Ok(())
             }
@@ -315,7 +319,9 @@ impl SledStore {
             };
             // The done record first: a claim between the two writes sees the hold.
             let record_key = database.epochs.record_key(key);
-            database.epochs.put(&record_key, &done, millis(retention))?;
+            database
+                .epochs
+                .put(&record_key, &done, millis(retention), key)?;
         }
         database.held.remove(key.as_bytes())?;
         open.remove();
@@ -417,35 +423,50 @@ impl ClaimStore for SledStore {
         self.reopen_if_failed(&database, resolved)
     }
 
-    /// Done keys are filed by a hash of their key, so only in-flight and held keys are
-    /// listed here.
+    /// In-flight and held keys first (from memory, in key order), then done ones (from a
+    /// walk of the records, [`epochs::Position`] order).
     async fn list(
         &self,
         namespace: &str,
+        prefix: &str,
         state: Option<StateFilter>,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
-        if state == Some(StateFilter::Done) {
-            return Err(StoreError::BadRequest(
-                "the embedded store files done keys by a hash of the key, so it cannot list them; look a key up by name instead".into(),
-            ));
+        let listed = store_key(namespace, prefix);
+        let from = match after.map(listing::Cursor::decode) {
+            None => listing::Cursor::Open(None),
+            Some(Some(cursor)) => cursor,
+            Some(None) => return Err(listing::not_a_cursor(after.unwrap_or_default())),
+        };
+        let mut page = Page::default();
+        if let listing::Cursor::Open(after) = &from
+            && state != Some(StateFilter::Done)
+        {
+            let now = self.clock.now();
+            let after = after.as_deref();
+            page = listing::open_keys(&self.open_keys, now, &listed, state, after, limit);
+            if page.next.is_some() || state.is_some() {
+                return Ok(page);
+            }
         }
+        let position = match from {
+            listing::Cursor::Done(position) => position,
+            listing::Cursor::Open(_) => None,
+        };
+        let wanted = limit - page.keys.len();
+        let database = self.database()?;
         let now = self.clock.now();
-        let prefix = format!("{namespace}:");
-        let mut found: Vec<(String, KeyState)> = self
-            .open_keys
-            .iter()
-            .filter(|open| {
-                open.key().starts_with(&prefix)
-                    && after.is_none_or(|after| open.key().as_str() > after)
-                    && open.value().live(now)
-            })
-            .map(|open| (open.key().clone(), open.value().state()))
-            .filter(|(_, found)| state.is_none_or(|state| state.admits(found)))
-            .collect();
-        found.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(page(found, limit))
+        let walked = tokio::task::spawn_blocking({
+            let database = Arc::clone(&database);
+            move || listing::done_keys(&database.epochs, now, &listed, position, wanted)
+        })
+        .await
+        .map_err(|error| StoreError::of("sled", error))?;
+        let (done, next) = self.reopen_if_failed(&database, walked.map_err(StoreError::from))?;
+        page.keys.extend(done);
+        page.next = next;
+        Ok(page)
     }
 
     async fn count_held(&self) -> Result<Vec<(String, u64)>, StoreError> {
@@ -510,7 +531,7 @@ impl ClaimStore for SledStore {
                     return Ok(Expiry::Absent);
                 };
                 let moved = DoneRecord { expires_at, ..done };
-                database.epochs.refile(&record_key, &moved)?;
+                database.epochs.refile(&record_key, &moved, key)?;
                 Ok(Expiry::Set)
             })
         };

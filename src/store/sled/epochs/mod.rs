@@ -24,11 +24,13 @@
 //!
 //! The parts: [`window`] (which tree a record goes to), [`record`] (its salted key and its
 //! encoding), [`bucket`] (the records that share a sled value), [`filter`] (the Bloom
-//! filter of a window).
+//! filter of a window), [`walk`] (every live record in turn, with its store key, for
+//! listings and counts).
 
 mod bucket;
 mod filter;
 mod record;
+mod walk;
 mod window;
 
 use std::collections::BTreeMap;
@@ -45,6 +47,7 @@ use self::window::Window;
 use crate::store::{DoneRecord, Millis, StoreError, Swept};
 
 pub(super) use self::record::RecordKey;
+pub(super) use self::walk::Position;
 
 /// The largest encoded record kept inside its bucket (a record without a replayed answer
 /// takes about 44 bytes).
@@ -287,15 +290,17 @@ impl Epochs {
         Ok(None)
     }
 
-    /// Writes a done record kept for `retention` into its window's tree.
+    /// Writes the done record of `name` (its store key, whose record key is `key`), kept
+    /// for `retention`, into its window's tree.
     pub(super) fn put(
         &self,
         key: &RecordKey,
         record: &DoneRecord,
         retention: Millis,
+        name: &str,
     ) -> sled::Result<()> {
         let window = Window::holding(record.expires_at, retention);
-        let bytes = encode(record, window);
+        let bytes = encode(record, window, name);
         loop {
             {
                 let by_window = self.by_window.read();
@@ -327,9 +332,14 @@ impl Epochs {
     /// Files `record`, a live record of `key` with its expiry moved, in the window of its
     /// new expiry, then takes it out of every other: a claim meanwhile finds one copy or
     /// the other, never none.
-    pub(super) fn refile(&self, key: &RecordKey, record: &DoneRecord) -> sled::Result<()> {
+    pub(super) fn refile(
+        &self,
+        key: &RecordKey,
+        record: &DoneRecord,
+        name: &str,
+    ) -> sled::Result<()> {
         let retention = record.expires_at.saturating_sub(record.completed_at).max(1);
-        self.put(key, record, retention)?;
+        self.put(key, record, retention, name)?;
         let window = Window::holding(record.expires_at, retention);
         let by_window = self.by_window.read();
         for epoch in by_window.values().filter(|epoch| epoch.window != window) {
@@ -491,9 +501,11 @@ mod tests {
         let (epochs, indexing) = Epochs::open(&db).unwrap();
         indexing.run();
         for (i, key) in keys.iter().enumerate() {
-            epochs.put(key, &record(200 + i as u16), minute).unwrap();
+            epochs
+                .put(key, &record(200 + i as u16), minute, "n")
+                .unwrap();
         }
-        epochs.put(&keys[1], &record(299), minute).unwrap();
+        epochs.put(&keys[1], &record(299), minute, "n").unwrap();
         assert_eq!(epochs.records(), 4, "a rewrite is not a new record");
         let status = |key| {
             epochs
@@ -540,8 +552,8 @@ mod tests {
         let large = replayed(&[b'x'; 4096]);
         // Two keys sharing a bucket: one large, one small.
         let (big, small) = ([5; 16], [5, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
-        epochs.put(&big, &large, MINUTE).unwrap();
-        epochs.put(&small, &done(201), MINUTE).unwrap();
+        epochs.put(&big, &large, MINUTE, "n").unwrap();
+        epochs.put(&small, &done(201), MINUTE, "n").unwrap();
         assert_eq!(epochs.get(&big, NOW).unwrap(), Some(large.clone()));
         assert_eq!(epochs.records(), 2, "a record stored apart counts once");
         let by_window = epochs.by_window.read();
@@ -555,10 +567,12 @@ mod tests {
         assert!(epoch.tree.get(big).unwrap().is_some());
         // Rewritten small, the record apart goes.
         epoch
-            .write(&big, &encode(&replayed(b"{}"), epoch.window))
+            .write(&big, &encode(&replayed(b"{}"), epoch.window, "n"))
             .unwrap();
         assert_eq!(epoch.tree.get(big).unwrap(), None);
-        epoch.write(&big, &encode(&large, epoch.window)).unwrap();
+        epoch
+            .write(&big, &encode(&large, epoch.window, "n"))
+            .unwrap();
         drop(by_window);
         // Read back after a restart, then removed with its record.
         drop(epochs);
@@ -580,9 +594,9 @@ mod tests {
         );
         drop(by_window);
         // The sweep counts a record stored apart once.
-        epochs.put(&big, &done(202), MINUTE).unwrap();
+        epochs.put(&big, &done(202), MINUTE, "n").unwrap();
         epochs
-            .put(&[6; 16], &replayed(&[b'y'; 1000]), MINUTE)
+            .put(&[6; 16], &replayed(&[b'y'; 1000]), MINUTE, "n")
             .unwrap();
         let swept = epochs.sweep(NOW + 2 * MINUTE, 10_000).unwrap();
         assert_eq!((swept.examined, swept.removed), (3, 3));
@@ -599,7 +613,7 @@ mod tests {
             let (epochs, indexing) = Epochs::open(&db).unwrap();
             indexing.run();
             for key in &keys {
-                epochs.put(key, &record, minute).unwrap();
+                epochs.put(key, &record, minute, "n").unwrap();
             }
             db.flush().unwrap();
         }
@@ -615,7 +629,7 @@ mod tests {
         assert_eq!(epochs.get(&key_of("stranger"), now).unwrap(), None);
         let later = now + 2 * minute;
         let fresh = key_of("written while indexing");
-        epochs.put(&fresh, &record, minute).unwrap();
+        epochs.put(&fresh, &record, minute, "n").unwrap();
 
         indexing.run();
         assert!(
@@ -638,7 +652,7 @@ mod tests {
         // A window the sweep reaches before the indexing thread is read in first, so
         // that its count is right when it goes.
         for key in &keys {
-            epochs.put(key, &record, minute).unwrap();
+            epochs.put(key, &record, minute, "n").unwrap();
         }
         drop(epochs);
         let (epochs, _never_started) = Epochs::open(&db).unwrap();

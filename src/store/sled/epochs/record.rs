@@ -51,9 +51,13 @@ pub(super) fn salt(db: &sled::Db) -> Result<Vec<u8>, StoreError> {
     Ok(salt.to_vec())
 }
 
-/// A done record as stored, its times as small differences, which take fewer bytes.
+/// A done record as stored, its times as small differences, which take fewer bytes, and
+/// last its store key (`name`), so that listing and clearing can tell whose it is. Records
+/// of earlier versions end before the name: as `Stored<()>` (a unit takes no bytes) every
+/// record reads, and an earlier version reads a named one, since postcard leaves the bytes
+/// after the last field it knows unread.
 #[derive(Serialize, Deserialize)]
-struct Stored {
+struct Stored<Name> {
     /// `window.end - expires_at`, less than the window's width.
     expires_before_end: Millis,
     /// `expires_at - completed_at` (the retention), as [`compact_duration`] writes it.
@@ -64,6 +68,7 @@ struct Stored {
     fingerprint: Fingerprint,
     #[serde(with = "crate::store::recorded_response")]
     response: Option<RecordedResponse>,
+    name: Name,
 }
 
 /// A duration in milliseconds, in whole seconds when it is (as retentions usually are):
@@ -84,7 +89,7 @@ fn full_duration(compact: u64) -> Millis {
     }
 }
 
-pub(super) fn encode(record: &DoneRecord, window: Window) -> Vec<u8> {
+pub(super) fn encode(record: &DoneRecord, window: Window, name: &str) -> Vec<u8> {
     let stored = Stored {
         expires_before_end: window.end.saturating_sub(record.expires_at),
         kept_for: compact_duration(record.expires_at.saturating_sub(record.completed_at)),
@@ -92,32 +97,55 @@ pub(super) fn encode(record: &DoneRecord, window: Window) -> Vec<u8> {
         upstream_status: record.upstream_status,
         fingerprint: record.fingerprint,
         response: record.response.clone(),
+        name,
     };
     // Sized for a record without a replayed answer: one allocation instead of four.
-    postcard::to_extend(&stored, Vec::with_capacity(64)).expect("a record always serializes")
+    postcard::to_extend(&stored, Vec::with_capacity(64 + name.len()))
+        .expect("a record always serializes")
 }
 
 /// Decodes a done record of `window`; an undecodable one is treated as absent (and
 /// logged) rather than blocking its key forever, since refusing the key would lose the
 /// event.
 pub(super) fn decode(key: &[u8], bytes: &[u8], window: Window) -> Option<DoneRecord> {
-    match postcard::from_bytes::<Stored>(bytes) {
-        Ok(stored) => {
-            let expires_at = window.end.saturating_sub(stored.expires_before_end);
-            let completed_at = expires_at.saturating_sub(full_duration(stored.kept_for));
-            Some(DoneRecord {
-                claimed_at: completed_at.saturating_sub(stored.took),
-                completed_at,
-                expires_at,
-                upstream_status: stored.upstream_status,
-                fingerprint: stored.fingerprint,
-                response: stored.response,
-            })
-        }
+    match postcard::from_bytes::<Stored<()>>(bytes) {
+        Ok(stored) => Some(stored.record(window).0),
         Err(error) => {
             tracing::warn!(key = %hex::encode(key), %error, "unreadable done record, treating it as absent");
             None
         }
+    }
+}
+
+/// Decodes a done record of `window` with its store key, which records written before
+/// names were kept lack (`None`).
+pub(super) fn decode_named(
+    key: &[u8],
+    bytes: &[u8],
+    window: Window,
+) -> Option<(DoneRecord, Option<String>)> {
+    match postcard::from_bytes::<Stored<String>>(bytes) {
+        Ok(stored) => {
+            let (record, name) = stored.record(window);
+            Some((record, Some(name)))
+        }
+        Err(_) => decode(key, bytes, window).map(|record| (record, None)),
+    }
+}
+
+impl<Name> Stored<Name> {
+    fn record(self, window: Window) -> (DoneRecord, Name) {
+        let expires_at = window.end.saturating_sub(self.expires_before_end);
+        let completed_at = expires_at.saturating_sub(full_duration(self.kept_for));
+        let record = DoneRecord {
+            claimed_at: completed_at.saturating_sub(self.took),
+            completed_at,
+            expires_at,
+            upstream_status: self.upstream_status,
+            fingerprint: self.fingerprint,
+            response: self.response,
+        };
+        (record, self.name)
     }
 }
 
@@ -183,14 +211,20 @@ mod tests {
         };
         let week = 7 * 86_400_000;
         let window = Window::holding(record.expires_at, week);
-        let bytes = encode(&record, window);
+        let bytes = encode(&record, window, "stripe:evt_1");
         assert_eq!(decode(b"k", &bytes, window), Some(record.clone()));
+        assert_eq!(
+            decode_named(b"k", &bytes, window),
+            Some((record.clone(), Some("stripe:evt_1".to_owned())))
+        );
         let plain = DoneRecord {
             response: None,
             ..record.clone()
         };
-        // 44 bytes for a record kept a week, where the record as it is would take 53.
-        assert_eq!(encode(&plain, window).len(), 44);
+        // 44 bytes for a record kept a week, where the record as it is would take 53, and
+        // its name after them with its length first.
+        assert_eq!(encode(&plain, window, "").len(), 45);
+        assert_eq!(encode(&plain, window, "stripe:evt_1").len(), 45 + 12);
         assert_eq!(
             decode(b"k", b"\xff", window),
             None,
@@ -202,6 +236,27 @@ mod tests {
             ..record
         };
         let window = Window::holding(odd.expires_at, 1_500);
-        assert_eq!(decode(b"k", &encode(&odd, window), window), Some(odd));
+        assert_eq!(
+            decode(b"k", &encode(&odd, window, "a:b"), window),
+            Some(odd)
+        );
+    }
+
+    #[test]
+    fn records_without_a_name_still_read_and_read_as_unnamed() {
+        let record = DoneRecord {
+            claimed_at: 1_800_000_000_000,
+            completed_at: 1_800_000_000_000,
+            expires_at: 1_800_000_060_000,
+            upstream_status: 200,
+            fingerprint: [3; 32],
+            response: None,
+        };
+        let window = Window::holding(record.expires_at, 60_000);
+        // As versions before names wrote it: the same fields, nothing after the answer.
+        let earlier = encode(&record, window, "");
+        let earlier = &earlier[..earlier.len() - 1];
+        assert_eq!(decode(b"k", earlier, window), Some(record.clone()));
+        assert_eq!(decode_named(b"k", earlier, window), Some((record, None)));
     }
 }
