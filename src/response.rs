@@ -362,6 +362,10 @@ pub enum AdminRefusal {
     NoDeliveryLog,
     /// No entry of the delivery log has the id: trimmed, or never logged.
     NoSuchDelivery,
+    /// No route keeps its keys in the scope named.
+    NoSuchScope(String),
+    /// Keys a clearing would take are in flight (how many were seen).
+    ScopeInFlight(u64),
 }
 
 impl AdminRefusal {
@@ -398,6 +402,8 @@ impl AdminRefusal {
             AdminRefusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             AdminRefusal::NoDeliveryLog => StatusCode::NOT_FOUND,
             AdminRefusal::NoSuchDelivery => StatusCode::NOT_FOUND,
+            AdminRefusal::NoSuchScope(_) => StatusCode::NOT_FOUND,
+            AdminRefusal::ScopeInFlight(_) => StatusCode::CONFLICT,
         }
     }
 
@@ -430,6 +436,8 @@ impl AdminRefusal {
             AdminRefusal::TooMany(_) => "too_many",
             AdminRefusal::NoDeliveryLog => "no_delivery_log",
             AdminRefusal::NoSuchDelivery => "no_such_delivery",
+            AdminRefusal::NoSuchScope(_) => "no_such_scope",
+            AdminRefusal::ScopeInFlight(_) => "in_flight",
         }
     }
 
@@ -464,6 +472,8 @@ impl AdminRefusal {
             AdminRefusal::TooMany(reason) => reason.clone(),
             AdminRefusal::NoDeliveryLog => "the delivery log is off (delivery_log.enabled: false)".into(),
             AdminRefusal::NoSuchDelivery => "no entry of the delivery log has this id: it was trimmed, or never logged".into(),
+            AdminRefusal::NoSuchScope(scope) => format!("no route keeps its keys in scope `{scope}`"),
+            AdminRefusal::ScopeInFlight(seen) => format!("{seen} of the keys to clear are being processed; wait for them, or pass \"force\":true to clear the rest (keys in flight are never removed)"),
         }
     }
 
@@ -723,7 +733,9 @@ mod tests {
             | AdminRefusal::NotDead
             | AdminRefusal::TooMany(_)
             | AdminRefusal::NoDeliveryLog
-            | AdminRefusal::NoSuchDelivery => refusal.parts(),
+            | AdminRefusal::NoSuchDelivery
+            | AdminRefusal::NoSuchScope(_)
+            | AdminRefusal::ScopeInFlight(_) => refusal.parts(),
         };
         for refusal in [
             AdminRefusal::Closed,
@@ -752,6 +764,8 @@ mod tests {
             AdminRefusal::TooMany(String::new()),
             AdminRefusal::NoDeliveryLog,
             AdminRefusal::NoSuchDelivery,
+            AdminRefusal::NoSuchScope(String::new()),
+            AdminRefusal::ScopeInFlight(1),
         ] {
             let (status, code, _) = admin(&refusal);
             assert!(

@@ -27,6 +27,12 @@ pub(super) enum Probe {
 pub(super) enum Api<'a> {
     Routes,
     Reload,
+    /// `/v1/scopes`: every scope, its keys counted by state.
+    Scopes,
+    /// `/v1/scopes/{scope}/clear`.
+    ClearScope {
+        scope: &'a str,
+    },
     Keys,
     Key {
         route: &'a str,
@@ -88,6 +94,7 @@ impl<'a> Endpoint<'a> {
             "/v1/routes" => Api::Routes,
             "/v1/reload" => Api::Reload,
             "/v1/keys" => Api::Keys,
+            "/v1/scopes" => Api::Scopes,
             "/v1/queue" => Api::Queue,
             "/v1/deliveries" => Api::Deliveries,
             "/v1/deliveries/tail" => Api::DeliveriesTail,
@@ -95,6 +102,10 @@ impl<'a> Endpoint<'a> {
             _ if path.starts_with("/v1/deliveries/") => {
                 let id = &path["/v1/deliveries/".len()..];
                 (!id.is_empty() && !id.contains('/')).then_some(Api::Delivery { id })?
+            }
+            _ if path.starts_with("/v1/scopes/") => {
+                let scope = path["/v1/scopes/".len()..].strip_suffix("/clear")?;
+                (!scope.is_empty() && !scope.contains('/')).then_some(Api::ClearScope { scope })?
             }
             _ if path.starts_with("/v1/replays/") => {
                 let id = &path["/v1/replays/".len()..];
@@ -120,11 +131,13 @@ impl<'a> Endpoint<'a> {
     pub(super) fn allow(&self) -> &'static str {
         match self {
             Endpoint::Probe(_) | Endpoint::Api(Api::Routes | Api::Keys | Api::Queue) => "GET, HEAD",
+            Endpoint::Api(Api::Scopes) => "GET, HEAD",
             Endpoint::Api(
                 Api::Dead { .. } | Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. },
             ) => "GET, HEAD",
             Endpoint::Api(
                 Api::Reload
+                | Api::ClearScope { .. }
                 | Api::Resolve { .. }
                 | Api::Pause { .. }
                 | Api::Replays { .. }
@@ -239,6 +252,11 @@ mod tests {
         );
         assert_eq!(api("/v1/queue/github/dead"), Api::Dead { route: "github" });
         assert_eq!(api("/v1/replays/7"), Api::Replay { id: "7" });
+        assert_eq!(api("/v1/scopes"), Api::Scopes);
+        assert_eq!(
+            api("/v1/scopes/a%2Fb/clear"),
+            Api::ClearScope { scope: "a%2Fb" }
+        );
         assert_eq!(api("/v1/deliveries/12-3"), Api::Delivery { id: "12-3" });
         assert_eq!(api("/v1/deliveries/tail"), Api::DeliveriesTail);
         for unknown in [
@@ -250,6 +268,11 @@ mod tests {
             "/v1/replays/1/2",
             "/v1/deliveries/",
             "/v1/deliveries/1-2/x",
+            "/v1/scopes/",
+            "/v1/scopes/a",
+            "/v1/scopes//clear",
+            "/v1/scopes/a/b/clear",
+            "/v1/scopes/a/clear/",
             "/",
             "/v1",
             "/v1/keys/",

@@ -34,7 +34,7 @@ pub(super) struct Caller {
 
 /// A change an operator asked for, as the delivery log keeps it: the request (its body
 /// is small and holds no secret: an expiry, a resolution) and who sent it.
-struct Change {
+pub(super) struct Change {
     method: String,
     path: String,
     body: Bytes,
@@ -42,7 +42,7 @@ struct Change {
 }
 
 impl Change {
-    fn of(request: &Request<Bytes>) -> Change {
+    pub(super) fn of(request: &Request<Bytes>) -> Change {
         Change {
             method: request.method().to_string(),
             path: request.uri().path().to_owned(),
@@ -53,15 +53,28 @@ impl Change {
 
     /// Logs the change of `key` (of `route`), answered `status`, as a `changed` entry.
     fn log(self, proxy: &Proxy, route: &Route, key: &str, status: StatusCode) {
+        let named = (Some(route.name.as_str()), route.namespace.as_str());
+        self.log_in(proxy, named, Some(key), status);
+    }
+
+    /// Logs the change of `key`, or of the keys the request's body names, in the scope of
+    /// `(route, scope)`.
+    pub(super) fn log_in(
+        self,
+        proxy: &Proxy,
+        (route, scope): (Option<&str>, &str),
+        key: Option<&str>,
+        status: StatusCode,
+    ) {
         let (by, client) = match self.caller {
             Some(caller) => (Some(caller.by), caller.client),
             None => (None, None),
         };
         proxy.recorder().record(LoggedDelivery {
             at: SystemClock.now(),
-            route: Some(route.name.clone()),
-            scope: Some(route.namespace.clone()),
-            key: Some(key.to_owned()),
+            route: route.map(str::to_owned),
+            scope: Some(scope.to_owned()),
+            key: key.map(str::to_owned),
             fate: Fate::Changed,
             refusal: None,
             waited: false,
@@ -348,8 +361,9 @@ pub(super) fn checked_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One listing of a scope's keys: which keys it shows. Its pages' cursors carry a
-/// fingerprint of it, so that a cursor from another listing is refused, not misread.
+/// One listing of a scope's keys: which keys it shows. Its pages' cursors carry a mark
+/// of it and of the store's cursor, so that a cursor from another listing, or edited, is
+/// refused, not misread.
 pub(super) struct Listing<'a> {
     pub(super) scope: &'a str,
     pub(super) prefix: &'a str,
@@ -364,11 +378,10 @@ impl Listing<'_> {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, AdminRefusal> {
-        let fingerprint = self.fingerprint();
         let inner = match after {
             None => None,
             Some(cursor) => match cursor.split_once('.') {
-                Some((mark, inner)) if mark == fingerprint => Some(inner),
+                Some((mark, inner)) if mark == self.mark(inner) => Some(inner),
                 _ => {
                     return Err(AdminRefusal::BadRequest(format!(
                         "`{cursor}` is not a cursor of this listing (another route, prefix or state, or not a cursor)"
@@ -380,18 +393,20 @@ impl Listing<'_> {
         let mut page = store
             .list(scope, self.prefix, self.state, inner, limit)
             .await?;
-        page.next = page.next.map(|next| format!("{fingerprint}.{next}"));
+        page.next = page.next.map(|next| format!("{}.{next}", self.mark(&next)));
         Ok(page)
     }
 
-    fn fingerprint(&self) -> String {
+    /// The mark of the store's cursor `inner` in this listing: a cursor edited, or from
+    /// another listing, does not carry it.
+    fn mark(&self, inner: &str) -> String {
         let state = match self.state {
             None => "",
             Some(StateFilter::InFlight) => "in_flight",
             Some(StateFilter::Done) => "done",
             Some(StateFilter::Held) => "held",
         };
-        let named = format!("{}\n{}\n{state}", self.scope, self.prefix);
+        let named = format!("{}\n{}\n{state}\n{inner}", self.scope, self.prefix);
         hex::encode(&Sha256::digest(named.as_bytes())[..8])
     }
 }

@@ -14,6 +14,7 @@ mod endpoint;
 mod keys;
 mod mcp;
 mod queue;
+mod scopes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -274,6 +275,8 @@ async fn serve_store_api(
     match api {
         Api::Routes => routes(serving),
         Api::Reload => reload(serving).await,
+        Api::Scopes => scopes::list(&serving.proxy).await,
+        Api::ClearScope { scope } => scopes::clear(&serving.proxy, scope, request).await,
         Api::Keys => keys::list(&serving.proxy, request.uri().query()).await,
         Api::Key { route, key } => keys::one(&serving.proxy, route, key, request).await,
         Api::Entity { route, entity } => {

@@ -65,8 +65,8 @@ pub fn postgres_config(url: &str, table: &str) -> dedupe_proxy::config::Postgres
     }
 }
 
-/// Drops a proxy's PostgreSQL tables (`table`, `<table>_entities`, `<table>_jobs` and
-/// `<table>_paused`), if they are there.
+/// Drops a proxy's PostgreSQL tables (`table` and those beside it: `_entities`, `_jobs`,
+/// `_paused`, `_deliveries`), if they are there.
 pub async fn drop_postgres_tables(table: &str) {
     let (client, connection) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
         .await
@@ -75,7 +75,8 @@ pub async fn drop_postgres_tables(table: &str) {
     client
         .batch_execute(&format!(
             "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities;
-             DROP TABLE IF EXISTS {table}_jobs; DROP TABLE IF EXISTS {table}_paused"
+             DROP TABLE IF EXISTS {table}_jobs; DROP TABLE IF EXISTS {table}_paused;
+             DROP TABLE IF EXISTS {table}_deliveries"
         ))
         .await
         .unwrap();

@@ -6,9 +6,6 @@
 
 use std::ops::ControlFlow;
 
-use dashmap::DashMap;
-
-use super::OpenKey;
 use super::epochs::{Epochs, Position};
 use crate::store::{KeyState, Millis, Page, StateFilter, StoreError, page};
 
@@ -46,30 +43,17 @@ impl Cursor {
     }
 }
 
+/// Keys found for a page, each with its state.
+pub(super) type Found = Vec<(String, KeyState)>;
+
 pub(super) fn not_a_cursor(text: &str) -> StoreError {
     StoreError::BadRequest(format!("`{text}` is not a listing cursor"))
 }
 
-/// Up to `limit` live open keys starting with `listed`, in `state` if given, after
-/// `after`; the next page, if any, starts among them.
-pub(super) fn open_keys(
-    open_keys: &DashMap<String, OpenKey>,
-    now: Millis,
-    listed: &str,
-    state: Option<StateFilter>,
-    after: Option<&str>,
-    limit: usize,
-) -> Page {
-    let mut found: Vec<(String, KeyState)> = open_keys
-        .iter()
-        .filter(|open| {
-            open.key().starts_with(listed)
-                && after.is_none_or(|after| open.key().as_str() > after)
-                && open.value().live(now)
-        })
-        .map(|open| (open.key().clone(), open.value().state()))
-        .filter(|(_, found)| state.is_none_or(|state| state.admits(found)))
-        .collect();
+/// Up to `limit` of the `found` open keys (live, each with its state), in `state` if
+/// given; the next page, if any, starts among them.
+pub(super) fn open_keys(mut found: Found, state: Option<StateFilter>, limit: usize) -> Page {
+    found.retain(|(_, found)| state.is_none_or(|state| state.admits(found)));
     found.sort_by(|a, b| a.0.cmp(&b.0));
     let mut page = page(found, limit);
     page.next = page.next.map(|last| Cursor::Open(Some(last)).encode());
@@ -84,7 +68,7 @@ pub(super) fn done_keys(
     listed: &str,
     from: Option<Position>,
     wanted: usize,
-) -> sled::Result<(Vec<(String, KeyState)>, Option<String>)> {
+) -> sled::Result<(Found, Option<String>)> {
     if wanted == 0 {
         return Ok((Vec::new(), Some(Cursor::Done(from).encode())));
     }

@@ -445,7 +445,15 @@ impl ClaimStore for SledStore {
         {
             let now = self.clock.now();
             let after = after.as_deref();
-            page = listing::open_keys(&self.open_keys, now, &listed, state, after, limit);
+            let found = (self.open_keys.iter())
+                .filter(|open| {
+                    open.key().starts_with(&listed)
+                        && after.is_none_or(|after| open.key().as_str() > after)
+                        && open.value().live(now)
+                })
+                .map(|open| (open.key().clone(), open.value().state()))
+                .collect();
+            page = listing::open_keys(found, state, limit);
             if page.next.is_some() || state.is_some() {
                 return Ok(page);
             }
