@@ -1,8 +1,8 @@
 //! `/mcp` on a real proxy, driven by the reference Python MCP client
 //! (`tests/clients/mcp_agent.py`): the read-only tools by default, annotated so; each tool
 //! answers what its admin API request answers (a refusal as a tool error); the tools that
-//! change keys only with `admin.mcp: read_write`, and then a forgotten key's next delivery
-//! is forwarded again. The port's rules hold for `/mcp` as for `/v1/*`: the token, the
+//! change keys only with `admin.mcp: read_write`, and then a forgotten or cleared key's
+//! next delivery is forwarded again. The port's rules hold for `/mcp` as for `/v1/*`: the token, the
 //! Host and Origin checks; an oversized message, a GET and `admin.mcp: off` are refused.
 
 mod support;
@@ -28,9 +28,10 @@ fn tool_names(seen: &Value) -> Vec<&str> {
         .collect()
 }
 
-const READ_TOOLS: [&str; 5] = [
+const READ_TOOLS: [&str; 6] = [
     "list_routes",
     "list_keys",
+    "list_scopes",
     "get_key",
     "list_deliveries",
     "get_delivery",
@@ -60,6 +61,10 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["forget_key", {"route": "hooks", "key": "evt_1"}],
         ["no_such_tool", {}],
         ["get_delivery", {"id": "tail"}],
+        ["list_scopes", {}],
+        ["list_keys", {"route": "hooks", "prefix": "evt_", "state": "done"}],
+        ["list_keys", {"route": "hooks", "prefix": "other_"}],
+        ["clear_keys", {"scope": "hooks"}],
     ]);
     let seen = agent(proxy.admin, None, calls).await;
     assert_eq!(seen["server"], "dedupe-proxy");
@@ -115,10 +120,24 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         (10, "no tool is called"),
         // The live tail's name is no delivery's id: it would never answer.
         (11, "is not a delivery's id"),
+        (15, "admin.mcp is read_only"),
     ] {
         let refused = calls[index]["refused"].as_str().unwrap_or_default();
         assert!(refused.contains(says), "{index}: {}", calls[index]);
     }
+    // The scope with its key counted, and the key listed by its prefix (and only by it).
+    let scopes = answer(12)["scopes"].as_array().unwrap();
+    assert_eq!(scopes.len(), 1, "{scopes:?}");
+    assert_eq!(scopes[0]["scope"], "hooks");
+    assert_eq!(scopes[0]["routes"], json!(["hooks"]));
+    assert_eq!(
+        scopes[0]["keys"],
+        json!({"in_flight": 0, "done": 1, "held": 0})
+    );
+    let listed = answer(13)["keys"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["key"], "evt_1");
+    assert_eq!(answer(14)["keys"], json!([]));
     // Nothing changed: the key is still done, so its next delivery is a duplicate.
     assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
     assert_eq!(upstream.received().len(), 1);
@@ -147,7 +166,7 @@ fn token_config(dir: &std::path::Path, upstream: SocketAddr, mcp: &str) -> std::
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_read_write_an_agent_forgets_a_key_and_its_next_delivery_is_forwarded() {
+async fn with_read_write_an_agent_forgets_and_clears_keys_and_their_events_run_again() {
     if !python_module_installed("mcp.client.streamable_http") {
         return;
     }
@@ -174,9 +193,9 @@ async fn with_read_write_an_agent_forgets_a_key_and_its_next_delivery_is_forward
     ]);
     let seen = agent(proxy.admin, Some(TOKEN), calls).await;
     let mut expected = READ_TOOLS.to_vec();
-    expected.extend(["forget_key", "set_key_expiry", "resolve_key"]);
+    expected.extend(["forget_key", "set_key_expiry", "clear_keys", "resolve_key"]);
     assert_eq!(tool_names(&seen), expected);
-    for tool in &seen["tools"].as_array().unwrap()[5..] {
+    for tool in &seen["tools"].as_array().unwrap()[READ_TOOLS.len()..] {
         assert_eq!(tool["annotations"]["read_only"], false, "{tool}");
         assert_eq!(tool["annotations"]["destructive"], true, "{tool}");
     }
@@ -228,6 +247,35 @@ async fn with_read_write_an_agent_forgets_a_key_and_its_next_delivery_is_forward
         [("DELETE", "mcp:token"), ("PATCH", "mcp:token")],
         "{changes:#?}"
     );
+
+    // Clearing a prefix: those keys' events are forwarded again, the others' are still
+    // duplicates; clearing again removes nothing more.
+    for id in ["a_1", "a_2", "b_1"] {
+        assert_eq!(post_event(proxy.addr, id).await.dedupe(), "forwarded");
+    }
+    let clear = json!({"scope": "hooks", "prefix": "a_"});
+    let calls = json!([
+        ["clear_keys", clear],
+        ["clear_keys", clear],
+        ["clear_keys", {"scope": "nope"}],
+        ["clear_keys", {"scope": "hooks", "force": "yes"}],
+    ]);
+    let seen = agent(proxy.admin, Some(TOKEN), calls).await;
+    let calls = seen["calls"].as_array().unwrap();
+    for (index, removed) in [(0, 2), (1, 0)] {
+        let cleared = &calls[index]["json"];
+        assert_eq!(cleared["removed"], removed, "{cleared}");
+        assert_eq!(cleared["complete"], true, "{cleared}");
+    }
+    assert_eq!(calls[2]["json"]["error"], "no_such_scope", "{}", calls[2]);
+    assert_eq!(calls[3]["json"]["error"], "bad_request", "{}", calls[3]);
+    for (id, fate) in [
+        ("a_1", "forwarded"),
+        ("a_2", "forwarded"),
+        ("b_1", "duplicate"),
+    ] {
+        assert_eq!(post_event(proxy.addr, id).await.dedupe(), fate, "{id}");
+    }
 }
 
 /// A JSON-RPC `tools/list`, as a hand-made request sends it.

@@ -1,7 +1,7 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
-//! keys and entities (`keys.rs`), queued delivery's routes, paused and resumed, and its
-//! dead letters (`queue.rs`, `bulk.rs`), the delivery log (`deliveries.rs`) and `/mcp`
-//! (`mcp.rs`). Kept on its own port (127.0.0.1 by default) so that providers never reach
+//! keys and entities (`keys.rs`), scopes counted and cleared (`scopes.rs`), queued
+//! delivery's routes, paused and resumed, and its dead letters (`queue.rs`, `bulk.rs`),
+//! the delivery log (`deliveries.rs`) and `/mcp` (`mcp/`). Kept on its own port (127.0.0.1 by default) so that providers never reach
 //! it.
 //!
 //! Every request first meets [`access`]: the Host and Origin rules that keep web pages

@@ -1,96 +1,15 @@
-//! `/mcp`: the admin API for coding agents, over the Model Context Protocol (Streamable
-//! HTTP transport, served by the official SDK, `rmcp`).
-//!
-//! Each tool is one admin API request: the tool's arguments fill in the path, the query
-//! and the body, and its result is the API's JSON answer (a refusal's JSON with
-//! `isError`). So an agent sees exactly what `/v1/*` answers, and one implementation
-//! serves both. `/mcp` itself meets the port's rules first (the Host and Origin checks,
-//! the bearer token); the tools that change something are listed, and run, only when
-//! `admin.mcp` is `read_write`. Arguments the tool does not take, a missing one, a
-//! changing tool under `read_only` and an unknown tool are the protocol's errors.
-//!
-//! The transport runs stateless (no session kept between requests) with JSON answers, so
-//! `/mcp` holds nothing once a request is answered.
+//! The tools `/mcp` offers: each one's name, description and arguments, and the admin
+//! API request its arguments make. The descriptions state the API's limits (a test holds
+//! them to it), and an argument fills only the part of the path or query it names.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::future::BoxFuture;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use rmcp::handler::server::ServerHandler;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
-};
-use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use rmcp::{ErrorData, RoleServer};
+use http::Method;
+use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
-use super::keys::Caller;
-use crate::body::ProxyBody;
 use crate::cli::api::path_segment;
-use crate::response::AdminRefusal;
 use crate::store::log::LogId;
-
-/// The largest JSON-RPC message `/mcp` reads: tool arguments are a few names and values.
-pub(super) const REQUEST_BODY_MAX: u64 = 64 * 1024;
-
-/// How long a tool's request may take: every one reads a page or changes a key.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The admin API as the tools call it: a request answered inside the process as the
-/// port answers one that met its rules. Boxed, because `/mcp`'s own answer is inside
-/// the port's answer, and a future that holds itself needs a box to have a size.
-pub(super) trait Api: Send + Sync + 'static {
-    fn answer(&self, request: Request<Bytes>) -> BoxFuture<'_, Response<ProxyBody>>;
-}
-
-/// Serves one request to `/mcp` (the port's rules met, its body read whole within
-/// bounds, its [`Caller`] named); `writes` offers the tools that change keys.
-pub(super) async fn serve(
-    api: Arc<dyn Api>,
-    writes: bool,
-    request: Request<Bytes>,
-) -> Response<ProxyBody> {
-    let caller = request.extensions().get::<Caller>().cloned();
-    let config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(false)
-        .with_json_response(true)
-        .with_max_request_body_bytes(REQUEST_BODY_MAX as usize)
-        // The port's own rules checked Host and Origin, with `admin.hosts`.
-        .disable_allowed_hosts()
-        .disable_allowed_origins()
-        .with_sse_keep_alive(None);
-    let server = McpServer {
-        api,
-        writes,
-        caller,
-    };
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    service
-        .handle(request.map(Full::new))
-        .await
-        .map(|body| body.map_err(|never: Infallible| match never {}).boxed())
-}
-
-/// The MCP server of one `/mcp` request.
-#[derive(Clone)]
-struct McpServer {
-    api: Arc<dyn Api>,
-    writes: bool,
-    /// Who sent the request, named in the log of what its tools change.
-    caller: Option<Caller>,
-}
 
 /// One argument of a tool.
 struct Argument {
@@ -102,22 +21,22 @@ struct Argument {
 }
 
 /// A tool: what it is called, says and takes, and the API request it makes.
-struct ToolSpec {
-    name: &'static str,
+pub(super) struct ToolSpec {
+    pub(super) name: &'static str,
     description: &'static str,
     /// Changes nothing; offered whatever `admin.mcp` says (unless `off`).
-    read_only: bool,
+    pub(super) read_only: bool,
     /// A second call with the same arguments changes nothing more.
     idempotent: bool,
     arguments: &'static [Argument],
-    api_call: fn(&Map<String, Value>) -> Result<ApiCall, String>,
+    pub(super) api_call: fn(&Map<String, Value>) -> Result<ApiCall, String>,
 }
 
 /// An admin API request a tool makes.
-struct ApiCall {
-    method: Method,
-    path_and_query: String,
-    body: Option<Value>,
+pub(super) struct ApiCall {
+    pub(super) method: Method,
+    pub(super) path_and_query: String,
+    pub(super) body: Option<Value>,
 }
 
 impl ApiCall {
@@ -154,7 +73,7 @@ const KEY: Argument = argument(
 
 /// Every tool, in the order `tools/list` gives them. The limits in the descriptions are
 /// the API's (a test holds them to it).
-const TOOLS: &[ToolSpec] = &[
+pub(super) const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "list_routes",
         description: "The proxy's routes with their resolved settings (secrets masked): each route's name is what the key tools take.",
@@ -165,11 +84,17 @@ const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "list_keys",
-        description: "A page of a route's live keys (in flight, done or held), with each key's state, times and the app's recorded status; pass `next` back as `after` for the next page. The embedded store lists keys in flight and held only.",
+        description: "A page of the live keys in a route's scope (in flight, done or held), in key order, with each key's state, times and the app's recorded status; pass `next` back as `after`, with the same route, prefix and state, for the next page.",
         read_only: true,
         idempotent: true,
         arguments: &[
             ROUTE,
+            argument(
+                "prefix",
+                "string",
+                "Only keys starting with this (as the route extracts them).",
+                false,
+            ),
             argument(
                 "state",
                 "string",
@@ -190,9 +115,17 @@ const TOOLS: &[ToolSpec] = &[
             ),
         ],
         api_call: |arguments| {
-            let query = query(arguments, &["route", "state", "limit", "after"])?;
+            let query = query(arguments, &["route", "prefix", "state", "limit", "after"])?;
             Ok(ApiCall::get(format!("/v1/keys?{query}")))
         },
+    },
+    ToolSpec {
+        name: "list_scopes",
+        description: "The scopes keys are kept in (a route's own, or one several routes share), each with its routes and its live keys counted by state (in_flight, done, held); `counted_all` is false where a large store was counted only in part.",
+        read_only: true,
+        idempotent: true,
+        arguments: &[],
+        api_call: |_| Ok(ApiCall::get("/v1/scopes".into())),
     },
     ToolSpec {
         name: "get_key",
@@ -346,6 +279,46 @@ const TOOLS: &[ToolSpec] = &[
         },
     },
     ToolSpec {
+        name: "clear_keys",
+        description: "Clears a scope's done keys, all of them or those starting with a prefix, so that their events' next deliveries are forwarded again (their work runs again); never another scope's keys. Refused while any of those keys is in flight unless forced; held keys are left (`held_left`) unless forced, when they are released. A large scope answers `complete: false`: call again until it is true.",
+        read_only: false,
+        idempotent: true,
+        arguments: &[
+            argument(
+                "scope",
+                "string",
+                "The scope, as list_scopes names it.",
+                true,
+            ),
+            argument(
+                "prefix",
+                "string",
+                "Only keys starting with this; the whole scope if left out.",
+                false,
+            ),
+            argument(
+                "force",
+                "boolean",
+                "Clear though keys are in flight (they stay), and release held keys.",
+                false,
+            ),
+        ],
+        api_call: |arguments| {
+            let scope = required_string(arguments, "scope")?;
+            let mut body = Map::new();
+            for name in ["prefix", "force"] {
+                if let Some(value) = arguments.get(name) {
+                    body.insert(name.into(), value.clone());
+                }
+            }
+            Ok(ApiCall {
+                method: Method::POST,
+                path_and_query: format!("/v1/scopes/{}/clear", path_segment(&scope)),
+                body: Some(Value::Object(body)),
+            })
+        },
+    },
+    ToolSpec {
         name: "resolve_key",
         description: "Resolves a held key (one whose forward may or may not have run): `done` if the work happened (duplicates get the duplicate answer), `release` if it did not (the next delivery runs it).",
         read_only: false,
@@ -414,7 +387,7 @@ fn query(arguments: &Map<String, Value>, names: &[&str]) -> Result<String, Strin
 }
 
 impl ToolSpec {
-    fn tool(&self) -> Tool {
+    pub(super) fn tool(&self) -> Tool {
         let mut properties = Map::new();
         for argument in self.arguments {
             properties.insert(
@@ -441,135 +414,8 @@ impl ToolSpec {
         Tool::new(self.name, self.description, Arc::new(schema)).annotate(annotations)
     }
 
-    fn takes(&self, name: &str) -> bool {
+    pub(super) fn takes(&self, name: &str) -> bool {
         self.arguments.iter().any(|argument| argument.name == name)
-    }
-}
-
-impl McpServer {
-    fn offered(&self) -> impl Iterator<Item = &'static ToolSpec> + '_ {
-        TOOLS.iter().filter(|tool| tool.read_only || self.writes)
-    }
-
-    /// Runs the tool `call` names and gives the API's answer.
-    async fn run(&self, call: CallToolRequestParams) -> Result<CallToolResult, ErrorData> {
-        let refused = |reason: String| ErrorData::invalid_params(reason, None);
-        let Some(tool) = self.offered().find(|tool| tool.name == call.name) else {
-            return Err(refused(
-                if TOOLS.iter().any(|tool| tool.name == call.name) {
-                    format!("tool `{}` changes keys: admin.mcp is read_only", call.name)
-                } else {
-                    format!("no tool is called `{}`", call.name)
-                },
-            ));
-        };
-        let arguments = call.arguments.unwrap_or_default();
-        if let Some(unknown) = arguments.keys().find(|name| !tool.takes(name)) {
-            return Err(refused(format!(
-                "`{}` takes no argument `{unknown}`",
-                tool.name
-            )));
-        }
-        let api_call = (tool.api_call)(&arguments).map_err(refused)?;
-        if !tool.read_only {
-            tracing::info!(tool = tool.name, path = %api_call.path_and_query, "admin change asked through MCP");
-        }
-        let (status, answer) =
-            answer_in_process(self.api.as_ref(), api_call, self.caller.clone()).await;
-        let text = String::from_utf8_lossy(&answer).into_owned();
-        let structured = serde_json::from_slice::<Value>(&answer).ok();
-        let mut result = if status.is_success() {
-            CallToolResult::success(vec![ContentBlock::text(text)])
-        } else {
-            CallToolResult::error(vec![ContentBlock::text(text)])
-        };
-        result.structured_content = structured.filter(Value::is_object);
-        Ok(result)
-    }
-}
-
-impl ServerHandler for McpServer {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("dedupe-proxy", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Inspect a webhook deduplication proxy: its routes, the keys it holds per route, and the log of every delivery it took. Tools that change keys are offered only when the operator configured admin.mcp: read_write.",
-            )
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(
-            self.offered().map(ToolSpec::tool).collect(),
-        ))
-    }
-
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.offered()
-            .find(|tool| tool.name == name)
-            .map(ToolSpec::tool)
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        // rmcp runs a call in a task of its own: it ends with its request, so that a client
-        // that goes away leaves nothing running past the port's limit on requests.
-        tokio::select! {
-            ran = self.run(request) => ran.map(CallToolResponse::Complete),
-            () = context.ct.cancelled() => Err(ErrorData::internal_error("the request ended", None)),
-        }
-    }
-}
-
-/// The status and JSON body of `call` sent by `caller`, answered by `api`, within
-/// [`CALL_TIMEOUT`].
-async fn answer_in_process(
-    api: &dyn Api,
-    call: ApiCall,
-    caller: Option<Caller>,
-) -> (StatusCode, Bytes) {
-    let body = call.body.map(|body| body.to_string()).unwrap_or_default();
-    let request = Request::builder()
-        .method(call.method)
-        .uri(call.path_and_query)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Bytes::from(body));
-    let Ok(mut request) = request else {
-        let refused = AdminRefusal::BadRequest("the arguments do not make a valid path".into());
-        return answer_whole(refused.into_response()).await;
-    };
-    if let Some(caller) = caller {
-        request.extensions_mut().insert(caller);
-    }
-    match tokio::time::timeout(CALL_TIMEOUT, async {
-        answer_whole(api.answer(request).await).await
-    })
-    .await
-    {
-        Ok(answered) => answered,
-        Err(_) => {
-            let failed = AdminRefusal::Internal("the request took too long".into());
-            answer_whole(failed.into_response()).await
-        }
-    }
-}
-
-/// An answer's status and whole body. The tools' requests have bounded answers (a page
-/// is 1 000 keys at most; no tool names the live tail).
-async fn answer_whole(response: Response<ProxyBody>) -> (StatusCode, Bytes) {
-    let (head, body) = response.into_parts();
-    match body.collect().await {
-        Ok(collected) => (head.status, collected.to_bytes()),
-        Err(error) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Bytes::from(json!({ "error": "internal", "message": error.to_string() }).to_string()),
-        ),
     }
 }
 
@@ -591,8 +437,8 @@ mod tests {
     fn descriptions_state_the_apis_limits_and_every_outcome() {
         let keys = described(tool("list_keys"), "limit");
         let (max, default) = (
-            super::super::keys::LIST_LIMIT_MAX,
-            super::super::keys::LIST_LIMIT_DEFAULT,
+            crate::admin::keys::LIST_LIMIT_MAX,
+            crate::admin::keys::LIST_LIMIT_DEFAULT,
         );
         assert!(
             keys.contains(&format!("1 to {max} ({default} if")),
@@ -641,6 +487,18 @@ mod tests {
             let refused = (tool("get_delivery").api_call)(&arguments(&[("id", id)]));
             assert!(refused.is_err(), "{id}");
         }
+        let cleared = (tool("clear_keys").api_call)(&arguments(&[
+            ("scope", "../keys/a"),
+            ("prefix", "evt_"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (cleared.path_and_query.as_str(), cleared.body),
+            (
+                "/v1/scopes/%2E%2E%2Fkeys%2Fa/clear",
+                Some(json!({ "prefix": "evt_" }))
+            )
+        );
         let one = (tool("get_delivery").api_call)(&arguments(&[("id", "12-0")])).unwrap();
         assert_eq!(one.path_and_query, "/v1/deliveries/12-0");
     }
