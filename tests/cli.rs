@@ -157,8 +157,7 @@ async fn the_admin_commands_drive_a_running_proxy() {
     )
     .unwrap();
     let proxy = Binary::start(&config);
-    // The first delivery is slow, so that the listing (of keys in flight: the embedded
-    // store lists no done keys) shows it.
+    // The first delivery is slow, so that the listing shows a key in flight.
     upstream.script([Answer::ok().after(std::time::Duration::from_secs(2))]);
     let slow = tokio::spawn(post_event(proxy.addr, "evt_slow"));
     upstream.wait_for_requests(1).await;
@@ -281,6 +280,83 @@ async fn the_admin_commands_drive_a_running_proxy() {
     let entity = run(&["entities", "show", "hooks", "e1"]);
     assert_eq!(entity.status.code(), Some(1));
     assert!(stderr(&entity).contains("no_order"), "{}", stderr(&entity));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scope_commands_count_list_and_clear_keys() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let data = dir.path().join("data");
+    std::fs::write(&config, config_text(upstream.addr, &data, &json_route(""))).unwrap();
+    let proxy = Binary::start(&config);
+    for id in ["a_1", "a_2", "b_1"] {
+        assert_eq!(post_event(proxy.addr, id).await.dedupe(), "forwarded");
+    }
+    upstream.script([Answer::ok().after(std::time::Duration::from_secs(3))]);
+    let slow = tokio::spawn(post_event(proxy.addr, "b_slow"));
+    upstream.wait_for_requests(4).await;
+    let admin = format!("http://{}", proxy.admin);
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--admin", &admin]);
+        dedupe(&all, &[])
+    };
+
+    let scopes = run(&["scopes"]);
+    assert_eq!(scopes.status.code(), Some(0), "{}", stderr(&scopes));
+    let table = stdout(&scopes);
+    assert!(table.starts_with("SCOPE"), "{table}");
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row, ["hooks", "hooks", "1", "3", "0"], "{table}");
+
+    let listed = run(&[
+        "keys", "list", "--route", "hooks", "--prefix", "a_", "--json",
+    ]);
+    let page: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    let mut names: Vec<_> = page["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key["key"].clone())
+        .collect();
+    names.sort_by_key(|name| name.to_string());
+    assert_eq!(names, ["a_1", "a_2"], "{page}");
+
+    // A key of the scope is in flight: clearing all of it is refused, exit 1; clearing
+    // a prefix it is not under goes ahead.
+    let refused = run(&["keys", "clear", "hooks"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("(in_flight, HTTP 409)"),
+        "{}",
+        stderr(&refused)
+    );
+    let cleared = run(&["keys", "clear", "hooks", "--prefix", "a_", "--json"]);
+    assert_eq!(cleared.status.code(), Some(0), "{}", stderr(&cleared));
+    let said: serde_json::Value = serde_json::from_str(&stdout(&cleared)).unwrap();
+    assert_eq!(
+        (said["removed"].as_u64(), said["complete"].as_bool()),
+        (Some(2), Some(true)),
+        "{said}"
+    );
+    for (id, fate) in [("a_1", "forwarded"), ("b_1", "duplicate")] {
+        assert_eq!(post_event(proxy.addr, id).await.dedupe(), fate, "{id}");
+    }
+    slow.await.unwrap();
+
+    // With nothing in flight, the whole scope goes; a scope that is not is said so.
+    let cleared = run(&["keys", "clear", "hooks"]);
+    assert_eq!(cleared.status.code(), Some(0), "{}", stderr(&cleared));
+    assert!(stdout(&cleared).contains("removed"), "{}", stdout(&cleared));
+    assert_eq!(post_event(proxy.addr, "b_1").await.dedupe(), "forwarded");
+    let unknown = run(&["keys", "clear", "nope"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        stderr(&unknown).contains("no_such_scope"),
+        "{}",
+        stderr(&unknown)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The admin commands `routes`, `reload`, `keys` and `entities`: each sends requests to a
+//! The admin commands `routes`, `reload`, `scopes`, `keys` and `entities`: each sends requests to a
 //! running proxy's admin API ([`super::api`]) and prints the answers.
 
 use std::fmt::Write as _;
@@ -54,6 +54,11 @@ async fn carry_out(config: Option<&Path>, command: Command) -> Result<(), Failur
                 text
             });
         }
+        Command::Scopes(admin) => {
+            let api = Api::find(config, &admin)?;
+            let answer = api.call(Method::GET, "/v1/scopes", None).await?;
+            print(&admin, &answer, scopes_table);
+        }
         Command::Keys { command } => keys(config, command).await?,
         Command::Queue { command } => super::queue::carry_out(config, command).await?,
         Command::Entities { command } => {
@@ -97,6 +102,7 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
     match command {
         KeysCommand::List {
             route,
+            prefix,
             state,
             limit,
             page,
@@ -106,6 +112,9 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             let path = |after: Option<&str>| {
                 let mut query = form_urlencoded::Serializer::new(String::new());
                 query.append_pair("route", &route);
+                if let Some(prefix) = &prefix {
+                    query.append_pair("prefix", prefix);
+                }
                 if let Some(state) = state {
                     query.append_pair("state", state.as_str());
                 }
@@ -146,6 +155,12 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             within,
             admin,
         } => expire(config, &route, &key, at, within, &admin).await?,
+        KeysCommand::Clear {
+            scope,
+            prefix,
+            force,
+            admin,
+        } => clear(config, &scope, prefix, force, &admin).await?,
         KeysCommand::Resolve {
             route,
             key,
@@ -191,6 +206,42 @@ async fn expire(
     Ok(())
 }
 
+/// `keys clear`: asks the API to clear until it answers that the clearing is complete
+/// (one request works for a bounded time), and prints what all the requests did.
+async fn clear(
+    config: Option<&Path>,
+    scope: &str,
+    prefix: Option<String>,
+    force: bool,
+    admin: &AdminArgs,
+) -> Result<(), Failure> {
+    let api = Api::find(config, admin)?;
+    let path = format!("/v1/scopes/{}/clear", path_segment(scope));
+    let body = json!({ "prefix": prefix.unwrap_or_default(), "force": force });
+    let (mut removed, mut released) = (0, 0);
+    let mut answer = loop {
+        let answer = api.call(Method::POST, &path, Some(body.clone())).await?;
+        let (now_removed, now_released) = (
+            answer["removed"].as_u64().unwrap_or(0),
+            answer["released"].as_u64().unwrap_or(0),
+        );
+        (removed, released) = (removed + now_removed, released + now_released);
+        // A request that changed nothing would be asked again in vain.
+        if answer["complete"] != false || now_removed + now_released == 0 {
+            break answer;
+        }
+    };
+    answer["removed"] = json!(removed);
+    answer["released"] = json!(released);
+    print(admin, &answer, fields);
+    if answer["complete"] == false {
+        return Err(Failure::Api(
+            "the clearing is not complete: keys held or in flight were all it read in time".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn key_path(route: &str, key: &str) -> String {
     format!("/v1/keys/{}/{}", path_segment(route), path_segment(key))
 }
@@ -219,6 +270,33 @@ fn keys_table(answer: &Value, headings: bool, more: bool) -> String {
         .collect();
     let names = ["KEY", "STATE", "UPSTREAM", "DONE/HELD AT", "EXPIRES"];
     page_table(&names, &rows, answer, headings, more)
+}
+
+fn scopes_table(answer: &Value) -> String {
+    let rows: Vec<Vec<String>> = answer["scopes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|scope| {
+            let routes = scope["routes"].as_array().into_iter().flatten();
+            let counted = |state: &str| {
+                let count = plain(&scope["keys"][state]);
+                if scope["counted_all"] == false {
+                    format!("{count}+")
+                } else {
+                    count
+                }
+            };
+            vec![
+                plain(&scope["scope"]),
+                routes.map(plain).collect::<Vec<_>>().join(","),
+                counted("in_flight"),
+                counted("done"),
+                counted("held"),
+            ]
+        })
+        .collect();
+    table(&["SCOPE", "ROUTES", "IN FLIGHT", "DONE", "HELD"], &rows)
 }
 
 fn routes_table(answer: &Value) -> String {

@@ -75,7 +75,11 @@ pub enum Command {
     Routes(AdminArgs),
     /// Make a running proxy read its configuration file again.
     Reload(AdminArgs),
-    /// List, inspect, expire and forget a running proxy's keys, and resolve held ones.
+    /// Print a running proxy's scopes (where routes keep their keys) with their keys
+    /// counted by state.
+    Scopes(AdminArgs),
+    /// List, inspect, expire, forget and clear a running proxy's keys, and resolve held
+    /// ones.
     Keys {
         #[command(subcommand)]
         command: KeysCommand,
@@ -182,6 +186,9 @@ pub enum KeysCommand {
         /// The route whose keys to list.
         #[arg(long)]
         route: String,
+        /// Only the keys starting with this.
+        #[arg(long)]
+        prefix: Option<String>,
         /// Only the keys in this state.
         #[arg(long, value_enum)]
         state: Option<KeyStateArg>,
@@ -219,6 +226,21 @@ pub enum KeysCommand {
         /// The new expiry from now, a duration (48h).
         #[arg(long = "in")]
         within: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Forget a scope's done keys, all or those starting with --prefix, so that their
+    /// events run again; asks until the whole scope is done. Refused while any of them
+    /// is in flight unless --force; held keys are left unless --force releases them.
+    Clear {
+        /// The scope (`dedupe-proxy scopes` lists them; a route's own is its name).
+        scope: String,
+        /// Only the keys starting with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Clear though keys are in flight (they stay), and release held keys.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         admin: AdminArgs,
     },

@@ -84,7 +84,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "list_keys",
-        description: "A page of the live keys in a route's scope (in flight, done or held), in key order, with each key's state, times and the app's recorded status; pass `next` back as `after`, with the same route, prefix and state, for the next page.",
+        description: "A page of the live keys in a route's scope (in flight, done or held), with each key's state, times and the app's recorded status; pass `next` back as `after`, with the same route, prefix and state, for the next page.",
         read_only: true,
         idempotent: true,
         arguments: &[
