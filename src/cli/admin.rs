@@ -9,7 +9,7 @@ use http::Method;
 use serde_json::{Value, json};
 
 use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
-use super::{AdminArgs, Command, EntitiesCommand, KeysCommand, Outcome};
+use super::{AdminArgs, Command, EntitiesCommand, KeyStateArg, KeysCommand, Outcome};
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
 /// reached, 2 when the command itself is wrong.
@@ -109,23 +109,8 @@ async fn keys(config: Option<&Path>, command: KeysCommand) -> Result<(), Failure
             admin,
         } => {
             let api = Api::find(config, &admin)?;
-            let path = |after: Option<&str>| {
-                let mut query = form_urlencoded::Serializer::new(String::new());
-                query.append_pair("route", &route);
-                if let Some(prefix) = &prefix {
-                    query.append_pair("prefix", prefix);
-                }
-                if let Some(state) = state {
-                    query.append_pair("state", state.as_str());
-                }
-                if let Some(limit) = limit {
-                    query.append_pair("limit", &limit.to_string());
-                }
-                if let Some(after) = after {
-                    query.append_pair("after", after);
-                }
-                format!("/v1/keys?{}", query.finish())
-            };
+            let path =
+                |after: Option<&str>| keys_path(&route, prefix.as_deref(), state, limit, after);
             // Under --all, one table: headings once, no cursor to pass on.
             pages(&api, page.after, page.all, path, |answer, first| {
                 print(&admin, answer, |answer| {
@@ -240,6 +225,31 @@ async fn clear(
         ));
     }
     Ok(())
+}
+
+/// `GET /v1/keys` with the arguments of `keys list` given, and the cursor `after`.
+fn keys_path(
+    route: &str,
+    prefix: Option<&str>,
+    state: Option<KeyStateArg>,
+    limit: Option<u16>,
+    after: Option<&str>,
+) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("route", route);
+    if let Some(prefix) = prefix {
+        query.append_pair("prefix", prefix);
+    }
+    if let Some(state) = state {
+        query.append_pair("state", state.as_str());
+    }
+    if let Some(limit) = limit {
+        query.append_pair("limit", &limit.to_string());
+    }
+    if let Some(after) = after {
+        query.append_pair("after", after);
+    }
+    format!("/v1/keys?{}", query.finish())
 }
 
 fn key_path(route: &str, key: &str) -> String {
