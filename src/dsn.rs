@@ -47,12 +47,16 @@ pub fn masked(text: &str) -> Cow<'_, str> {
     Cow::Owned(with_masks(text, &spans))
 }
 
-/// `text` with each of `spans` (in order, not overlapping) replaced by [`MASK`].
+/// `text` with each of `spans` (in order) replaced by [`MASK`]; a span that overlaps the
+/// one before is masked from where that one ended.
 fn with_masks(text: &str, spans: &[Span]) -> String {
     let mut shown = String::with_capacity(text.len());
     let mut from = 0;
     for span in spans {
-        shown.push_str(&text[from..span.start]);
+        if span.end <= from {
+            continue;
+        }
+        shown.push_str(&text[from..span.start.max(from)]);
         shown.push_str(MASK);
         from = span.end;
     }
@@ -125,7 +129,11 @@ fn url_password_spans(url: &str) -> Vec<Span> {
     {
         spans.push(after_scheme + colon + 1..after_scheme + at);
     }
-    if let Some(query_at) = url.find('?') {
+    // The query starts after the authority: a `?` before `://` (no URL has one) is not it.
+    if let Some(query_at) = rest[authority_end..]
+        .find('?')
+        .map(|at| after_scheme + authority_end + at)
+    {
         let query_start = query_at + 1;
         let query_end = url[query_start..]
             .find('#')
@@ -268,6 +276,16 @@ mod tests {
             masked(&forms[8]),
             "host=db.internal user=app password = *** dbname=app"
         );
+    }
+
+    #[test]
+    fn text_that_only_looks_like_a_url_masks_without_a_panic() {
+        // Found by fuzzing: a `?` before `://` was read as the query's start, and its
+        // `password=` overlapped the user information's.
+        let odd = "%40ss@h:5464/ds?s://%5mslboe&password=x:{}@cache.internal:6379/0";
+        let shown = masked(odd);
+        assert!(!shown.contains("x:{}"), "{shown}");
+        assert!(!passwords(odd).is_empty());
     }
 
     #[test]
