@@ -32,6 +32,16 @@ pub struct Reloaded {
     pub restart_needed: Vec<&'static str>,
 }
 
+/// The last reload tried: when, and what came of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastReload {
+    /// RFC 3339.
+    pub at: String,
+    pub ok: bool,
+    /// The routes loaded, or every error found, on one line.
+    pub detail: String,
+}
+
 /// Reloads the configuration file into a running proxy.
 pub struct Reloader {
     /// The configuration the process started with (its file and command-line
@@ -41,6 +51,7 @@ pub struct Reloader {
     metrics: Arc<Metrics>,
     /// The file's text as last loaded, so that file events that change nothing are ignored.
     loaded_text: Mutex<Option<String>>,
+    last: Mutex<Option<LastReload>>,
 }
 
 impl Reloader {
@@ -51,11 +62,36 @@ impl Reloader {
             proxy,
             metrics,
             loaded_text: Mutex::new(loaded_text),
+            last: Mutex::new(None),
         }
+    }
+
+    /// The last reload tried since the start, if any.
+    pub fn last(&self) -> Option<LastReload> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The store the process opened: `sled`, `redis` or `postgres`.
+    pub fn store_kind(&self) -> &'static str {
+        self.started.store.kind()
     }
 
     /// Reads the file again and puts its routing in force, or keeps the running one.
     pub fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let reloaded = self.load_again();
+        let detail = match &reloaded {
+            Ok(reloaded) => format!("{} routes", reloaded.routes),
+            Err(error) => error.on_one_line(),
+        };
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastReload {
+            at: crate::store::rfc3339(crate::store::Clock::now(&crate::store::SystemClock)),
+            ok: reloaded.is_ok(),
+            detail,
+        });
+        reloaded
+    }
+
+    fn load_again(&self) -> Result<Reloaded, ConfigError> {
         let loaded = std::fs::read_to_string(&self.started.source)
             .map_err(|source| ConfigError::Read {
                 file: self.started.source.display().to_string(),

@@ -318,6 +318,8 @@ pub enum AdminRefusal {
     /// `/v1/*` on a non-loopback listener without a token.
     Closed,
     Unauthorized,
+    /// A change asked with the viewer's token, which only reads.
+    ReadOnly,
     /// The store is not open yet.
     Starting,
     NotFound,
@@ -378,6 +380,7 @@ impl AdminRefusal {
         match self {
             AdminRefusal::Closed => StatusCode::FORBIDDEN,
             AdminRefusal::Unauthorized => StatusCode::UNAUTHORIZED,
+            AdminRefusal::ReadOnly => StatusCode::FORBIDDEN,
             AdminRefusal::Starting => StatusCode::SERVICE_UNAVAILABLE,
             AdminRefusal::NotFound => StatusCode::NOT_FOUND,
             AdminRefusal::NoSuchRoute(_) => StatusCode::NOT_FOUND,
@@ -412,6 +415,7 @@ impl AdminRefusal {
         match self {
             AdminRefusal::Closed => "admin_api_closed",
             AdminRefusal::Unauthorized => "unauthorized",
+            AdminRefusal::ReadOnly => "read_only",
             AdminRefusal::Starting => "starting",
             AdminRefusal::NotFound => "not_found",
             AdminRefusal::NoSuchRoute(_) => "no_such_route",
@@ -446,6 +450,7 @@ impl AdminRefusal {
         match self {
             AdminRefusal::Closed => "the admin API listens beyond loopback without admin.token_env, so /v1/* is off; set a token to use it".into(),
             AdminRefusal::Unauthorized => "a valid bearer token is required".into(),
+            AdminRefusal::ReadOnly => "this token reads and changes nothing; a change needs the operator's token (admin.token_env)".into(),
             AdminRefusal::Starting => "the store is not open yet".into(),
             AdminRefusal::NotFound => "no such admin endpoint".into(),
             AdminRefusal::NoSuchRoute(name) => format!("no route named `{name}`"),
@@ -710,6 +715,7 @@ mod tests {
         let admin = |refusal: &AdminRefusal| match refusal {
             AdminRefusal::Closed
             | AdminRefusal::Unauthorized
+            | AdminRefusal::ReadOnly
             | AdminRefusal::Starting
             | AdminRefusal::NotFound
             | AdminRefusal::NoSuchRoute(_)
@@ -740,6 +746,7 @@ mod tests {
         for refusal in [
             AdminRefusal::Closed,
             AdminRefusal::Unauthorized,
+            AdminRefusal::ReadOnly,
             AdminRefusal::Starting,
             AdminRefusal::NotFound,
             AdminRefusal::NoSuchRoute(String::new()),

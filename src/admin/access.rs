@@ -27,22 +27,38 @@ use crate::values::Secret;
 
 /// Who may use `/v1/*` and `/mcp`.
 pub enum Access {
-    /// Whoever presents this bearer token.
-    Token(Secret),
+    /// Whoever presents the operator's bearer token; with the viewer's, reads only.
+    Token {
+        operator: Secret,
+        viewer: Option<Secret>,
+    },
     /// Anyone: the listener is on a loopback address.
     Local,
     /// No one: the listener is reachable from the network and has no token.
     Closed,
 }
 
-impl Access {
-    /// The credential a request that passed these rules used, as the log names it.
-    pub fn credential(&self) -> &'static str {
+/// What a request that passed the rules may do, and the credential it showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Read and change: the operator's token, or any caller on a loopback listener
+    /// without one.
+    Operator { credential: &'static str },
+    /// Read only: the viewer's token.
+    Viewer,
+}
+
+impl Role {
+    /// The credential, as the log and `/v1/overview` name it.
+    pub fn credential(self) -> &'static str {
         match self {
-            Access::Token(_) => "token",
-            Access::Local => "loopback",
-            Access::Closed => "none",
+            Role::Operator { credential } => credential,
+            Role::Viewer => "viewer_token",
         }
+    }
+
+    pub fn may_change(self) -> bool {
+        matches!(self, Role::Operator { .. })
     }
 }
 
@@ -55,8 +71,9 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// Checks a request that came to `local`; `Err` is the refusal to answer with.
-    pub fn check<B>(&self, request: &Request<B>, local: SocketAddr) -> Result<(), AdminRefusal> {
+    /// Checks a request that came to `local`: what it may do, or the refusal to answer
+    /// with.
+    pub fn check<B>(&self, request: &Request<B>, local: SocketAddr) -> Result<Role, AdminRefusal> {
         let path = request.uri().path();
         let probe = matches!(*request.method(), Method::GET | Method::HEAD)
             && matches!(path, "/healthz" | "/readyz");
@@ -66,19 +83,46 @@ impl Rules {
         if !request.method().is_safe() {
             check_origin(request.headers())?;
         }
-        if path.starts_with("/v1/") || path == "/mcp" {
-            match &self.access {
-                Access::Closed => return Err(AdminRefusal::Closed),
-                Access::Token(token) if !bearer_matches(request.headers(), token) => {
-                    return Err(AdminRefusal::Unauthorized);
-                }
-                Access::Token(_) | Access::Local => {}
-            }
+        let role = if path.starts_with("/v1/") || path == "/mcp" {
+            self.role(request.headers())?
+        } else {
+            // The probes and the console's files: they change nothing.
+            Role::Operator { credential: "none" }
+        };
+        // `/mcp`'s messages are POSTs that may only read: its tools are limited instead.
+        if !role.may_change() && !request.method().is_safe() && path != "/mcp" {
+            return Err(AdminRefusal::ReadOnly);
         }
         if request.method() == Method::POST && !has_json_or_credentials(request.headers()) {
             return Err(AdminRefusal::JsonRequired);
         }
-        Ok(())
+        Ok(role)
+    }
+
+    /// What the credentials in `headers` allow on `/v1/*` and `/mcp`.
+    fn role(&self, headers: &HeaderMap) -> Result<Role, AdminRefusal> {
+        match &self.access {
+            Access::Closed => Err(AdminRefusal::Closed),
+            Access::Local => Ok(Role::Operator {
+                credential: "loopback",
+            }),
+            Access::Token { operator, viewer } => {
+                // Both compared, so that the time taken tells nothing of which one matched.
+                let is_operator = bearer_matches(headers, operator);
+                let is_viewer = viewer
+                    .as_ref()
+                    .is_some_and(|viewer| bearer_matches(headers, viewer));
+                if is_operator {
+                    Ok(Role::Operator {
+                        credential: "token",
+                    })
+                } else if is_viewer {
+                    Ok(Role::Viewer)
+                } else {
+                    Err(AdminRefusal::Unauthorized)
+                }
+            }
+        }
     }
 
     /// The request names the port by its own address, `localhost`, or a configured name.
@@ -196,7 +240,56 @@ mod tests {
     const LOCAL: &str = "10.1.2.3:9091";
 
     fn checked(rules: &Rules, request: &Request<()>) -> Result<(), AdminRefusal> {
-        rules.check(request, LOCAL.parse().unwrap())
+        rules.check(request, LOCAL.parse().unwrap()).map(|_| ())
+    }
+
+    #[test]
+    fn the_viewers_token_reads_and_changes_nothing_the_operators_does_both() {
+        let rules = Rules {
+            access: Access::Token {
+                operator: Secret::new("operator-token".into()),
+                viewer: Some(Secret::new("viewer-token".into())),
+            },
+            hosts: Vec::new(),
+        };
+        let host = ("host", "127.0.0.1:9091");
+        let json = ("content-type", "application/json");
+        let role = |method: &str, path: &str, token: &str| {
+            let bearer = format!("Bearer {token}");
+            let asked = request(method, path, &[host, json, ("authorization", &bearer)]);
+            rules.check(&asked, LOCAL.parse().unwrap())
+        };
+        assert!(matches!(
+            role("GET", "/v1/keys", "viewer-token"),
+            Ok(Role::Viewer)
+        ));
+        assert!(matches!(
+            role("POST", "/mcp", "viewer-token"),
+            Ok(Role::Viewer)
+        ));
+        for (method, path) in [
+            ("POST", "/v1/reload"),
+            ("DELETE", "/v1/keys/hooks/evt_1"),
+            ("PATCH", "/v1/keys/hooks/evt_1"),
+            ("POST", "/v1/scopes/hooks/clear"),
+        ] {
+            let viewer = role(method, path, "viewer-token");
+            assert!(matches!(viewer, Err(AdminRefusal::ReadOnly)), "{path}");
+            let operator = role(method, path, "operator-token");
+            assert!(matches!(
+                operator,
+                Ok(Role::Operator {
+                    credential: "token"
+                })
+            ));
+            for wrong in ["viewer-tokem", "", "operator-token "] {
+                let refused = role(method, path, wrong);
+                assert!(
+                    matches!(refused, Err(AdminRefusal::Unauthorized)),
+                    "{wrong}"
+                );
+            }
+        }
     }
 
     #[test]

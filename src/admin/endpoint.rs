@@ -4,11 +4,14 @@
 
 use http::Method;
 
-/// An endpoint of the admin port: a probe, one of the API's under `/v1/`, or `/mcp`.
+/// An endpoint of the admin port: a probe, one of the API's under `/v1/`, the console's
+/// files, or `/mcp`.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Endpoint<'a> {
     Probe(Probe),
     Api(Api<'a>),
+    /// `/` (which sends the browser on to the console) and the console's files.
+    Console(super::console::Asset),
     /// `/mcp`: the Model Context Protocol, each tool an `Api` request.
     Mcp,
 }
@@ -25,6 +28,8 @@ pub(super) enum Probe {
 /// the parts its path names are still percent-encoded.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Api<'a> {
+    /// `/v1/overview`: what the console's first page shows, and who asks.
+    Overview,
     Routes,
     Reload,
     /// `/v1/scopes`: every scope, its keys counted by state.
@@ -91,6 +96,10 @@ impl<'a> Endpoint<'a> {
             "/readyz" => return Some(Endpoint::Probe(Probe::Ready)),
             "/metrics" => return Some(Endpoint::Probe(Probe::Metrics)),
             "/mcp" => return Some(Endpoint::Mcp),
+            _ if path == "/" || path.starts_with("/console") => {
+                return super::console::Asset::named(path).map(Endpoint::Console);
+            }
+            "/v1/overview" => Api::Overview,
             "/v1/routes" => Api::Routes,
             "/v1/reload" => Api::Reload,
             "/v1/keys" => Api::Keys,
@@ -131,6 +140,7 @@ impl<'a> Endpoint<'a> {
     pub(super) fn allow(&self) -> &'static str {
         match self {
             Endpoint::Probe(_) | Endpoint::Api(Api::Routes | Api::Keys | Api::Queue) => "GET, HEAD",
+            Endpoint::Console(_) | Endpoint::Api(Api::Overview) => "GET, HEAD",
             Endpoint::Api(Api::Scopes) => "GET, HEAD",
             Endpoint::Api(
                 Api::Dead { .. } | Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. },
@@ -253,6 +263,17 @@ mod tests {
         assert_eq!(api("/v1/queue/github/dead"), Api::Dead { route: "github" });
         assert_eq!(api("/v1/replays/7"), Api::Replay { id: "7" });
         assert_eq!(api("/v1/scopes"), Api::Scopes);
+        assert_eq!(api("/v1/overview"), Api::Overview);
+        use crate::admin::console::Asset;
+        for (path, asset) in [
+            ("/", Asset::Root),
+            ("/console", Asset::Page),
+            ("/console/", Asset::Page),
+            ("/console/app.js", Asset::Script),
+            ("/console/app.css", Asset::Style),
+        ] {
+            assert_eq!(Endpoint::parse(path), Some(Endpoint::Console(asset)));
+        }
         assert_eq!(
             api("/v1/scopes/a%2Fb/clear"),
             Api::ClearScope { scope: "a%2Fb" }
@@ -273,8 +294,11 @@ mod tests {
             "/v1/scopes//clear",
             "/v1/scopes/a/b/clear",
             "/v1/scopes/a/clear/",
-            "/",
             "/v1",
+            "/console/other.js",
+            "/console/app.js/",
+            "/consoles",
+            "//",
             "/v1/keys/",
             "/v1/keys/stripe",
             "/v1/keys//k",

@@ -1,7 +1,8 @@
 //! The admin listener: liveness, readiness, metrics, the resolved routes, live reload,
 //! keys and entities (`keys.rs`), scopes counted and cleared (`scopes.rs`), queued
 //! delivery's routes, paused and resumed, and its dead letters (`queue.rs`, `bulk.rs`),
-//! the delivery log (`deliveries.rs`) and `/mcp` (`mcp/`). Kept on its own port (127.0.0.1 by default) so that providers never reach
+//! the delivery log (`deliveries.rs`), `/mcp` (`mcp/`), and the console (`console/`,
+//! with `/v1/overview` from `overview.rs`). Kept on its own port (127.0.0.1 by default) so that providers never reach
 //! it.
 //!
 //! Every request first meets [`access`]: the Host and Origin rules that keep web pages
@@ -9,10 +10,12 @@
 
 mod access;
 mod bulk;
+mod console;
 mod deliveries;
 mod endpoint;
 mod keys;
 mod mcp;
+mod overview;
 mod queue;
 mod scopes;
 
@@ -33,7 +36,7 @@ use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::response::{AdminRefusal, json_response};
 use crate::server::{Ends, RequestPermit};
-use access::{Access, Rules};
+use access::{Access, Role, Rules};
 use endpoint::{Api, Endpoint, Probe};
 use keys::Caller;
 
@@ -73,12 +76,16 @@ pub struct Admin {
     tails: deliveries::Tails,
     /// What `/mcp` offers.
     mcp: McpAccess,
+    started: std::time::Instant,
 }
 
 impl Admin {
     pub fn new(config: &AdminConfig, metrics: Arc<Metrics>) -> Admin {
         let access = match &config.token_env {
-            Some(env) => Access::Token(env.secret.clone()),
+            Some(env) => Access::Token {
+                operator: env.secret.clone(),
+                viewer: (config.viewer_token_env.as_ref()).map(|env| env.secret.clone()),
+            },
             None if config.listen.ip().is_loopback() => Access::Local,
             None => {
                 tracing::warn!(
@@ -99,6 +106,7 @@ impl Admin {
             replays: bulk::Replays::default(),
             tails: deliveries::Tails::default(),
             mcp: config.mcp,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -121,9 +129,10 @@ impl Admin {
         ends: Ends,
         _permit: RequestPermit,
     ) -> Response<ProxyBody> {
-        if let Err(refusal) = self.rules.check(&request, ends.local) {
-            return refusal.into_response();
-        }
+        let role = match self.rules.check(&request, ends.local) {
+            Ok(role) => role,
+            Err(refusal) => return refusal.into_response(),
+        };
         // Owned: the endpoint names parts of the path while the request moves on.
         let path = request.uri().path().to_owned();
         let endpoint = match Endpoint::parse(&path) {
@@ -156,24 +165,20 @@ impl Admin {
         } else {
             "api"
         };
-        head.extensions.insert(self.caller(through, ends));
+        head.extensions.insert(Caller {
+            by: format!("{through}:{}", role.credential()),
+            client: Some(ends.peer),
+        });
+        head.extensions.insert(role);
         let request = Request::from_parts(head, body);
         if matches!(endpoint, Endpoint::Mcp) {
             if self.serving.get().is_none() {
                 return AdminRefusal::Starting.into_response();
             }
-            let writes = self.mcp == McpAccess::ReadWrite;
+            let writes = self.mcp == McpAccess::ReadWrite && role.may_change();
             return mcp::serve(self as Arc<dyn mcp::Api>, writes, request).await;
         }
         self.serve(endpoint, request).await
-    }
-
-    /// Who sends a request that came `through` the API (`api`) or `/mcp` on `ends`.
-    fn caller(&self, through: &str, ends: Ends) -> Caller {
-        Caller {
-            by: format!("{through}:{}", self.rules.access.credential()),
-            client: Some(ends.peer),
-        }
     }
 
     /// Answers a request made inside the process (a tool's), as the port answers one
@@ -181,8 +186,10 @@ impl Admin {
     async fn answer(&self, request: Request<Bytes>) -> Response<ProxyBody> {
         let path = request.uri().path().to_owned();
         match Endpoint::parse(&path) {
-            // A tool never names `/mcp` itself.
-            None | Some(Endpoint::Mcp) => AdminRefusal::NotFound.into_response(),
+            // A tool never names `/mcp` or the console.
+            None | Some(Endpoint::Mcp | Endpoint::Console(_)) => {
+                AdminRefusal::NotFound.into_response()
+            }
             Some(endpoint) if !endpoint.takes(request.method()) => {
                 AdminRefusal::MethodNotAllowed(endpoint.allow()).into_response()
             }
@@ -195,6 +202,7 @@ impl Admin {
         let head = request.method() == Method::HEAD;
         let answer = match endpoint {
             Endpoint::Probe(probe) => self.probe(probe),
+            Endpoint::Console(asset) => asset.response(),
             Endpoint::Api(api) => match self.serving.get() {
                 Some(serving) => self.serve_api(serving, api, request).await,
                 None => AdminRefusal::Starting.into_response(),
@@ -255,6 +263,17 @@ impl Admin {
         let recorder = serving.proxy.recorder();
         let query = request.uri().query();
         match api {
+            Api::Overview => {
+                let sources = overview::Sources {
+                    proxy: &serving.proxy,
+                    reloader: &serving.reloader,
+                    metrics: &self.metrics,
+                    started: self.started,
+                };
+                // A request without a role came from inside (a tool's): it only reads.
+                let role = request.extensions().get::<Role>().copied();
+                overview::overview(sources, role.unwrap_or(Role::Viewer)).await
+            }
             Api::Deliveries => deliveries::list(recorder, query).await,
             Api::DeliveriesTail => deliveries::tail(&self.tails, recorder, query),
             Api::Delivery { id } => deliveries::get(recorder, id).await,
@@ -291,7 +310,7 @@ async fn serve_store_api(
         }
         Api::Replays { route } => start_replay(serving, replays, route, request.uri().query()),
         Api::Replay { id } => replay_request(replays, method, id),
-        Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. } => {
+        Api::Overview | Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. } => {
             AdminRefusal::NotFound.into_response()
         }
     }

@@ -40,7 +40,7 @@ pub(super) struct ConfigFile {
     #[serde(default = "defaults::listen", deserialize_with = "socket_address")]
     pub(super) listen: SocketAddr,
     pub(super) upstream: UpstreamUrl,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "admin_section")]
     pub(super) admin: AdminConfig,
     #[serde(default, deserialize_with = "store_section")]
     pub(super) store: StoreConfig,
@@ -378,6 +378,22 @@ fn longer_than_zero<'de, D: Deserializer<'de>>(
     }
 
     deserializer.deserialize_str(Positive)
+}
+
+fn admin_section<'de, D: Deserializer<'de>>(deserializer: D) -> Result<AdminConfig, D::Error> {
+    map_then(deserializer, |admin: AdminConfig| {
+        if let Some(viewer) = &admin.viewer_token_env {
+            let Some(operator) = &admin.token_env else {
+                return Err("`viewer_token_env` needs `token_env`: without a token, every caller on loopback may change keys".into());
+            };
+            if viewer.secret.expose() == operator.secret.expose() {
+                return Err(format!(
+                    "`viewer_token_env` ({viewer}) holds the same token as `token_env` ({operator}): a viewer would be an operator"
+                ));
+            }
+        }
+        Ok(admin)
+    })
 }
 
 fn delivery_log_section<'de, D: Deserializer<'de>>(

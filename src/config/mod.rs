@@ -98,10 +98,9 @@ impl Config {
             .filter_map(|route| route.verify.as_ref())
             .flat_map(|verify| verify.secrets().0.iter())
             .map(|env| env.secret.expose().to_owned());
-        let token = self
-            .admin
-            .token_env
-            .iter()
+        let admin = &self.admin;
+        let token = (admin.token_env.iter())
+            .chain(&admin.viewer_token_env)
             .map(|env| env.secret.expose().to_owned());
         verify.chain(token).chain(self.store.passwords()).collect()
     }
@@ -338,6 +337,29 @@ mod tests {
         );
         assert_eq!(line, 3);
         assert!(message.contains("is not set"), "{message}");
+    }
+
+    #[test]
+    fn a_viewer_token_needs_the_operators_and_another_value() {
+        // Variables cargo sets for every test run, so that nothing is set here.
+        let admin = |fields: &str| format!("upstream: http://127.0.0.1:8080\nadmin:\n{fields}");
+        let config = parse(&admin(
+            "  token_env: CARGO_MANIFEST_DIR\n  viewer_token_env: CARGO_PKG_NAME\n",
+        ))
+        .unwrap();
+        assert!(config.admin.viewer_token_env.is_some());
+        assert!(
+            config
+                .secrets()
+                .contains(&env!("CARGO_PKG_NAME").to_owned())
+        );
+        let (line, _, message) = error_at(&admin("  viewer_token_env: CARGO_PKG_NAME\n"));
+        assert_eq!(line, 3);
+        assert!(message.contains("needs `token_env`"), "{message}");
+        let (_, _, message) = error_at(&admin(
+            "  token_env: CARGO_PKG_NAME\n  viewer_token_env: CARGO_PKG_NAME\n",
+        ));
+        assert!(message.contains("the same token"), "{message}");
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub struct AdminConfig {
     /// When set, `/v1/*` needs `Authorization: Bearer <the variable's value>`.
     #[serde(default)]
     pub token_env: Option<EnvSecret>,
+    /// A second token, which reads everything the API and the console show and changes
+    /// nothing; needs `token_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub viewer_token_env: Option<EnvSecret>,
     /// Names the port may be reached by besides its own address and `localhost` (a
     /// Service's DNS name, say); requests naming any other host are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -47,6 +51,7 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: defaults::admin_listen(),
             token_env: None,
+            viewer_token_env: None,
             hosts: Vec::new(),
             mcp: McpAccess::default(),
         }

@@ -94,6 +94,15 @@ impl Serialize for StoreConfig {
 }
 
 impl StoreConfig {
+    /// The backend's name, as `store:` writes it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreConfig::Sled(_) => "sled",
+            StoreConfig::Redis(_) => "redis",
+            StoreConfig::Postgres(_) => "postgres",
+        }
+    }
+
     /// How long one command may take, for a shared store.
     pub fn timeout(&self) -> Option<std::time::Duration> {
         match self {

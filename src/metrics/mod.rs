@@ -399,6 +399,33 @@ impl Metrics {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
+    /// `route`'s requests by outcome since the start, as `dedupe_requests_total` counts them.
+    pub fn requests_of(&self, route: &str) -> Vec<(&'static str, u64)> {
+        DedupeStatus::ALL
+            .iter()
+            .map(|outcome| {
+                let labels = RouteOutcome {
+                    route: route.to_owned(),
+                    outcome: outcome.as_str(),
+                };
+                (outcome.as_str(), self.requests.get_or_create(&labels).get())
+            })
+            .collect()
+    }
+
+    /// `route`'s held keys, as the store last counted them.
+    pub fn held_of(&self, route: &str) -> i64 {
+        let label = RouteLabel {
+            route: route.to_owned(),
+        };
+        self.keys_held.get_or_create(&label).get()
+    }
+
+    /// The store's failures since the start.
+    pub fn store_errors(&self) -> u64 {
+        self.store_errors.get()
+    }
+
     pub fn delivery(&self, route: &str, outcome: DedupeStatus) {
         self.count_request(route, outcome.as_str());
     }

@@ -1,0 +1,720 @@
+// dedupe-proxy console: the admin API (/v1/*) as pages, with no framework and no build
+// step. The token lives in this tab's sessionStorage and goes out as `Authorization`:
+// the browser never sends a credential on its own, so no other site can act through it.
+// Everything shown is set as text, never parsed as HTML.
+'use strict';
+
+const TOKEN_KEY = 'dedupe-proxy.token';
+const DELIVERIES_SHOWN_MAX = 500;
+const numbers = new Intl.NumberFormat();
+let session = null; // GET /v1/overview's answer: the role, the outcomes, the routes
+let stopPage = () => {}; // ends what the page left running (a live tail)
+
+// ---- building the page -------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name.startsWith('on')) node.addEventListener(name.slice(2), value);
+    else if (name === 'class') node.className = value;
+    else node.setAttribute(name, value === true ? '' : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function count(n, noun) {
+  return `${num(n)} ${n === 1 ? noun : noun + 's'}`;
+}
+
+function num(value) {
+  return value === null || value === undefined ? '–' : numbers.format(value);
+}
+
+// A time in the browser's zone, UTC on hover.
+function time(text) {
+  if (!text) return h('span', { class: 'muted' }, '–');
+  const at = new Date(text);
+  if (Number.isNaN(at.getTime())) return text;
+  return h('time', { datetime: at.toISOString(), title: at.toISOString().replace('.000Z', 'Z') + ' (UTC)' },
+    at.toLocaleString());
+}
+
+function outcome(name) {
+  return h('span', { class: 'outcome ' + String(name) }, String(name).replace(/_/g, ' '));
+}
+
+function fields(pairs) {
+  return h('dl', { class: 'fields' }, pairs.filter(Boolean).map(([name, value]) =>
+    [h('dt', {}, name), h('dd', {}, value === null || value === undefined || value === '' ? h('span', { class: 'muted' }, '–') : value)]));
+}
+
+function table(headings, rows, empty) {
+  if (rows.length === 0) return h('p', { class: 'empty' }, empty);
+  return h('div', { class: 'table-wrap' }, h('table', {},
+    h('thead', {}, h('tr', {}, headings.map(([label, cls]) => h('th', { class: cls || null, scope: 'col' }, label)))),
+    h('tbody', {}, rows)));
+}
+
+function main() {
+  return document.getElementById('main');
+}
+
+function show(...nodes) {
+  main().replaceChildren(h('div', { class: 'page' }, nodes));
+}
+
+function alertBox(message, info) {
+  const box = document.getElementById('alert');
+  box.textContent = message || '';
+  box.className = info ? 'info' : '';
+  box.hidden = !message;
+}
+
+function canChange() {
+  return session && session.access.role === 'operator';
+}
+
+function link(hash, text) {
+  return h('a', { href: hash }, text);
+}
+
+function enc(part) {
+  return encodeURIComponent(part);
+}
+
+// ---- the API -----------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(body && (body.detail || body.message) ? (body.detail || body.message) : `HTTP ${status}`);
+    this.status = status;
+    this.body = body || {};
+  }
+}
+
+// A change says it is JSON even without a body: the port refuses a POST that a form on
+// another site could have sent.
+function headers(change) {
+  const sent = { Accept: 'application/json' };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) sent.Authorization = 'Bearer ' + token;
+  if (change) sent['Content-Type'] = 'application/json';
+  return sent;
+}
+
+// The answer's JSON; `{}` for one without a body (a 204).
+async function api(method, path, body) {
+  const response = await fetch(path, {
+    method, headers: headers(method !== 'GET'), cache: 'no-store', credentials: 'omit',
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  let parsed = {};
+  try { parsed = text ? JSON.parse(text) : {}; } catch (_) { parsed = { detail: text }; }
+  if (!response.ok) throw new ApiError(response.status, parsed);
+  return parsed;
+}
+
+// A failed request's message in the page; a missing or wrong token asks for one.
+function failed(error) {
+  if (error instanceof ApiError && error.status === 401) {
+    session = null;
+    signIn(error.body.message);
+    return;
+  }
+  alertBox(error instanceof ApiError
+    ? `${error.body.error || 'error'} (${error.status}): ${error.message}`
+    : `The admin port did not answer: ${error.message}`);
+}
+
+// ---- signing in --------------------------------------------------------------------
+
+function signIn(reason) {
+  stopPage();
+  document.getElementById('who').replaceChildren();
+  const input = h('input', { id: 'token', type: 'password', autocomplete: 'off', required: true });
+  const form = h('form', { class: 'signin', onsubmit: (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    alertBox('');
+    route();
+  } },
+  h('h1', {}, 'Sign in'),
+  h('p', {}, 'This admin port asks for a token: the value of ', h('code', {}, 'admin.token_env'),
+    ' (or of ', h('code', {}, 'admin.viewer_token_env'), ' to look without changing anything). It stays in this tab only.'),
+  reason ? h('p', { class: 'muted' }, reason) : null,
+  h('label', {}, 'Token', input),
+  h('div', { class: 'actions' }, h('button', { class: 'primary', type: 'submit', id: 'sign-in' }, 'Sign in')));
+  show(form);
+  input.focus();
+}
+
+function signOut() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  session = null;
+  signIn('Signed out.');
+}
+
+function showWho() {
+  const who = document.getElementById('who');
+  const access = session.access;
+  const role = access.role === 'operator' ? 'operator' : 'viewer (read only)';
+  who.replaceChildren(`${role} · ${access.credential}`,
+    sessionStorage.getItem(TOKEN_KEY) ? h('button', { type: 'button', onclick: signOut }, 'Sign out') : null);
+}
+
+// ---- confirming a change -----------------------------------------------------------
+
+// Asks before a change; `typed` makes the operator type it (clearing a whole scope).
+function confirmChange(title, text, typed) {
+  const dialog = document.getElementById('confirm');
+  const input = document.getElementById('confirm-typed');
+  const ok = document.getElementById('confirm-ok');
+  document.getElementById('confirm-title').textContent = title;
+  document.getElementById('confirm-text').textContent = text;
+  document.getElementById('confirm-typed-label').hidden = !typed;
+  document.getElementById('confirm-expected').textContent = typed || '';
+  input.value = '';
+  ok.disabled = Boolean(typed);
+  input.oninput = () => { ok.disabled = input.value !== typed; };
+  return new Promise((resolve) => {
+    const finish = (answer) => { dialog.close(); resolve(answer); };
+    ok.onclick = () => finish(true);
+    document.getElementById('confirm-cancel').onclick = () => finish(false);
+    input.onkeydown = (event) => { if (event.key === 'Enter' && !ok.disabled) finish(true); };
+    dialog.oncancel = () => resolve(false);
+    dialog.showModal();
+    (typed ? input : ok).focus();
+  });
+}
+
+// Runs a confirmed change and says what it changed.
+async function change(run, said) {
+  try {
+    const answer = await run();
+    alertBox(said(answer), true);
+    return answer;
+  } catch (error) {
+    failed(error);
+    return null;
+  }
+}
+
+// ---- pages ---------------------------------------------------------------------------
+
+async function overviewPage() {
+  const o = session;
+  const started = new Date(Date.now() - o.uptime_seconds * 1000);
+  const reload = o.reload
+    ? [o.reload.ok ? 'succeeded ' : 'failed ', time(o.reload.at), ` (${o.reload.detail})`]
+    : 'none since the start';
+  const store = o.store.healthy ? 'healthy' : `failing: ${o.store.error}`;
+  const rows = o.routes.map((r) => {
+    const n = r.requests;
+    return h('tr', {},
+      h('td', {}, link(`#/deliveries?route=${enc(r.route)}`, r.route)),
+      h('td', { class: 'hide-narrow' }, r.scope),
+      h('td', { class: 'hide-narrow' }, r.delivery),
+      h('td', { class: 'num' }, num(n.forwarded + n.queued)),
+      h('td', { class: 'num' }, num(n.duplicate)),
+      h('td', { class: 'num' }, num(n.rejected + n.unavailable)),
+      h('td', { class: 'num' }, num(n.released)),
+      h('td', { class: 'num' }, num(n['in-flight'])),
+      h('td', { class: 'num' }, num(r.held_keys)),
+      h('td', { class: 'num' }, r.queue ? num(r.queue.waiting + r.queue.retrying) : '–'),
+      h('td', { class: 'num' }, r.queue ? num(r.queue.dead) : '–'));
+  });
+  show(h('h1', {}, 'Overview'),
+    h('div', { class: 'cards' },
+      card('Version', o.version),
+      card('Up since', time(started.toISOString()), `${num(Math.round(o.uptime_seconds))} s`),
+      card(`Store (${o.store.kind})`, store, [o.store.done_keys === null ? null : `${count(o.store.done_keys, 'done key')} · `,
+        `${count(o.store.errors, 'error')} since the start`]),
+      card('Claims in flight', num(o.claims_in_flight)),
+      card('Last reload', reload),
+      card('Delivery log', o.delivery_log ? 'on' : 'off: set delivery_log in the configuration to see deliveries')),
+    h('h2', {}, 'Routes'),
+    table([['Route'], ['Scope', 'hide-narrow'], ['Delivery', 'hide-narrow'], ['Forwarded', 'num'], ['Duplicates', 'num'],
+      ['Refused', 'num'], ['Released', 'num'], ['Answered in flight', 'num'], ['Held keys', 'num'], ['Queued', 'num'], ['Dead', 'num']], rows,
+    'No routes: every request goes to the default upstream. Add one under routes: in the configuration file, then reload.'),
+    h('p', { class: 'muted' }, 'Requests counted since this replica started; held keys and queues as the store last said.'));
+}
+
+function card(label, value, sub) {
+  return h('div', { class: 'card' }, h('div', { class: 'label' }, label), h('div', { class: 'value' }, value),
+    sub ? h('div', { class: 'muted' }, sub) : null);
+}
+
+const DELIVERY_FILTERS = ['route', 'outcome', 'status', 'key', 'key_prefix', 'since', 'until'];
+
+function deliveryRow(entry, fresh) {
+  return h('tr', { class: fresh ? 'fresh' : null, 'data-id': entry.id },
+    h('td', {}, time(entry.at)),
+    h('td', {}, entry.route || h('span', { class: 'muted' }, 'none')),
+    h('td', { class: 'key' }, link(`#/delivery/${enc(entry.id)}`, entry.key || '(no key)')),
+    h('td', {}, outcome(entry.outcome)),
+    h('td', { class: 'num' }, entry.status === null ? '–' : entry.status),
+    h('td', { class: 'num hide-narrow' }, entry.upstream_ms === null ? '–' : `${num(entry.upstream_ms)} ms`),
+    h('td', { class: 'hide-narrow' }, entry.client || ''));
+}
+
+async function deliveriesPage(params) {
+  const filter = new URLSearchParams();
+  for (const name of DELIVERY_FILTERS) if (params.get(name)) filter.set(name, params.get(name));
+  const form = deliveryFilters(params);
+  const tbody = h('tbody', {});
+  const more = h('button', { type: 'button', hidden: true }, 'Older entries');
+  const status = h('p', { class: 'muted', 'aria-live': 'polite' });
+  const live = h('input', { type: 'checkbox', id: 'live', checked: !params.get('until') });
+  show(h('h1', {}, 'Deliveries'), form,
+    h('div', { class: 'actions' }, h('label', { class: 'inline' }, live, 'Live: show new entries as they come'), status),
+    h('div', { class: 'table-wrap' }, h('table', { id: 'deliveries' },
+      h('thead', {}, h('tr', {}, ['Time', 'Route', 'Key', 'Outcome', 'Status', 'Upstream', 'Client'].map((label, i) =>
+        h('th', { scope: 'col', class: i >= 5 ? 'hide-narrow' : null }, label)))),
+      tbody)),
+    h('div', { class: 'actions' }, more));
+  let cursor = null;
+  const load = async () => {
+    const query = new URLSearchParams(filter);
+    query.set('limit', '100');
+    if (cursor) query.set('cursor', cursor);
+    try {
+      const page = await api('GET', '/v1/deliveries?' + query);
+      tbody.append(...page.deliveries.map((entry) => deliveryRow(entry, false)));
+      cursor = page.next;
+      more.hidden = !cursor;
+      status.textContent = tbody.children.length === 0
+        ? (cursor ? 'None in the newest entries read; look at older ones.' : 'No entries match. Send a request through the proxy, or widen the filter.')
+        : `${num(tbody.children.length)} shown`;
+    } catch (error) { failed(error); }
+  };
+  more.onclick = load;
+  await load();
+  const tail = new Tail(filter, (entry) => {
+    tbody.prepend(deliveryRow(entry, true));
+    while (tbody.children.length > DELIVERIES_SHOWN_MAX) tbody.lastElementChild.remove();
+    status.textContent = `${num(tbody.children.length)} shown`;
+  });
+  live.onchange = () => (live.checked ? tail.start() : tail.stop());
+  if (live.checked) tail.start();
+  stopPage = () => tail.stop();
+}
+
+function deliveryFilters(params) {
+  const outcomes = h('select', { name: 'outcome' }, h('option', { value: '' }, 'any'),
+    session.outcomes.map((name) => h('option', { value: name, selected: params.get('outcome') === name }, name.replace(/_/g, ' '))));
+  const routes = h('select', { name: 'route' }, h('option', { value: '' }, 'any'),
+    session.routes.map((r) => h('option', { value: r.route, selected: params.get('route') === r.route }, r.route)));
+  const input = (name, placeholder) => h('input', { name, placeholder, value: params.get(name) || '', size: 14 });
+  const localTime = (name) => h('input', { name, type: 'datetime-local', step: 1, value: toLocalInput(params.get(name)) });
+  return h('form', { class: 'filters', onsubmit: (event) => {
+    event.preventDefault();
+    const chosen = new URLSearchParams();
+    for (const [name, value] of new FormData(event.target)) {
+      if (!value) continue;
+      chosen.set(name, name === 'since' || name === 'until' ? new Date(value).toISOString() : value);
+    }
+    location.hash = '#/deliveries?' + chosen;
+  } },
+  h('label', {}, 'Route', routes), h('label', {}, 'Outcome', outcomes),
+  h('label', {}, 'Status', input('status', '502 or 5xx')), h('label', {}, 'Key', input('key', 'exact')),
+  h('label', {}, 'Key prefix', input('key_prefix', 'evt_')),
+  h('label', {}, 'Since', localTime('since')), h('label', {}, 'Until', localTime('until')),
+  h('button', { type: 'submit', class: 'primary' }, 'Filter'),
+  h('a', { href: '#/deliveries' }, 'Clear filters'));
+}
+
+function toLocalInput(text) {
+  if (!text) return '';
+  const at = new Date(text);
+  if (Number.isNaN(at.getTime())) return '';
+  return new Date(at.getTime() - at.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+}
+
+// The delivery log's tail (Server-Sent Events) read with fetch, which can send the token
+// (EventSource cannot).
+class Tail {
+  constructor(filter, onEntry) {
+    this.filter = filter;
+    this.onEntry = onEntry;
+    this.controller = null;
+  }
+
+  start() {
+    if (this.controller) return;
+    this.controller = new AbortController();
+    this.read(this.controller.signal).catch((error) => {
+      if (error.name !== 'AbortError') failed(error);
+      this.controller = null;
+    });
+  }
+
+  stop() {
+    if (this.controller) this.controller.abort();
+    this.controller = null;
+  }
+
+  async read(signal) {
+    const response = await fetch('/v1/deliveries/tail?' + this.filter, {
+      headers: headers(false), cache: 'no-store', credentials: 'omit', signal,
+    });
+    if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffered = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffered += value;
+      let end;
+      while ((end = buffered.indexOf('\n\n')) >= 0) {
+        this.event(buffered.slice(0, end));
+        buffered = buffered.slice(end + 2);
+      }
+    }
+    this.controller = null;
+  }
+
+  event(text) {
+    let name = 'message';
+    const data = [];
+    for (const line of text.split('\n')) {
+      if (line.startsWith('event:')) name = line.slice(6).trim();
+      else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
+    }
+    if (name === 'delivery') this.onEntry(JSON.parse(data.join('\n')));
+    else if (name === 'lagged') alertBox(`The live view fell behind and missed ${JSON.parse(data.join('\n')).missed} entries; reload the page to see them.`);
+  }
+}
+
+const WHY = {
+  forwarded: 'First delivery of this key: forwarded, the app succeeded, the key is done.',
+  duplicate: 'The key was already done: answered at once, not forwarded.',
+  in_flight: 'Another delivery of this key was being forwarded: answered so that the sender retries.',
+  held: 'The key is held: a forward may have run. Nothing runs it again until an operator resolves it.',
+  stale: 'Older than a version already done for its entity: not forwarded.',
+  queued: 'Stored for queued delivery and acknowledged; the proxy delivers it.',
+  upstream_error: 'Forwarded; the app failed or could not be reached, so the claim was released for a retry.',
+  store_error: 'The store could not be used; nothing was forwarded.',
+  unkeyed: 'Forwarded without a claim (no key, or the store failing with on_store_error: forward).',
+  signature_refused: 'Refused: the signature was missing, malformed, stale or wrong.',
+  bad_request: 'Refused before anything was stored.',
+  unmatched: 'No route took it.',
+  delivered: 'A queued attempt the app accepted.',
+  retrying: 'A queued attempt that failed; tried again later.',
+  dead: 'A queued attempt after which the job went to dead letters.',
+  changed: 'An operator changed this key through the admin API.',
+};
+
+async function deliveryPage(id) {
+  const entry = await api('GET', `/v1/deliveries/${enc(id)}`);
+  const keyState = h('div', {}, h('p', { class: 'muted' }, 'Reading the key…'));
+  show(h('h1', {}, 'Delivery ', h('code', {}, entry.id)),
+    h('h2', {}, 'What was decided, and why'),
+    h('p', {}, outcome(entry.outcome), ' ', WHY[entry.outcome] || '',
+      entry.refusal ? [' Refusal: ', h('code', {}, entry.refusal), '.'] : '',
+      entry.waited ? ' It waited for an earlier delivery of the key.' : '',
+      entry.replayed ? ' The recorded answer was replayed.' : ''),
+    fields([
+      ['Time', time(entry.at)], ['Route', entry.route], ['Scope', entry.scope],
+      ['Key', entry.key ? h('code', {}, entry.key) : null],
+      ['Answer to the sender', entry.status], ['Upstream status', entry.upstream_status],
+      ['Upstream latency', entry.upstream_ms === null ? null : `${num(entry.upstream_ms)} ms`],
+      ['Time in the proxy', entry.duration_ms === null ? null : `${num(entry.duration_ms)} ms`],
+      ['Request', `${entry.method || ''} ${entry.path || ''}`], ['Size', `${num(entry.size)} bytes`],
+      ['Request id', entry.request_id], ['Trace id', entry.trace_id ? h('code', {}, entry.trace_id) : null],
+      ['Client', entry.client], ['Replica', entry.replica], ['By', entry.by],
+      entry.attempt ? ['Attempt', entry.attempt] : null,
+    ]),
+    entry.headers && entry.headers.length
+      ? [h('h2', {}, 'Recorded headers'), table([['Name'], ['Value']], entry.headers.map(([name, value]) =>
+        h('tr', {}, h('td', {}, name), h('td', { class: 'key' }, value))), '')]
+      : h('p', { class: 'muted' }, 'Headers are not recorded for this route (delivery_log headers).'),
+    entry.body !== undefined && entry.body !== null
+      ? [h('h2', {}, `Recorded body${entry.body_truncated ? ' (truncated)' : ''}${entry.body_encoding === 'base64' ? ' (base64)' : ''}`), h('pre', {}, entry.body)]
+      : null,
+    h('h2', {}, 'The key now'), keyState);
+  if (!entry.route || !entry.key) {
+    keyState.replaceChildren(h('p', { class: 'muted' }, 'This entry has no key.'));
+    return;
+  }
+  keyState.replaceChildren(await keyView(entry.route, entry.key));
+}
+
+const ROUTE_OF_SCOPE = (scope) => {
+  const found = session.routes.find((r) => r.scope === scope);
+  return found ? found.route : null;
+};
+
+async function keysPage(params) {
+  const route = params.get('route');
+  if (!route) return scopesPage();
+  const prefix = params.get('prefix') || '';
+  const state = params.get('state') || '';
+  const scope = (session.routes.find((r) => r.route === route) || {}).scope || route;
+  const query = new URLSearchParams({ route, limit: '100' });
+  if (prefix) query.set('prefix', prefix);
+  if (state) query.set('state', state);
+  if (params.get('after')) query.set('after', params.get('after'));
+  const page = await api('GET', '/v1/keys?' + query);
+  const rows = page.keys.map((k) => h('tr', {},
+    h('td', { class: 'key' }, link(`#/key/${enc(route)}/${enc(k.key)}`, k.key)),
+    h('td', {}, outcome(k.state)),
+    h('td', {}, time(k.claimed_at)),
+    h('td', { class: 'hide-narrow' }, time(k.expires_at)),
+    h('td', { class: 'num' }, k.answer_status || k.upstream_status || '–')));
+  const next = new URLSearchParams(params);
+  if (page.next) next.set('after', page.next);
+  const form = h('form', { class: 'filters', onsubmit: (event) => {
+    event.preventDefault();
+    const chosen = new URLSearchParams({ route });
+    for (const [name, value] of new FormData(event.target)) if (value) chosen.set(name, value);
+    location.hash = '#/keys?' + chosen;
+  } },
+  h('label', {}, 'Prefix', h('input', { name: 'prefix', value: prefix, placeholder: 'evt_' })),
+  h('label', {}, 'State', h('select', { name: 'state' }, ['', 'in_flight', 'done', 'held'].map((s) =>
+    h('option', { value: s, selected: s === state }, s ? s.replace('_', ' ') : 'any')))),
+  h('button', { type: 'submit', class: 'primary' }, 'Show'));
+  const result = h('div', {});
+  show(h('h1', {}, 'Keys of ', h('code', {}, scope)),
+    h('p', {}, link('#/keys', 'All scopes'), ` · routes: ${session.routes.filter((r) => r.scope === scope).map((r) => r.route).join(', ')}`),
+    form, result,
+    canChange() ? h('div', { class: 'actions' },
+      prefix ? h('button', { type: 'button', class: 'danger', id: 'forget-prefix', onclick: () => clearKeys(scope, prefix, result) },
+        `Forget the done keys starting with “${prefix}”`) : null,
+      h('button', { type: 'button', class: 'danger', id: 'clear-scope', onclick: () => clearKeys(scope, '', result) }, `Clear scope ${scope}`)) : null,
+    table([['Key'], ['State'], ['Claimed'], ['Expires', 'hide-narrow'], ['Answer', 'num']], rows,
+      prefix || state ? 'No live keys match. Try another prefix or state.' : 'No live keys in this scope yet: they appear as deliveries are claimed.'),
+    page.next ? h('div', { class: 'actions' }, link('#/keys?' + next, 'Next page')) : null);
+}
+
+async function clearKeys(scope, prefix, result) {
+  const confirmed = prefix
+    ? await confirmChange('Forget keys by prefix', `Forget every done key of scope ${scope} starting with “${prefix}”? Their next deliveries run the work again. Held and in-flight keys are left.`)
+    : await confirmChange('Clear a scope', `Forget every done key of scope ${scope}? Their next deliveries run the work again. Held and in-flight keys are left; other scopes are not touched.`, scope);
+  if (!confirmed) return;
+  let removed = 0;
+  let answer;
+  do {
+    answer = await change(() => api('POST', `/v1/scopes/${enc(scope)}/clear`, prefix ? { prefix } : {}),
+      (a) => `Cleared ${count(removed + a.removed, 'key')}${a.complete ? '' : ' so far…'}`);
+    if (!answer) return;
+    removed += answer.removed;
+  } while (!answer.complete && answer.removed > 0);
+  result.replaceChildren(h('p', { class: 'result', id: 'change-result' },
+    `Removed ${count(removed, 'key')}; ${num(answer.held_left)} held and ${num(answer.in_flight_left)} in flight left.`,
+    answer.complete ? '' : ' Not complete: only keys held or in flight are left to read.'));
+}
+
+async function scopesPage() {
+  const { scopes } = await api('GET', '/v1/scopes');
+  const rows = scopes.map((s) => {
+    const route = ROUTE_OF_SCOPE(s.scope) || s.routes[0];
+    const more = s.counted_all ? '' : '+';
+    return h('tr', {},
+      h('td', {}, link(`#/keys?route=${enc(route)}`, s.scope)),
+      h('td', { class: 'hide-narrow' }, s.routes.join(', ')),
+      h('td', { class: 'num' }, num(s.keys.in_flight) + more),
+      h('td', { class: 'num' }, num(s.keys.done) + more),
+      h('td', { class: 'num' }, num(s.keys.held) + more));
+  });
+  show(h('h1', {}, 'Keys'),
+    h('p', { class: 'muted' }, 'Each scope is a route\'s keys, or those of the routes sharing a scope. Pick one to browse its keys.'),
+    table([['Scope'], ['Routes', 'hide-narrow'], ['In flight', 'num'], ['Done', 'num'], ['Held', 'num']], rows,
+      'No scopes: add a route to the configuration file.'));
+}
+
+// A key's record, with what an operator may do to it.
+async function keyView(route, key) {
+  let k;
+  try {
+    k = await api('GET', `/v1/keys/${enc(route)}/${enc(key)}`);
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 404) {
+      return h('p', { class: 'empty', id: 'key-state' }, 'Absent: not claimed, forgotten or expired. Its next delivery is forwarded.');
+    }
+    throw error;
+  }
+  const box = h('div', {});
+  const again = async () => box.replaceWith(await keyView(route, key));
+  const path = `/v1/keys/${enc(route)}/${enc(key)}`;
+  const actions = [];
+  if (canChange() && k.state === 'done') {
+    const expiry = h('input', { id: 'expires-in', placeholder: '48h', size: 8 });
+    actions.push(h('label', { class: 'inline' }, 'Expire in', expiry),
+      h('button', { type: 'button', id: 'set-expiry', onclick: async () => {
+        if (await change(() => api('PATCH', path, { expires_in: expiry.value.trim() }), (a) => `Expiry moved to ${a.expires_at}.`)) await again();
+      } }, 'Set expiry'),
+      h('button', { type: 'button', class: 'danger', id: 'forget', onclick: async () => {
+        if (!await confirmChange('Forget this key', `Forget ${key}? Its next delivery runs the work again.`)) return;
+        if (await change(() => api('DELETE', path), () => `Forgot ${key}: its next delivery is forwarded.`)) await again();
+      } }, 'Forget'));
+  }
+  if (canChange() && k.state === 'held') {
+    for (const [outcomeName, label, text] of [['done', 'Resolve: it ran', 'later deliveries get the duplicate answer'], ['release', 'Resolve: run it again', 'the next delivery runs the work']]) {
+      actions.push(h('button', { type: 'button', id: `resolve-${outcomeName}`, onclick: async () => {
+        if (!await confirmChange('Resolve a held key', `Resolve ${key} as ${outcomeName}: ${text}?`)) return;
+        if (await change(() => api('POST', `${path}/resolve`, { outcome: outcomeName, held_at: k.held_at }), () => `Resolved ${key} as ${outcomeName}.`)) await again();
+      } }, label));
+    }
+  }
+  box.append(fields([
+    ['State', h('span', { id: 'key-state' }, outcome(k.state))], ['Route', k.route], ['Key', h('code', {}, k.key)],
+    ['Claimed', time(k.claimed_at)], ['Completed', time(k.completed_at)], ['Expires', time(k.expires_at)],
+    ['Upstream status', k.upstream_status],
+    k.done_because ? ['Done because', k.done_because] : null,
+    k.held_because ? ['Held because', k.held_because] : null,
+    k.held_at ? ['Held at', time(k.held_at)] : null,
+    k.answer ? ['Recorded answer', `${k.answer.status}, ${num(k.answer.body_bytes)} bytes, ${k.answer.headers.length} headers`] : null,
+    ['Body digest', k.body_sha256 ? h('code', {}, k.body_sha256) : null],
+  ]), actions.length ? h('div', { class: 'actions' }, actions) : null,
+  h('p', {}, link(`#/deliveries?route=${enc(route)}&key=${enc(key)}`, 'Deliveries of this key')));
+  return box;
+}
+
+async function keyPage(route, key) {
+  show(h('h1', {}, 'Key ', h('code', {}, key)), h('p', {}, link(`#/keys?route=${enc(route)}`, `Keys of ${route}`)),
+    await keyView(route, key));
+}
+
+async function heldPage() {
+  const scopes = [...new Set(session.routes.map((r) => r.scope))];
+  const sections = [h('h1', {}, 'Held keys and dead letters')];
+  const held = [];
+  for (const scope of scopes) {
+    const route = ROUTE_OF_SCOPE(scope);
+    const page = await api('GET', `/v1/keys?route=${enc(route)}&state=held&limit=100`);
+    for (const k of page.keys) held.push({ scope, route, key: k });
+  }
+  const rows = held.map(({ scope, route, key: k }) => h('tr', {}, h('td', {}, scope),
+    h('td', { class: 'key' }, link(`#/key/${enc(route)}/${enc(k.key)}`, k.key)),
+    h('td', {}, time(k.held_at)), h('td', {}, k.held_because || '')));
+  const progress = h('p', { 'aria-live': 'polite', id: 'held-progress' });
+  const resolveAll = (outcomeName) => async () => {
+    const what = outcomeName === 'done' ? 'done: later deliveries get the duplicate answer' : 'released: their next deliveries run the work';
+    if (!await confirmChange('Resolve every held key shown', `Resolve ${count(held.length, 'held key')} as ${what}?`)) return;
+    let resolved = 0;
+    for (const { route, key: k } of held) {
+      const path = `/v1/keys/${enc(route)}/${enc(k.key)}/resolve`;
+      if (!await change(() => api('POST', path, { outcome: outcomeName, held_at: k.held_at }), () => '')) break;
+      resolved += 1;
+      progress.textContent = `Resolved ${num(resolved)} of ${num(held.length)}`;
+    }
+    alertBox(`Resolved ${count(resolved, 'held key')} as ${outcomeName}.`, true);
+  };
+  sections.push(h('h2', {}, 'Held keys'),
+    h('p', { class: 'muted' }, 'A held key\'s forward may have run: resolve it as done (it ran) or release it (run it again). Open one to see it first.'),
+    canChange() && held.length ? h('div', { class: 'actions' },
+      h('button', { type: 'button', onclick: resolveAll('done') }, 'Resolve all shown: they ran'),
+      h('button', { type: 'button', onclick: resolveAll('release') }, 'Resolve all shown: run them again')) : null,
+    progress,
+    table([['Scope'], ['Key'], ['Held at'], ['Because']], rows, 'No held keys: nothing waits for a decision.'));
+  const queue = await api('GET', '/v1/queue');
+  sections.push(h('h2', {}, 'Dead letters'));
+  if (queue.routes.length === 0) {
+    sections.push(h('p', { class: 'empty' }, 'No queued routes: dead letters exist only where a route has delivery: queued.'));
+  }
+  for (const q of queue.routes) sections.push(await deadLetters(q));
+  show(sections);
+}
+
+async function deadLetters(q) {
+  const filter = h('input', { placeholder: 'key prefix', size: 12 });
+  const progress = h('p', { 'aria-live': 'polite' });
+  const tbody = h('tbody', {});
+  const list = async () => {
+    const query = new URLSearchParams({ limit: '100' });
+    if (filter.value) query.set('key_prefix', filter.value);
+    const page = await api('GET', `/v1/queue/${enc(q.route)}/dead?${query}`);
+    tbody.replaceChildren(...page.jobs.map((job) => h('tr', {},
+      h('td', { class: 'key' }, job.key), h('td', {}, time(job.dead_at)), h('td', {}, job.dead_because || ''),
+      h('td', { class: 'num' }, job.last_status === null ? '–' : job.last_status),
+      h('td', {}, canChange() ? h('button', { type: 'button', onclick: async () => {
+        if (await change(() => api('POST', `/v1/queue/${enc(q.route)}/jobs/${enc(job.key)}/replay`), () => `Replaying ${job.key}.`)) list();
+      } }, 'Replay') : ''))));
+    if (!page.jobs.length) tbody.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'No dead letters match.')));
+  };
+  const all = canChange() ? h('button', { type: 'button', class: 'primary', onclick: async () => {
+    const picked = filter.value ? `starting with “${filter.value}”` : '';
+    if (!await confirmChange('Replay dead letters', `Replay every dead letter of ${q.route} ${picked}?`)) return;
+    const query = filter.value ? `?key_prefix=${enc(filter.value)}` : '';
+    const started = await change(() => api('POST', `/v1/queue/${enc(q.route)}/replays${query}`), (a) => `Replay ${a.id} started.`);
+    if (started) followReplay(started.id, progress).then(list);
+  } }, 'Replay all that match') : null;
+  await list();
+  return h('section', {}, h('h2', {}, q.route, ` · ${num(q.dead)} dead`),
+    h('div', { class: 'actions' }, h('label', { class: 'inline' }, 'Key prefix', filter),
+      h('button', { type: 'button', onclick: () => list().catch(failed) }, 'Show'), all),
+    progress,
+    h('div', { class: 'table-wrap' }, h('table', {},
+      h('thead', {}, h('tr', {}, ['Key', 'Died', 'Because', 'Last status', ''].map((label) => h('th', { scope: 'col' }, label)))),
+      tbody)));
+}
+
+async function followReplay(id, progress) {
+  for (;;) {
+    const replay = await api('GET', `/v1/replays/${enc(id)}`).catch(failed);
+    if (!replay) return;
+    progress.textContent = `Replay ${id}: ${replay.state}, ${num(replay.replayed)} of ${num(replay.matched)} replayed`;
+    if (replay.state !== 'running') return;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+async function routesPage() {
+  const routes = await api('GET', '/v1/routes');
+  const result = h('div', {});
+  show(h('h1', {}, 'Routes'),
+    h('p', {}, 'Default upstream: ', h('code', {}, routes.upstream), ' · unmatched requests: ', h('code', {}, JSON.stringify(routes.unmatched))),
+    canChange() ? h('div', { class: 'actions' }, h('button', { type: 'button', class: 'primary', id: 'reload', onclick: async () => {
+      const answer = await change(() => api('POST', '/v1/reload'), (a) => `Reloaded: ${count(a.routes, 'route')}${a.restart_needed.length ? `; needs a restart: ${a.restart_needed.join(', ')}` : ''}.`);
+      if (answer) { await loadSession(); result.replaceChildren(h('p', { class: 'result' }, `Reloaded ${count(answer.routes, 'route')}.`)); }
+    } }, 'Reload the configuration file')) : null,
+    result,
+    routes.routes.length === 0 ? h('p', { class: 'empty' }, 'No routes configured.') : null,
+    routes.routes.map((r) => h('section', {}, h('h2', {}, r.name), h('pre', {}, JSON.stringify(r, null, 2)))));
+}
+
+// ---- routing ---------------------------------------------------------------------------
+
+async function loadSession() {
+  session = await api('GET', '/v1/overview');
+  showWho();
+}
+
+async function route() {
+  stopPage();
+  stopPage = () => {};
+  const [path, query] = (location.hash.slice(1) || '/').split('?');
+  const params = new URLSearchParams(query || '');
+  const parts = path.split('/').slice(1).map(decodeURIComponent);
+  const page = parts[0] || 'overview';
+  for (const a of document.querySelectorAll('header nav a')) {
+    const current = a.dataset.page === page || (a.dataset.page === 'deliveries' && page === 'delivery') || (a.dataset.page === 'keys' && page === 'key');
+    if (current) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
+  }
+  alertBox('');
+  try {
+    if (!session || page === 'overview') await loadSession();
+    switch (page) {
+      case 'overview': await overviewPage(); break;
+      case 'deliveries': await deliveriesPage(params); break;
+      case 'delivery': await deliveryPage(parts[1]); break;
+      case 'keys': await keysPage(params); break;
+      case 'key': await keyPage(parts[1], parts.slice(2).join('/')); break;
+      case 'held': await heldPage(); break;
+      case 'routes': await routesPage(); break;
+      default: show(h('p', { class: 'empty' }, 'No such page. ', link('#/', 'Overview')));
+    }
+    document.body.dataset.page = page;
+  } catch (error) {
+    failed(error);
+  }
+}
+
+window.addEventListener('hashchange', route);
+route();

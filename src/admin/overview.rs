@@ -1,0 +1,108 @@
+//! `GET /v1/overview`: the state of the proxy at a glance, as the console's first page
+//! shows it: who asks (and whether they may change anything), the version and uptime, the
+//! store's health, the last reload, and each route's counts.
+
+use std::time::{Duration, Instant};
+
+use http::{Response, StatusCode};
+use serde_json::{Value, json};
+
+use super::access::Role;
+use crate::body::ProxyBody;
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::reload::Reloader;
+use crate::response::json_response;
+use crate::store::log::Fate;
+
+/// How long the store's health check waits for an answer.
+const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A key no delivery has, read to see whether the store answers.
+const PROBE_KEY: &str = "dedupe-proxy:overview-probe";
+
+/// What the overview reads from.
+pub(super) struct Sources<'a> {
+    pub proxy: &'a Proxy,
+    pub reloader: &'a Reloader,
+    pub metrics: &'a Metrics,
+    pub started: Instant,
+}
+
+pub(super) async fn overview(sources: Sources<'_>, role: Role) -> Response<ProxyBody> {
+    let Sources {
+        proxy,
+        reloader,
+        metrics,
+        started,
+    } = sources;
+    let answered = tokio::time::timeout(STORE_CHECK_TIMEOUT, proxy.store().inspect(PROBE_KEY));
+    let store_error = match answered.await {
+        Ok(Ok(_)) => None,
+        Ok(Err(failure)) => Some(failure.to_string()),
+        Err(_) => Some(format!("no answer in {STORE_CHECK_TIMEOUT:?}")),
+    };
+    let counts = proxy.key_counts();
+    let queues = queue_counts(proxy).await;
+    let routing = proxy.routing();
+    let routes: Vec<Value> = routing
+        .table
+        .routes()
+        .map(|route| {
+            let requests: serde_json::Map<String, Value> = metrics
+                .requests_of(&route.name)
+                .into_iter()
+                .map(|(outcome, count)| (outcome.to_owned(), json!(count)))
+                .collect();
+            json!({
+                "route": route.name,
+                "scope": route.namespace,
+                "delivery": route.policy.delivery,
+                "requests": requests,
+                "held_keys": metrics.held_of(&route.name),
+                "queue": queues.iter().find(|queue| queue["route"] == route.name.as_str()),
+            })
+        })
+        .collect();
+    let body = json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": started.elapsed().as_secs_f64(),
+        "access": { "role": if role.may_change() { "operator" } else { "viewer" }, "credential": role.credential() },
+        "store": {
+            "kind": reloader.store_kind(),
+            "healthy": store_error.is_none(),
+            "error": store_error,
+            "done_keys": counts.done,
+            "errors": metrics.store_errors(),
+        },
+        "claims_in_flight": counts.in_flight,
+        "reload": reloader.last(),
+        "delivery_log": proxy.recorder().log().is_some(),
+        "outcomes": Fate::ALL.iter().map(|fate| fate.as_str()).collect::<Vec<_>>(),
+        "routes": routes,
+    });
+    json_response(StatusCode::OK, body.to_string())
+}
+
+/// Each queued route's counts, or none where the store keeps no queue or did not say.
+async fn queue_counts(proxy: &Proxy) -> Vec<Value> {
+    let Some(deliveries) = proxy.deliveries() else {
+        return Vec::new();
+    };
+    let Ok(Ok(routes)) = tokio::time::timeout(STORE_CHECK_TIMEOUT, deliveries.routes()).await
+    else {
+        return Vec::new();
+    };
+    routes
+        .iter()
+        .map(|route| {
+            json!({
+                "route": route.route,
+                "paused": route.paused,
+                "waiting": route.counts.waiting,
+                "retrying": route.counts.retrying,
+                "dead": route.counts.dead,
+            })
+        })
+        .collect()
+}

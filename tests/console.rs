@@ -1,0 +1,469 @@
+//! The console in real headless Chromium (Debian's `chromium` and `chromium-driver`, which
+//! tests/setup installs), driven over WebDriver as an operator would use it: sign in, watch
+//! events arrive in the deliveries table, open one, forget its key and see the next
+//! delivery forwarded, clear a scope by typing its name, reload the routes, read it at a
+//! phone's width. A viewer's token shows no buttons and its forged change is refused; a
+//! page on another site cannot act as the operator. Screenshots of each page go to
+//! `target/console-screenshots/`.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const OPERATOR: &str = "console-operator-s3cret";
+const VIEWER: &str = "console-viewer-s3cret";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Chromium driven through chromedriver, both ended on drop.
+struct Browser {
+    client: Client,
+    driver: Child,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Headless Chromium at 1280 px, or `None` (the test skipped) where chromedriver is not
+/// installed; under `CI=true` a missing browser fails the test.
+async fn browser() -> Option<Browser> {
+    let installed = Command::new("chromedriver")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "CI must install chromium and chromium-driver (tests/setup)"
+        );
+        eprintln!("skipped: chromedriver is not installed (run tests/setup)");
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let driver = Command::new("chromedriver")
+        .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let options = json!({
+        "binary": "/usr/bin/chromium",
+        "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1280,900", "--lang=en-US"],
+    });
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("goog:chromeOptions".into(), options);
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut last_error = None;
+    for _ in 0..100 {
+        match ClientBuilder::new(connector.clone())
+            .capabilities(capabilities.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(client) => return Some(Browser { client, driver }),
+            Err(error) => last_error = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chromedriver never started a session: {last_error:?}");
+}
+
+impl Browser {
+    async fn open(&self, url: &str) {
+        self.client.goto(url).await.unwrap();
+    }
+
+    /// The first element `css` picks, once there is one.
+    async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
+        (self.client.wait().at_most(WAIT))
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|error| panic!("no `{css}` on the page: {error}"))
+    }
+
+    /// Waits until the text of the first element `css` picks contains `text`.
+    async fn wait_for_text(&self, css: &str, text: &str) {
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(found) = self.client.find(Locator::Css(css)).await
+                && found.text().await.is_ok_and(|seen| seen.contains(text))
+            {
+                return;
+            }
+            assert!(start.elapsed() < WAIT, "`{css}` never said `{text}`");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        self.wait_for(css).await.click().await.unwrap();
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        self.wait_for(css).await.send_keys(text).await.unwrap();
+    }
+
+    async fn has(&self, css: &str) -> bool {
+        !self
+            .client
+            .find_all(Locator::Css(css))
+            .await
+            .unwrap()
+            .is_empty()
+    }
+
+    async fn script(&self, script: &str) -> serde_json::Value {
+        self.client.execute(script, Vec::new()).await.unwrap()
+    }
+
+    /// Saves the page as `target/console-screenshots/<name>.png`, once it shows no value
+    /// the script failed to find.
+    async fn screenshot(&self, name: &str) {
+        let page = self
+            .script("return document.querySelector('main').textContent")
+            .await;
+        for gap in ["undefined", "NaN", "[object"] {
+            assert!(
+                !page.as_str().unwrap().contains(gap),
+                "`{gap}` on {name}: {page}"
+            );
+        }
+        let png = self.client.screenshot().await.unwrap();
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+
+    async fn sign_in(&self, admin: SocketAddr, token: &str) {
+        self.open(&format!("http://{admin}/")).await;
+        self.type_into("#token", token).await;
+        self.click("#sign-in").await;
+        self.wait_for_text("main h1", "Overview").await;
+    }
+}
+
+fn tokens_config(dir: &std::path::Path, upstream: SocketAddr) -> PathBuf {
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: CONSOLE_TOKEN, viewer_token_env: CONSOLE_VIEWER }}\n{}",
+        json_route("")
+    );
+    write_config(dir, upstream, &rest)
+}
+
+fn start_with_tokens(dir: &std::path::Path, upstream: SocketAddr) -> Binary {
+    let config = tokens_config(dir, upstream);
+    Binary::start_with_env(
+        &config,
+        &[("CONSOLE_TOKEN", OPERATOR), ("CONSOLE_VIEWER", VIEWER)],
+    )
+}
+
+async fn key_state(admin: SocketAddr, key: &str) -> u16 {
+    let bearer = format!("Bearer {OPERATOR}");
+    let path = format!("/v1/keys/hooks/{key}");
+    send(admin, "GET", &path, &[("authorization", &bearer)], "")
+        .await
+        .status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_watches_deliveries_forgets_a_key_and_its_next_delivery_runs_again() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_with_tokens(dir.path(), upstream.addr);
+    assert_eq!(post_event(proxy.addr, "evt_1").await.status, 200);
+    assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
+
+    // Without a token the page asks for one; with it, the overview counts the route.
+    browser.sign_in(proxy.admin, OPERATOR).await;
+    browser.wait_for_text("main table", "hooks").await;
+    browser.wait_for_text("#who", "operator").await;
+    let cells = browser
+        .script("return [...document.querySelectorAll('main table tbody tr td')].map((td) => td.textContent)")
+        .await;
+    // Route, scope, delivery, forwarded, duplicates, refused, released, answered in flight,
+    // held keys, queued, dead.
+    let expected = json!([
+        "hooks", "hooks", "direct", "1", "1", "0", "0", "0", "0", "–", "–"
+    ]);
+    assert_eq!(cells, expected);
+    browser.wait_for_text("main .cards", "1 done key ·").await;
+    browser.screenshot("overview").await;
+
+    // The log as a table, newest first; a new event appears without reloading.
+    browser.click("nav a[data-page=deliveries]").await;
+    browser.wait_for_text("#deliveries tbody", "evt_1").await;
+    let rows = browser
+        .script("return document.querySelectorAll('#deliveries tbody tr').length")
+        .await;
+    assert_eq!(rows, 2, "both deliveries of evt_1");
+    browser
+        .wait_for_text("#deliveries tbody tr:first-child", "duplicate")
+        .await;
+    assert_eq!(post_event(proxy.addr, "evt_2").await.status, 200);
+    browser
+        .wait_for_text("#deliveries tbody tr.fresh", "evt_2")
+        .await;
+    let first = browser
+        .wait_for("#deliveries tbody tr:first-child time")
+        .await;
+    let utc = first.attr("title").await.unwrap().unwrap();
+    assert!(utc.ends_with("Z (UTC)"), "the time's UTC on hover: {utc}");
+    browser.screenshot("deliveries").await;
+
+    // A delivery: what was decided and why, and the key as it is now.
+    let evt_1 = "#deliveries tbody tr:last-child a";
+    browser.click(evt_1).await;
+    browser.wait_for_text("main h2", "What was decided").await;
+    browser
+        .wait_for_text("main", "First delivery of this key")
+        .await;
+    browser.wait_for_text("#key-state", "done").await;
+    let page = browser
+        .script("return document.querySelector('main').textContent")
+        .await;
+    assert!(!page.as_str().unwrap().contains("null"), "{page}");
+    browser.screenshot("delivery").await;
+
+    // Forgetting asks first; then the key is absent and its next delivery is forwarded.
+    browser.click("#forget").await;
+    browser
+        .wait_for_text("#confirm-title", "Forget this key")
+        .await;
+    browser.click("#confirm-ok").await;
+    browser.wait_for_text("#key-state", "Absent").await;
+    browser.wait_for_text("#alert", "Forgot evt_1").await;
+    assert_eq!(key_state(proxy.admin, "evt_1").await, 404);
+    let again = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((again.status, again.dedupe()), (200, "forwarded"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_with_tokens(dir.path(), upstream.addr);
+    for id in ["evt_a1", "evt_a2", "evt_b1"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 200);
+    }
+    browser.sign_in(proxy.admin, OPERATOR).await;
+
+    // The scopes, counted; a scope's keys by prefix.
+    browser.click("nav a[data-page=keys]").await;
+    browser.wait_for_text("main table", "hooks").await;
+    browser.click("main table a").await;
+    browser.type_into("input[name=prefix]", "evt_a").await;
+    browser.click("form.filters button[type=submit]").await;
+    browser.wait_for_text("main table", "evt_a2").await;
+    assert!(
+        !browser
+            .script("return document.querySelector('main table').textContent.includes('evt_b1')")
+            .await
+            .as_bool()
+            .unwrap()
+    );
+    browser.screenshot("keys").await;
+
+    // Forgetting by prefix names the prefix; clearing the scope needs its name typed.
+    browser.click("#forget-prefix").await;
+    browser.click("#confirm-ok").await;
+    browser
+        .wait_for_text("#change-result", "Removed 2 keys")
+        .await;
+    assert_eq!(key_state(proxy.admin, "evt_a1").await, 404);
+    assert_eq!(key_state(proxy.admin, "evt_b1").await, 200);
+    browser.click("#clear-scope").await;
+    let ok = browser.wait_for("#confirm-ok").await;
+    assert!(
+        !ok.is_enabled().await.unwrap(),
+        "confirm waits for the name"
+    );
+    browser.type_into("#confirm-typed", "hook").await;
+    assert!(!ok.is_enabled().await.unwrap());
+    browser.type_into("#confirm-typed", "s").await;
+    ok.click().await.unwrap();
+    browser
+        .wait_for_text("#change-result", "Removed 1 key;")
+        .await;
+    assert_eq!(key_state(proxy.admin, "evt_b1").await, 404);
+    let again = post_event(proxy.addr, "evt_b1").await;
+    assert_eq!(again.dedupe(), "forwarded");
+
+    // Held keys and dead letters: empty states that say what to do.
+    browser.click("nav a[data-page=held]").await;
+    browser.wait_for_text("main", "No held keys").await;
+    browser.wait_for_text("main", "No queued routes").await;
+    browser.screenshot("held").await;
+
+    // The resolved routes, and a reload with its result.
+    browser.click("nav a[data-page=routes]").await;
+    browser.wait_for_text("main h2", "hooks").await;
+    browser.click("#reload").await;
+    browser.wait_for_text("#alert", "Reloaded: 1 route").await;
+    browser.screenshot("routes").await;
+    browser.click("nav a[data-page=overview]").await;
+    browser.wait_for_text("main .cards", "succeeded").await;
+
+    // At a phone's width nothing runs off the side.
+    browser.client.set_window_size(390, 844).await.unwrap();
+    browser.click("nav a[data-page=deliveries]").await;
+    browser.wait_for_text("#deliveries tbody", "evt_b1").await;
+    let overflow = browser
+        .script("return document.documentElement.scrollWidth - window.innerWidth")
+        .await;
+    assert!(
+        overflow.as_i64().unwrap() <= 0,
+        "the page is wider than the phone: {overflow}"
+    );
+    browser.screenshot("deliveries-phone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_with_tokens(dir.path(), upstream.addr);
+    assert_eq!(post_event(proxy.addr, "evt_v").await.status, 200);
+
+    browser.sign_in(proxy.admin, VIEWER).await;
+    browser.wait_for_text("#who", "viewer").await;
+    browser
+        .open(&format!("http://{}/console/#/key/hooks/evt_v", proxy.admin))
+        .await;
+    browser.wait_for_text("#key-state", "done").await;
+    for button in ["#forget", "#set-expiry"] {
+        assert!(!browser.has(button).await, "{button} shown to a viewer");
+    }
+    browser
+        .open(&format!(
+            "http://{}/console/#/keys?route=hooks",
+            proxy.admin
+        ))
+        .await;
+    browser.wait_for_text("main table", "evt_v").await;
+    assert!(!browser.has("#clear-scope").await);
+    browser
+        .open(&format!("http://{}/console/#/routes", proxy.admin))
+        .await;
+    browser.wait_for_text("main h2", "hooks").await;
+    assert!(!browser.has("#reload").await);
+
+    // The same changes sent by hand with the viewer's token, from the page and from outside.
+    let from_page = browser
+        .client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/v1/keys/hooks/evt_v', { method: 'DELETE', headers: { Authorization: 'Bearer ' + sessionStorage.getItem('dedupe-proxy.token') } })
+               .then(async (r) => done([r.status, await r.json()]))",
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(from_page[0], 403);
+    assert_eq!(from_page[1]["error"], "read_only");
+    let bearer = format!("Bearer {VIEWER}");
+    let auth = [
+        ("authorization", bearer.as_str()),
+        ("content-type", "application/json"),
+    ];
+    for (method, path) in [
+        ("DELETE", "/v1/keys/hooks/evt_v"),
+        ("POST", "/v1/scopes/hooks/clear"),
+        ("POST", "/v1/reload"),
+        ("PATCH", "/v1/keys/hooks/evt_v"),
+    ] {
+        let refused = send(proxy.admin, method, path, &auth, "{}").await;
+        assert_eq!(
+            (refused.status, refused.json()["error"].clone()),
+            (403, json!("read_only")),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(key_state(proxy.admin, "evt_v").await, 200);
+    assert_eq!(post_event(proxy.addr, "evt_v").await.dedupe(), "duplicate");
+}
+
+/// Serves `page` as HTML to every request on a port of its own: another site.
+async fn serve_page(page: String) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let page = page.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_another_site_cannot_act_as_the_operator() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    // The riskiest setting: loopback without a token, where any local caller is the operator.
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    assert_eq!(post_event(proxy.addr, "evt_x").await.status, 200);
+    let admin = proxy.admin;
+    let attack = format!(
+        "<!doctype html><form id=f method=POST enctype=text/plain action='http://{admin}/v1/scopes/hooks/clear?force=true'>\
+         <input name='{{\"force\":true,\"x\":\"' value='\"}}'></form>\
+         <script>
+           fetch('http://{admin}/v1/keys/hooks/evt_x', {{method: 'DELETE', mode: 'no-cors'}}).catch(() => {{}});
+           fetch('http://{admin}/v1/reload', {{method: 'POST', mode: 'no-cors', body: '{{}}'}}).catch(() => {{}});
+           setTimeout(() => document.getElementById('f').submit(), 300);
+         </script>"
+    );
+    let site = serve_page(attack).await;
+    browser.open(&format!("http://{site}/")).await;
+    // The form's post lands on the admin port's refusal.
+    browser.wait_for_text("body", "cross_origin").await;
+    assert_eq!(admin_get(&proxy, "/v1/keys/hooks/evt_x").await.status, 200);
+    let log = admin_get(&proxy, "/v1/deliveries?outcome=changed").await;
+    assert_eq!(log.json()["deliveries"], json!([]), "nothing was changed");
+
+    // Nor can another site frame the console.
+    let page = send(admin, "GET", "/console/", &[], "").await;
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    let policy = page.header("content-security-policy").unwrap();
+    assert!(policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'self'"));
+}
+
+async fn admin_get(proxy: &Proxy, path: &str) -> Reply {
+    send(proxy.admin, "GET", path, &[], "").await
+}
