@@ -376,7 +376,7 @@ impl AdminRefusal {
     }
 
     /// The answer's status.
-    fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             AdminRefusal::Closed => StatusCode::FORBIDDEN,
             AdminRefusal::Unauthorized => StatusCode::UNAUTHORIZED,

@@ -210,7 +210,8 @@ async fn keys_are_managed_by_scope(store: &str) {
             .iter()
             .filter(|entry| entry["path"] == clear && entry["scope"] == "a")
             .collect();
-        clearings.len() == 2 && clearings.iter().any(|entry| entry["key"] == "evt_")
+        // A clearing names no key; its recorded body says what it asked.
+        clearings.len() == 2 && clearings.iter().all(|entry| entry["key"].is_null())
     })
     .await;
 }
@@ -320,4 +321,43 @@ async fn clearings_refuse_what_they_cannot_read_on_every_store() {
     if let Some(store) = postgres_store("manage_bad").await {
         clearings_refuse_what_they_cannot_read(&store).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clearing_the_store_breaks_off_is_logged_with_what_it_removed() {
+    let upstream = Upstream::start().await;
+    let (app, _data) = proxy_on_store(&upstream, &json_route(""), |inner| FailingStore {
+        fail_forgets_after: Some(2),
+        ..FailingStore::new(inner)
+    })
+    .await;
+    for id in ["evt_1", "evt_2", "evt_3", "evt_4"] {
+        let sent = post_event(app.proxy_addr, id).await;
+        assert_eq!(sent.status, 200);
+    }
+    let clear = admin_post(app.admin_addr, "/v1/scopes/hooks/clear", "{}").await;
+    assert_eq!(clear.status, 503, "{}", clear.body);
+    let left = send(app.admin_addr, "GET", "/v1/keys?route=hooks", &[], "").await;
+    assert_eq!(
+        left.json()["keys"].as_array().unwrap().len(),
+        2,
+        "two were forgotten"
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the broken-off clearing logged",
+        || async {
+            let path = "/v1/deliveries?outcome=changed";
+            let logged = send(app.admin_addr, "GET", path, &[], "").await;
+            let entries = logged.json()["deliveries"].clone();
+            entries.as_array().is_some_and(|entries| {
+                entries.len() == 1
+                    && entries[0]["status"] == 503
+                    && entries[0]["path"] == "/v1/scopes/hooks/clear"
+                    && entries[0]["by"] == "api:loopback"
+            })
+        },
+    )
+    .await;
+    app.shutdown().await.unwrap();
 }

@@ -145,13 +145,20 @@ pub(super) async fn clear(
         in_flight_left: in_flight,
         ..Cleared::default()
     };
-    let complete = match sweep(proxy, route, &asked, deadline, &mut cleared).await {
+    let swept = sweep(proxy, route, &asked, deadline, &mut cleared).await;
+    // A clearing the store broke off after it removed keys is logged too, with the
+    // failure's status. The entry names no key: the body it records holds the prefix.
+    let status = swept
+        .as_ref()
+        .map_or_else(AdminRefusal::status, |_| StatusCode::OK);
+    if swept.is_ok() || cleared.removed + cleared.released > 0 {
+        change.log_in(proxy, (None, &scope), None, status);
+    }
+    let complete = match swept {
         Ok(complete) => complete,
         Err(refusal) => return refusal.into_response(),
     };
     tracing::info!(scope = %scope, prefix = %asked.prefix, removed = cleared.removed, released = cleared.released, complete, "scope cleared through the admin API");
-    let prefix = (!asked.prefix.is_empty()).then_some(asked.prefix.as_str());
-    change.log_in(proxy, (None, &scope), prefix, StatusCode::OK);
     let body = json!({
         "scope": scope,
         "prefix": asked.prefix,

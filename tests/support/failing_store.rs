@@ -31,6 +31,9 @@ pub struct FailingStore {
     /// Fails every lease renewal while set.
     pub fail_renewals: Arc<std::sync::atomic::AtomicBool>,
     pub claims: Arc<AtomicUsize>,
+    /// Fails every forgetting after this many.
+    pub fail_forgets_after: Option<usize>,
+    pub forgets: AtomicUsize,
 }
 
 impl FailingStore {
@@ -46,6 +49,8 @@ impl FailingStore {
             slow_body_claims: false,
             fail_renewals: Arc::default(),
             claims: Arc::default(),
+            fail_forgets_after: None,
+            forgets: AtomicUsize::new(0),
         }
     }
 }
@@ -119,6 +124,13 @@ impl ClaimStore for FailingStore {
         self.inner.inspect(key).await
     }
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        let earlier = self.forgets.fetch_add(1, Ordering::SeqCst);
+        if self
+            .fail_forgets_after
+            .is_some_and(|after| earlier >= after)
+        {
+            return Err(StoreError::Backend("injected forget failure".into()));
+        }
         self.inner.forget(key).await
     }
     async fn set_expiry(&self, key: &str, expires_at: u64) -> Result<Expiry, StoreError> {
@@ -152,6 +164,9 @@ impl ClaimStore for FailingStore {
     }
     fn done_keys(&self) -> Option<u64> {
         self.inner.done_keys()
+    }
+    fn delivery_log(&self) -> Option<Arc<dyn dedupe_proxy::store::log::DeliveryLog>> {
+        self.inner.delivery_log()
     }
 }
 
