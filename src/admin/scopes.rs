@@ -133,18 +133,15 @@ pub(super) async fn clear(
         return AdminRefusal::BadRequest(reason).into_response();
     }
     let deadline = Instant::now() + CLEARING_BUDGET;
-    let in_flight = match count(proxy, route, &asked.prefix, StateFilter::InFlight, deadline).await
-    {
-        Ok(in_flight) => in_flight,
-        Err(refusal) => return refusal.into_response(),
-    };
-    if in_flight > 0 && !asked.force {
-        return AdminRefusal::ScopeInFlight(in_flight).into_response();
+    // Forced, the keys in flight are counted as the sweep passes them, not first.
+    if !asked.force {
+        match count(proxy, route, &asked.prefix, StateFilter::InFlight, deadline).await {
+            Ok(0) => {}
+            Ok(in_flight) => return AdminRefusal::ScopeInFlight(in_flight).into_response(),
+            Err(refusal) => return refusal.into_response(),
+        }
     }
-    let mut cleared = Cleared {
-        in_flight_left: in_flight,
-        ..Cleared::default()
-    };
+    let mut cleared = Cleared::default();
     let swept = sweep(proxy, route, &asked, deadline, &mut cleared).await;
     // A clearing the store broke off after it removed keys is logged too, with the
     // failure's status. The entry names no key: the body it records holds the prefix.
@@ -243,7 +240,7 @@ async fn sweep(
                     }
                 }
                 KeyState::Held(_) => cleared.held_left += 1,
-                KeyState::InFlight { .. } => {}
+                KeyState::InFlight { .. } => cleared.in_flight_left += 1,
             }
         }
         match page.next {
