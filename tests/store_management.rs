@@ -8,6 +8,8 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use support::*;
 
 /// Route `a` (on `/a`, holding a key whose forward timed out), route `a2` on `/a2`
@@ -167,7 +169,7 @@ async fn keys_are_managed_by_scope(store: &str) {
         forced.json(),
         serde_json::json!({
             "scope": "a", "prefix": "evt_", "removed": 2, "released": 1,
-            "held_left": 0, "in_flight_left": 1, "complete": true,
+            "held_left": 0, "in_flight_left": 1, "complete": true, "next": null,
         })
     );
     assert_eq!(
@@ -360,4 +362,49 @@ async fn a_clearing_the_store_breaks_off_is_logged_with_what_it_removed() {
     )
     .await;
     app.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clearing_goes_on_from_where_an_answer_stopped() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    for id in ["evt_1", "evt_2", "evt_3", "evt_4", "evt_5"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 200);
+    }
+    // A clearing's `next` is a listing's cursor of the scope: one taken after a first page
+    // clears what follows it, and leaves that page.
+    let first = admin(&proxy, "GET", "/v1/keys?route=hooks&limit=2", "").await;
+    let first = first.json();
+    let kept: Vec<String> = first["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key["key"].as_str().unwrap().to_owned())
+        .collect();
+    let next = first["next"].as_str().expect("a next page");
+    let body = json!({ "after": next }).to_string();
+    let cleared = admin(&proxy, "POST", "/v1/scopes/hooks/clear", &body).await;
+    assert_eq!(cleared.status, 200, "{}", cleared.body);
+    let answer = cleared.json();
+    assert_eq!(answer["removed"], json!(5 - kept.len()));
+    assert_eq!(
+        (answer["complete"].clone(), answer["next"].clone()),
+        (json!(true), json!(null))
+    );
+    let left = all_keys(&proxy, "route=hooks", 100).await;
+    let left: Vec<&str> = left.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(left.len(), kept.len(), "{left:?} against {kept:?}");
+    assert!(kept.iter().all(|key| left.contains(&key.as_str())));
+
+    // A cursor of another listing, or made up, is refused and clears nothing.
+    let held = admin(&proxy, "GET", "/v1/keys?route=hooks&limit=1&state=done", "").await;
+    for after in [held.json()["next"].clone(), json!("made-up")] {
+        if after.is_null() {
+            continue;
+        }
+        let body = json!({ "after": after }).to_string();
+        let refused = admin(&proxy, "POST", "/v1/scopes/hooks/clear", &body).await;
+        assert_eq!(refused.status, 400, "{after}: {}", refused.body);
+    }
+    assert_eq!(all_keys(&proxy, "route=hooks", 100).await.len(), kept.len());
 }

@@ -90,6 +90,9 @@ struct Clearing {
     /// Clear though keys are in flight (they stay), and release held keys too.
     #[serde(default)]
     force: bool,
+    /// Go on from where an earlier answer of the same clearing stopped (its `next`).
+    #[serde(default)]
+    after: Option<String>,
 }
 
 /// What a clearing did.
@@ -120,12 +123,13 @@ pub(super) async fn clear(
         return AdminRefusal::NoSuchScope(scope.into_owned()).into_response();
     };
     let change = Change::of(&request);
-    let shape = r#"the body must be {} or {"prefix":"evt_","force":true}, each field optional"#;
+    let shape = r#"the body must be {} or {"prefix":"evt_","force":true,"after":"<next>"}, each field optional"#;
     let asked = match serde_json::from_slice::<Clearing>(request.body()) {
         Ok(asked) => asked,
         Err(_) if request.body().is_empty() => Clearing {
             prefix: String::new(),
             force: false,
+            after: None,
         },
         Err(_) => return AdminRefusal::BadRequest(shape.into()).into_response(),
     };
@@ -133,8 +137,9 @@ pub(super) async fn clear(
         return AdminRefusal::BadRequest(reason).into_response();
     }
     let deadline = Instant::now() + CLEARING_BUDGET;
-    // Forced, the keys in flight are counted as the sweep passes them, not first.
-    if !asked.force {
+    // Forced, the keys in flight are counted as the sweep passes them, not first; a
+    // clearing that goes on was counted when it started.
+    if !asked.force && asked.after.is_none() {
         match count(proxy, route, &asked.prefix, StateFilter::InFlight, deadline).await {
             Ok(0) => {}
             Ok(in_flight) => return AdminRefusal::ScopeInFlight(in_flight).into_response(),
@@ -151,10 +156,11 @@ pub(super) async fn clear(
     if swept.is_ok() || cleared.removed + cleared.released > 0 {
         change.log_in(proxy, (None, &scope), None, status);
     }
-    let complete = match swept {
-        Ok(complete) => complete,
+    let next = match swept {
+        Ok(next) => next,
         Err(refusal) => return refusal.into_response(),
     };
+    let complete = next.is_none();
     tracing::info!(scope = %scope, prefix = %asked.prefix, removed = cleared.removed, released = cleared.released, complete, "scope cleared through the admin API");
     let body = json!({
         "scope": scope,
@@ -164,6 +170,7 @@ pub(super) async fn clear(
         "held_left": cleared.held_left,
         "in_flight_left": cleared.in_flight_left,
         "complete": complete,
+        "next": next,
     });
     json_response(StatusCode::OK, body.to_string())
 }
@@ -195,26 +202,24 @@ async fn count(
     Ok(counted)
 }
 
-/// Forgets the done keys the clearing takes, and releases the held ones if forced, until
-/// none is left or the deadline passes; whether none is left.
+/// Forgets the done keys the clearing takes, and releases the held ones if forced, from
+/// where it was asked to go on, until none is left (`None`) or the deadline passes (the
+/// cursor to go on from). At least one page is read, so each request moves on.
 async fn sweep(
     proxy: &Proxy,
     route: &Route,
     asked: &Clearing,
     deadline: Instant,
     cleared: &mut Cleared,
-) -> Result<bool, AdminRefusal> {
+) -> Result<Option<String>, AdminRefusal> {
     let (store, routing) = (proxy.store(), proxy.routing());
     let listing = Listing {
         scope: &route.namespace,
         prefix: &asked.prefix,
         state: None,
     };
-    let mut after = None;
+    let mut after = asked.after.clone();
     loop {
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
         let page = listing.page(store.as_ref(), after.as_deref(), PAGE).await?;
         for (full_key, state) in &page.keys {
             debug_assert!(full_key.starts_with(&store_key(&route.namespace, &asked.prefix)));
@@ -244,8 +249,9 @@ async fn sweep(
             }
         }
         match page.next {
+            Some(next) if Instant::now() >= deadline => return Ok(Some(next)),
             Some(next) => after = Some(next),
-            None => return Ok(true),
+            None => return Ok(None),
         }
     }
 }

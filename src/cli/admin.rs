@@ -202,26 +202,29 @@ async fn clear(
 ) -> Result<(), Failure> {
     let api = Api::find(config, admin)?;
     let path = format!("/v1/scopes/{}/clear", path_segment(scope));
-    let body = json!({ "prefix": prefix.unwrap_or_default(), "force": force });
-    let (mut removed, mut released) = (0, 0);
+    let mut body = json!({ "prefix": prefix.unwrap_or_default(), "force": force });
+    let (mut removed, mut released, mut held_left) = (0, 0, 0);
+    // Each answer that is not complete says where to go on from; the counts add up.
     let mut answer = loop {
         let answer = api.call(Method::POST, &path, Some(body.clone())).await?;
-        let (now_removed, now_released) = (
-            answer["removed"].as_u64().unwrap_or(0),
-            answer["released"].as_u64().unwrap_or(0),
-        );
-        (removed, released) = (removed + now_removed, released + now_released);
-        // A request that changed nothing would be asked again in vain.
-        if answer["complete"] != false || now_removed + now_released == 0 {
-            break answer;
+        let count = |field: &str| answer[field].as_u64().unwrap_or(0);
+        removed += count("removed");
+        released += count("released");
+        held_left += count("held_left");
+        match &answer["next"] {
+            Value::String(next) if answer["complete"] == false && body["after"] != *next => {
+                body["after"] = json!(next);
+            }
+            _ => break answer,
         }
     };
     answer["removed"] = json!(removed);
     answer["released"] = json!(released);
+    answer["held_left"] = json!(held_left);
     print(admin, &answer, fields);
     if answer["complete"] == false {
         return Err(Failure::Api(
-            "the clearing is not complete: keys held or in flight were all it read in time".into(),
+            "the clearing is not complete: the proxy did not say where to go on from".into(),
         ));
     }
     Ok(())

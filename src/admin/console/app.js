@@ -497,17 +497,19 @@ async function clearKeys(scope, prefix, result) {
     ? await confirmChange('Forget keys by prefix', `Forget every done key of scope ${scope} starting with “${prefix}”? Their next deliveries run the work again. Held and in-flight keys are left.`)
     : await confirmChange('Clear a scope', `Forget every done key of scope ${scope}? Their next deliveries run the work again. Held and in-flight keys are left; other scopes are not touched.`, scope);
   if (!confirmed) return;
+  const asked = prefix ? { prefix } : {};
   let removed = 0;
   let answer;
   do {
-    answer = await change(() => api('POST', `/v1/scopes/${enc(scope)}/clear`, prefix ? { prefix } : {}),
+    answer = await change(() => api('POST', `/v1/scopes/${enc(scope)}/clear`, asked),
       (a) => `Cleared ${count(removed + a.removed, 'key')}${a.complete ? '' : ' so far…'}`);
     if (!answer) return;
     removed += answer.removed;
-  } while (!answer.complete && answer.removed > 0);
+    asked.after = answer.next;
+  } while (!answer.complete && answer.next);
   result.replaceChildren(h('p', { class: 'result', id: 'change-result' },
     `Removed ${count(removed, 'key')}; ${num(answer.held_left)} held and ${num(answer.in_flight_left)} in flight left.`,
-    answer.complete ? '' : ' Not complete: only keys held or in flight are left to read.'));
+    answer.complete ? '' : ' Not complete: ask again.'));
 }
 
 async function scopesPage() {

@@ -280,7 +280,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "clear_keys",
-        description: "Clears a scope's done keys, all of them or those starting with a prefix, so that their events' next deliveries are forwarded again (their work runs again); never another scope's keys. Refused while any of those keys is in flight unless forced; held keys are left (`held_left`) unless forced, when they are released. A large scope answers `complete: false`: call again until it is true.",
+        description: "Clears a scope's done keys, all of them or those starting with a prefix, so that their events' next deliveries are forwarded again (their work runs again); never another scope's keys. Refused while any of those keys is in flight unless forced; held keys are left (`held_left`) unless forced, when they are released. A large scope answers `complete: false` with a `next`: call again with it as `after` until `complete` is true.",
         read_only: false,
         idempotent: true,
         arguments: &[
@@ -302,11 +302,17 @@ pub(super) const TOOLS: &[ToolSpec] = &[
                 "Clear though keys are in flight (they stay), and release held keys.",
                 false,
             ),
+            argument(
+                "after",
+                "string",
+                "The `next` of the previous answer, to go on from there.",
+                false,
+            ),
         ],
         api_call: |arguments| {
             let scope = required_string(arguments, "scope")?;
             let mut body = Map::new();
-            for name in ["prefix", "force"] {
+            for name in ["prefix", "force", "after"] {
                 if let Some(value) = arguments.get(name) {
                     body.insert(name.into(), value.clone());
                 }
