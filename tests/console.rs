@@ -467,3 +467,39 @@ async fn a_page_on_another_site_cannot_act_as_the_operator() {
 async fn admin_get(proxy: &Proxy, path: &str) -> Reply {
     send(proxy.admin, "GET", path, &[], "").await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_keys_are_resolved_from_the_page_with_progress() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let slow = || Answer::status(201).after(Duration::from_millis(800));
+    upstream.script([slow(), slow()]);
+    let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 300ms\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    for id in ["evt_h1", "evt_h2"] {
+        assert_eq!(post_event(proxy.addr, id).await.dedupe(), "held");
+    }
+    browser
+        .open(&format!("http://{}/console/#/held", proxy.admin))
+        .await;
+    browser.wait_for_text("main table", "evt_h2").await;
+    browser
+        .wait_for_text("main table", "upstream_timeout")
+        .await;
+    browser.screenshot("held-keys").await;
+    browser.click("#resolve-all-release").await;
+    browser.wait_for_text("#confirm-text", "2 held keys").await;
+    browser.click("#confirm-ok").await;
+    browser
+        .wait_for_text("#held-progress", "Resolved 2 of 2")
+        .await;
+    browser
+        .wait_for_text("#alert", "Resolved 2 held keys as release")
+        .await;
+    for id in ["evt_h1", "evt_h2"] {
+        let again = post_event(proxy.addr, id).await;
+        assert_eq!((again.status, again.dedupe()), (200, "forwarded"), "{id}");
+    }
+}

@@ -611,8 +611,8 @@ async function heldPage() {
   sections.push(h('h2', {}, 'Held keys'),
     h('p', { class: 'muted' }, 'A held key\'s forward may have run: resolve it as done (it ran) or release it (run it again). Open one to see it first.'),
     canChange() && held.length ? h('div', { class: 'actions' },
-      h('button', { type: 'button', onclick: resolveAll('done') }, 'Resolve all shown: they ran'),
-      h('button', { type: 'button', onclick: resolveAll('release') }, 'Resolve all shown: run them again')) : null,
+      h('button', { type: 'button', id: 'resolve-all-done', onclick: resolveAll('done') }, 'Resolve all shown: they ran'),
+      h('button', { type: 'button', id: 'resolve-all-release', onclick: resolveAll('release') }, 'Resolve all shown: run them again')) : null,
     progress,
     table([['Scope'], ['Key'], ['Held at'], ['Because']], rows, 'No held keys: nothing waits for a decision.'));
   const queue = await api('GET', '/v1/queue');
