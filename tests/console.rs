@@ -503,3 +503,57 @@ async fn held_keys_are_resolved_from_the_page_with_progress() {
         assert_eq!((again.status, again.dedupe()), (200, "forwarded"), "{id}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_picked_by_a_prefix_are_replayed_from_the_page_with_progress() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(422), Answer::status(422)]);
+    let route = json_route("    delivery: queued\n    queue:\n      backoff_base: 50ms\n");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    for id in ["evt_d1", "evt_d2"] {
+        assert_eq!(post_event(proxy.addr, id).await.status, 202);
+    }
+    eventually(WAIT, "two dead letters", || async {
+        let dead = send(proxy.admin, "GET", "/v1/queue/hooks/dead", &[], "").await;
+        dead.json()["jobs"]
+            .as_array()
+            .is_some_and(|jobs| jobs.len() == 2)
+    })
+    .await;
+    browser
+        .open(&format!("http://{}/console/#/held", proxy.admin))
+        .await;
+    browser.wait_for_text("#dead-hooks", "evt_d1").await;
+    // On loopback without a token, no sign-in and nothing to sign out of.
+    let who = browser.wait_for("#who").await.text().await.unwrap();
+    assert_eq!(who, "operator · loopback");
+    browser.wait_for_text("#dead-hooks", "refused").await;
+    browser.type_into("#dead-prefix-hooks", "evt_d2").await;
+    browser.click("#dead-show-hooks").await;
+    eventually(WAIT, "only evt_d2 listed", || async {
+        let shown = browser
+            .script("return document.querySelector('#dead-hooks').textContent")
+            .await;
+        let shown = shown.as_str().unwrap_or_default().to_owned();
+        shown.contains("evt_d2") && !shown.contains("evt_d1")
+    })
+    .await;
+    browser.screenshot("dead-letters").await;
+    browser.click("#replay-all-hooks").await;
+    browser
+        .wait_for_text("#confirm-text", "starting with “evt_d2”")
+        .await;
+    browser.click("#confirm-ok").await;
+    browser
+        .wait_for_text("#replay-progress-hooks", "1 of 1 replayed")
+        .await;
+    // The app refused both at first; now it takes the one replayed, only.
+    eventually(WAIT, "evt_d2 delivered again", || async {
+        upstream.executions("evt_d2") == 1
+    })
+    .await;
+    assert_eq!(upstream.executions("evt_d1"), 0, "evt_d1 was not picked");
+}

@@ -164,8 +164,9 @@ function showWho() {
   const who = document.getElementById('who');
   const access = session.access;
   const role = access.role === 'operator' ? 'operator' : 'viewer (read only)';
-  who.replaceChildren(`${role} · ${access.credential}`,
-    sessionStorage.getItem(TOKEN_KEY) ? h('button', { type: 'button', onclick: signOut }, 'Sign out') : null);
+  const signedIn = sessionStorage.getItem(TOKEN_KEY);
+  who.replaceChildren(h('span', {}, `${role} · ${access.credential}`,
+    signedIn ? h('button', { type: 'button', onclick: signOut }, 'Sign out') : null));
 }
 
 // ---- confirming a change -----------------------------------------------------------
@@ -625,9 +626,9 @@ async function heldPage() {
 }
 
 async function deadLetters(q) {
-  const filter = h('input', { placeholder: 'key prefix', size: 12 });
-  const progress = h('p', { 'aria-live': 'polite' });
-  const tbody = h('tbody', {});
+  const filter = h('input', { placeholder: 'evt_', size: 12, id: `dead-prefix-${q.route}` });
+  const progress = h('p', { 'aria-live': 'polite', id: `replay-progress-${q.route}` });
+  const tbody = h('tbody', { id: `dead-${q.route}` });
   const list = async () => {
     const query = new URLSearchParams({ limit: '100' });
     if (filter.value) query.set('key_prefix', filter.value);
@@ -640,7 +641,7 @@ async function deadLetters(q) {
       } }, 'Replay') : ''))));
     if (!page.jobs.length) tbody.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'No dead letters match.')));
   };
-  const all = canChange() ? h('button', { type: 'button', class: 'primary', onclick: async () => {
+  const all = canChange() ? h('button', { type: 'button', class: 'primary', id: `replay-all-${q.route}`, onclick: async () => {
     const picked = filter.value ? `starting with “${filter.value}”` : '';
     if (!await confirmChange('Replay dead letters', `Replay every dead letter of ${q.route} ${picked}?`)) return;
     const query = filter.value ? `?key_prefix=${enc(filter.value)}` : '';
@@ -650,7 +651,7 @@ async function deadLetters(q) {
   await list();
   return h('section', {}, h('h2', {}, q.route, ` · ${num(q.dead)} dead`),
     h('div', { class: 'actions' }, h('label', { class: 'inline' }, 'Key prefix', filter),
-      h('button', { type: 'button', onclick: () => list().catch(failed) }, 'Show'), all),
+      h('button', { type: 'button', id: `dead-show-${q.route}`, onclick: () => list().catch(failed) }, 'Show'), all),
     progress,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {}, ['Key', 'Died', 'Because', 'Last status', ''].map((label) => h('th', { scope: 'col' }, label)))),
