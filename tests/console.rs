@@ -557,3 +557,48 @@ async fn dead_letters_picked_by_a_prefix_are_replayed_from_the_page_with_progres
     .await;
     assert_eq!(upstream.executions("evt_d1"), 0, "evt_d1 was not picked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_shown_in_the_page_and_its_controls_are_reached_by_keyboard() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    let console = format!("http://{}/console/", proxy.admin);
+
+    // A malformed filter and an unknown route: the API's refusal, in the page.
+    browser
+        .open(&format!("{console}#/deliveries?status=abc"))
+        .await;
+    browser.wait_for_text("#alert", "bad_request (400)").await;
+    browser.open(&format!("{console}#/keys?route=nope")).await;
+    browser.wait_for_text("#alert", "no_such_route (404)").await;
+    browser.open(&format!("{console}#/deliveries")).await;
+    browser.wait_for_text("#deliveries", "Time").await;
+    browser.wait_for_text("main", "No entries match").await;
+
+    // Tab walks the skip link, every page's link and the filters, in order.
+    let body = browser.wait_for("body").await;
+    let mut reached = Vec::new();
+    for _ in 0..12 {
+        body.send_keys(&fantoccini::key::Key::Tab.to_string())
+            .await
+            .unwrap();
+        let focused = browser.client.active_element().await.unwrap();
+        reached.push(focused.text().await.unwrap_or_default());
+    }
+    for control in [
+        "Skip to content",
+        "Overview",
+        "Deliveries",
+        "Keys",
+        "Held & dead",
+        "Routes",
+    ] {
+        assert!(
+            reached.iter().any(|text| text == control),
+            "{control} not reached: {reached:?}"
+        );
+    }
+}
