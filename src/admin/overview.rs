@@ -93,16 +93,5 @@ async fn queue_counts(proxy: &Proxy) -> Vec<Value> {
     else {
         return Vec::new();
     };
-    routes
-        .iter()
-        .map(|route| {
-            json!({
-                "route": route.route,
-                "paused": route.paused,
-                "waiting": route.counts.waiting,
-                "retrying": route.counts.retrying,
-                "dead": route.counts.dead,
-            })
-        })
-        .collect()
+    routes.iter().map(super::queue::described).collect()
 }

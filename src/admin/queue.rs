@@ -41,28 +41,28 @@ pub(super) async fn overview(proxy: &Proxy) -> Response<ProxyBody> {
     let Some(deliveries) = proxy.deliveries() else {
         return json_response(StatusCode::OK, json!({ "routes": [] }).to_string());
     };
-    let now = crate::store::Clock::now(&crate::store::SystemClock);
     match deliveries.routes().await {
         Ok(routes) => {
-            let routes: Vec<Value> = routes
-                .iter()
-                .map(|route| {
-                    json!({
-                        "route": route.route,
-                        "paused": route.paused,
-                        "waiting": route.counts.waiting,
-                        "retrying": route.counts.retrying,
-                        "in_flight": route.in_flight,
-                        "dead": route.counts.dead,
-                        "oldest_received_at": route.counts.oldest.map(rfc3339),
-                        "oldest_age_seconds": route.counts.oldest.map(|oldest| now.saturating_sub(oldest) / 1000),
-                    })
-                })
-                .collect();
+            let routes: Vec<Value> = routes.iter().map(described).collect();
             json_response(StatusCode::OK, json!({ "routes": routes }).to_string())
         }
         Err(failure) => AdminRefusal::from(failure).into_response(),
     }
+}
+
+/// A queued route's counts, as `GET /v1/queue` and `/v1/overview` show them.
+pub(super) fn described(route: &crate::queue::RouteQueue) -> Value {
+    let now = crate::store::Clock::now(&crate::store::SystemClock);
+    json!({
+        "route": route.route,
+        "paused": route.paused,
+        "waiting": route.counts.waiting,
+        "retrying": route.counts.retrying,
+        "in_flight": route.in_flight,
+        "dead": route.counts.dead,
+        "oldest_received_at": route.counts.oldest.map(rfc3339),
+        "oldest_age_seconds": route.counts.oldest.map(|oldest| now.saturating_sub(oldest) / 1000),
+    })
 }
 
 /// `POST /v1/queue/{route}/pause` or `/resume`.
