@@ -79,9 +79,10 @@ impl Reloader {
     /// Reads the file again and puts its routing in force, or keeps the running one.
     pub fn reload(&self) -> Result<Reloaded, ConfigError> {
         let reloaded = self.load_again();
+        // Kept to be shown (`/v1/overview`): a message may quote a secret of the file.
         let detail = match &reloaded {
             Ok(reloaded) => format!("{} routes", reloaded.routes),
-            Err(error) => error.on_one_line(),
+            Err(error) => crate::redact::text(&error.on_one_line()).into_owned(),
         };
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastReload {
             at: crate::store::rfc3339(crate::store::Clock::now(&crate::store::SystemClock)),

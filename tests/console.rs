@@ -289,6 +289,7 @@ async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page(
 
     // Forgetting by prefix names the prefix; clearing the scope needs its name typed.
     browser.click("#forget-prefix").await;
+    browser.type_into("#confirm-typed", "evt_a").await;
     browser.click("#confirm-ok").await;
     browser
         .wait_for_text("#change-result", "Removed 2 keys")
@@ -601,4 +602,66 @@ async fn errors_are_shown_in_the_page_and_its_controls_are_reached_by_keyboard()
             "{control} not reached: {reached:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_are_shown_as_text_and_quick_navigation_leaves_no_tail_behind() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    // A key with a direction mark never gets this far: the proxy refuses it.
+    let reversed = json!({ "id": "evt_\u{202e}gpj.exe" }).to_string();
+    assert_eq!(post_json(proxy.addr, "/hooks", &reversed).await.status, 400);
+    let hostile = "<img src=x onerror=\"window.owned=1\">";
+    let body = json!({ "id": hostile }).to_string();
+    assert_eq!(post_json(proxy.addr, "/hooks", &body).await.status, 200);
+    let console = format!("http://{}/console/", proxy.admin);
+    browser.open(&format!("{console}#/deliveries")).await;
+    browser
+        .wait_for_text("#deliveries tbody", "<img src=x")
+        .await;
+    browser.click("#deliveries tbody a").await;
+    browser.click("#forget").await;
+    browser
+        .wait_for_text("#confirm-text", "Forget <img src=x")
+        .await;
+    browser.click("#confirm-cancel").await;
+    let owned = browser.script("return window.owned === undefined").await;
+    assert_eq!(owned, json!(true), "a key's markup ran");
+    assert_eq!(
+        key_state_local(&proxy, hostile).await,
+        200,
+        "cancelled: kept"
+    );
+
+    // Pages asked for faster than they load: every tail they started is ended, so the
+    // port's 8 places stay free.
+    for round in 0..10 {
+        let script = format!(
+            "location.hash = '#/deliveries?route=hooks&n={round}'; location.hash = '#/deliveries?n={round}';"
+        );
+        browser.script(&script).await;
+    }
+    browser
+        .wait_for_text("#deliveries tbody", "<img src=x")
+        .await;
+    // The port learns that a tail's client went away when it next writes (every 2 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let tail = tokio::time::timeout(
+        Duration::from_millis(500),
+        send(proxy.admin, "GET", "/v1/deliveries/tail", &[], ""),
+    )
+    .await;
+    // A tail answers its head and keeps streaming: no answer within the wait is a tail
+    // that started; a full answer is a refusal.
+    if let Ok(refused) = tail {
+        panic!("a tail was refused: {} {}", refused.status, refused.body);
+    }
+}
+
+async fn key_state_local(proxy: &Proxy, key: &str) -> u16 {
+    let path = format!("/v1/keys/hooks/{}", percent(key));
+    send(proxy.admin, "GET", &path, &[], "").await.status
 }

@@ -208,9 +208,9 @@ async fn a_running_proxy_never_shows_the_password() {
     drop_postgres_tables(&table).await;
 }
 
-/// Signature secrets and the admin token are never shown either: not by `check`, the log
-/// or `/v1/routes`, and a message that would quote one (a reload refused for a value that
-/// happens to be the token) shows `***` in its place.
+/// Signature secrets and the admin token are never shown either: not by `check`, the log,
+/// `/v1/routes` or `/v1/overview`, and a message that would quote one (a reload refused for
+/// a value that happens to be the token) shows `***` in its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signature_secrets_and_the_admin_token_never_show() {
     const SIGNING: &str = "sig-s3cret-value-123";
@@ -250,10 +250,15 @@ async fn signature_secrets_and_the_admin_token_never_show() {
     let refused = send(proxy.admin, "POST", "/v1/reload", &headers, "").await;
     assert_eq!(refused.status, 422, "{}", refused.body);
     assert!(refused.body.contains("***"), "{}", refused.body);
+    // The overview (the console's first page) shows the last reload's message too.
+    let overview = send(proxy.admin, "GET", "/v1/overview", &auth, "").await;
+    assert_eq!(overview.json()["reload"]["ok"], false, "{}", overview.body);
+    assert!(overview.body.contains("***"), "{}", overview.body);
     for (what, text) in [
         ("check", checked.as_str()),
         ("/v1/routes", routes.body.as_str()),
         ("the refused reload", refused.body.as_str()),
+        ("/v1/overview", overview.body.as_str()),
         ("the log", &proxy.log_text()),
     ] {
         assert!(

@@ -326,7 +326,7 @@ async fn clearings_refuse_what_they_cannot_read_on_every_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_clearing_the_store_breaks_off_is_logged_with_what_it_removed() {
+async fn a_clearing_the_store_breaks_off_is_logged_with_its_failure() {
     let upstream = Upstream::start().await;
     let (app, _data) = proxy_on_store(&upstream, &json_route(""), |inner| FailingStore {
         fail_forgets_after: Some(2),

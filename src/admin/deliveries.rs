@@ -31,7 +31,7 @@ pub(super) const TAILS_MAX: usize = 8;
 
 /// How often an idle tail sends a comment, so that proxies on the way keep it open and a
 /// client that went away is noticed.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
 /// Events a tail holds for a slow client before it waits (and then lags).
 const TAIL_EVENTS: usize = 64;

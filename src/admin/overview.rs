@@ -37,9 +37,10 @@ pub(super) async fn overview(sources: Sources<'_>, role: Role) -> Response<Proxy
         started,
     } = sources;
     let answered = tokio::time::timeout(STORE_CHECK_TIMEOUT, proxy.store().inspect(PROBE_KEY));
+    // A store's message may quote what its driver was given: masked, as every answer's.
     let store_error = match answered.await {
         Ok(Ok(_)) => None,
-        Ok(Err(failure)) => Some(failure.to_string()),
+        Ok(Err(failure)) => Some(crate::redact::text(&failure.to_string()).into_owned()),
         Err(_) => Some(format!("no answer in {STORE_CHECK_TIMEOUT:?}")),
     };
     let counts = proxy.key_counts();

@@ -203,7 +203,7 @@ async fn clear(
     let api = Api::find(config, admin)?;
     let path = format!("/v1/scopes/{}/clear", path_segment(scope));
     let mut body = json!({ "prefix": prefix.unwrap_or_default(), "force": force });
-    let (mut removed, mut released, mut held_left) = (0, 0, 0);
+    let (mut removed, mut released, mut held_left, mut in_flight_left) = (0, 0, 0, 0);
     // Each answer that is not complete says where to go on from; the counts add up.
     let mut answer = loop {
         let answer = api.call(Method::POST, &path, Some(body.clone())).await?;
@@ -211,6 +211,7 @@ async fn clear(
         removed += count("removed");
         released += count("released");
         held_left += count("held_left");
+        in_flight_left += count("in_flight_left");
         match &answer["next"] {
             Value::String(next) if answer["complete"] == false && body["after"] != *next => {
                 body["after"] = json!(next);
@@ -221,10 +222,11 @@ async fn clear(
     answer["removed"] = json!(removed);
     answer["released"] = json!(released);
     answer["held_left"] = json!(held_left);
+    answer["in_flight_left"] = json!(in_flight_left);
     print(admin, &answer, fields);
     if answer["complete"] == false {
         return Err(Failure::Api(
-            "the clearing is not complete: the proxy did not say where to go on from".into(),
+            "the clearing is not complete: the proxy gave no cursor to go on from, or the same one twice".into(),
         ));
     }
     Ok(())

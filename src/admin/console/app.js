@@ -8,7 +8,9 @@ const TOKEN_KEY = 'dedupe-proxy.token';
 const DELIVERIES_SHOWN_MAX = 500;
 const numbers = new Intl.NumberFormat();
 let session = null; // GET /v1/overview's answer: the role, the outcomes, the routes
-let stopPage = () => {}; // ends what the page left running (a live tail)
+let stopPage = () => {}; // ends what the page on show left running (a live tail)
+let generation = 0; // counts the pages asked for: a page built for an older one is dropped
+let building = null; // where the page being built is shown, until it is put in place
 
 // ---- building the page -------------------------------------------------------------
 
@@ -65,12 +67,19 @@ function main() {
 }
 
 function show(...nodes) {
-  main().replaceChildren(h('div', { class: 'page' }, nodes));
+  (building || main()).replaceChildren(h('div', { class: 'page' }, nodes));
+}
+
+// Control and direction characters (a sender chooses keys) shown as escapes, so that
+// text cannot reorder what a sentence around it says.
+function visible(text) {
+  return String(text).replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+    (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
 }
 
 function alertBox(message, info) {
   const box = document.getElementById('alert');
-  box.textContent = message || '';
+  box.textContent = visible(message || '');
   box.className = info ? 'info' : '';
   box.hidden = !message;
 }
@@ -177,9 +186,9 @@ function confirmChange(title, text, typed) {
   const input = document.getElementById('confirm-typed');
   const ok = document.getElementById('confirm-ok');
   document.getElementById('confirm-title').textContent = title;
-  document.getElementById('confirm-text').textContent = text;
+  document.getElementById('confirm-text').textContent = visible(text);
   document.getElementById('confirm-typed-label').hidden = !typed;
-  document.getElementById('confirm-expected').textContent = typed || '';
+  document.getElementById('confirm-expected').textContent = visible(typed || '');
   input.value = '';
   ok.disabled = Boolean(typed);
   input.oninput = () => { ok.disabled = input.value !== typed; };
@@ -302,8 +311,11 @@ async function deliveriesPage(params) {
     status.textContent = `${num(tbody.children.length)} shown`;
   });
   live.onchange = () => (live.checked ? tail.start() : tail.stop());
-  if (live.checked) tail.start();
-  stopPage = () => tail.stop();
+  // Started once the page is in place (a page dropped for a newer one starts nothing).
+  return () => {
+    if (live.checked) tail.start();
+    return () => tail.stop();
+  };
 }
 
 function deliveryFilters(params) {
@@ -495,7 +507,7 @@ async function keysPage(params) {
 
 async function clearKeys(scope, prefix, result) {
   const confirmed = prefix
-    ? await confirmChange('Forget keys by prefix', `Forget every done key of scope ${scope} starting with “${prefix}”? Their next deliveries run the work again. Held and in-flight keys are left.`)
+    ? await confirmChange('Forget keys by prefix', `Forget every done key of scope ${scope} starting with “${prefix}”? Their next deliveries run the work again. Held and in-flight keys are left.`, prefix)
     : await confirmChange('Clear a scope', `Forget every done key of scope ${scope}? Their next deliveries run the work again. Held and in-flight keys are left; other scopes are not touched.`, scope);
   if (!confirmed) return;
   const asked = prefix ? { prefix } : {};
@@ -692,20 +704,22 @@ async function loadSession() {
 async function route() {
   stopPage();
   stopPage = () => {};
-  const [path, query] = (location.hash.slice(1) || '/').split('?');
-  const params = new URLSearchParams(query || '');
-  const parts = path.split('/').slice(1).map(decodeURIComponent);
-  const page = parts[0] || 'overview';
-  for (const a of document.querySelectorAll('header nav a')) {
-    const current = a.dataset.page === page || (a.dataset.page === 'deliveries' && page === 'delivery') || (a.dataset.page === 'keys' && page === 'key');
-    if (current) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
-  }
-  alertBox('');
+  const mine = ++generation;
+  const page = h('div', {});
+  building = page;
+  let begin = null; // what the page runs once in place; gives what ends it
+  let name = 'overview';
   try {
-    if (!session || page === 'overview') await loadSession();
-    switch (page) {
+    const [path, query] = (location.hash.slice(1) || '/').split('?');
+    const params = new URLSearchParams(query || '');
+    const parts = path.split('/').slice(1).map(decodeURIComponent);
+    name = parts[0] || 'overview';
+    markNavigation(name);
+    alertBox('');
+    if (!session || name === 'overview') await loadSession();
+    switch (name) {
       case 'overview': await overviewPage(); break;
-      case 'deliveries': await deliveriesPage(params); break;
+      case 'deliveries': begin = await deliveriesPage(params); break;
       case 'delivery': await deliveryPage(parts[1]); break;
       case 'keys': await keysPage(params); break;
       case 'key': await keyPage(parts[1], parts.slice(2).join('/')); break;
@@ -713,9 +727,21 @@ async function route() {
       case 'routes': await routesPage(); break;
       default: show(h('p', { class: 'empty' }, 'No such page. ', link('#/', 'Overview')));
     }
-    document.body.dataset.page = page;
   } catch (error) {
     failed(error);
+  }
+  // Asked for another page meanwhile: this one is dropped.
+  if (mine !== generation) return;
+  building = null;
+  main().replaceChildren(...page.childNodes);
+  stopPage = begin ? begin() : () => {};
+  document.body.dataset.page = name;
+}
+
+function markNavigation(name) {
+  for (const a of document.querySelectorAll('header nav a')) {
+    const current = a.dataset.page === name || (a.dataset.page === 'deliveries' && name === 'delivery') || (a.dataset.page === 'keys' && name === 'key');
+    if (current) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
   }
 }
 

@@ -64,6 +64,11 @@ impl Asset {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(media));
         headers.insert(CONTENT_SECURITY_POLICY, HeaderValue::from_static(POLICY));
         headers.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        // A page of another site that opens the console keeps no handle on its window.
+        headers.insert(
+            http::header::HeaderName::from_static("cross-origin-opener-policy"),
+            HeaderValue::from_static("same-origin"),
+        );
         headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
         headers.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
         // A new binary brings new files: the browser asks each time (they are small).

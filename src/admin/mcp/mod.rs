@@ -6,7 +6,7 @@
 //! `isError`). So an agent sees exactly what `/v1/*` answers, and one implementation
 //! serves both. `/mcp` itself meets the port's rules first (the Host and Origin checks,
 //! the bearer token); the tools that change something are listed, and run, only when
-//! `admin.mcp` is `read_write`. Arguments the tool does not take, a missing one, a
+//! `admin.mcp` is `read_write` and the caller is no viewer (`admin.viewer_token_env`). Arguments the tool does not take, a missing one, a
 //! changing tool under `read_only` and an unknown tool are the protocol's errors.
 //!
 //! The transport runs stateless (no session kept between requests) with JSON answers, so
@@ -103,7 +103,10 @@ impl McpServer {
         let Some(tool) = self.offered().find(|tool| tool.name == call.name) else {
             return Err(refused(
                 if TOOLS.iter().any(|tool| tool.name == call.name) {
-                    format!("tool `{}` changes keys: admin.mcp is read_only", call.name)
+                    format!(
+                        "tool `{}` changes keys: admin.mcp is read_only, or the token is the viewer's",
+                        call.name
+                    )
                 } else {
                     format!("no tool is called `{}`", call.name)
                 },
@@ -139,7 +142,7 @@ impl ServerHandler for McpServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("dedupe-proxy", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "Inspect a webhook deduplication proxy: its routes, the keys it holds per route, and the log of every delivery it took. Tools that change keys are offered only when the operator configured admin.mcp: read_write.",
+                "Inspect a webhook deduplication proxy: its routes, the keys it holds per route, and the log of every delivery it took. Tools that change keys are offered only when the operator configured admin.mcp: read_write, and never to the viewer's token.",
             )
     }
 
