@@ -9,6 +9,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -29,8 +30,12 @@ struct Browser {
 }
 
 impl Drop for Browser {
+    /// Ends chromedriver and every Chromium process it started: they share its process
+    /// group. Left running, each holds inotify instances (128 per user), and later tests
+    /// that watch a file fail.
     fn drop(&mut self) {
-        let _ = self.driver.kill();
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.driver.wait();
     }
 }
@@ -56,6 +61,7 @@ async fn browser() -> Option<Browser> {
         .unwrap()
         .port();
     let driver = Command::new("chromedriver")
+        .process_group(0)
         .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -81,6 +81,7 @@ function alertBox(message, info) {
   const box = document.getElementById('alert');
   box.textContent = visible(message || '');
   box.className = info ? 'info' : '';
+  box.setAttribute('role', info ? 'status' : 'alert');
   box.hidden = !message;
 }
 
@@ -360,10 +361,16 @@ class Tail {
 
   start() {
     if (this.controller) return;
-    this.controller = new AbortController();
-    this.read(this.controller.signal).catch((error) => {
+    const controller = new AbortController();
+    this.controller = controller;
+    // Only this read's own end clears it: a newer start may have taken its place.
+    const ended = () => { if (this.controller === controller) this.controller = null; };
+    this.read(controller.signal).then(() => {
+      if (this.controller === controller) alertBox('The live view ended: reload the page to start it again.');
+      ended();
+    }, (error) => {
       if (error.name !== 'AbortError') failed(error);
-      this.controller = null;
+      ended();
     });
   }
 
@@ -389,7 +396,6 @@ class Tail {
         buffered = buffered.slice(end + 2);
       }
     }
-    this.controller = null;
   }
 
   event(text) {
@@ -501,7 +507,8 @@ async function keysPage(params) {
         `Forget the done keys starting with “${prefix}”`) : null,
       h('button', { type: 'button', class: 'danger', id: 'clear-scope', onclick: () => clearKeys(scope, '', result) }, `Clear scope ${scope}`)) : null,
     table([['Key'], ['State'], ['Claimed'], ['Expires', 'hide-narrow'], ['Answer', 'num']], rows,
-      prefix || state ? 'No live keys match. Try another prefix or state.' : 'No live keys in this scope yet: they appear as deliveries are claimed.'),
+      page.next ? 'None on this page (a page may hold fewer than asked): look at the next one.'
+        : prefix || state ? 'No live keys match. Try another prefix or state.' : 'No live keys in this scope yet: they appear as deliveries are claimed.'),
     page.next ? h('div', { class: 'actions' }, link('#/keys?' + next, 'Next page')) : null);
 }
 
@@ -602,8 +609,16 @@ async function heldPage() {
   const held = [];
   for (const scope of scopes) {
     const route = ROUTE_OF_SCOPE(scope);
-    const page = await api('GET', `/v1/keys?route=${enc(route)}&state=held&limit=100`);
-    for (const k of page.keys) held.push({ scope, route, key: k });
+    // A page may hold fewer than asked and still have a next one: follow it, a few times.
+    let after = null;
+    for (let pages = 0; pages < 10; pages += 1) {
+      const query = new URLSearchParams({ route, state: 'held', limit: '100' });
+      if (after) query.set('after', after);
+      const page = await api('GET', `/v1/keys?${query}`);
+      for (const k of page.keys) held.push({ scope, route, key: k });
+      after = page.next;
+      if (!after) break;
+    }
   }
   const rows = held.map(({ scope, route, key: k }) => h('tr', {}, h('td', {}, scope),
     h('td', { class: 'key' }, link(`#/key/${enc(route)}/${enc(k.key)}`, k.key)),
@@ -615,7 +630,13 @@ async function heldPage() {
     let resolved = 0;
     for (const { route, key: k } of held) {
       const path = `/v1/keys/${enc(route)}/${enc(k.key)}/resolve`;
-      if (!await change(() => api('POST', path, { outcome: outcomeName, held_at: k.held_at }), () => '')) break;
+      try {
+        await api('POST', path, { outcome: outcomeName, held_at: k.held_at });
+      } catch (error) {
+        failed(error);
+        progress.textContent = `Stopped at ${num(resolved)} of ${num(held.length)}: ${k.key} was not resolved.`;
+        return;
+      }
       resolved += 1;
       progress.textContent = `Resolved ${num(resolved)} of ${num(held.length)}`;
     }
@@ -651,7 +672,8 @@ async function deadLetters(q) {
       h('td', {}, canChange() ? h('button', { type: 'button', onclick: async () => {
         if (await change(() => api('POST', `/v1/queue/${enc(q.route)}/jobs/${enc(job.key)}/replay`), () => `Replaying ${job.key}.`)) list();
       } }, 'Replay') : ''))));
-    if (!page.jobs.length) tbody.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'No dead letters match.')));
+    const none = page.next ? 'None among the first read: the store holds more; narrow the prefix.' : 'No dead letters match.';
+    if (!page.jobs.length) tbody.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, none)));
   };
   const all = canChange() ? h('button', { type: 'button', class: 'primary', id: `replay-all-${q.route}`, onclick: async () => {
     const picked = filter.value ? `starting with “${filter.value}”` : '';
@@ -734,6 +756,8 @@ async function route() {
   if (mine !== generation) return;
   building = null;
   main().replaceChildren(...page.childNodes);
+  const token = document.getElementById('token');
+  if (token) token.focus();
   stopPage = begin ? begin() : () => {};
   document.body.dataset.page = name;
 }
