@@ -81,7 +81,10 @@ impl Reloader {
         let reloaded = self.load_again();
         // Kept to be shown (`/v1/overview`): a message may quote a secret of the file.
         let detail = match &reloaded {
-            Ok(reloaded) => format!("{} routes", reloaded.routes),
+            Ok(reloaded) => match reloaded.routes {
+                1 => "1 route".to_owned(),
+                routes => format!("{routes} routes"),
+            },
             Err(error) => crate::redact::text(&error.on_one_line()).into_owned(),
         };
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastReload {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 use support::*;
@@ -126,15 +127,6 @@ impl Browser {
         self.wait_for(css).await.send_keys(text).await.unwrap();
     }
 
-    async fn has(&self, css: &str) -> bool {
-        !self
-            .client
-            .find_all(Locator::Css(css))
-            .await
-            .unwrap()
-            .is_empty()
-    }
-
     async fn script(&self, script: &str) -> serde_json::Value {
         self.client.execute(script, Vec::new()).await.unwrap()
     }
@@ -155,6 +147,39 @@ impl Browser {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+
+    /// Waits until the page shows the time `at` (an RFC 3339 string) in a `<time>`.
+    async fn shows_time(&self, at: &serde_json::Value) {
+        let script = "return [...document.querySelectorAll('main time')]
+            .some((t) => Date.parse(t.dateTime) === Date.parse(arguments[0]))";
+        eventually(WAIT, &format!("{at} on the page"), || async {
+            let found = self.client.execute(script, vec![at.clone()]).await;
+            found.is_ok_and(|found| found == json!(true))
+        })
+        .await;
+    }
+
+    /// The text of every button in the page's main part.
+    async fn buttons(&self) -> Vec<String> {
+        let found = self
+            .script(
+                "return [...document.querySelectorAll('main button')].map((b) => b.textContent)",
+            )
+            .await;
+        serde_json::from_value(found).unwrap()
+    }
+
+    /// Sends one key to the focused element.
+    async fn press(&self, key: Key) {
+        let focused = self.client.active_element().await.unwrap();
+        focused.send_keys(&key.to_string()).await.unwrap();
+    }
+
+    /// The id of the focused element.
+    async fn focused_id(&self) -> String {
+        let focused = self.client.active_element().await.unwrap();
+        focused.attr("id").await.unwrap().unwrap_or_default()
     }
 
     async fn sign_in(&self, admin: SocketAddr, token: &str) {
@@ -182,11 +207,17 @@ fn start_with_tokens(dir: &std::path::Path, upstream: SocketAddr) -> Binary {
 }
 
 async fn key_state(admin: SocketAddr, key: &str) -> u16 {
+    key_reply(admin, key).await.status
+}
+
+async fn key_json(admin: SocketAddr, key: &str) -> serde_json::Value {
+    key_reply(admin, key).await.json()
+}
+
+async fn key_reply(admin: SocketAddr, key: &str) -> Reply {
     let bearer = format!("Bearer {OPERATOR}");
     let path = format!("/v1/keys/hooks/{key}");
-    send(admin, "GET", &path, &[("authorization", &bearer)], "")
-        .await
-        .status
+    send(admin, "GET", &path, &[("authorization", &bearer)], "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,10 +238,10 @@ async fn an_operator_watches_deliveries_forgets_a_key_and_its_next_delivery_runs
     let cells = browser
         .script("return [...document.querySelectorAll('main table tbody tr td')].map((td) => td.textContent)")
         .await;
-    // Route, scope, delivery, forwarded, duplicates, refused, released, answered in flight,
-    // held keys, queued, dead.
+    // Route, scope, delivery, forwarded, duplicates, refused, store unavailable, released,
+    // answered in flight, held keys, queued, dead.
     let expected = json!([
-        "hooks", "hooks", "direct", "1", "1", "0", "0", "0", "0", "–", "–"
+        "hooks", "hooks", "direct", "1", "1", "0", "0", "0", "0", "0", "–", "–"
     ]);
     assert_eq!(cells, expected);
     browser.wait_for_text("main .cards", "1 done key ·").await;
@@ -250,6 +281,24 @@ async fn an_operator_watches_deliveries_forgets_a_key_and_its_next_delivery_runs
         .await;
     assert!(!page.as_str().unwrap().contains("null"), "{page}");
     browser.screenshot("delivery").await;
+
+    // Moving the expiry asks first, then the key shows the new one.
+    let before = key_json(proxy.admin, "evt_1").await["expires_at"].clone();
+    browser.type_into("#expires-in", "1h").await;
+    browser.click("#set-expiry").await;
+    browser
+        .wait_for_text("#confirm-text", "Expire evt_1 1h from now?")
+        .await;
+    browser.click("#confirm-ok").await;
+    browser
+        .wait_for_text("#alert", "Expiry of evt_1 moved to")
+        .await;
+    let after = key_json(proxy.admin, "evt_1").await["expires_at"].clone();
+    assert!(
+        after.as_str().unwrap() < before.as_str().unwrap(),
+        "{before} then {after}"
+    );
+    browser.shows_time(&after).await;
 
     // Forgetting asks first; then the key is absent and its next delivery is forwarded.
     browser.click("#forget").await;
@@ -333,6 +382,7 @@ async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page(
     browser.screenshot("routes").await;
     browser.click("nav a[data-page=overview]").await;
     browser.wait_for_text("main .cards", "succeeded").await;
+    browser.wait_for_text("main .cards", "(1 route)").await;
 
     // At a phone's width nothing runs off the side.
     browser.client.set_window_size(390, 844).await.unwrap();
@@ -355,32 +405,68 @@ async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused(
     };
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = start_with_tokens(dir.path(), upstream.addr);
+    // Something on every page that an operator could change: a done key, a held key and a
+    // dead letter.
+    let routes = json_route(
+        "    on_ambiguous: hold\n    upstream_timeout: 300ms\n  - name: jobs\n    match: { method: POST, path: /jobs }\n    key: \"{json:/id}\"\n    delivery: queued\n",
+    );
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: CONSOLE_TOKEN, viewer_token_env: CONSOLE_VIEWER }}\n{routes}"
+    );
+    let config = write_config(dir.path(), upstream.addr, &rest);
+    let proxy = Binary::start_with_env(
+        &config,
+        &[("CONSOLE_TOKEN", OPERATOR), ("CONSOLE_VIEWER", VIEWER)],
+    );
     assert_eq!(post_event(proxy.addr, "evt_v").await.status, 200);
+    upstream.script([Answer::status(201).after(Duration::from_millis(800))]);
+    assert_eq!(post_event(proxy.addr, "evt_h").await.dedupe(), "held");
+    upstream.script([Answer::status(422)]);
+    let job = post_json(proxy.addr, "/jobs", r#"{"id":"evt_q"}"#).await;
+    assert_eq!(job.status, 202);
+    let bearer = format!("Bearer {OPERATOR}");
+    eventually(WAIT, "a dead letter", || async {
+        let auth = [("authorization", bearer.as_str())];
+        let dead = send(proxy.admin, "GET", "/v1/queue/jobs/dead", &auth, "").await;
+        dead.json()["jobs"]
+            .as_array()
+            .is_some_and(|jobs| jobs.len() == 1)
+    })
+    .await;
 
     browser.sign_in(proxy.admin, VIEWER).await;
     browser.wait_for_text("#who", "viewer").await;
-    browser
-        .open(&format!("http://{}/console/#/key/hooks/evt_v", proxy.admin))
-        .await;
-    browser.wait_for_text("#key-state", "done").await;
-    for button in ["#forget", "#set-expiry"] {
-        assert!(!browser.has(button).await, "{button} shown to a viewer");
+    // Each page once it shows what an operator could change, and the buttons it has: only
+    // those that read.
+    let console = format!("http://{}/console/", proxy.admin);
+    for (page, css, shown) in [
+        ("#/", "main table", "jobs"),
+        ("#/deliveries", "#deliveries tbody", "evt_q"),
+        ("#/key/hooks/evt_v", "#key-state", "done"),
+        ("#/key/hooks/evt_h", "#key-state", "held"),
+        ("#/keys", "main table", "hooks"),
+        ("#/keys?route=hooks", "main table", "evt_h"),
+        ("#/held", "#dead-jobs", "evt_q"),
+        ("#/routes", "main", "jobs"),
+    ] {
+        browser.open(&format!("{console}{page}")).await;
+        browser.wait_for_text(css, shown).await;
+        if page == "#/held" {
+            browser.wait_for_text("main table", "evt_h").await;
+        }
+        for button in browser.buttons().await {
+            assert!(
+                ["Filter", "Show", "Older entries"].contains(&button.as_str()),
+                "`{button}` shown to a viewer on {page}"
+            );
+        }
     }
     browser
-        .open(&format!(
-            "http://{}/console/#/keys?route=hooks",
-            proxy.admin
-        ))
+        .open(&format!("{console}#/deliveries?key=evt_v"))
         .await;
-    browser.wait_for_text("main table", "evt_v").await;
-    assert!(!browser.has("#clear-scope").await);
-    browser
-        .open(&format!("http://{}/console/#/routes", proxy.admin))
-        .await;
-    browser.wait_for_text("main h2", "hooks").await;
-    assert!(!browser.has("#reload").await);
-
+    browser.click("#deliveries tbody a").await;
+    browser.wait_for_text("#key-state", "done").await;
+    assert_eq!(browser.buttons().await, Vec::<String>::new(), "a delivery");
     // The same changes sent by hand with the viewer's token, from the page and from outside.
     let from_page = browser
         .client
@@ -404,6 +490,9 @@ async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused(
         ("POST", "/v1/scopes/hooks/clear"),
         ("POST", "/v1/reload"),
         ("PATCH", "/v1/keys/hooks/evt_v"),
+        ("POST", "/v1/keys/hooks/evt_h/resolve"),
+        ("POST", "/v1/queue/jobs/jobs/evt_q/replay"),
+        ("POST", "/v1/queue/jobs/replays"),
     ] {
         let refused = send(proxy.admin, method, path, &auth, "{}").await;
         assert_eq!(
@@ -414,6 +503,7 @@ async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused(
     }
     assert_eq!(key_state(proxy.admin, "evt_v").await, 200);
     assert_eq!(post_event(proxy.addr, "evt_v").await.dedupe(), "duplicate");
+    assert_eq!(key_json(proxy.admin, "evt_h").await["state"], "held");
 }
 
 /// Serves `page` as HTML to every request on a port of its own: another site.
@@ -463,6 +553,8 @@ async fn a_page_on_another_site_cannot_act_as_the_operator() {
     assert_eq!(admin_get(&proxy, "/v1/keys/hooks/evt_x").await.status, 200);
     let log = admin_get(&proxy, "/v1/deliveries?outcome=changed").await;
     assert_eq!(log.json()["deliveries"], json!([]), "nothing was changed");
+    let overview = admin_get(&proxy, "/v1/overview").await;
+    assert_eq!(overview.json()["reload"], json!(null), "no reload ran");
 
     // Nor can another site frame the console.
     let page = send(admin, "GET", "/console/", &[], "").await;
@@ -482,16 +574,35 @@ async fn held_keys_are_resolved_from_the_page_with_progress() {
     };
     let upstream = Upstream::start().await;
     let slow = || Answer::status(201).after(Duration::from_millis(800));
-    upstream.script([slow(), slow()]);
+    upstream.script([slow(), slow(), slow()]);
     let route = json_route("    on_ambiguous: hold\n    upstream_timeout: 300ms\n");
     let proxy = Proxy::start(upstream.addr, &route).await;
-    for id in ["evt_h1", "evt_h2"] {
+    for id in ["evt_h1", "evt_h2", "evt_h3"] {
         assert_eq!(post_event(proxy.addr, id).await.dedupe(), "held");
     }
+    let console = format!("http://{}/console/", proxy.admin);
+
+    // One, from its page: it ran, so its next delivery is a duplicate.
+    browser.open(&format!("{console}#/key/hooks/evt_h3")).await;
+    browser.wait_for_text("#key-state", "held").await;
+    browser.click("#resolve-done").await;
     browser
-        .open(&format!("http://{}/console/#/held", proxy.admin))
+        .wait_for_text("#confirm-text", "Resolve evt_h3 as done")
         .await;
+    browser.click("#confirm-ok").await;
+    browser.wait_for_text("#key-state", "done").await;
+    browser
+        .wait_for_text("#alert", "Resolved evt_h3 as done")
+        .await;
+    assert_eq!(post_event(proxy.addr, "evt_h3").await.dedupe(), "duplicate");
+
+    // The others, all at once: run again.
+    browser.click("nav a[data-page=held]").await;
     browser.wait_for_text("main table", "evt_h2").await;
+    let listed = browser
+        .script("return document.querySelector('main table').textContent")
+        .await;
+    assert!(!listed.as_str().unwrap().contains("evt_h3"), "{listed}");
     browser
         .wait_for_text("main table", "upstream_timeout")
         .await;
@@ -563,6 +674,30 @@ async fn dead_letters_picked_by_a_prefix_are_replayed_from_the_page_with_progres
     })
     .await;
     assert_eq!(upstream.executions("evt_d1"), 0, "evt_d1 was not picked");
+
+    // The other one by its row's button, which names it.
+    browser
+        .wait_for_text("#dead-hooks", "No dead letters match")
+        .await;
+    browser
+        .script("document.getElementById('dead-prefix-hooks').value = ''")
+        .await;
+    browser.click("#dead-show-hooks").await;
+    browser
+        .click("#dead-hooks button[aria-label='Replay evt_d1']")
+        .await;
+    browser
+        .wait_for_text("#confirm-text", "Replay evt_d1?")
+        .await;
+    browser.click("#confirm-ok").await;
+    browser.wait_for_text("#alert", "Replaying evt_d1").await;
+    eventually(WAIT, "evt_d1 delivered again", || async {
+        upstream.executions("evt_d1") == 1
+    })
+    .await;
+    browser
+        .wait_for_text("#dead-hooks", "No dead letters match")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -585,29 +720,82 @@ async fn errors_are_shown_in_the_page_and_its_controls_are_reached_by_keyboard()
     browser.wait_for_text("#deliveries", "Time").await;
     browser.wait_for_text("main", "No entries match").await;
 
-    // Tab walks the skip link, every page's link and the filters, in order.
+    // Tab walks the skip link and every page's link in order, then the filters.
     let body = browser.wait_for("body").await;
+    body.send_keys(&Key::Tab.to_string()).await.unwrap();
     let mut reached = Vec::new();
-    for _ in 0..12 {
-        body.send_keys(&fantoccini::key::Key::Tab.to_string())
-            .await
-            .unwrap();
-        let focused = browser.client.active_element().await.unwrap();
-        reached.push(focused.text().await.unwrap_or_default());
+    for _ in 0..7 {
+        let focused = browser
+            .script("const e = document.activeElement; return e.name || e.textContent.trim()")
+            .await;
+        reached.push(focused.as_str().unwrap().to_owned());
+        browser.press(Key::Tab).await;
     }
-    for control in [
+    let pages = [
         "Skip to content",
         "Overview",
         "Deliveries",
         "Keys",
         "Held & dead",
         "Routes",
-    ] {
-        assert!(
-            reached.iter().any(|text| text == control),
-            "{control} not reached: {reached:?}"
-        );
+        "route",
+    ];
+    assert_eq!(reached, pages, "the route filter follows the pages' links");
+
+    // The dialog from the keyboard: Escape keeps the key, Enter confirms.
+    assert_eq!(post_event(proxy.addr, "evt_k").await.status, 200);
+    browser.open(&format!("{console}#/key/hooks/evt_k")).await;
+    browser.wait_for_text("#key-state", "done").await;
+    for (key, state) in [(Key::Escape, 200), (Key::Enter, 404)] {
+        browser
+            .script("document.getElementById('forget').focus()")
+            .await;
+        browser.press(Key::Enter).await;
+        browser
+            .wait_for_text("#confirm-title", "Forget this key")
+            .await;
+        assert_eq!(browser.focused_id().await, "confirm-ok");
+        browser.press(key).await;
+        eventually(WAIT, "the dialog closed", || async {
+            browser
+                .script("return document.getElementById('confirm').open")
+                .await
+                == json!(false)
+        })
+        .await;
+        eventually(WAIT, "the key's state", || async {
+            key_state_local(&proxy, "evt_k").await == state
+        })
+        .await;
     }
+    browser.wait_for_text("#key-state", "Absent").await;
+
+    // A scope's name typed and Enter: nothing before the name is whole.
+    assert_eq!(post_event(proxy.addr, "evt_k").await.status, 200);
+    browser.open(&format!("{console}#/keys?route=hooks")).await;
+    browser.wait_for_text("main table", "evt_k").await;
+    browser
+        .script("document.getElementById('clear-scope').focus()")
+        .await;
+    browser.press(Key::Enter).await;
+    browser
+        .wait_for_text("#confirm-title", "Clear a scope")
+        .await;
+    assert_eq!(browser.focused_id().await, "confirm-typed");
+    browser.press(Key::Enter).await;
+    let still_open = browser
+        .script("return document.getElementById('confirm').open")
+        .await;
+    assert_eq!(still_open, json!(true), "Enter before the name closed it");
+    let typed = browser.client.active_element().await.unwrap();
+    typed
+        .send_keys(&format!("hooks{}", Key::Enter))
+        .await
+        .unwrap();
+    browser
+        .wait_for_text("#change-result", "Removed 1 key")
+        .await;
+    assert_eq!(key_state_local(&proxy, "evt_k").await, 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

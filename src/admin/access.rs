@@ -46,6 +46,8 @@ pub enum Role {
     Operator { credential: &'static str },
     /// Read only: the viewer's token.
     Viewer,
+    /// No credential asked: the probes and the console's files, which change nothing.
+    Anyone,
 }
 
 impl Role {
@@ -54,6 +56,7 @@ impl Role {
         match self {
             Role::Operator { credential } => credential,
             Role::Viewer => "viewer_token",
+            Role::Anyone => "none",
         }
     }
 
@@ -86,11 +89,10 @@ impl Rules {
         let role = if path.starts_with("/v1/") || path == "/mcp" {
             self.role(request.headers())?
         } else {
-            // The probes and the console's files: they change nothing.
-            Role::Operator { credential: "none" }
+            Role::Anyone
         };
         // `/mcp`'s messages are POSTs that may only read: its tools are limited instead.
-        if !role.may_change() && !request.method().is_safe() && path != "/mcp" {
+        if role == Role::Viewer && !request.method().is_safe() && path != "/mcp" {
             return Err(AdminRefusal::ReadOnly);
         }
         if request.method() == Method::POST && !has_json_or_credentials(request.headers()) {

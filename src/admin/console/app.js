@@ -204,7 +204,7 @@ function confirmChange(title, text, typed) {
   });
 }
 
-// Runs a confirmed change and says what it changed.
+// Runs a change and says what it changed: its answer, or null when it failed.
 async function change(run, said) {
   try {
     const answer = await run();
@@ -214,6 +214,13 @@ async function change(run, said) {
     failed(error);
     return null;
   }
+}
+
+// Asks first (`ask`: the dialog's title, text and what to type), then runs the change:
+// its answer, or null when the operator declined or the change failed.
+async function confirmedChange(ask, run, said) {
+  if (!await confirmChange(...ask)) return null;
+  return change(run, said);
 }
 
 // ---- pages ---------------------------------------------------------------------------
@@ -233,9 +240,10 @@ async function overviewPage() {
       h('td', { class: 'hide-narrow' }, r.delivery),
       h('td', { class: 'num' }, num(n.forwarded + n.queued)),
       h('td', { class: 'num' }, num(n.duplicate)),
-      h('td', { class: 'num' }, num(n.rejected + n.unavailable)),
-      h('td', { class: 'num' }, num(n.released)),
-      h('td', { class: 'num' }, num(n['in-flight'])),
+      h('td', { class: 'num' }, num(n.rejected)),
+      h('td', { class: 'num' }, num(n.unavailable)),
+      h('td', { class: 'num hide-narrow' }, num(n.released)),
+      h('td', { class: 'num hide-narrow' }, num(n['in-flight'])),
       h('td', { class: 'num' }, num(r.held_keys)),
       h('td', { class: 'num' }, r.queue ? num(r.queue.waiting + r.queue.retrying) : '–'),
       h('td', { class: 'num' }, r.queue ? num(r.queue.dead) : '–'));
@@ -251,7 +259,7 @@ async function overviewPage() {
       card('Delivery log', o.delivery_log ? 'on' : 'off: set delivery_log in the configuration to see deliveries')),
     h('h2', {}, 'Routes'),
     table([['Route'], ['Scope', 'hide-narrow'], ['Delivery', 'hide-narrow'], ['Forwarded', 'num'], ['Duplicates', 'num'],
-      ['Refused', 'num'], ['Released', 'num'], ['Answered in flight', 'num'], ['Held keys', 'num'], ['Queued', 'num'], ['Dead', 'num']], rows,
+      ['Refused', 'num'], ['Store unavailable', 'num'], ['Released', 'num hide-narrow'], ['Answered in flight', 'num hide-narrow'], ['Held keys', 'num'], ['Queued', 'num'], ['Dead', 'num']], rows,
     'No routes: every request goes to the default upstream. Add one under routes: in the configuration file, then reload.'),
     h('p', { class: 'muted' }, 'Requests counted since this replica started; held keys and queues as the store last said.'));
 }
@@ -464,10 +472,11 @@ async function deliveryPage(id) {
   keyState.replaceChildren(await keyView(entry.route, entry.key));
 }
 
-const ROUTE_OF_SCOPE = (scope) => {
+// A route of `scope`, through which the API reaches the scope's keys.
+function routeOfScope(scope) {
   const found = session.routes.find((r) => r.scope === scope);
   return found ? found.route : null;
-};
+}
 
 async function keysPage(params) {
   const route = params.get('route');
@@ -535,7 +544,7 @@ async function clearKeys(scope, prefix, result) {
 async function scopesPage() {
   const { scopes } = await api('GET', '/v1/scopes');
   const rows = scopes.map((s) => {
-    const route = ROUTE_OF_SCOPE(s.scope) || s.routes[0];
+    const route = routeOfScope(s.scope) || s.routes[0];
     const more = s.counted_all ? '' : '+';
     return h('tr', {},
       h('td', {}, link(`#/keys?route=${enc(route)}`, s.scope)),
@@ -569,18 +578,21 @@ async function keyView(route, key) {
     const expiry = h('input', { id: 'expires-in', placeholder: '48h', size: 8 });
     actions.push(h('label', { class: 'inline' }, 'Expire in', expiry),
       h('button', { type: 'button', id: 'set-expiry', onclick: async () => {
-        if (await change(() => api('PATCH', path, { expires_in: expiry.value.trim() }), (a) => `Expiry moved to ${a.expires_at}.`)) await again();
+        const after = expiry.value.trim();
+        const ask = ['Set the expiry', `Expire ${key} ${after} from now? Once it expires, its next delivery runs the work again.`];
+        if (await confirmedChange(ask, () => api('PATCH', path, { expires_in: after }), (a) => `Expiry of ${key} moved to ${a.expires_at}.`)) await again();
       } }, 'Set expiry'),
       h('button', { type: 'button', class: 'danger', id: 'forget', onclick: async () => {
-        if (!await confirmChange('Forget this key', `Forget ${key}? Its next delivery runs the work again.`)) return;
-        if (await change(() => api('DELETE', path), () => `Forgot ${key}: its next delivery is forwarded.`)) await again();
+        const ask = ['Forget this key', `Forget ${key}? Its next delivery runs the work again.`];
+        if (await confirmedChange(ask, () => api('DELETE', path), () => `Forgot ${key}: its next delivery is forwarded.`)) await again();
       } }, 'Forget'));
   }
   if (canChange() && k.state === 'held') {
     for (const [outcomeName, label, text] of [['done', 'Resolve: it ran', 'later deliveries get the duplicate answer'], ['release', 'Resolve: run it again', 'the next delivery runs the work']]) {
       actions.push(h('button', { type: 'button', id: `resolve-${outcomeName}`, onclick: async () => {
-        if (!await confirmChange('Resolve a held key', `Resolve ${key} as ${outcomeName}: ${text}?`)) return;
-        if (await change(() => api('POST', `${path}/resolve`, { outcome: outcomeName, held_at: k.held_at }), () => `Resolved ${key} as ${outcomeName}.`)) await again();
+        const ask = ['Resolve a held key', `Resolve ${key} as ${outcomeName}: ${text}?`];
+        const run = () => api('POST', `${path}/resolve`, { outcome: outcomeName, held_at: k.held_at });
+        if (await confirmedChange(ask, run, () => `Resolved ${key} as ${outcomeName}.`)) await again();
       } }, label));
     }
   }
@@ -608,7 +620,7 @@ async function heldPage() {
   const sections = [h('h1', {}, 'Held keys and dead letters')];
   const held = [];
   for (const scope of scopes) {
-    const route = ROUTE_OF_SCOPE(scope);
+    const route = routeOfScope(scope);
     // A page may hold fewer than asked and still have a next one: follow it, a few times.
     let after = null;
     for (let pages = 0; pages < 10; pages += 1) {
@@ -669,18 +681,20 @@ async function deadLetters(q) {
     tbody.replaceChildren(...page.jobs.map((job) => h('tr', {},
       h('td', { class: 'key' }, job.key), h('td', {}, time(job.dead_at)), h('td', {}, job.dead_because || ''),
       h('td', { class: 'num' }, job.last_status === null ? '–' : job.last_status),
-      h('td', {}, canChange() ? h('button', { type: 'button', onclick: async () => {
-        if (await change(() => api('POST', `/v1/queue/${enc(q.route)}/jobs/${enc(job.key)}/replay`), () => `Replaying ${job.key}.`)) list();
+      h('td', {}, canChange() ? h('button', { type: 'button', class: 'replay-one', 'aria-label': `Replay ${job.key}`, onclick: async () => {
+        const ask = ['Replay a dead letter', `Replay ${job.key}? The proxy delivers it to the app again.`];
+        const run = () => api('POST', `/v1/queue/${enc(q.route)}/jobs/${enc(job.key)}/replay`);
+        if (await confirmedChange(ask, run, () => `Replaying ${job.key}.`)) await list().catch(failed);
       } }, 'Replay') : ''))));
     const none = page.next ? 'None among the first read: the store holds more; narrow the prefix.' : 'No dead letters match.';
     if (!page.jobs.length) tbody.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, none)));
   };
   const all = canChange() ? h('button', { type: 'button', class: 'primary', id: `replay-all-${q.route}`, onclick: async () => {
     const picked = filter.value ? `starting with “${filter.value}”` : '';
-    if (!await confirmChange('Replay dead letters', `Replay every dead letter of ${q.route} ${picked}?`)) return;
+    const ask = ['Replay dead letters', `Replay every dead letter of ${q.route} ${picked}?`];
     const query = filter.value ? `?key_prefix=${enc(filter.value)}` : '';
-    const started = await change(() => api('POST', `/v1/queue/${enc(q.route)}/replays${query}`), (a) => `Replay ${a.id} started.`);
-    if (started) followReplay(started.id, progress).then(list);
+    const started = await confirmedChange(ask, () => api('POST', `/v1/queue/${enc(q.route)}/replays${query}`), (a) => `Replay ${a.id} started.`);
+    if (started && await followReplay(started.id, progress)) await list().catch(failed);
   } }, 'Replay all that match') : null;
   await list();
   return h('section', {}, h('h2', {}, q.route, ` · ${num(q.dead)} dead`),
@@ -692,26 +706,26 @@ async function deadLetters(q) {
       tbody)));
 }
 
+// Shows a replay's progress until it ends (true) or the page is left (false).
 async function followReplay(id, progress) {
-  for (;;) {
+  while (progress.isConnected) {
     const replay = await api('GET', `/v1/replays/${enc(id)}`).catch(failed);
-    if (!replay) return;
+    if (!replay) return false;
     progress.textContent = `Replay ${id}: ${replay.state}, ${num(replay.replayed)} of ${num(replay.matched)} replayed`;
-    if (replay.state !== 'running') return;
+    if (replay.state !== 'running') return true;
     await new Promise((resolve) => setTimeout(resolve, 1000));
   }
+  return false;
 }
 
 async function routesPage() {
   const routes = await api('GET', '/v1/routes');
-  const result = h('div', {});
   show(h('h1', {}, 'Routes'),
     h('p', {}, 'Default upstream: ', h('code', {}, routes.upstream), ' · unmatched requests: ', h('code', {}, JSON.stringify(routes.unmatched))),
     canChange() ? h('div', { class: 'actions' }, h('button', { type: 'button', class: 'primary', id: 'reload', onclick: async () => {
       const answer = await change(() => api('POST', '/v1/reload'), (a) => `Reloaded: ${count(a.routes, 'route')}${a.restart_needed.length ? `; needs a restart: ${a.restart_needed.join(', ')}` : ''}.`);
-      if (answer) { await loadSession(); result.replaceChildren(h('p', { class: 'result' }, `Reloaded ${count(answer.routes, 'route')}.`)); }
+      if (answer) await loadSession().catch(failed);
     } }, 'Reload the configuration file')) : null,
-    result,
     routes.routes.length === 0 ? h('p', { class: 'empty' }, 'No routes configured.') : null,
     routes.routes.map((r) => h('section', {}, h('h2', {}, r.name), h('pre', {}, JSON.stringify(r, null, 2)))));
 }
