@@ -34,6 +34,11 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run(cli.run)) {
         Command::Run(args) => serve(config, &args),
         Command::Check(args) => check(config, &args),
+        Command::Schema => {
+            let schema = dedupe_proxy::config::Config::schema();
+            println!("{}", serde_json::to_string_pretty(&schema).expect("JSON"));
+            ExitCode::SUCCESS
+        }
         Command::Demo(args) => {
             init_logging(LogFormat::Text, "warn", None);
             runtime().block_on(demo::run(&args))

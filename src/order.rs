@@ -24,7 +24,7 @@ const WHOLE_DIGITS: usize = 20;
 const FRACTION_DIGITS: usize = 9;
 
 /// A route's `order:` setting.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Order {
     /// What the events are about, as a key template: `{json:/data/object/id}`.
@@ -36,7 +36,9 @@ pub struct Order {
 }
 
 /// `on_stale:`: what becomes of an event older than one already done for its entity.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnStale {
     /// Forwarded with `Dedupe-Stale: <newest done version>`: the app decides.

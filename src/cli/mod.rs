@@ -69,6 +69,8 @@ pub enum Command {
     Run(RunArgs),
     /// Validate the configuration, print the resolved routes, exit 0 (valid) or 2.
     Check(CheckArgs),
+    /// Print the configuration file's JSON Schema, for editors (`config/schema.json`).
+    Schema,
     /// Run a self-contained demonstration: a sample app, the proxy, a burst of deliveries.
     Demo(DemoArgs),
     /// Print a running proxy's resolved routes.

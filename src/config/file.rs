@@ -34,7 +34,7 @@ use crate::values::{
 use crate::verify::{Verify, VerifySetting};
 
 /// The top level of the file.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ConfigFile {
     #[serde(default = "defaults::listen", deserialize_with = "socket_address")]
@@ -43,6 +43,7 @@ pub(super) struct ConfigFile {
     #[serde(default, deserialize_with = "admin_section")]
     pub(super) admin: AdminConfig,
     #[serde(default, deserialize_with = "store_section")]
+    #[schemars(with = "super::store::StoreFile")]
     pub(super) store: StoreConfig,
     #[serde(default, deserialize_with = "defaults_section")]
     pub(super) defaults: RouteFile,
@@ -63,43 +64,73 @@ pub(super) struct ConfigFile {
 /// One entry of `routes:`, and also the shape of `defaults:` (which may not set `name`,
 /// `match`, `key`, `scope`, `preset`, `verify` or `order`). Every policy field is optional: a route inherits what it
 /// leaves out from `defaults`, and `defaults` from the built-in values in `defaults.rs`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RouteFile {
+    /// The route's name: `[a-z0-9_-]+`, unique; its keys' scope unless `scope` is set.
     pub(super) name: Option<Name>,
+    /// Which requests the route takes: `method`, `path` or `path_prefix`, `host`.
     #[serde(rename = "match", default, deserialize_with = "match_section")]
     pub(super) matcher: Option<MatchFile>,
+    /// The event's key, a template: literal text and `{json:/pointer}`, `{header:name}`,
+    /// `{sf-string:name}`, `{header-hash:name}`, `{query:name}`, `{form:field}` parts.
     pub(super) key: Option<KeyTemplate>,
-    /// A provider's key and signature check; the route's own `key` and `verify` win.
+    /// A provider's key and signature check in one line; the route's own `key` and
+    /// `verify` win.
     pub(super) preset: Option<Preset>,
-    /// The signature check; `none` turns off a preset's.
+    /// The signature check: one scheme, or `none` to turn a preset's off.
     pub(super) verify: Option<VerifySetting>,
+    /// Where the route keeps its keys (default: its name); routes sharing one share keys.
     pub(super) scope: Option<Name>,
+    /// This route's app (default: the top-level `upstream`).
     pub(super) upstream: Option<UpstreamUrl>,
+    /// How long a done key is remembered: it must outlast the provider's retries.
     #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) retention: Option<HumanDuration>,
+    /// How long an in-flight claim holds its key unrenewed (renewed while its delivery
+    /// runs): it ends only when its proxy died. At least 100ms.
     #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) lease: Option<HumanDuration>,
+    /// The largest body taken; larger ones get 413.
     pub(super) max_body: Option<Size>,
+    /// Time for the app's answer head; then 504.
     #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) upstream_timeout: Option<HumanDuration>,
+    /// Classes (`"2xx"`) and codes (`200`) of the app's answer that mean the work is done.
     pub(super) success_status: Option<Vec<StatusPattern>>,
+    /// A request without a key: `reject` (400) or `forward` without a claim.
     pub(super) on_missing_key: Option<OnMissingKey>,
+    /// The store failing: `reject` (503) or `forward` without a claim.
     pub(super) on_store_error: Option<OnStoreError>,
+    /// A done key arriving with another body: answered as a `duplicate`, or `reject`ed
+    /// (422).
     pub(super) on_payload_mismatch: Option<OnPayloadMismatch>,
+    /// A delivery whose key another delivery holds: `respond` at once with
+    /// `in_flight_status`, or `wait` for that delivery's outcome.
     pub(super) on_in_flight: Option<OnInFlight>,
+    /// With `on_in_flight: wait`, the longest a delivery waits; at most 1m.
     #[serde(default, deserialize_with = "longer_than_zero")]
     pub(super) in_flight_wait: Option<HumanDuration>,
+    /// A forward that may or may not have reached the app: `release` its key for the
+    /// provider's retry (at least once), or `hold` it for an operator (at most once).
     pub(super) on_ambiguous: Option<OnAmbiguous>,
+    /// The answer to a duplicate; `replay: true` answers with the app's recorded one.
     pub(super) duplicate_response: Option<DuplicateResponseFile>,
+    /// The answer while another delivery holds the key, or while it is held: a 4xx or 5xx.
     pub(super) in_flight_status: Option<RefusalStatus>,
+    /// `Retry-After` on 409 and 503 answers.
     pub(super) retry_after: Option<HumanDuration>,
+    /// Add `Dedupe-Key` to forwarded requests.
     pub(super) forward_key_header: Option<bool>,
+    /// `body`: a signed body already done under another key in the scope is a duplicate;
+    /// `none`: off. Default: `body` where the key reads what the signature does not cover.
     pub(super) replay_guard: Option<ReplayGuard>,
-    /// The stale-event guard.
+    /// The stale-event guard: an event older than one done for its entity is marked or
+    /// skipped.
     pub(super) order: Option<Order>,
     /// `direct`, or `queued`: stored, acknowledged, and delivered with retries.
     pub(super) delivery: Option<DeliveryMode>,
+    /// With `delivery: queued`: the queue's settings.
     #[serde(default, deserialize_with = "queue_section")]
     pub(super) queue: Option<QueueFile>,
     /// What the delivery log records of this route's requests beyond the entry.
@@ -107,7 +138,7 @@ pub(super) struct RouteFile {
 }
 
 /// `log:`; each field inherits separately.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LogFile {
     pub(super) bodies: Option<bool>,
@@ -116,7 +147,7 @@ pub(super) struct LogFile {
 }
 
 /// `duplicate_response:`; each field inherits separately.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DuplicateResponseFile {
     pub(super) status: Option<StatusValue>,
@@ -129,7 +160,7 @@ pub(super) struct DuplicateResponseFile {
 }
 
 /// `match:`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct MatchFile {
     #[serde(default)]

@@ -11,6 +11,7 @@ mod errors;
 mod file;
 mod queue;
 mod resolve;
+mod schema;
 mod sections;
 mod store;
 mod whole_map;
@@ -106,6 +107,16 @@ impl Config {
     }
 
     /// Validates configuration text; `path` is used in messages and kept as the source.
+    /// The file's JSON Schema, as `dedupe-proxy schema` prints it and `config/schema.json`
+    /// holds it; a route's settings show the built-in values of a route with none set.
+    pub fn schema() -> serde_json::Value {
+        let text = "upstream: http://127.0.0.1:1\nroutes:\n  - { name: r, match: { path: /r }, key: \"{json:/id}\" }\n";
+        let config = Config::parse(text, Path::new("built-in"), &Overrides::default())
+            .expect("a minimal route resolves");
+        let route = serde_json::to_value(&config.routes[0]).expect("a route serializes");
+        schema::generate(&route)
+    }
+
     pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let file: ConfigFile =
             serde_yaml::from_str(text).map_err(|error| errors::every_error(text, path, &error))?;

@@ -32,7 +32,7 @@ const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 const MAX_CONCURRENCY_LIMIT: u32 = 1000;
 
 /// `queue:` as written.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct QueueFile {
     accepted_status: Option<StatusValue>,

@@ -9,7 +9,7 @@ use super::defaults;
 use crate::values::{EnvSecret, HostName, HumanDuration, OtlpEndpoint, SampleRatio, Size};
 
 /// `admin:`: the listener for health, readiness and key inspection.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     #[serde(
@@ -34,7 +34,9 @@ pub struct AdminConfig {
 }
 
 /// `admin.mcp`: the tools `/mcp` offers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum McpAccess {
     /// No `/mcp`.
@@ -60,7 +62,7 @@ impl Default for AdminConfig {
 
 /// `telemetry:`: OpenTelemetry traces, exported over OTLP (`crate::telemetry`). Each field
 /// left out falls back to its standard `OTEL_*` variable.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// The collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it: with
@@ -74,7 +76,7 @@ pub struct TelemetryConfig {
 }
 
 /// How spans travel to the collector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 pub enum OtlpProtocol {
     #[serde(rename = "http/protobuf")]
     HttpProtobuf,
@@ -94,7 +96,7 @@ impl OtlpProtocol {
 }
 
 /// `limits:`: what one sender may cost the proxy, on the provider-facing listener.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Open connections at most; one more closes the connection idle longest, or, with
@@ -133,7 +135,7 @@ impl Default for Limits {
 
 /// `delivery_log:`: the log of what became of every request a route took, kept in the
 /// store (`crate::delivery_log`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveryLogConfig {
     #[serde(default = "defaults::yes")]

@@ -30,9 +30,9 @@ pub enum StoreConfig {
 }
 
 /// `store:` as written: one field per backend, exactly one of them set.
-#[derive(Deserialize, Serialize)]
+#[derive(Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct StoreFile {
+pub(super) struct StoreFile {
     #[serde(skip_serializing_if = "Option::is_none")]
     sled: Option<SledConfig>,
     #[serde(
@@ -40,12 +40,14 @@ struct StoreFile {
         deserialize_with = "redis_section",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(with = "Option<RedisFile>")]
     redis: Option<RedisConfig>,
     #[serde(
         default,
         deserialize_with = "postgres_section",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(with = "Option<PostgresFile>")]
     postgres: Option<PostgresConfig>,
 }
 
@@ -289,7 +291,7 @@ pub struct PostgresConfig {
 }
 
 /// `tls:` of a shared store.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// The authority that signs the server's certificate, in place of the system's roots.
@@ -398,7 +400,7 @@ fn masked_urls<S: serde::Serializer>(urls: &[Secret], serializer: S) -> Result<S
     serializer.collect_seq(urls.iter().map(|url| mask_password(url.expose())))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RedisFile {
     url: Option<String>,
@@ -415,7 +417,7 @@ struct RedisFile {
     nodes: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct PostgresFile {
     url: Option<String>,
@@ -532,7 +534,7 @@ impl Default for StoreConfig {
 }
 
 /// `store.sled:`: the embedded store.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SledConfig {
     /// The data directory, relative to the working directory.
@@ -561,7 +563,9 @@ impl Default for SledConfig {
 }
 
 /// When a `done` mark reaches the disk.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Durability {
     /// Flushed every `flush_every`; a crash may forget the last interval's done marks.

@@ -76,6 +76,23 @@ impl std::fmt::Display for LoggedHeader {
     }
 }
 
+impl schemars::JsonSchema for LoggedHeader {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LoggedHeader".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "a header name; never a signature, credential or cookie header",
+        })
+    }
+}
+
 impl<'de> serde::Deserialize<'de> for LoggedHeader {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_str(crate::values::FromStrVisitor::new("a header name"))

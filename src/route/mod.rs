@@ -83,7 +83,9 @@ pub struct Policy {
 }
 
 /// `delivery:`: how a route delivers what it accepts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryMode {
     /// Forwarded while the sender waits; the sender's retry is the retry.
@@ -110,7 +112,9 @@ pub struct DuplicateResponse {
 }
 
 /// What happens to a request no route matches.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Unmatched {
     #[default]
@@ -119,7 +123,9 @@ pub enum Unmatched {
 }
 
 /// `on_missing_key:`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnMissingKey {
     #[default]
@@ -128,7 +134,9 @@ pub enum OnMissingKey {
 }
 
 /// `on_in_flight:`: what a delivery whose key another delivery holds gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnInFlight {
     /// `in_flight_status` and `Retry-After` at once.
@@ -140,7 +148,9 @@ pub enum OnInFlight {
 
 /// `on_ambiguous:`: what becomes of a key whose forward may or may not have run (the
 /// upstream timed out, or closed the connection after the request went out).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnAmbiguous {
     /// Released: the provider's retry runs the work (at least once).
@@ -151,7 +161,9 @@ pub enum OnAmbiguous {
 }
 
 /// `on_store_error:`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnStoreError {
     #[default]
@@ -160,7 +172,9 @@ pub enum OnStoreError {
 }
 
 /// `on_payload_mismatch:`: a duplicate key whose body differs from the recorded one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnPayloadMismatch {
     #[default]
@@ -173,7 +187,7 @@ pub enum OnPayloadMismatch {
 /// with a fresh ID in a header the signature does not cover (GitHub's
 /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Event-Id`); its cost is that two genuine
 /// events with byte-identical bodies are one event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplayGuard {
     Body,

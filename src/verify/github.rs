@@ -11,7 +11,7 @@ use super::scheme::{Pending, Scheme, Secrets, VerifyError, header, hex_tag};
 
 const SIGNATURE: &str = "x-hub-signature-256";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct GithubFile {
     pub(super) secret_env: Secrets,

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::scheme::{Pending, Scheme, Secrets, VerifyError, base64_tag, hex_tag};
 
 /// How the signature is written in its header.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Encoding {
     #[default]
@@ -19,7 +21,7 @@ pub enum Encoding {
     Base64,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct HmacFile {
     pub(super) secret_env: Secrets,

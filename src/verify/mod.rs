@@ -196,7 +196,7 @@ pub(crate) enum VerifySetting {
     On(Verify),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct VerifyFile {
     stripe: Option<stripe::StripeFile>,
@@ -237,6 +237,20 @@ impl VerifyFile {
             0 => Err("`verify` needs a scheme: stripe, github, standard_webhooks, shopify, slack, paddle or hmac (or `verify: none`)".into()),
             _ => Err("`verify` takes exactly one scheme".into()),
         }
+    }
+}
+
+impl schemars::JsonSchema for VerifySetting {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Verify".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let schemes = generator.subschema_for::<VerifyFile>();
+        schemars::json_schema!({
+            "description": "the signature check: `none`, or a map with exactly one scheme",
+            "anyOf": [{ "const": "none" }, schemes],
+        })
     }
 }
 

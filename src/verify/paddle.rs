@@ -17,7 +17,7 @@ fn default_paddle_tolerance() -> HumanDuration {
     HumanDuration(Duration::from_secs(5))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PaddleFile {
     pub(super) secret_env: Secrets,

@@ -200,6 +200,21 @@ impl Serialize for Secrets {
     }
 }
 
+/// One variable's name, or a list of them.
+impl schemars::JsonSchema for Secrets {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secrets".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let name = generator.subschema_for::<EnvSecret>();
+        schemars::json_schema!({
+            "description": "the environment variable holding the secret, or a list of them during a rotation",
+            "anyOf": [name, { "type": "array", "items": name, "minItems": 1, "maxItems": MAX_SECRETS }],
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Secrets {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct OneOrMany;

@@ -10,7 +10,7 @@ use super::scheme::{Pending, Scheme, Secrets, VerifyError, base64_tag, header};
 
 const SIGNATURE: &str = "x-shopify-hmac-sha256";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ShopifyFile {
     pub(super) secret_env: Secrets,

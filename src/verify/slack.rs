@@ -16,7 +16,7 @@ use crate::values::HumanDuration;
 const SIGNATURE: &str = "x-slack-signature";
 const TIMESTAMP: &str = "x-slack-request-timestamp";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SlackFile {
     pub(super) secret_env: Secrets,

@@ -27,7 +27,7 @@ const HEADER_SETS: [[&str; 3]; 2] = [
 /// give one ID in both, so a key read from either is the ID that was verified.
 pub(super) const SIGNED_ID_HEADERS: &[&str] = &["webhook-id", "svix-id"];
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StandardWebhooksFile {
     pub(super) secret_env: Secrets,

@@ -13,7 +13,7 @@ use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "stripe-signature";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StripeFile {
     pub(super) secret_env: Secrets,

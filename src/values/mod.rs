@@ -7,7 +7,6 @@
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::marker::PhantomData;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,57 +15,10 @@ use http::{Method, StatusCode, Uri};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-/// Deserializes any string through `T::from_str`, reporting `expecting` on a non-string.
-pub(crate) struct FromStrVisitor<T> {
-    expecting: &'static str,
-    target: PhantomData<T>,
-}
+mod string_value;
 
-impl<T> FromStrVisitor<T> {
-    pub(crate) const fn new(expecting: &'static str) -> Self {
-        FromStrVisitor {
-            expecting,
-            target: PhantomData,
-        }
-    }
-}
-
-impl<T> Visitor<'_> for FromStrVisitor<T>
-where
-    T: FromStr,
-    T::Err: fmt::Display,
-{
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.expecting)
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
-        text.parse().map_err(E::custom)
-    }
-}
-
-/// Implements `Deserialize` through `FromStr` and, unless told `number`, `Serialize`
-/// through `Display`.
-macro_rules! string_value {
-    ($type:ty, $expecting:literal) => {
-        string_value!($type, $expecting, number);
-
-        impl Serialize for $type {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
-            }
-        }
-    };
-    ($type:ty, $expecting:literal, number) => {
-        impl<'de> Deserialize<'de> for $type {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                deserializer.deserialize_str(FromStrVisitor::new($expecting))
-            }
-        }
-    };
-}
+pub(crate) use string_value::FromStrVisitor;
+use string_value::string_value;
 
 /// Status codes print as numbers.
 macro_rules! serialize_status {
@@ -171,7 +123,11 @@ impl fmt::Display for HumanDuration {
     }
 }
 
-string_value!(HumanDuration, "a duration like 30s");
+string_value!(
+    HumanDuration,
+    "a duration like 30s",
+    pattern r"^\s*([0-9]+\s*[a-zA-Zµ]+\s*)+$"
+);
 
 /// A size in bytes, written as a number of bytes or like `64KiB`, `1MiB`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,7 +149,12 @@ impl fmt::Display for Size {
     }
 }
 
-string_value!(Size, "a size like 1MiB");
+string_value!(
+    Size,
+    "a size like 1MiB",
+    or_number,
+    pattern r"^\s*[0-9]+(\.[0-9]+)?\s*([a-zA-Z]+)?\s*$"
+);
 
 /// One entry of `success_status`: a class like `2xx` or a single code like `409`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,7 +189,9 @@ impl fmt::Display for StatusPattern {
 
 string_value!(
     StatusPattern,
-    "a status class like \"2xx\" or a code like 200"
+    "a status class like \"2xx\" or a code like 200",
+    or_number,
+    pattern "^([1-5][xX][xX]|[1-5][0-9][0-9])$"
 );
 
 impl StatusPattern {
@@ -360,6 +323,20 @@ string_value!(MethodValue, "an HTTP method");
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Methods(pub Vec<MethodValue>);
 
+impl schemars::JsonSchema for Methods {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Methods".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let method = generator.subschema_for::<MethodValue>();
+        schemars::json_schema!({
+            "description": "a method like POST, or a list of them; any method when left out",
+            "anyOf": [method, { "type": "array", "items": method }],
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Methods {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct OneOrMany;
@@ -416,7 +393,11 @@ impl fmt::Display for Name {
     }
 }
 
-string_value!(Name, "a name of lowercase letters, digits, `_` and `-`");
+string_value!(
+    Name,
+    "a name of lowercase letters, digits, `_` and `-`",
+    pattern "^[a-z0-9_-]+$"
+);
 
 /// Where the application listens: `http://host:port`, optionally with a base path that
 /// is put in front of every forwarded path.

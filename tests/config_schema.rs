@@ -1,0 +1,183 @@
+//! The configuration's JSON Schema (`config/schema.json`, `dedupe-proxy schema`): the
+//! committed file is the one the types generate; every example configuration validates
+//! against it with a real validator (`check-jsonschema`, the one pre-commit hooks use);
+//! and each typo of a list that `check` refuses, the schema refuses too, so an editor
+//! flags it while it is typed.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::binary_path;
+
+fn repository() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `check-jsonschema`, or `None` (the test skipped) where tests/setup has not installed
+/// it; under `CI=true` a missing validator fails the test.
+fn validator() -> Option<Command> {
+    let installed = Command::new("check-jsonschema")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "CI must install check-jsonschema (tests/setup)"
+        );
+        eprintln!("skipped: check-jsonschema is not installed (run tests/setup)");
+        return None;
+    }
+    let mut command = Command::new("check-jsonschema");
+    let schema = repository().join("config/schema.json");
+    command.arg("--schemafile").arg(schema);
+    Some(command)
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(repository().join("config"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    found.sort();
+    assert!(found.len() >= 10, "{found:?}");
+    found
+}
+
+#[test]
+fn the_committed_schema_is_the_one_the_configuration_types_generate() {
+    let printed = Command::new(binary_path()).arg("schema").output().unwrap();
+    assert!(printed.status.success());
+    let generated: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+    let committed = std::fs::read_to_string(repository().join("config/schema.json")).unwrap();
+    let committed: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    assert!(
+        generated == committed,
+        "config/schema.json is out of date: run `cargo run -- schema > config/schema.json`"
+    );
+    // What an editor shows: a route's settings with their doc and built-in value.
+    let retention = &generated["definitions"]["RouteFile"]["properties"]["retention"];
+    assert_eq!(retention["default"], "7d");
+    assert!(
+        retention["description"]
+            .as_str()
+            .is_some_and(|text| text.contains("done key")),
+        "{retention}"
+    );
+    let route = &generated["definitions"]["RouteFile"]["properties"];
+    for (name, property) in route.as_object().unwrap() {
+        assert!(
+            property["description"].is_string(),
+            "`{name}` has no description: {property}"
+        );
+    }
+}
+
+#[test]
+fn every_example_configuration_names_and_meets_the_schema() {
+    for example in examples() {
+        let text = std::fs::read_to_string(&example).unwrap();
+        assert!(
+            text.starts_with("# yaml-language-server: $schema=schema.json\n"),
+            "{} does not name the schema on its first line",
+            example.display()
+        );
+    }
+    let Some(mut validator) = validator() else {
+        return;
+    };
+    let checked = validator.args(examples()).output().unwrap();
+    assert!(
+        checked.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
+/// Typos an editor should flag, each refused by `check` too.
+const TYPOS: [(&str, &str); 14] = [
+    (
+        "a misspelt top-level field",
+        "upstrem: http://127.0.0.1:1\n",
+    ),
+    ("a misspelt route field", "    retension: 7d\n"),
+    ("a misspelt enum value", "    on_missing_key: forwrd\n"),
+    ("an unknown preset", "    preset: strip\n"),
+    ("an unknown delivery mode", "    delivery: queue\n"),
+    ("a duration without a unit", "    retention: \"7\"\n"),
+    ("a duration that is a word", "    lease: forever\n"),
+    ("a size that is a word", "    max_body: large\n"),
+    ("a status out of range", "    success_status: [\"6xx\"]\n"),
+    ("an upper-case scope", "    scope: Payments\n"),
+    ("a misspelt match field", "    match: { pth: /r }\n"),
+    (
+        "a misspelt verify field",
+        "    verify: { stripe: { secret: X } }\n",
+    ),
+    ("a boolean where a map goes", "    log: true\n"),
+    ("a misspelt store", "store: { sledd: {} }\n"),
+];
+
+#[test]
+fn typos_that_check_refuses_the_schema_refuses_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (index, (what, typo)) in TYPOS.iter().enumerate() {
+        let text = config_with(typo);
+        let path = dir.path().join(format!("typo-{index}.yaml"));
+        std::fs::write(&path, &text).unwrap();
+        let checked = Command::new(binary_path())
+            .args(["check", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(checked.status.code(), Some(2), "check took {what}:\n{text}");
+        files.push((what, path));
+    }
+    // The list's base, without a typo, passes both.
+    let base = dir.path().join("base.yaml");
+    std::fs::write(&base, config_with("")).unwrap();
+    let checked = Command::new(binary_path())
+        .args(["check", "-c"])
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(checked.status.success());
+    let Some(_) = validator() else {
+        return;
+    };
+    assert!(validate(&base), "the base is valid");
+    for (what, path) in files {
+        assert!(!validate(&path), "the schema took {what}");
+    }
+}
+
+/// A route-level typo goes inside the route; a top-level one (no indent) at the top.
+fn config_with(typo: &str) -> String {
+    let (top, route) = if typo.starts_with(' ') {
+        ("", typo)
+    } else {
+        (typo, "")
+    };
+    let upstream = if top.starts_with("upstrem") {
+        ""
+    } else {
+        "upstream: http://127.0.0.1:1\n"
+    };
+    // A typo in `match:` stands in for the route's own.
+    let matcher = if route.starts_with("    match:") {
+        ""
+    } else {
+        "    match: { path: /r }\n"
+    };
+    format!("{upstream}{top}routes:\n  - name: r\n{matcher}    key: \"{{json:/id}}\"\n{route}")
+}
+
+fn validate(path: &Path) -> bool {
+    let mut validator = validator().unwrap();
+    validator.arg(path).output().unwrap().status.success()
+}
