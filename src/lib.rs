@@ -61,6 +61,7 @@ pub mod cli;
 pub mod config;
 pub(crate) mod delivery_log;
 pub(crate) mod descriptors;
+pub mod dry_run;
 pub mod dsn;
 pub mod key;
 pub(crate) mod metrics;

@@ -136,7 +136,8 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    fn parts(&self) -> (StatusCode, &'static str, String) {
+    /// The answer's status, `error` code and detail.
+    pub(crate) fn parts(&self) -> (StatusCode, &'static str, String) {
         (self.status(), self.code(), self.detail())
     }
 

@@ -91,7 +91,11 @@ async fn carry_out(config: Option<&Path>, command: Command) -> Result<(), Failur
                 print(&admin, &answer, fields);
             }
         }
-        Command::Run(_) | Command::Check(_) | Command::Schema | Command::Demo(_) => {
+        Command::Run(_)
+        | Command::Check(_)
+        | Command::Try(_)
+        | Command::Schema
+        | Command::Demo(_) => {
             unreachable!("not an admin command")
         }
     }

@@ -225,7 +225,7 @@ pub(super) fn plain(value: &Value) -> String {
 /// `text` with every character a terminal would act on or that reorders a line (controls,
 /// line and paragraph separators, bidirectional overrides) shown as `\u{fffd}`: what the
 /// API answers may come from senders and apps.
-pub(super) fn printable(text: &str) -> String {
+pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
             let reorders = matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');

@@ -5,6 +5,7 @@
 pub mod admin;
 pub(crate) mod api;
 mod queue;
+pub mod trial;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -69,6 +70,12 @@ pub enum Command {
     Run(RunArgs),
     /// Validate the configuration, print the resolved routes, exit 0 (valid) or 2.
     Check(CheckArgs),
+    /// Show what the proxy would do with one request, without contacting the app or the
+    /// store: the route, the signature's check, the key and where it came from, the
+    /// answers. Exit status 0: a route takes it; 1: refused, or no route takes it; 2: the
+    /// configuration or the request cannot be read.
+    #[command(name = "try")]
+    Try(TryArgs),
     /// Print the configuration file's JSON Schema, for editors (`config/schema.json`).
     Schema,
     /// Run a self-contained demonstration: a sample app, the proxy, a burst of deliveries.
@@ -152,6 +159,39 @@ pub struct CheckArgs {
     /// listed, not refused (for a pipeline that holds no secrets; `run` still needs them).
     #[arg(long)]
     pub without_secrets: bool,
+}
+
+/// What `try` takes: a request file, a sample, or a request's parts.
+#[derive(Debug, Clone, Args)]
+pub struct TryArgs {
+    /// A request as a plain HTTP message (request line, headers, blank line, body), `-`
+    /// for standard input. `# signed-at: TIME` and `# secret: NAME=value` lines before it
+    /// give its signing time and test secrets.
+    #[arg(conflicts_with_all = ["sample", "path"])]
+    pub request: Option<PathBuf>,
+    /// A provider preset's sample delivery, shipped with the binary: stripe, github,
+    /// shopify, slack, twilio, paddle, standard_webhooks.
+    #[arg(long, conflicts_with = "path")]
+    pub sample: Option<String>,
+    /// The request's method, with `--path`.
+    #[arg(short = 'X', long, default_value = "POST")]
+    pub method: String,
+    /// The request's path and query, to make a request from parts (`-H`, `-d`).
+    #[arg(long)]
+    pub path: Option<String>,
+    /// A header, `Name: value`; replaces one of the same name in the request.
+    #[arg(short = 'H', long = "header")]
+    pub headers: Vec<String>,
+    /// The body, or `@FILE` for a file's bytes; replaces the request's.
+    #[arg(short = 'd', long = "data")]
+    pub data: Option<String>,
+    /// Judge a signature's timestamp as of this time (RFC 3339 or Unix seconds); default:
+    /// the file's `# signed-at:`, else now.
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]

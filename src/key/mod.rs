@@ -198,6 +198,20 @@ impl KeyTemplate {
         })
     }
 
+    /// Each part that reads the delivery, as written, with what it read or why it read
+    /// nothing: a dry run's account of where a key came from.
+    pub fn readings(&self, delivery: &Delivery<'_>) -> Vec<(String, Result<String, KeyError>)> {
+        self.parts
+            .iter()
+            .filter(|part| !matches!(part, Part::Literal(_)))
+            .map(|part| {
+                let mut value = String::new();
+                let read = part.extract_into(delivery, &mut value).map(|()| value);
+                (part.describe(), read)
+            })
+            .collect()
+    }
+
     /// Fills in the template from a delivery.
     pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
         let mut key = String::new();

@@ -289,6 +289,36 @@ impl Matcher {
         host && methods && path
     }
 
+    /// Why this matcher does not take one reading of a request (see [`Matcher::takes`]),
+    /// in words, or none when it takes it: for a dry run's account of an unmatched request.
+    pub fn refuses(&self, method: &str, host: Option<&str>, path: &[u8]) -> Option<String> {
+        if !self.method_matches(method) {
+            return Some(format!(
+                "it takes {}, not {method}",
+                self.methods().join(", ")
+            ));
+        }
+        if !self.path_matches(path) {
+            let wanted = match (&self.path, &self.path_prefix) {
+                (Some(path), _) => format!("the path {path}"),
+                (None, Some(prefix)) => format!("paths under {prefix}"),
+                (None, None) => "any path".to_owned(),
+            };
+            return Some(format!(
+                "it takes {wanted}, not {}",
+                String::from_utf8_lossy(path)
+            ));
+        }
+        if !self.host_matches(host) {
+            return Some(format!(
+                "it takes the host {}, not {}",
+                self.host.as_deref().unwrap_or_default(),
+                host.unwrap_or("none")
+            ));
+        }
+        None
+    }
+
     /// The methods this matcher is limited to (none: any).
     pub fn methods(&self) -> Vec<&str> {
         self.methods

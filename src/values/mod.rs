@@ -818,18 +818,44 @@ pub struct Secret {
 }
 
 thread_local! {
-    /// The variables stood in for on this thread, while [`without_secrets`] runs.
-    static STOOD_IN: RefCell<Option<BTreeSet<String>>> = const { RefCell::new(None) };
+    /// While [`without_secrets`] or [`with_given_secrets`] runs on this thread: the values
+    /// given for variables the environment does not set, and the variables used so.
+    static STANDING_IN: RefCell<Option<StandIns>> = const { RefCell::new(None) };
+}
+
+/// What a load did for the secrets whose variables the environment does not set (or
+/// sets empty).
+#[derive(Debug, Default)]
+pub struct StandIns {
+    given: Vec<(String, String)>,
+    /// Variables stood in for by an empty secret, sorted.
+    pub unset: BTreeSet<String>,
+    /// Variables whose value came from the ones given, sorted.
+    pub from_given: BTreeSet<String>,
 }
 
 /// Runs `load` with every secret's variable that is not set (or empty) stood in for by
 /// an empty secret that no check of a secret's form refuses; returns what `load` did and
 /// the variables stood in for, sorted. For `check` in a pipeline that holds no secrets.
 pub fn without_secrets<T>(load: impl FnOnce() -> T) -> (T, Vec<String>) {
-    STOOD_IN.with(|stood_in| *stood_in.borrow_mut() = Some(BTreeSet::new()));
+    let (loaded, stand_ins) = with_given_secrets(Vec::new(), load);
+    (loaded, stand_ins.unset.into_iter().collect())
+}
+
+/// As [`without_secrets`], but a variable the environment does not set takes its value
+/// from `given` where it is there: a dry run's sample carries its test secret.
+pub fn with_given_secrets<T>(
+    given: Vec<(String, String)>,
+    load: impl FnOnce() -> T,
+) -> (T, StandIns) {
+    let stand_ins = StandIns {
+        given,
+        ..StandIns::default()
+    };
+    STANDING_IN.with(|standing| *standing.borrow_mut() = Some(stand_ins));
     let loaded = load();
-    let variables = STOOD_IN.with(|stood_in| stood_in.borrow_mut().take());
-    (loaded, variables.into_iter().flatten().collect())
+    let stand_ins = STANDING_IN.with(|standing| standing.borrow_mut().take());
+    (loaded, stand_ins.unwrap_or_default())
 }
 
 impl Secret {
@@ -847,21 +873,23 @@ impl Secret {
             Ok(_) => format!("environment variable {variable} is empty"),
             Err(_) => format!("environment variable {variable} is not set"),
         };
-        let stood_in = STOOD_IN.with(|stood_in| {
-            stood_in
-                .borrow_mut()
-                .as_mut()
-                .map(|stood_in| stood_in.insert(variable.to_owned()))
-                .is_some()
-        });
-        if stood_in {
+        STANDING_IN.with(|standing| {
+            let mut standing = standing.borrow_mut();
+            let Some(stand_ins) = standing.as_mut() else {
+                return Err(missing);
+            };
+            let given = stand_ins.given.iter().find(|(name, _)| name == variable);
+            if let Some((_, value)) = given.filter(|(_, value)| !value.is_empty()) {
+                let secret = Secret::new(value.clone());
+                stand_ins.from_given.insert(variable.to_owned());
+                return Ok(secret);
+            }
+            stand_ins.unset.insert(variable.to_owned());
             Ok(Secret {
                 value: String::new(),
                 stand_in: true,
             })
-        } else {
-            Err(missing)
-        }
+        })
     }
 
     pub(crate) fn expose(&self) -> &str {

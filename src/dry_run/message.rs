@@ -1,0 +1,299 @@
+//! A request written down for a dry run: a plain HTTP message (a request line, headers, a
+//! blank line, the body), as `.http` files and captured deliveries are written, with `#`
+//! comment lines before it; and the sample delivery shipped for each provider preset.
+//!
+//! Two comments mean something: `# signed-at: <RFC 3339 time>` is when the request was
+//! signed (a dry run judges a signature's age as of then), and `# secret: NAME=value`
+//! gives a secret's variable for the dry run when the environment does not set it (the
+//! samples' test secrets).
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// The most bytes of a request a dry run reads.
+pub const MESSAGE_MAX: usize = 4 << 20;
+
+/// A request as written, with what its comments say.
+#[derive(Debug)]
+pub struct Written {
+    pub request: Request<Bytes>,
+    /// `# signed-at:`, in Unix seconds.
+    pub signed_at: Option<i64>,
+    /// `# secret:` lines: a variable and its value.
+    pub secrets: Vec<(String, String)>,
+}
+
+/// Each preset's sample delivery, signed by the provider's own SDK or published algorithm
+/// with a test secret (`examples/deliveries/`).
+pub const SAMPLES: [(&str, &str); 7] = [
+    (
+        "stripe",
+        include_str!("../../examples/deliveries/stripe.http"),
+    ),
+    (
+        "github",
+        include_str!("../../examples/deliveries/github.http"),
+    ),
+    (
+        "shopify",
+        include_str!("../../examples/deliveries/shopify.http"),
+    ),
+    (
+        "slack",
+        include_str!("../../examples/deliveries/slack.http"),
+    ),
+    (
+        "twilio",
+        include_str!("../../examples/deliveries/twilio.http"),
+    ),
+    (
+        "paddle",
+        include_str!("../../examples/deliveries/paddle.http"),
+    ),
+    (
+        "standard_webhooks",
+        include_str!("../../examples/deliveries/standard_webhooks.http"),
+    ),
+];
+
+/// The sample named `name`, or a message naming the samples there are.
+pub fn sample(name: &str) -> Result<&'static str, String> {
+    SAMPLES
+        .iter()
+        .find(|(sample, _)| *sample == name)
+        .map(|(_, text)| *text)
+        .ok_or_else(|| {
+            let names: Vec<&str> = SAMPLES.iter().map(|(sample, _)| *sample).collect();
+            format!("no sample `{name}`; the samples are {}", names.join(", "))
+        })
+}
+
+/// Reads a written request. The body is everything after the blank line: exactly
+/// `Content-Length` bytes where the head gives one, else the rest without the file's
+/// final line ending.
+pub fn parse(text: &[u8]) -> Result<Written, String> {
+    if text.len() > MESSAGE_MAX {
+        return Err(format!("the request is over {} MiB", MESSAGE_MAX >> 20));
+    }
+    let mut rest = text;
+    let mut signed_at = None;
+    let mut secrets = Vec::new();
+    let mut request_line = None;
+    while let Some((line, after)) = next_line(rest) {
+        rest = after;
+        let line = std::str::from_utf8(line).map_err(|_| "the head is not UTF-8".to_owned())?;
+        if let Some(comment) = line.strip_prefix('#') {
+            read_comment(comment.trim(), &mut signed_at, &mut secrets)?;
+        } else if !line.trim().is_empty() {
+            request_line = Some(line.to_owned());
+            break;
+        }
+    }
+    let request_line = request_line.ok_or("no request line (like `POST /webhooks HTTP/1.1`)")?;
+    let (method, target) = parse_request_line(&request_line)?;
+    let mut headers = HeaderMap::new();
+    loop {
+        let (line, after) = next_line(rest).unwrap_or((rest, &[][..]));
+        rest = after;
+        if line.is_empty() {
+            break;
+        }
+        let line = std::str::from_utf8(line).map_err(|_| "a header is not UTF-8".to_owned())?;
+        let (name, value) = header(line)?;
+        headers.append(name, value);
+    }
+    let body = body(&headers, rest)?;
+    let request = build(method, &target, headers, body)?;
+    Ok(Written {
+        request,
+        signed_at,
+        secrets,
+    })
+}
+
+/// A request made from its parts (`try -X POST --path /x -H ... -d ...`).
+pub fn build(
+    method: Method,
+    target: &str,
+    mut headers: HeaderMap,
+    body: Bytes,
+) -> Result<Request<Bytes>, String> {
+    let uri: Uri = target
+        .parse()
+        .map_err(|_| format!("`{target}` is not a request target"))?;
+    if !headers.contains_key(HOST) {
+        let host = uri
+            .authority()
+            .map_or("localhost", |authority| authority.as_str());
+        let host = HeaderValue::from_str(host).map_err(|_| "the target's host is not valid")?;
+        headers.insert(HOST, host);
+    }
+    if !body.is_empty() && !headers.contains_key(CONTENT_TYPE) {
+        let json = body
+            .first()
+            .is_some_and(|first| matches!(first, b'{' | b'['));
+        let kind = if json {
+            "application/json"
+        } else {
+            "application/x-www-form-urlencoded"
+        };
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    }
+    // The path and query only: the host goes in `Host`, as a sender's HTTP/1.1 request
+    // carries it.
+    let origin: Uri = uri
+        .path_and_query()
+        .map_or("/", |path| path.as_str())
+        .parse()
+        .map_err(|_| format!("`{target}` is not a request target"))?;
+    let mut request = Request::new(body);
+    *request.method_mut() = method;
+    *request.uri_mut() = origin;
+    *request.headers_mut() = headers;
+    Ok(request)
+}
+
+/// A header line, `Name: value`.
+pub fn header(line: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = line
+        .split_once(':')
+        .ok_or_else(|| format!("`{line}` is not a header (`Name: value`)"))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+    let value = HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of {name} is not a header value"))?;
+    Ok((name, value))
+}
+
+/// The line up to `\n` (without it or a `\r` before it), and what follows.
+fn next_line(text: &[u8]) -> Option<(&[u8], &[u8])> {
+    if text.is_empty() {
+        return None;
+    }
+    let (line, rest) = match text.iter().position(|&byte| byte == b'\n') {
+        Some(end) => (&text[..end], &text[end + 1..]),
+        None => (text, &[][..]),
+    };
+    Some((line.strip_suffix(b"\r").unwrap_or(line), rest))
+}
+
+fn read_comment(
+    comment: &str,
+    signed_at: &mut Option<i64>,
+    secrets: &mut Vec<(String, String)>,
+) -> Result<(), String> {
+    if let Some(at) = comment.strip_prefix("signed-at:") {
+        *signed_at = Some(parse_time(at.trim())?);
+    } else if let Some(secret) = comment.strip_prefix("secret:") {
+        let (name, value) = secret
+            .trim()
+            .split_once('=')
+            .ok_or("a `# secret:` line is `# secret: NAME=value`")?;
+        secrets.push((name.trim().to_owned(), value.trim().to_owned()));
+    }
+    Ok(())
+}
+
+/// An RFC 3339 time or Unix seconds, as Unix seconds.
+pub fn parse_time(text: &str) -> Result<i64, String> {
+    if let Ok(seconds) = text.parse::<i64>() {
+        return Ok(seconds);
+    }
+    OffsetDateTime::parse(text, &Rfc3339)
+        .map(OffsetDateTime::unix_timestamp)
+        .map_err(|_| format!("`{text}` is not an RFC 3339 time or Unix seconds"))
+}
+
+/// `METHOD target [HTTP/version]`.
+fn parse_request_line(line: &str) -> Result<(Method, String), String> {
+    let mut words = line.split_whitespace();
+    let (Some(method), Some(target)) = (words.next(), words.next()) else {
+        return Err(format!(
+            "`{line}` is not a request line (like `POST /webhooks HTTP/1.1`)"
+        ));
+    };
+    if words
+        .next()
+        .is_some_and(|version| !version.starts_with("HTTP/"))
+    {
+        return Err(format!(
+            "`{line}` ends in something other than an HTTP version"
+        ));
+    }
+    let method =
+        Method::from_bytes(method.as_bytes()).map_err(|_| format!("`{method}` is not a method"))?;
+    Ok((method, target.to_owned()))
+}
+
+fn body(headers: &HeaderMap, rest: &[u8]) -> Result<Bytes, String> {
+    let Some(length) = headers.get(CONTENT_LENGTH) else {
+        let rest = rest.strip_suffix(b"\n").unwrap_or(rest);
+        let rest = rest.strip_suffix(b"\r").unwrap_or(rest);
+        return Ok(Bytes::copy_from_slice(rest));
+    };
+    let length: usize = length
+        .to_str()
+        .ok()
+        .and_then(|length| length.parse().ok())
+        .ok_or("Content-Length is not a number")?;
+    let body = rest.get(..length).ok_or_else(|| {
+        format!(
+            "Content-Length says {length} bytes, and the body has {}",
+            rest.len()
+        )
+    })?;
+    Ok(Bytes::copy_from_slice(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_with_comments_crlf_and_a_content_length_is_read_exactly() {
+        let text = b"# signed-at: 2026-12-04T00:00:00Z\r\n# secret: S=abc\r\nPOST /hooks?x=1 HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\n\r\n{}\n\n";
+        let written = parse(text).unwrap();
+        assert_eq!(written.signed_at, Some(1_796_342_400));
+        assert_eq!(written.secrets, [("S".to_owned(), "abc".to_owned())]);
+        assert_eq!(written.request.method(), Method::POST);
+        assert_eq!(written.request.uri(), "/hooks?x=1");
+        assert_eq!(written.request.headers()[HOST], "a.example");
+        assert_eq!(written.request.body().as_ref(), b"{}\n");
+    }
+
+    #[test]
+    fn without_a_content_length_the_body_loses_the_files_last_line_ending() {
+        let written = parse(b"POST /h\n\n{\"id\":1}\n").unwrap();
+        assert_eq!(written.request.body().as_ref(), b"{\"id\":1}");
+        assert_eq!(written.request.headers()[HOST], "localhost");
+        assert_eq!(written.request.headers()[CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn malformed_messages_are_refused_with_a_reason() {
+        for (text, reason) in [
+            (&b""[..], "no request line"),
+            (b"POST\n\n", "not a request line"),
+            (b"POST /h HTTP/1.1\nno colon\n\n", "is not a header"),
+            (b"POST /h\nContent-Length: 9\n\n{}", "says 9 bytes"),
+            (b"# signed-at: yesterday\nPOST /h\n\n", "not an RFC 3339"),
+            (b"POST /h SMTP\n\n", "HTTP version"),
+        ] {
+            let error = parse(text).unwrap_err();
+            assert!(error.contains(reason), "{error}");
+        }
+        assert!(parse(&vec![b'a'; MESSAGE_MAX + 1]).is_err());
+    }
+
+    #[test]
+    fn every_sample_reads() {
+        for (name, text) in SAMPLES {
+            let written = parse(text.as_bytes()).unwrap_or_else(|error| panic!("{name}: {error}"));
+            assert!(!written.request.body().is_empty(), "{name}");
+        }
+        assert!(sample("strip").unwrap_err().contains("stripe, github"));
+    }
+}
