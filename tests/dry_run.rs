@@ -1,0 +1,414 @@
+//! `dedupe-proxy try`, the dry run, as a user runs it: every preset's shipped sample
+//! gives the key its documentation names; broken samples (a changed body, a wrong secret,
+//! a stale timestamp, no signature, no key, no route) give the documented refusal and exit
+//! status; the samples are what the providers' own SDKs sign; and the key a dry run names
+//! is the key a running proxy gives the app for the same request.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use support::*;
+
+fn repository() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `dedupe-proxy try` with `args`, in the repository, with no provider secret set.
+fn try_run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(binary_path());
+    command.arg("try").args(args).current_dir(repository());
+    for variable in [
+        "STRIPE_WEBHOOK_SECRET",
+        "GITHUB_WEBHOOK_SECRET",
+        "SHOPIFY_WEBHOOK_SECRET",
+        "SLACK_SIGNING_SECRET",
+        "PADDLE_WEBHOOK_SECRET",
+        "WEBHOOK_SECRET",
+        "DEDUPE_PROXY_CONFIG",
+    ] {
+        command.env_remove(variable);
+    }
+    command.envs(env.iter().copied());
+    command.output().unwrap()
+}
+
+/// The JSON report of `try --json` with `args`, and its exit status.
+fn judged(args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let output = try_run(&args, env);
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "{error}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().unwrap(), report)
+}
+
+/// Each sample, the configuration it goes with, and the key `examples/deliveries/README.md`
+/// says it gives.
+const SAMPLES: [(&str, &str, &str); 7] = [
+    ("stripe", "config/stripe.yaml", "evt_1QSampleStripe0001"),
+    (
+        "github",
+        "config/github.yaml",
+        "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+    ),
+    (
+        "shopify",
+        "config/shopify.yaml",
+        "98880550-7158-44d4-b7cd-2c97c8a091b5",
+    ),
+    ("slack", "config/slack.yaml", "Ev0SAMPLE0001"),
+    (
+        "twilio",
+        "config/twilio.yaml",
+        "SM00000000000000000000000000000001",
+    ),
+    (
+        "paddle",
+        "config/paddle.yaml",
+        "evt_01jsample0000000000000001",
+    ),
+    (
+        "standard_webhooks",
+        "config/standard-webhooks.yaml",
+        "msg_2SampleStandard0001",
+    ),
+];
+
+#[test]
+fn every_presets_sample_is_taken_with_the_documented_key() {
+    let documented =
+        std::fs::read_to_string(repository().join("examples/deliveries/README.md")).unwrap();
+    for (sample, config, key) in SAMPLES {
+        let row = format!("| `{sample}` |");
+        let line = documented.lines().find(|line| line.starts_with(&row));
+        assert!(
+            line.is_some_and(
+                |line| line.contains(&format!("`{config}`")) && line.contains(&format!("`{key}`"))
+            ),
+            "examples/deliveries/README.md documents {sample} with {config} and {key}"
+        );
+        for request in [
+            vec!["-c", config, "--sample", sample],
+            vec!["-c", config, &format!("examples/deliveries/{sample}.http")],
+        ] {
+            let (status, report) = judged(&request, &[]);
+            assert_eq!(
+                (status, &report["verdict"]),
+                (0, &Value::from("taken")),
+                "{sample}: {report:#}"
+            );
+            assert_eq!(report["key"]["value"], key, "{sample}");
+            let signature = &report["signature"]["result"];
+            let expected = if sample == "twilio" {
+                "none"
+            } else {
+                "verified"
+            };
+            assert_eq!(signature, expected, "{sample}");
+        }
+    }
+    // The text a person reads names the same.
+    let text = try_run(&["-c", "config/stripe.yaml", "--sample", "stripe"], &[]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    for line in [
+        "route      stripe (scope stripe, direct delivery)",
+        "signature  verified: stripe with STRIPE_WEBHOOK_SECRET",
+        "key        evt_1QSampleStripe0001 from {json:/id}",
+        "store key  stripe:evt_1QSampleStripe0001",
+        "duplicate  200: {\"received\":true,\"duplicate\":true}",
+        "verdict    taken",
+    ] {
+        assert!(text.contains(line), "`{line}` in:\n{text}");
+    }
+}
+
+#[test]
+fn broken_samples_get_the_documented_refusal() {
+    let stripe = ["-c", "config/stripe.yaml", "--sample", "stripe"];
+    let with = |extra: &[&'static str]| -> Vec<&str> { [&stripe[..], extra].concat() };
+    let cases: [(Vec<&str>, &[(&str, &str)], u16, &str, &str); 4] = [
+        (
+            with(&["-d", r#"{"id":"evt_changed"}"#]),
+            &[],
+            401,
+            "signature_mismatch",
+            "the body changed",
+        ),
+        (
+            stripe.to_vec(),
+            &[("STRIPE_WEBHOOK_SECRET", "whsec_another")],
+            401,
+            "signature_mismatch",
+            "the secret differs",
+        ),
+        (
+            with(&["--at", "2026-12-01T12:10:00Z"]),
+            &[],
+            401,
+            "stale_signature",
+            "more than 5m away",
+        ),
+        (
+            with(&["-H", "Stripe-Signature: t=1796126400"]),
+            &[],
+            401,
+            "malformed_signature",
+            "malformed",
+        ),
+    ];
+    for (args, env, status, error, detail) in cases {
+        let (exit, report) = judged(&args, env);
+        assert_eq!(exit, 1, "{args:?}: {report:#}");
+        assert_eq!(report["verdict"], "refused");
+        assert_eq!(report["refusal"]["status"], status, "{args:?}");
+        assert_eq!(report["refusal"]["error"], error, "{args:?}");
+        let said = report["signature"]["detail"].as_str().unwrap();
+        assert!(said.contains(detail), "{args:?}: {said}");
+        assert!(
+            report.get("key").is_none(),
+            "nothing past the refusal: {report:#}"
+        );
+    }
+
+    // No key where the route needs one: its part says why.
+    let (exit, report) = judged(
+        &[
+            "-c",
+            "config/twilio.yaml",
+            "--path",
+            "/twilio/sms",
+            "-d",
+            "Body=hi",
+        ],
+        &[],
+    );
+    assert_eq!(
+        (exit, &report["refusal"]["error"]),
+        (1, &Value::from("missing_key"))
+    );
+    assert_eq!(
+        report["key"]["parts"][0]["missing"],
+        "{form:MessageSid}: form field absent"
+    );
+
+    // No route: each route says why not; `unmatched: forward` passes it on unchecked.
+    let twilio = ["-c", "config/twilio.yaml", "--path"];
+    let (exit, report) = judged(&[&twilio[..], &["/twilio/other"]].concat(), &[]);
+    assert_eq!((exit, &report["verdict"]), (1, &Value::from("unmatched")));
+    assert_eq!(
+        report["not_taken_by"][0]["because"],
+        "it takes the path /twilio/sms, not /twilio/other"
+    );
+    assert!(
+        report["first_delivery"]
+            .as_str()
+            .unwrap()
+            .contains("no deduplication")
+    );
+    let (_, report) = judged(&[&twilio[..], &["/twilio/sms", "-X", "GET"]].concat(), &[]);
+    assert_eq!(
+        report["not_taken_by"][0]["because"],
+        "it takes POST, not GET"
+    );
+
+    // Without the secret (no `# secret:` line, nothing in the environment): not checked,
+    // and said so.
+    let (exit, report) = judged(
+        &[
+            "-c",
+            "config/stripe.yaml",
+            "--path",
+            "/webhooks/stripe",
+            "-d",
+            r#"{"id":"evt_1"}"#,
+        ],
+        &[],
+    );
+    assert_eq!(exit, 0);
+    assert_eq!(report["signature"]["result"], "not_checked");
+    assert!(
+        report["signature"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("STRIPE_WEBHOOK_SECRET not set")
+    );
+}
+
+#[test]
+fn bad_requests_and_files_are_refused_with_a_reason_and_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.http");
+    let mut text = b"POST /webhooks/stripe HTTP/1.1\n\n".to_vec();
+    text.resize(5 << 20, b'a');
+    std::fs::write(&huge, text).unwrap();
+    let garbled = dir.path().join("garbled.http");
+    std::fs::write(&garbled, "POST\n\n").unwrap();
+    for (args, said) in [
+        (
+            vec!["-c", "config/stripe.yaml", huge.to_str().unwrap()],
+            "over 4 MiB",
+        ),
+        (
+            vec!["-c", "config/stripe.yaml", garbled.to_str().unwrap()],
+            "not a request line",
+        ),
+        (
+            vec!["-c", "config/stripe.yaml", "--sample", "strip"],
+            "the samples are stripe, github",
+        ),
+        (vec!["-c", "config/stripe.yaml"], "no request"),
+        (
+            vec!["-c", "config/nope.yaml", "--sample", "stripe"],
+            "nope.yaml",
+        ),
+        (
+            vec![
+                "-c",
+                "config/stripe.yaml",
+                "--sample",
+                "stripe",
+                "-H",
+                "bad header",
+            ],
+            "is not a header",
+        ),
+        (
+            vec![
+                "-c",
+                "config/stripe.yaml",
+                "--sample",
+                "stripe",
+                "--at",
+                "soon",
+            ],
+            "not an RFC 3339",
+        ),
+    ] {
+        let output = try_run(&args, &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+    // A key holding what a terminal would act on is refused, and said so without it.
+    let escape = dir.path().join("escape.http");
+    std::fs::write(&escape, "POST /twilio/sms\n\nMessageSid=SM%1B%5B31mred").unwrap();
+    let output = try_run(&["-c", "config/twilio.yaml", escape.to_str().unwrap()], &[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(!stdout.contains('\u{1b}'), "{stdout}");
+    assert!(
+        stdout.contains("value contains a control or formatting character"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_samples_are_what_the_providers_sdks_sign() {
+    let node_sdks = repository().join("tests/signers/node_modules/stripe");
+    if !node_sdks.exists() || !python_module_installed("slack_sdk") {
+        assert!(
+            std::env::var("CI").map_or(true, |ci| ci != "true"),
+            "CI must install the signing SDKs (tests/setup)"
+        );
+        eprintln!("skipped: the signing SDKs are not installed (run tests/setup)");
+        return;
+    }
+    let checked = Command::new("python3")
+        .arg(repository().join("examples/deliveries/regenerate.py"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
+/// The key the dry run names is the one a running proxy hands the app (`Dedupe-Key`), for
+/// the samples without a timestamp a live proxy would find stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_proxy_gives_the_app_the_key_the_dry_run_names() {
+    for (sample, config, key) in [SAMPLES[1], SAMPLES[2], SAMPLES[4]] {
+        let upstream = Upstream::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let text = std::fs::read_to_string(repository().join(config)).unwrap();
+        let text = text
+            .replace(
+                "http://127.0.0.1:8080",
+                &format!("http://{}", upstream.addr),
+            )
+            .replace("0.0.0.0:8081", "127.0.0.1:0")
+            .replace(
+                "./dedupe-data",
+                &dir.path().join("data").display().to_string(),
+            );
+        let config_path = dir.path().join("config.yaml");
+        std::fs::write(
+            &config_path,
+            format!("admin: {{ listen: 127.0.0.1:0 }}\n{text}"),
+        )
+        .unwrap();
+        let sample_text = std::fs::read_to_string(
+            repository().join(format!("examples/deliveries/{sample}.http")),
+        )
+        .unwrap();
+        let secret = sample_text
+            .lines()
+            .find_map(|line| line.strip_prefix("# secret: "))
+            .and_then(|secret| secret.split_once('='));
+        let env: Vec<(&str, &str)> = secret.into_iter().collect();
+        let proxy = Binary::start_with_env(&config_path, &env);
+        let (head, body) = sample_text.split_once("\n\n").unwrap();
+        let mut lines = head.lines().filter(|line| !line.starts_with('#'));
+        let path = lines
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_owned();
+        let headers: Vec<(String, String)> = lines
+            .filter(|line| {
+                !line.to_ascii_lowercase().starts_with("content-length")
+                    && !line.to_ascii_lowercase().starts_with("host")
+            })
+            .map(|line| {
+                let (name, value) = line.split_once(": ").unwrap();
+                (name.to_owned(), value.to_owned())
+            })
+            .collect();
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let answer = send(
+            proxy.addr,
+            "POST",
+            &path,
+            &headers,
+            body.strip_suffix('\n').unwrap().to_owned(),
+        )
+        .await;
+        assert!(
+            answer.status < 300,
+            "{sample}: {} {}",
+            answer.status,
+            answer.body
+        );
+        eventually(
+            std::time::Duration::from_secs(10),
+            "the app ran it",
+            || async { upstream.executions(key) == 1 },
+        )
+        .await;
+    }
+}
