@@ -130,11 +130,14 @@ fn every_presets_sample_is_taken_with_the_documented_key() {
     }
 }
 
+/// A broken request's arguments and environment, and the refusal's status, code and words.
+type Broken<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], u16, &'a str, &'a str);
+
 #[test]
 fn broken_samples_get_the_documented_refusal() {
     let stripe = ["-c", "config/stripe.yaml", "--sample", "stripe"];
     let with = |extra: &[&'static str]| -> Vec<&str> { [&stripe[..], extra].concat() };
-    let cases: [(Vec<&str>, &[(&str, &str)], u16, &str, &str); 4] = [
+    let cases: [Broken; 4] = [
         (
             with(&["-d", r#"{"id":"evt_changed"}"#]),
             &[],
