@@ -131,7 +131,13 @@ fn every_presets_sample_is_taken_with_the_documented_key() {
 }
 
 /// A broken request's arguments and environment, and the refusal's status, code and words.
-type Broken<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], u16, &'a str, &'a str);
+type Broken<'a> = (
+    Vec<&'a str>,
+    &'a [(&'a str, &'a str)],
+    u16,
+    &'a str,
+    &'a str,
+);
 
 #[test]
 fn broken_samples_get_the_documented_refusal() {

@@ -12,172 +12,17 @@ mod report;
 
 use bytes::Bytes;
 use http::Request;
-use serde::Serialize;
+
+pub use report::{
+    Answered, Asked, KeyRead, NotTaken, OrderRead, PartRead, Report, RouteTaken, Signature, Verdict,
+};
 
 use crate::key::{Delivery, KeyError};
 use crate::order::Guard;
 use crate::response::Refusal;
-use crate::route::{DeliveryMode, OnMissingKey, Route, Routing, Unmatched};
+use crate::route::{OnMissingKey, Route, Routing, Unmatched};
 use crate::store::keys::store_key;
 use crate::verify::Verify;
-
-/// What the proxy would do with a request.
-#[derive(Debug, Serialize)]
-pub struct Report {
-    /// `taken` (a route takes it and forwards or queues it), `refused` (the sender gets
-    /// an error) or `unmatched` (no route takes it; it is forwarded unchecked).
-    pub verdict: Verdict,
-    pub request: Asked,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub route: Option<RouteTaken>,
-    /// Each route, and why it does not take the request: only when none does.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub not_taken_by: Vec<NotTaken>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signature: Option<Signature>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<KeyRead>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub order: Option<OrderRead>,
-    /// What the first delivery of the key gets, in words.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub first_delivery: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub duplicate: Option<Answered>,
-    /// The answer while another delivery of the key is running, or while it is held.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub in_flight: Option<Answered>,
-    /// The answer a refused request gets.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refusal: Option<Answered>,
-    /// What the caller of the dry run adds (where a secret came from, say).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    Taken,
-    Refused,
-    Unmatched,
-}
-
-/// The request, as the dry run read it.
-#[derive(Debug, Serialize)]
-pub struct Asked {
-    pub method: String,
-    pub target: String,
-    pub host: Option<String>,
-    pub body_bytes: usize,
-}
-
-#[derive(Debug, Serialize)]
-pub struct RouteTaken {
-    pub name: String,
-    pub scope: String,
-    pub delivery: DeliveryMode,
-    pub upstream: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct NotTaken {
-    pub route: String,
-    pub because: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Signature {
-    /// `verified`, `refused`, `not_checked` (a secret's variable is not set) or `none`
-    /// (the route checks no signature).
-    pub result: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub scheme: Option<&'static str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub secrets: Vec<String>,
-    /// Why it was refused or not checked.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KeyRead {
-    pub template: String,
-    /// The key, or none when a part read nothing.
-    pub value: Option<String>,
-    /// Each part that reads the request, with its value or why it has none.
-    pub parts: Vec<PartRead>,
-    /// Where the store keeps it (a Redis store puts its prefix in front).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub store_key: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct PartRead {
-    pub part: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub missing: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct OrderRead {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub entity: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// Why the guard cannot use the event (it goes unguarded).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unusable: Option<String>,
-}
-
-/// An answer the proxy gives itself.
-#[derive(Debug, Serialize)]
-pub struct Answered {
-    pub status: u16,
-    /// The `error` code of a refusal.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<&'static str>,
-    /// A refusal's detail, or the body of another answer.
-    pub detail: String,
-}
-
-impl Report {
-    fn of(request: &Request<Bytes>) -> Report {
-        let host = request.headers().get(http::header::HOST);
-        Report {
-            verdict: Verdict::Taken,
-            request: Asked {
-                method: request.method().to_string(),
-                target: request.uri().to_string(),
-                host: host.and_then(|host| host.to_str().ok()).map(str::to_owned),
-                body_bytes: request.body().len(),
-            },
-            route: None,
-            not_taken_by: Vec::new(),
-            signature: None,
-            key: None,
-            order: None,
-            first_delivery: None,
-            duplicate: None,
-            in_flight: None,
-            refusal: None,
-            notes: Vec::new(),
-        }
-    }
-
-    fn refused(mut self, refusal: Refusal) -> Report {
-        let (status, error, detail) = refusal.parts();
-        self.verdict = Verdict::Refused;
-        self.refusal = Some(Answered {
-            status: status.as_u16(),
-            error: Some(error),
-            detail,
-        });
-        self
-    }
-}
 
 /// What `routing` would do with `request`, judging a signature's timestamp as of `now`
 /// (Unix seconds).
@@ -260,33 +105,8 @@ fn on_route(mut report: Report, route: &Route, request: &Request<Bytes>, now: i6
         query: request.uri().query(),
         body,
     };
-    let parts = route
-        .key
-        .readings(&delivery)
-        .into_iter()
-        .map(|(part, read)| match read {
-            Ok(value) => PartRead {
-                part,
-                value: Some(value),
-                missing: None,
-            },
-            Err(error) => PartRead {
-                part,
-                value: None,
-                missing: Some(error.to_string()),
-            },
-        })
-        .collect();
-    let extracted = route.key.extract(&delivery);
-    report.key = Some(KeyRead {
-        template: route.key.to_string(),
-        value: extracted.as_ref().ok().cloned(),
-        parts,
-        store_key: extracted
-            .as_ref()
-            .ok()
-            .map(|key| store_key(&route.namespace, key)),
-    });
+    let (key, extracted) = key_read(route, &delivery);
+    report.key = Some(key);
     match extracted {
         Ok(_) => {}
         Err(KeyError::Missing { .. }) if policy.on_missing_key == OnMissingKey::Forward => {
@@ -321,6 +141,38 @@ fn on_route(mut report: Report, route: &Route, request: &Request<Bytes>, now: i6
             });
     report::answers(&mut report, route, request);
     report
+}
+
+/// The key `route` reads from `delivery`, with what each part read, and the key or why
+/// there is none.
+fn key_read(route: &Route, delivery: &Delivery<'_>) -> (KeyRead, Result<String, KeyError>) {
+    let parts = route
+        .key
+        .readings(delivery)
+        .into_iter()
+        .map(|(part, read)| {
+            let (value, missing) = match read {
+                Ok(value) => (Some(value), None),
+                Err(error) => (None, Some(error.to_string())),
+            };
+            PartRead {
+                part,
+                value,
+                missing,
+            }
+        })
+        .collect();
+    let extracted = route.key.extract(delivery);
+    let key = KeyRead {
+        template: route.key.to_string(),
+        value: extracted.as_ref().ok().cloned(),
+        parts,
+        store_key: extracted
+            .as_ref()
+            .ok()
+            .map(|key| store_key(&route.namespace, key)),
+    };
+    (key, extracted)
 }
 
 /// The signature's check, and the refusal it makes, if any.
