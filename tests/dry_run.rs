@@ -421,3 +421,82 @@ async fn a_running_proxy_gives_the_app_the_key_the_dry_run_names() {
         .await;
     }
 }
+
+/// `POST /v1/try`: the same report from the running routes, for the operator and the
+/// viewer alike (it changes nothing), with bad bodies refused and nothing stored or sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_dry_runs_against_the_running_routes_and_changes_nothing() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: TRY_TOKEN, viewer_token_env: TRY_VIEWER }}\n{}",
+        json_route(
+            "    verify: { hmac: { secret_env: TRY_SECRET, header: X-Signature, prefix: \"sha256=\" } }\n"
+        )
+    );
+    let config = write_config(dir.path(), upstream.addr, &rest);
+    let env = [
+        ("TRY_TOKEN", "operator-t"),
+        ("TRY_VIEWER", "viewer-t"),
+        ("TRY_SECRET", "s3cret"),
+    ];
+    let proxy = Binary::start_with_env(&config, &env);
+    let body = r#"{"id":"evt_try"}"#;
+    let signature = hmac_sha256_hex(b"s3cret", body.as_bytes());
+    let message = format!(
+        "POST /hooks HTTP/1.1\nContent-Type: application/json\nX-Signature: sha256={signature}\nContent-Length: {}\n\n{body}",
+        body.len()
+    );
+    let asked = serde_json::json!({ "request": message }).to_string();
+    for token in ["operator-t", "viewer-t"] {
+        let bearer = format!("Bearer {token}");
+        let headers = [
+            ("authorization", bearer.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let answer = send(proxy.admin, "POST", "/v1/try", &headers, asked.clone()).await;
+        assert_eq!(answer.status, 200, "{token}: {}", answer.body);
+        let report = answer.json();
+        assert_eq!(report["verdict"], "taken");
+        assert_eq!(report["signature"]["result"], "verified");
+        assert_eq!(report["key"]["value"], "evt_try");
+        // A changed body: refused, and said why.
+        let changed = message.replace("evt_try", "evt_tr2");
+        let asked = serde_json::json!({ "request": changed }).to_string();
+        let answer = send(proxy.admin, "POST", "/v1/try", &headers, asked).await;
+        assert_eq!(answer.json()["refusal"]["error"], "signature_mismatch");
+    }
+    let bearer = "Bearer operator-t";
+    let headers = [
+        ("authorization", bearer),
+        ("content-type", "application/json"),
+    ];
+    let huge =
+        serde_json::json!({ "request": format!("POST /hooks\n\n{}", "a".repeat(300 << 10)) });
+    for (body, says) in [
+        ("{}".to_owned(), "missing field `request`"),
+        (r#"{"request":"POST\n\n"}"#.to_owned(), "not a request line"),
+        (
+            r#"{"request":"POST /hooks\n\n{}","at":"soon"}"#.to_owned(),
+            "not an RFC 3339",
+        ),
+        (huge.to_string(), "body"),
+    ] {
+        let answer = send(proxy.admin, "POST", "/v1/try", &headers, body).await;
+        assert_eq!(answer.status, 400, "{says}: {}", answer.body);
+        assert!(answer.body.contains(says), "{says}: {}", answer.body);
+    }
+    // Nothing was claimed, logged as a delivery, or sent to the app.
+    let key = send(proxy.admin, "GET", "/v1/keys/hooks/evt_try", &headers, "").await;
+    assert_eq!(key.status, 404);
+    let log = send(proxy.admin, "GET", "/v1/deliveries", &headers, "").await;
+    assert_eq!(log.json()["deliveries"], serde_json::json!([]));
+    assert_eq!(upstream.total_executions(), 0);
+}
+
+fn hmac_sha256_hex(secret: &[u8], body: &[u8]) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).unwrap();
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}

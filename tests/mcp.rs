@@ -28,13 +28,14 @@ fn tool_names(seen: &Value) -> Vec<&str> {
         .collect()
 }
 
-const READ_TOOLS: [&str; 6] = [
+const READ_TOOLS: [&str; 7] = [
     "list_routes",
     "list_keys",
     "list_scopes",
     "get_key",
     "list_deliveries",
     "get_delivery",
+    "try_request",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,6 +66,8 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["list_keys", {"route": "hooks", "prefix": "evt_", "state": "done"}],
         ["list_keys", {"route": "hooks", "prefix": "other_"}],
         ["clear_keys", {"scope": "hooks"}],
+        ["try_request", {"request": "POST /hooks HTTP/1.1\nContent-Type: application/json\n\n{\"id\":\"evt_9\"}"}],
+        ["get_key", {"route": "hooks", "key": "evt_9"}],
     ]);
     let seen = agent(proxy.admin, None, calls).await;
     assert_eq!(seen["server"], "dedupe-proxy");
@@ -138,6 +141,11 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["key"], "evt_1");
     assert_eq!(answer(14)["keys"], json!([]));
+    // A dry run names the route and key, and stores nothing.
+    assert_eq!(answer(16)["verdict"], "taken");
+    assert_eq!(answer(16)["key"]["value"], "evt_9");
+    assert_eq!(answer(16)["route"]["name"], "hooks");
+    assert_eq!(*refusal(17), "absent");
     // Nothing changed: the key is still done, so its next delivery is a duplicate.
     assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
     assert_eq!(upstream.received().len(), 1);

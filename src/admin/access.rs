@@ -91,8 +91,10 @@ impl Rules {
         } else {
             Role::Anyone
         };
-        // `/mcp`'s messages are POSTs that may only read: its tools are limited instead.
-        if role == Role::Viewer && !request.method().is_safe() && path != "/mcp" {
+        // `/mcp`'s messages are POSTs that may only read (its tools are limited instead), as
+        // is a dry run's.
+        let reads_only = matches!(path, "/mcp" | "/v1/try");
+        if role == Role::Viewer && !request.method().is_safe() && !reads_only {
             return Err(AdminRefusal::ReadOnly);
         }
         if request.method() == Method::POST && !has_json_or_credentials(request.headers()) {

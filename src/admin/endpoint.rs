@@ -78,6 +78,9 @@ pub(super) enum Api<'a> {
     Replay {
         id: &'a str,
     },
+    /// `/v1/try`: a dry run of a request against the running routes; a POST that changes
+    /// nothing.
+    Try,
     /// `/v1/deliveries`: the delivery log, filtered.
     Deliveries,
     /// `/v1/deliveries/tail`: the entries stored from now on, as events.
@@ -107,6 +110,7 @@ impl<'a> Endpoint<'a> {
             "/v1/queue" => Api::Queue,
             "/v1/deliveries" => Api::Deliveries,
             "/v1/deliveries/tail" => Api::DeliveriesTail,
+            "/v1/try" => Api::Try,
             _ if path.starts_with("/v1/queue/") => queue(&path["/v1/queue/".len()..])?,
             _ if path.starts_with("/v1/deliveries/") => {
                 let id = &path["/v1/deliveries/".len()..];
@@ -151,6 +155,7 @@ impl<'a> Endpoint<'a> {
                 | Api::Resolve { .. }
                 | Api::Pause { .. }
                 | Api::Replays { .. }
+                | Api::Try
                 | Api::Job { replay: true, .. },
             )
             | Endpoint::Mcp => "POST",

@@ -35,10 +35,7 @@ fn trial(config: Option<&Path>, args: &TryArgs) -> Result<ExitCode, String> {
     let (loaded, stand_ins) =
         crate::values::with_given_secrets(given, || Config::load(path, &Overrides::default()));
     let config = loaded.map_err(|error| error.to_string())?;
-    let now = match &args.at {
-        Some(at) => message::parse_time(at)?,
-        None => written.signed_at.unwrap_or_else(unix_now),
-    };
+    let now = written.judged_at(args.at.as_deref())?;
     let mut report = judge(&config.routing(), &written.request, now);
     for variable in &stand_ins.from_given {
         report.notes.push(format!(
@@ -121,11 +118,4 @@ fn read_file(path: &Path) -> Result<Vec<u8>, String> {
     };
     read.map_err(|error| format!("{}: {error}", path.display()))?;
     Ok(bytes)
-}
-
-fn unix_now() -> i64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }

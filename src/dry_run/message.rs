@@ -197,6 +197,17 @@ fn read_comment(
     Ok(())
 }
 
+impl Written {
+    /// When a dry run judges the request's timestamps: `at` when given (RFC 3339 or Unix
+    /// seconds), else when it says it was signed, else now.
+    pub fn judged_at(&self, at: Option<&str>) -> Result<i64, String> {
+        match at {
+            Some(at) => parse_time(at),
+            None => Ok(self.signed_at.unwrap_or_else(crate::verify::unix_now)),
+        }
+    }
+}
+
 /// An RFC 3339 time or Unix seconds, as Unix seconds.
 pub fn parse_time(text: &str) -> Result<i64, String> {
     if let Ok(seconds) = text.parse::<i64>() {

@@ -332,7 +332,7 @@ impl Proxy {
         // at debug level only, and counted: a forger must not flood the log.
         if let Some(verify) = &route.verify {
             let checked = async {
-                let pending = verify.prepare(&head.headers, unix_now())?;
+                let pending = verify.prepare(&head.headers, crate::verify::unix_now())?;
                 self.signature_work.check(&route.name, pending, &body).await
             }
             .instrument(telemetry::step_span!("verify"))
@@ -850,12 +850,4 @@ enum Claiming {
     Done(DoneRecord),
     InFlight,
     Held,
-}
-
-/// The Unix time in seconds, for signature timestamps.
-fn unix_now() -> i64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }

@@ -100,6 +100,14 @@ impl SignatureWork {
     }
 }
 
+/// The Unix time in seconds, as signature timestamps are judged against it.
+pub fn unix_now() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
+}
+
 /// A route's signature check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

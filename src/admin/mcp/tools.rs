@@ -230,6 +230,41 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         },
     },
     ToolSpec {
+        name: "try_request",
+        description: "A dry run of one request against the running routes, contacting neither the app nor the store: the route that takes it (or why each does not), whether its signature verifies and why not, the key and what each part of the route's key template read, the store key, and the answers a first delivery, a duplicate and one in flight get. For checking a route's rules while writing them.",
+        read_only: true,
+        idempotent: true,
+        arguments: &[
+            argument(
+                "request",
+                "string",
+                "The request as a plain HTTP message: a request line (`POST /webhooks HTTP/1.1`), headers, a blank line, the body; at most what one MCP message of 64 KiB carries.",
+                true,
+            ),
+            argument(
+                "at",
+                "string",
+                "Judge a signature's timestamp as of this time (RFC 3339); default: the message's `# signed-at:` line, else now.",
+                false,
+            ),
+        ],
+        api_call: |arguments| {
+            let mut body = Map::new();
+            body.insert(
+                "request".into(),
+                required_string(arguments, "request")?.into(),
+            );
+            if let Some(at) = arguments.get("at") {
+                body.insert("at".into(), at.clone());
+            }
+            Ok(ApiCall {
+                method: Method::POST,
+                path_and_query: "/v1/try".into(),
+                body: Some(Value::Object(body)),
+            })
+        },
+    },
+    ToolSpec {
         name: "forget_key",
         description: "Forgets a done key, so that the next delivery of that event is forwarded to the app again (its work runs again). Refused for a key in flight or held.",
         read_only: false,
@@ -459,6 +494,9 @@ mod tests {
             deliveries.contains(&format!("1 to {max} ({default} if")),
             "{deliveries}"
         );
+        let request = described(tool("try_request"), "request");
+        let kib = super::super::REQUEST_BODY_MAX / 1024;
+        assert!(request.contains(&format!("{kib} KiB")), "{request}");
         let outcomes = described(tool("list_deliveries"), "outcome");
         for fate in Fate::ALL {
             assert!(
