@@ -448,6 +448,7 @@ async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused(
         ("#/keys?route=hooks", "main table", "evt_h"),
         ("#/held", "#dead-jobs", "evt_q"),
         ("#/routes", "main", "jobs"),
+        ("#/try", "#try-run", "Try it"),
     ] {
         browser.open(&format!("{console}{page}")).await;
         browser.wait_for_text(css, shown).await;
@@ -456,7 +457,7 @@ async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused(
         }
         for button in browser.buttons().await {
             assert!(
-                ["Filter", "Show", "Older entries"].contains(&button.as_str()),
+                ["Filter", "Show", "Older entries", "Try it"].contains(&button.as_str()),
                 "`{button}` shown to a viewer on {page}"
             );
         }
@@ -724,7 +725,7 @@ async fn errors_are_shown_in_the_page_and_its_controls_are_reached_by_keyboard()
     let body = browser.wait_for("body").await;
     body.send_keys(&Key::Tab.to_string()).await.unwrap();
     let mut reached = Vec::new();
-    for _ in 0..7 {
+    for _ in 0..8 {
         let focused = browser
             .script("const e = document.activeElement; return e.name || e.textContent.trim()")
             .await;
@@ -738,6 +739,7 @@ async fn errors_are_shown_in_the_page_and_its_controls_are_reached_by_keyboard()
         "Keys",
         "Held & dead",
         "Routes",
+        "Try",
         "route",
     ];
     assert_eq!(reached, pages, "the route filter follows the pages' links");
@@ -858,4 +860,81 @@ async fn hostile_keys_are_shown_as_text_and_quick_navigation_leaves_no_tail_behi
 async fn key_state_local(proxy: &Proxy, key: &str) -> u16 {
     let path = format!("/v1/keys/hooks/{}", percent(key));
     send(proxy.admin, "GET", &path, &[], "").await.status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_tries_requests_on_the_page_and_nothing_is_stored() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_with_tokens(dir.path(), upstream.addr);
+    browser.sign_in(proxy.admin, VIEWER).await;
+    browser.click("nav a[data-page=try]").await;
+    // The page starts from an example on the first route's path.
+    let example = browser
+        .script("return document.getElementById('try-request').value")
+        .await;
+    assert!(
+        example
+            .as_str()
+            .unwrap()
+            .starts_with("POST /hooks HTTP/1.1"),
+        "{example}"
+    );
+    let set = |text: &str| {
+        format!(
+            "document.getElementById('try-request').value = {}",
+            json!(text)
+        )
+    };
+    browser
+        .script(&set(
+            "POST /hooks HTTP/1.1\nContent-Type: application/json\n\n{\"id\":\"evt_tried\"}",
+        ))
+        .await;
+    browser.click("#try-run").await;
+    browser.wait_for_text("#try-verdict", "Taken").await;
+    browser.wait_for_text("#try-key", "evt_tried").await;
+    browser.wait_for_text("#try-result", "{json:/id}").await;
+    browser
+        .wait_for_text("#try-result", "hooks:evt_tried")
+        .await;
+    browser.screenshot("try").await;
+
+    // Without its key: refused, and the part says why.
+    browser
+        .script(&set(
+            "POST /hooks HTTP/1.1\nContent-Type: application/json\n\n{\"type\":\"x\"}",
+        ))
+        .await;
+    browser.click("#try-run").await;
+    browser.wait_for_text("#try-verdict", "Refused").await;
+    browser
+        .wait_for_text("#try-refusal", "400 missing_key")
+        .await;
+    browser
+        .wait_for_text("#try-result", "nothing: {json:/id}: JSON value absent")
+        .await;
+    // No route: each route says why not.
+    browser.script(&set("GET /elsewhere HTTP/1.1\n\n")).await;
+    browser.click("#try-run").await;
+    browser
+        .wait_for_text("#try-verdict", "No route takes it")
+        .await;
+    browser
+        .wait_for_text("#try-result", "by hooks: it takes POST, not GET")
+        .await;
+    // A message that cannot be read: the API's refusal, in the page.
+    browser.script(&set("POST")).await;
+    browser.click("#try-run").await;
+    browser.wait_for_text("#alert", "bad_request (400)").await;
+
+    assert_eq!(
+        key_state(proxy.admin, "evt_tried").await,
+        404,
+        "nothing stored"
+    );
+    assert_eq!(upstream.total_executions(), 0, "nothing sent");
 }

@@ -730,6 +730,66 @@ async function routesPage() {
     routes.routes.map((r) => h('section', {}, h('h2', {}, r.name), h('pre', {}, JSON.stringify(r, null, 2)))));
 }
 
+// A dry run (POST /v1/try): a request pasted as it arrives, judged by the running routes
+// without the app or the store. It changes nothing, so a viewer may run it too.
+async function tryPage() {
+  // An example on the first route's path, for a start.
+  const { routes } = await api('GET', '/v1/routes');
+  const matcher = routes.length ? routes[0].match : {};
+  const path = matcher.path || matcher.path_prefix || '/webhooks';
+  const example = `POST ${path} HTTP/1.1\nContent-Type: application/json\n\n{"id":"evt_123"}`;
+  const request = h('textarea', { id: 'try-request', rows: 12, spellcheck: 'false', 'aria-describedby': 'try-help' }, example);
+  const at = h('input', { id: 'try-at', placeholder: '2026-12-01T12:00:00Z', size: 24 });
+  const result = h('div', { id: 'try-result', 'aria-live': 'polite' });
+  const form = h('form', { onsubmit: async (event) => {
+    event.preventDefault();
+    const asked = { request: request.value };
+    if (at.value.trim()) asked.at = at.value.trim();
+    try {
+      result.replaceChildren(trialReport(await api('POST', '/v1/try', asked)));
+    } catch (error) {
+      result.replaceChildren();
+      failed(error);
+    }
+  } },
+  h('label', {}, 'Request: the request line, headers, a blank line, the body', request),
+  h('label', { class: 'inline' }, 'Judge timestamps as of', at),
+  h('div', { class: 'actions' }, h('button', { type: 'submit', class: 'primary', id: 'try-run' }, 'Try it')));
+  show(h('h1', {}, 'Try a request'),
+    h('p', { id: 'try-help', class: 'muted' }, 'Paste a delivery as it arrives (a captured one, or one written by hand): the running routes say what they would do with it. Nothing is sent to the app and nothing is stored. A # signed-at: line before the request line, or the field below, sets when its signature\'s timestamp is judged.'),
+    form, result);
+}
+
+// What a dry run found, step by step.
+function trialReport(r) {
+  const verdicts = { taken: 'Taken: a route forwards it', refused: 'Refused', unmatched: 'No route takes it' };
+  const answer = (a) => (a ? `${a.status}${a.error ? ` ${a.error}` : ''}: ${a.detail}` : null);
+  const signature = r.signature
+    ? [r.signature.result.replace(/_/g, ' '), r.signature.scheme ? ` (${r.signature.scheme} with ${r.signature.secrets.join(' or ')})` : '',
+      r.signature.detail ? `: ${r.signature.detail}` : '']
+    : null;
+  const parts = r.key ? r.key.parts.map((p) => h('li', {}, h('code', {}, p.part), ' read ',
+    p.value !== undefined ? h('code', {}, p.value) : `nothing: ${p.missing}`)) : [];
+  const order = r.order
+    ? (r.order.unusable ? `unguarded: ${r.order.unusable}` : `entity ${r.order.entity}, version ${r.order.version}`)
+    : null;
+  return h('section', {},
+    h('p', { class: `verdict ${r.verdict}`, id: 'try-verdict' }, verdicts[r.verdict] || r.verdict),
+    fields([
+      ['Request', `${r.request.method} ${r.request.target} (host ${r.request.host || 'none'}, ${num(r.request.body_bytes)} bytes of body)`],
+      r.route ? ['Route', `${r.route.name} (scope ${r.route.scope}, ${r.route.delivery} delivery)`] : null,
+      r.not_taken_by ? ['Not taken', h('ul', {}, r.not_taken_by.map((n) => h('li', {}, `by ${n.route}: ${n.because}`)))] : null,
+      signature ? ['Signature', signature] : null,
+      r.key ? ['Key', [r.key.value ? h('code', { id: 'try-key' }, r.key.value) : '(none)', ' from ', h('code', {}, r.key.template), h('ul', {}, parts)]] : null,
+      r.key && r.key.store_key ? ['Store key', h('code', {}, r.key.store_key)] : null,
+      order ? ['Order', order] : null,
+      r.first_delivery ? ['First delivery', r.first_delivery] : null,
+      r.duplicate ? ['A duplicate', answer(r.duplicate)] : null,
+      r.in_flight ? ['While in flight', answer(r.in_flight)] : null,
+      r.refusal ? ['Refused with', h('span', { id: 'try-refusal' }, answer(r.refusal))] : null,
+    ]));
+}
+
 // ---- routing ---------------------------------------------------------------------------
 
 async function loadSession() {
@@ -761,6 +821,7 @@ async function route() {
       case 'key': await keyPage(parts[1], parts.slice(2).join('/')); break;
       case 'held': await heldPage(); break;
       case 'routes': await routesPage(); break;
+      case 'try': await tryPage(); break;
       default: show(h('p', { class: 'empty' }, 'No such page. ', link('#/', 'Overview')));
     }
   } catch (error) {
