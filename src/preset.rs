@@ -119,7 +119,7 @@ impl Preset {
         self == Preset::IdempotencyKey
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Preset::Stripe => "stripe",
             Preset::Github => "github",

@@ -267,6 +267,7 @@ impl RouteFile {
         }
         self.check_scope(name, earlier)?;
         self.check_delivery(name)?;
+        self.check_templates()?;
         self.check_policy()
     }
 
@@ -302,6 +303,23 @@ impl RouteFile {
             )),
             None => Ok(()),
         }
+    }
+
+    /// The key and `order` templates against the route's provider's own delivery, where
+    /// its preset or signature check names the provider.
+    fn check_templates(&self) -> Result<(), String> {
+        let provider = match (&self.preset, &self.verify) {
+            (Some(preset), _) => preset.name(),
+            (None, Some(VerifySetting::On(verify))) => verify.scheme_name(),
+            _ => return Ok(()),
+        };
+        let mut templates = Vec::new();
+        templates.extend(self.key.as_ref().map(|key| ("key", key)));
+        if let Some(order) = &self.order {
+            templates.push(("order.entity", &order.entity));
+            templates.push(("order.version", &order.version));
+        }
+        super::provider::check(provider, &templates)
     }
 
     /// The key namespace: `scope`, else the name.

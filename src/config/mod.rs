@@ -9,6 +9,7 @@
 mod defaults;
 mod errors;
 mod file;
+mod provider;
 mod queue;
 mod resolve;
 mod schema;

@@ -68,7 +68,8 @@ pub enum TemplateError {
     #[error("unmatched `}}` in key template (write `}}}}` for a literal brace)")]
     UnmatchedClose,
     #[error(
-        "`{{{0}}}` is not a key part: use json:, header:, sf-string:, header-hash:, query: or form:"
+        "`{{{0}}}` is not a key part: use json:, header:, sf-string:, header-hash:, query: or form:{meant}",
+        meant = meant_kind(.0)
     )]
     UnknownKind(String),
     #[error("`{{{0}:}}` needs a name after the colon")]
@@ -129,6 +130,24 @@ impl FromStr for KeyTemplate {
             parts,
         })
     }
+}
+
+/// The kinds of part a template takes.
+const KINDS: [&str; 6] = [
+    "json",
+    "header",
+    "sf-string",
+    "header-hash",
+    "query",
+    "form",
+];
+
+/// `; did you mean json:?` for a part whose kind is a letter or two from one.
+fn meant_kind(inner: &str) -> String {
+    let kind = inner.split_once(':').map_or(inner, |(kind, _)| kind);
+    crate::values::closest(&kind.to_ascii_lowercase(), KINDS)
+        .map(|near| format!("; did you mean {near}:?"))
+        .unwrap_or_default()
 }
 
 fn parse_part(inner: &str) -> Result<Part, TemplateError> {
@@ -212,6 +231,48 @@ impl KeyTemplate {
             .collect()
     }
 
+    /// The parts that read nothing from `sample` (a provider's own delivery) where it has
+    /// something a letter or two away: each part as written, and as it was likely meant.
+    /// A name nothing resembles may be a field of another event type: it is left alone.
+    pub fn near_misses(&self, sample: &Delivery<'_>) -> Vec<(String, String)> {
+        let body: Option<serde_json::Value> = serde_json::from_slice(sample.body).ok();
+        let header = |name: &HeaderName| -> Option<String> {
+            if sample.headers.contains_key(name) {
+                return None;
+            }
+            nearest(name.as_str(), sample.headers.keys().map(HeaderName::as_str))
+        };
+        self.parts
+            .iter()
+            .filter_map(|part| {
+                let meant = match part {
+                    Part::Json { tokens, .. } => json_near_miss(body.as_ref()?, tokens)
+                        .map(|pointer| format!("{{json:{pointer}}}")),
+                    Part::Header(name) => header(name).map(|near| format!("{{header:{near}}}")),
+                    Part::SfString(name) => {
+                        header(name).map(|near| format!("{{sf-string:{near}}}"))
+                    }
+                    Part::HeaderHash(name) => {
+                        header(name).map(|near| format!("{{header-hash:{near}}}"))
+                    }
+                    Part::Form(name) => {
+                        let fields: Vec<String> = form_urlencoded::parse(sample.body)
+                            .map(|(name, _)| name.into_owned())
+                            .collect();
+                        if fields.iter().any(|field| field == name) {
+                            None
+                        } else {
+                            nearest(name, fields.iter().map(String::as_str))
+                                .map(|near| format!("{{form:{near}}}"))
+                        }
+                    }
+                    Part::Literal(_) | Part::Query(_) => None,
+                }?;
+                Some((part.describe(), meant))
+            })
+            .collect()
+    }
+
     /// Fills in the template from a delivery.
     pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
         let mut key = String::new();
@@ -282,6 +343,43 @@ impl Part {
         }
         Ok(())
     }
+}
+
+/// The pointer `tokens` likely meant in `body`: the first token `body` lacks replaced by
+/// the name beside it that is a letter or two away, or none.
+fn json_near_miss(body: &serde_json::Value, tokens: &[String]) -> Option<String> {
+    let mut at = body;
+    for (index, token) in tokens.iter().enumerate() {
+        at = match at {
+            serde_json::Value::Object(fields) => match fields.get(token) {
+                Some(next) => next,
+                None => {
+                    let near = nearest(token, fields.keys().map(String::as_str))?;
+                    let mut meant = tokens.to_vec();
+                    meant[index] = near;
+                    let escaped = meant
+                        .iter()
+                        .map(|token| token.replace('~', "~0").replace('/', "~1"));
+                    return Some(escaped.map(|token| format!("/{token}")).collect());
+                }
+            },
+            serde_json::Value::Array(items) => items.get(token.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    None
+}
+
+/// The one of `names` that `written` likely misspells, compared without regard to case.
+fn nearest<'a>(written: &str, names: impl Iterator<Item = &'a str>) -> Option<String> {
+    let names: Vec<&str> = names.collect();
+    let lower: Vec<String> = names.iter().map(|name| name.to_ascii_lowercase()).collect();
+    let found = crate::values::closest(
+        &written.to_ascii_lowercase(),
+        lower.iter().map(String::as_str),
+    )?;
+    let index = lower.iter().position(|name| name == found)?;
+    Some(names[index].to_owned())
 }
 
 /// The quoted Structured Field string of the header `name`. Several lines of one field
