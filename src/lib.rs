@@ -63,6 +63,7 @@ pub(crate) mod delivery_log;
 pub(crate) mod descriptors;
 pub mod dry_run;
 pub mod dsn;
+pub mod http_file;
 pub mod key;
 pub(crate) mod metrics;
 pub mod order;

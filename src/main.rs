@@ -34,7 +34,7 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run(cli.run)) {
         Command::Run(args) => serve(config, &args),
         Command::Check(args) => check(config, &args),
-        Command::Try(args) => dedupe_proxy::cli::trial::run(config, &args),
+        Command::Try(args) => dedupe_proxy::cli::dry_run::run(config, &args),
         Command::Schema => {
             let schema = dedupe_proxy::config::Config::schema();
             println!("{}", serde_json::to_string_pretty(&schema).expect("JSON"));

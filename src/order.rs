@@ -31,6 +31,7 @@ pub struct Order {
     pub entity: KeyTemplate,
     /// How new an event is: a number or an RFC 3339 time; larger is newer.
     pub version: KeyTemplate,
+    /// `mark` (forwarded with `Dedupe-Stale`) or `skip` (answered 200, not forwarded).
     #[serde(default)]
     pub on_stale: OnStale,
 }

@@ -67,12 +67,20 @@ fn the_committed_schema_is_the_one_the_configuration_types_generate() {
             .is_some_and(|text| text.contains("done key")),
         "{retention}"
     );
-    let route = &generated["definitions"]["RouteFile"]["properties"];
-    for (name, property) in route.as_object().unwrap() {
-        assert!(
-            property["description"].is_string(),
-            "`{name}` has no description: {property}"
-        );
+    // Every setting of every section says what it is.
+    let mut sections = vec![("the top level", &generated["properties"])];
+    for (name, definition) in generated["definitions"].as_object().unwrap() {
+        if let Some(properties) = definition.get("properties") {
+            sections.push((name.as_str(), properties));
+        }
+    }
+    for (section, properties) in sections {
+        for (name, property) in properties.as_object().unwrap() {
+            assert!(
+                property["description"].is_string(),
+                "`{name}` of {section} has no description: {property}"
+            );
+        }
     }
 }
 
@@ -99,7 +107,7 @@ fn every_example_configuration_names_and_meets_the_schema() {
 }
 
 /// Typos an editor should flag, each refused by `check` too.
-const TYPOS: [(&str, &str); 14] = [
+const TYPOS: [(&str, &str); 18] = [
     (
         "a misspelt top-level field",
         "upstrem: http://127.0.0.1:1\n",
@@ -120,7 +128,64 @@ const TYPOS: [(&str, &str); 14] = [
     ),
     ("a boolean where a map goes", "    log: true\n"),
     ("a misspelt store", "store: { sledd: {} }\n"),
+    (
+        "two stores",
+        "store: { sled: {}, redis: { url: redis://127.0.0.1 } }\n",
+    ),
+    (
+        "a route's setting in defaults",
+        "defaults: { key: \"{json:/id}\" }\n",
+    ),
+    (
+        "a misspelt part kind",
+        "    order: { entity: \"{jsn:/id}\", version: \"{json:/v}\" }\n",
+    ),
+    (
+        "a template with no part",
+        "    order: { entity: \"id\", version: \"{json:/v}\" }\n",
+    ),
 ];
+
+/// Values the readers take that a schema could be too strict about: each passes both.
+const VALID: [&str; 9] = [
+    "    retention: 1.5s\n",
+    "    retention: 7 days\n",
+    "    retry_after: 0\n",
+    "    max_body: 1048576\n",
+    "    max_body: +100\n",
+    "    max_body: .5KiB\n",
+    "    success_status: [200, \"2xx\", \"0201\"]\n",
+    "    in_flight_status: 409\n",
+    "    key: \"{{literal}}-{header:X-Id}\"\n",
+];
+
+#[test]
+fn values_the_readers_take_the_schema_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (index, value) in VALID.iter().enumerate() {
+        let text = config_with(value);
+        let path = dir.path().join(format!("valid-{index}.yaml"));
+        std::fs::write(&path, &text).unwrap();
+        let checked = Command::new(binary_path())
+            .args(["check", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            checked.status.success(),
+            "check refused {value}: {}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        files.push((value, path));
+    }
+    let Some(_) = validator() else {
+        return;
+    };
+    for (value, path) in files {
+        assert!(validate(&path), "the schema refused {value}");
+    }
+}
 
 #[test]
 fn typos_that_check_refuses_the_schema_refuses_too() {
@@ -168,13 +233,18 @@ fn config_with(typo: &str) -> String {
     } else {
         "upstream: http://127.0.0.1:1\n"
     };
-    // A typo in `match:` stands in for the route's own.
+    // A `match:` or `key:` given stands in for the route's own.
     let matcher = if route.starts_with("    match:") {
         ""
     } else {
         "    match: { path: /r }\n"
     };
-    format!("{upstream}{top}routes:\n  - name: r\n{matcher}    key: \"{{json:/id}}\"\n{route}")
+    let key = if route.starts_with("    key:") {
+        ""
+    } else {
+        "    key: \"{json:/id}\"\n"
+    };
+    format!("{upstream}{top}routes:\n  - name: r\n{matcher}{key}{route}")
 }
 
 fn validate(path: &Path) -> bool {

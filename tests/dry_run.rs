@@ -95,11 +95,20 @@ fn every_presets_sample_is_taken_with_the_documented_key() {
             ),
             "examples/deliveries/README.md documents {sample} with {config} and {key}"
         );
-        for request in [
-            vec!["-c", config, "--sample", sample],
-            vec!["-c", config, &format!("examples/deliveries/{sample}.http")],
+        // The file's test secret, set in the environment: a file's `# secret:` lines are
+        // not read (only a shipped sample's).
+        let file = format!("examples/deliveries/{sample}.http");
+        let text = std::fs::read_to_string(repository().join(&file)).unwrap();
+        let secret = text
+            .lines()
+            .find_map(|line| line.strip_prefix("# secret: "))
+            .and_then(|secret| secret.split_once('='));
+        let env: Vec<(&str, &str)> = secret.into_iter().collect();
+        for (request, env) in [
+            (vec!["-c", config, "--sample", sample], &[][..]),
+            (vec!["-c", config, &file], &env[..]),
         ] {
-            let (status, report) = judged(&request, &[]);
+            let (status, report) = judged(&request, env);
             assert_eq!(
                 (status, &report["verdict"]),
                 (0, &Value::from("taken")),
@@ -163,7 +172,7 @@ fn broken_samples_get_the_documented_refusal() {
             &[],
             401,
             "stale_signature",
-            "more than 5m away",
+            "more than 5m from 2026-12-01T12:10:00.000Z",
         ),
         (
             with(&["-H", "Stripe-Signature: t=1796126400"]),
@@ -181,10 +190,9 @@ fn broken_samples_get_the_documented_refusal() {
         assert_eq!(report["refusal"]["error"], error, "{args:?}");
         let said = report["signature"]["detail"].as_str().unwrap();
         assert!(said.contains(detail), "{args:?}: {said}");
-        assert!(
-            report.get("key").is_none(),
-            "nothing past the refusal: {report:#}"
-        );
+        // The key is still read: a rule can be checked without the sender's secret.
+        assert!(report["key"]["value"].is_string(), "{args:?}: {report:#}");
+        assert!(report.get("first_delivery").is_none(), "{report:#}");
     }
 
     // No key where the route needs one: its part says why.
@@ -203,10 +211,7 @@ fn broken_samples_get_the_documented_refusal() {
         (exit, &report["refusal"]["error"]),
         (1, &Value::from("missing_key"))
     );
-    assert_eq!(
-        report["key"]["parts"][0]["missing"],
-        "{form:MessageSid}: form field absent"
-    );
+    assert_eq!(report["key"]["parts"][0]["missing"], "form field absent");
 
     // No route: each route says why not; `unmatched: forward` passes it on unchecked.
     let twilio = ["-c", "config/twilio.yaml", "--path"];
@@ -228,8 +233,8 @@ fn broken_samples_get_the_documented_refusal() {
         "it takes POST, not GET"
     );
 
-    // Without the secret (no `# secret:` line, nothing in the environment): not checked,
-    // and said so.
+    // Without the secret (nothing in the environment; a file's `# secret:` lines are not
+    // read): not checked, said so, and not counted as taken.
     let (exit, report) = judged(
         &[
             "-c",
@@ -241,13 +246,39 @@ fn broken_samples_get_the_documented_refusal() {
         ],
         &[],
     );
-    assert_eq!(exit, 0);
+    assert_eq!((exit, &report["verdict"]), (1, &Value::from("unverified")));
     assert_eq!(report["signature"]["result"], "not_checked");
     assert!(
         report["signature"]["detail"]
             .as_str()
             .unwrap()
             .contains("STRIPE_WEBHOOK_SECRET not set")
+    );
+    let (exit, report) = judged(
+        &[
+            "-c",
+            "config/stripe.yaml",
+            "examples/deliveries/stripe.http",
+        ],
+        &[],
+    );
+    assert_eq!((exit, &report["verdict"]), (1, &Value::from("unverified")));
+    assert!(
+        report["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("a request file's `# secret:` lines are not read")
+    );
+
+    // A header the request's `Connection` names is gone before anything reads it, as the
+    // proxy strips it: the signature goes with it.
+    let (exit, report) = judged(
+        &[&stripe[..], &["-H", "Connection: stripe-signature"]].concat(),
+        &[],
+    );
+    assert_eq!(
+        (exit, &report["refusal"]["error"]),
+        (1, &Value::from("missing_signature"))
     );
 }
 
@@ -308,7 +339,11 @@ fn bad_requests_and_files_are_refused_with_a_reason_and_status_2() {
     }
     // A key holding what a terminal would act on is refused, and said so without it.
     let escape = dir.path().join("escape.http");
-    std::fs::write(&escape, "POST /twilio/sms\n\nMessageSid=SM%1B%5B31mred").unwrap();
+    std::fs::write(
+        &escape,
+        "POST /twilio/sms\nHost: a.example\n\nMessageSid=SM%1B%5B31mred",
+    )
+    .unwrap();
     let output = try_run(&["-c", "config/twilio.yaml", escape.to_str().unwrap()], &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
@@ -317,6 +352,28 @@ fn bad_requests_and_files_are_refused_with_a_reason_and_status_2() {
         stdout.contains("value contains a control or formatting character"),
         "{stdout}"
     );
+    // Without `Host`, as the proxy's server refuses an HTTP/1.1 request without one; a
+    // `Host` another than the target's authority likewise.
+    for (head, says) in [
+        ("POST /twilio/sms HTTP/1.1\n", "0 Host header lines"),
+        (
+            "POST http://a.example/twilio/sms HTTP/1.1\nHost: b.example\n",
+            "differs from the request's authority",
+        ),
+    ] {
+        let file = dir.path().join("host.http");
+        std::fs::write(&file, format!("{head}\nMessageSid=SM1")).unwrap();
+        let output = try_run(
+            &["-c", "config/twilio.yaml", "--json", file.to_str().unwrap()],
+            &[],
+        );
+        let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(report["refusal"]["error"], "bad_request", "{report:#}");
+        assert!(
+            report["refusal"]["detail"].as_str().unwrap().contains(says),
+            "{report:#}"
+        );
+    }
 }
 
 #[test]
@@ -444,7 +501,7 @@ async fn the_admin_api_dry_runs_against_the_running_routes_and_changes_nothing()
     let body = r#"{"id":"evt_try"}"#;
     let signature = hmac_sha256_hex(b"s3cret", body.as_bytes());
     let message = format!(
-        "POST /hooks HTTP/1.1\nContent-Type: application/json\nX-Signature: sha256={signature}\nContent-Length: {}\n\n{body}",
+        "POST /hooks HTTP/1.1\nHost: localhost\nContent-Type: application/json\nX-Signature: sha256={signature}\nContent-Length: {}\n\n{body}",
         body.len()
     );
     let asked = serde_json::json!({ "request": message }).to_string();
@@ -473,6 +530,19 @@ async fn the_admin_api_dry_runs_against_the_running_routes_and_changes_nothing()
     ];
     let huge =
         serde_json::json!({ "request": format!("POST /hooks\n\n{}", "a".repeat(300 << 10)) });
+    // As many header names as would make a header map panic (32 768): refused long before.
+    let base36 = |mut n: u32| {
+        let mut name = String::new();
+        loop {
+            name.push(char::from_digit(n % 36, 36).unwrap());
+            n /= 36;
+            if n == 0 {
+                return name;
+            }
+        }
+    };
+    let names: String = (0..33_000).map(|n| format!("{}:\n", base36(n))).collect();
+    let many_headers = serde_json::json!({ "request": format!("POST /hooks\n{names}\n") });
     for (body, says) in [
         ("{}".to_owned(), "missing field `request`"),
         (r#"{"request":"POST\n\n"}"#.to_owned(), "not a request line"),
@@ -480,7 +550,8 @@ async fn the_admin_api_dry_runs_against_the_running_routes_and_changes_nothing()
             r#"{"request":"POST /hooks\n\n{}","at":"soon"}"#.to_owned(),
             "not an RFC 3339",
         ),
-        (huge.to_string(), "body"),
+        (huge.to_string(), "body exceeds max_body of 262144 bytes"),
+        (many_headers.to_string(), "more than 100 header lines"),
     ] {
         let answer = send(proxy.admin, "POST", "/v1/try", &headers, body).await;
         assert_eq!(answer.status, 400, "{says}: {}", answer.body);

@@ -66,7 +66,7 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["list_keys", {"route": "hooks", "prefix": "evt_", "state": "done"}],
         ["list_keys", {"route": "hooks", "prefix": "other_"}],
         ["clear_keys", {"scope": "hooks"}],
-        ["try_request", {"request": "POST /hooks HTTP/1.1\nContent-Type: application/json\n\n{\"id\":\"evt_9\"}"}],
+        ["try_request", {"request": "POST /hooks HTTP/1.1\nHost: localhost\nContent-Type: application/json\n\n{\"id\":\"evt_9\"}"}],
         ["get_key", {"route": "hooks", "key": "evt_9"}],
     ]);
     let seen = agent(proxy.admin, None, calls).await;

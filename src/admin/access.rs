@@ -92,8 +92,9 @@ impl Rules {
             Role::Anyone
         };
         // `/mcp`'s messages are POSTs that may only read (its tools are limited instead), as
-        // is a dry run's.
-        let reads_only = matches!(path, "/mcp" | "/v1/try");
+        // is a dry run's. The paths open to anyone take only GET and HEAD (their endpoints
+        // answer anything else 405), so the rule is the viewer's.
+        let reads_only = super::endpoint::READ_ONLY_POSTS.contains(&path);
         if role == Role::Viewer && !request.method().is_safe() && !reads_only {
             return Err(AdminRefusal::ReadOnly);
         }

@@ -16,6 +16,10 @@ pub(super) enum Endpoint<'a> {
     Mcp,
 }
 
+/// The paths whose POSTs change nothing, which a read-only caller may send: `/mcp` (its
+/// tools are limited instead) and a dry run.
+pub(super) const READ_ONLY_POSTS: [&str; 2] = ["/mcp", "/v1/try"];
+
 /// The endpoints that answer from the start, without the token.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Probe {
@@ -310,6 +314,16 @@ mod tests {
             "/metrics/",
         ] {
             assert_eq!(Endpoint::parse(unknown), None, "{unknown}");
+        }
+    }
+
+    /// The paths open to anyone change nothing: the read-only rule (`access`) leaves them
+    /// to this.
+    #[test]
+    fn the_paths_open_to_anyone_take_only_get_and_head() {
+        for path in ["/healthz", "/readyz", "/metrics", "/", "/console/", "/console/app.js"] {
+            let endpoint = Endpoint::parse(path).unwrap();
+            assert_eq!(endpoint.allow(), "GET, HEAD", "{path}");
         }
     }
 

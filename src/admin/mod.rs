@@ -12,13 +12,13 @@ mod access;
 mod bulk;
 mod console;
 mod deliveries;
+mod dry_run;
 mod endpoint;
 mod keys;
 mod mcp;
 mod overview;
 mod queue;
 mod scopes;
-mod trial;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -152,7 +152,7 @@ impl Admin {
         let body = if matches!(head.method, Method::POST | Method::PATCH) {
             let limit = match endpoint {
                 Endpoint::Mcp => mcp::REQUEST_BODY_MAX,
-                Endpoint::Api(Api::Try) => trial::REQUEST_BODY_MAX,
+                Endpoint::Api(Api::Try) => dry_run::REQUEST_BODY_MAX,
                 _ => BODY_MAX,
             };
             match body::read_limited(&head.headers, body, limit, BODY_READ_TIMEOUT).await {
@@ -312,7 +312,7 @@ async fn serve_store_api(
         }
         Api::Replays { route } => start_replay(serving, replays, route, request.uri().query()),
         Api::Replay { id } => replay_request(replays, method, id),
-        Api::Try => trial::dry_run(&serving.proxy, request.body()),
+        Api::Try => dry_run::dry_run(&serving.proxy, request.body()),
         Api::Overview | Api::Deliveries | Api::DeliveriesTail | Api::Delivery { .. } => {
             AdminRefusal::NotFound.into_response()
         }

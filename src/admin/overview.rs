@@ -68,7 +68,7 @@ pub(super) async fn overview(sources: Sources<'_>, role: Role) -> Response<Proxy
     let body = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_seconds": started.elapsed().as_secs_f64(),
-        "access": { "role": if role.may_change() { "operator" } else { "viewer" }, "credential": role.credential() },
+        "access": { "role": match role { Role::Operator { .. } => "operator", Role::Viewer | Role::Anyone => "viewer" }, "credential": role.credential() },
         "store": {
             "kind": reloader.store_kind(),
             "healthy": store_error.is_none(),

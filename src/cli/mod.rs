@@ -4,8 +4,8 @@
 
 pub mod admin;
 pub(crate) mod api;
+pub mod dry_run;
 mod queue;
-pub mod trial;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -165,17 +165,16 @@ pub struct CheckArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TryArgs {
     /// A request as a plain HTTP message (request line, headers, blank line, body), `-`
-    /// for standard input. `# signed-at: TIME` and `# secret: NAME=value` lines before it
-    /// give its signing time and test secrets.
+    /// for standard input. A `# signed-at: TIME` line before it gives its signing time.
     #[arg(conflicts_with_all = ["sample", "path"])]
     pub request: Option<PathBuf>,
     /// A provider preset's sample delivery, shipped with the binary: stripe, github,
     /// shopify, slack, twilio, paddle, standard_webhooks.
     #[arg(long, conflicts_with = "path")]
     pub sample: Option<String>,
-    /// The request's method, with `--path`.
-    #[arg(short = 'X', long, default_value = "POST")]
-    pub method: String,
+    /// The request's method (default: the file's or sample's, `POST` with `--path`).
+    #[arg(short = 'X', long)]
+    pub method: Option<String>,
     /// The request's path and query, to make a request from parts (`-H`, `-d`).
     #[arg(long)]
     pub path: Option<String>,

@@ -37,26 +37,35 @@ use crate::verify::{Verify, VerifySetting};
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ConfigFile {
+    /// Where providers connect: an `IP:port`.
     #[serde(default = "defaults::listen", deserialize_with = "socket_address")]
     pub(super) listen: SocketAddr,
     pub(super) upstream: UpstreamUrl,
+    /// The admin port: health, readiness, metrics, the admin API, `/mcp` and the console.
     #[serde(default, deserialize_with = "admin_section")]
     pub(super) admin: AdminConfig,
+    /// Where claims are kept: exactly one of `sled` (embedded, the default), `redis`, `postgres`.
     #[serde(default, deserialize_with = "store_section")]
     #[schemars(with = "super::store::StoreFile")]
     pub(super) store: StoreConfig,
+    /// Route settings every route inherits where it sets none (not `name`, `match`, `key`, `scope`, `preset`, `verify`, `order`, `delivery`, `queue`).
     #[serde(default, deserialize_with = "defaults_section")]
     pub(super) defaults: RouteFile,
+    /// Requests no route takes: `forward` them untouched, or `reject` them (404).
     #[serde(default)]
     pub(super) unmatched: Unmatched,
     #[serde(default = "defaults::shutdown_grace")]
     pub(super) shutdown_grace: HumanDuration,
+    /// What one sender may cost the proxy: connections, requests, sizes and timeouts.
     #[serde(default, deserialize_with = "limits_section")]
     pub(super) limits: Limits,
+    /// OpenTelemetry traces over OTLP; fields left out fall back to the `OTEL_*` variables.
     #[serde(default)]
     pub(super) telemetry: Option<TelemetryConfig>,
+    /// The log of what became of each request, kept in the store.
     #[serde(default, deserialize_with = "delivery_log_section")]
     pub(super) delivery_log: DeliveryLogConfig,
+    /// The routes, in order: the first that takes a request wins.
     #[serde(default, deserialize_with = "route_list")]
     pub(super) routes: Vec<RouteFile>,
 }
@@ -141,8 +150,10 @@ pub(super) struct RouteFile {
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LogFile {
+    /// Record each request's body in the delivery log.
     pub(super) bodies: Option<bool>,
     pub(super) max_body_bytes: Option<Size>,
+    /// Headers recorded in the delivery log (never a signature, credential or cookie header).
     pub(super) headers: Option<Vec<LoggedHeader>>,
 }
 
@@ -151,6 +162,7 @@ pub(super) struct LogFile {
 #[serde(deny_unknown_fields)]
 pub(super) struct DuplicateResponseFile {
     pub(super) status: Option<StatusValue>,
+    /// The body of a duplicate's answer.
     pub(super) body: Option<String>,
     pub(super) content_type: Option<HeaderText>,
     /// Answer with the upstream's recorded status, headers and body instead.
@@ -163,10 +175,14 @@ pub(super) struct DuplicateResponseFile {
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct MatchFile {
+    /// A method like POST, or a list of them; any method when left out.
     #[serde(default)]
     pub(super) method: Methods,
+    /// A path, matched in its normal form (case, repeated slashes, escapes and a trailing slash aside).
     pub(super) path: Option<String>,
+    /// Every path below this one, segment by segment; not with `path`.
     pub(super) path_prefix: Option<String>,
+    /// Only requests for this host (case and a trailing dot aside; the port only if given).
     pub(super) host: Option<String>,
 }
 

@@ -107,7 +107,6 @@ impl Config {
         verify.chain(token).chain(self.store.passwords()).collect()
     }
 
-    /// Validates configuration text; `path` is used in messages and kept as the source.
     /// The file's JSON Schema, as `dedupe-proxy schema` prints it and `config/schema.json`
     /// holds it; a route's settings show the built-in values of a route with none set.
     pub fn schema() -> serde_json::Value {
@@ -118,6 +117,7 @@ impl Config {
         schema::generate(&route)
     }
 
+    /// Validates configuration text; `path` is used in messages and kept as the source.
     pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let file: ConfigFile =
             serde_yaml::from_str(text).map_err(|error| errors::every_error(text, path, &error))?;

@@ -1,19 +1,23 @@
 //! A route's templates checked against its provider's own delivery (the sample shipped
 //! for `dedupe-proxy try`): a key, `order` entity or version that reads nothing from it
-//! where the delivery has a field or header a letter or two away is a typo, refused with
-//! what was likely meant. One that resembles nothing may name a field of another event
-//! type, and is left alone.
+//! where the delivery has a header, form field or envelope field one letter away is a
+//! typo, refused with what was likely meant. A name further off may be a field of another
+//! event type, and is left alone; so are the JSON fields of providers whose bodies are
+//! each event's own (Shopify's resources, Standard Webhooks' payloads).
 
-use crate::dry_run::message;
+use crate::http_file;
 use crate::key::{Delivery, KeyTemplate};
+
+/// The providers whose deliveries share one JSON envelope, which the sample shows.
+const ENVELOPES: [&str; 4] = ["stripe", "github", "slack", "paddle"];
 
 /// Refuses the first of `templates` (each with the setting it is written in) that misses
 /// what `provider`'s delivery has, if any; `provider` is a sample's name.
 pub(super) fn check(provider: &str, templates: &[(&str, &KeyTemplate)]) -> Result<(), String> {
-    let Ok(text) = message::sample(provider) else {
+    let Ok(text) = http_file::sample(provider) else {
         return Ok(());
     };
-    let written = message::parse(text.as_bytes()).expect("the samples are valid messages");
+    let written = http_file::parse(text.as_bytes()).expect("the samples are valid messages");
     let request = &written.request;
     let delivery = Delivery {
         headers: request.headers(),
@@ -21,7 +25,8 @@ pub(super) fn check(provider: &str, templates: &[(&str, &KeyTemplate)]) -> Resul
         body: request.body(),
     };
     for (setting, template) in templates {
-        if let Some((part, meant)) = template.near_misses(&delivery).into_iter().next() {
+        let json = ENVELOPES.contains(&provider);
+        if let Some((part, meant)) = template.near_misses(&delivery, json).into_iter().next() {
             return Err(format!(
                 "`{setting}` reads {part}, which a {provider} delivery does not have; did you mean {meant}?"
             ));
@@ -49,6 +54,12 @@ mod tests {
             ("slack", "{json:/event/channel}"),
             ("hmac", "{json:/idd}"),
             ("svix", "{header:svix-idd}"),
+            // A field two letters from a sample's, and a header one word off.
+            ("stripe", "{json:/data/object/account}"),
+            ("github", "{json:/member/id}"),
+            ("shopify", "{header:X-Shopify-Order-Id}"),
+            ("shopify", "{json:/idd}"),
+            ("standard_webhooks", "{json:/data/account}"),
         ] {
             assert_eq!(checked(provider, template), Ok(()), "{provider} {template}");
         }

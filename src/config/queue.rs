@@ -36,15 +36,22 @@ const MAX_CONCURRENCY_LIMIT: u32 = 1000;
 #[serde(deny_unknown_fields)]
 pub(super) struct QueueFile {
     accepted_status: Option<StatusValue>,
+    /// The body of the answer once the request is stored.
     accepted_body: Option<String>,
+    /// Deliveries tried at most before the job goes to dead letters.
     max_attempts: Option<u32>,
     max_age: Option<HumanDuration>,
     backoff_base: Option<HumanDuration>,
     backoff_cap: Option<HumanDuration>,
+    /// 4xx answers that are tried again (every 5xx is).
     retry_statuses: Option<Vec<StatusValue>>,
+    /// Deliveries to the app at once.
     max_concurrency: Option<u32>,
+    /// Jobs waiting at most; more are answered 503.
     max_queued: Option<u64>,
+    /// Deliveries a second at most.
     rate: Option<u32>,
+    /// Deliveries above `rate` allowed at once (with `rate`).
     burst: Option<u32>,
     target: Option<HumanDuration>,
     order_by: Option<KeyTemplate>,

@@ -12,6 +12,7 @@ use crate::values::{EnvSecret, HostName, HumanDuration, OtlpEndpoint, SampleRati
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
+    /// Where the admin port listens; on a loopback address, the API answers without a token.
     #[serde(
         default = "defaults::admin_listen",
         deserialize_with = "crate::values::socket_address"
@@ -68,7 +69,9 @@ pub struct TelemetryConfig {
     /// The collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it: with
     /// `http/protobuf`, spans go to its `/v1/traces`.
     pub otlp_endpoint: Option<OtlpEndpoint>,
+    /// `http/protobuf` (port 4318) or `grpc` (port 4317).
     pub protocol: Option<OtlpProtocol>,
+    /// The `service.name` of every span (default `dedupe-proxy`).
     pub service_name: Option<String>,
     /// The share of traces started here that are kept (a sender's sampled flag is
     /// followed): `0` to `1`.
@@ -138,6 +141,7 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveryLogConfig {
+    /// `false`: nothing is logged.
     #[serde(default = "defaults::yes")]
     pub enabled: bool,
     /// How long an entry is kept.

@@ -33,8 +33,10 @@ pub enum StoreConfig {
 #[derive(Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StoreFile {
+    /// The embedded store: one process, claims on local disk.
     #[serde(skip_serializing_if = "Option::is_none")]
     sled: Option<SledConfig>,
+    /// Redis 7 or later, or a Redis Cluster, shared by replicas.
     #[serde(
         default,
         deserialize_with = "redis_section",
@@ -42,6 +44,7 @@ pub(super) struct StoreFile {
     )]
     #[schemars(with = "Option<RedisFile>")]
     redis: Option<RedisConfig>,
+    /// PostgreSQL, shared by replicas.
     #[serde(
         default,
         deserialize_with = "postgres_section",
@@ -403,16 +406,21 @@ fn masked_urls<S: serde::Serializer>(urls: &[Secret], serializer: S) -> Result<S
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RedisFile {
+    /// `redis://[:password@]host:port/db`, or `rediss://` for TLS; with a password, use `url_env`.
     url: Option<String>,
     url_env: Option<EnvSecret>,
+    /// Put in front of every key, so that applications can share a Redis.
     #[serde(default = "defaults::redis_prefix")]
     prefix: String,
     #[serde(default = "defaults::server_timeout")]
     timeout: HumanDuration,
+    /// With `rediss://`: the CA, and a client certificate and key (PEM files).
     #[serde(default, deserialize_with = "tls_section")]
     tls: Option<TlsConfig>,
+    /// The URLs are seeds of a Redis Cluster.
     #[serde(default)]
     cluster: bool,
+    /// More seeds of the cluster (with `cluster: true`).
     #[serde(default)]
     nodes: Vec<String>,
 }
@@ -420,16 +428,20 @@ struct RedisFile {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct PostgresFile {
+    /// `postgres://user[:password]@host:port/db[?sslmode=...]`; with a password, use `url_env`.
     url: Option<String>,
     url_env: Option<EnvSecret>,
+    /// The server itself, past a pooler in transaction mode: for the schema's steps and listening.
     direct_url: Option<String>,
     direct_url_env: Option<EnvSecret>,
     #[serde(default = "defaults::postgres_table")]
     table: TableName,
     #[serde(default = "defaults::server_timeout")]
     timeout: HumanDuration,
+    /// Connections for deliveries, shared out among the workers.
     #[serde(default = "defaults::postgres_pool_size")]
     pool_size: usize,
+    /// The CA, and a client certificate and key (PEM files).
     #[serde(default, deserialize_with = "tls_section")]
     tls: Option<TlsConfig>,
 }
@@ -540,6 +552,7 @@ pub struct SledConfig {
     /// The data directory, relative to the working directory.
     #[serde(default = "defaults::sled_path")]
     pub path: PathBuf,
+    /// `batched` (done marks reach the disk every `flush_every`) or `fsync` (before the sender's answer).
     #[serde(default)]
     pub durability: Durability,
     /// How often `batched` durability flushes to disk.

@@ -1,24 +1,26 @@
 //! A dry run: what the proxy would do with one request, step by step, without contacting
 //! the app or the store. The route that takes it (or why none does), the signature's
 //! check, the key and the parts it came from, the store key, what `order` reads, and what
-//! a first delivery, a duplicate and a delivery in flight would get. The steps are the
-//! proxy's own (the route table, the signature schemes, the key templates, the refusals),
-//! taken in the order `proxy::Proxy::check` takes them, so a dry run tells the story a
-//! delivery would live. `dedupe-proxy try` runs one on a file's routes (`cli::trial`);
-//! `POST /v1/try` on the running ones.
+//! a first delivery, a duplicate and a delivery in flight would get.
+//!
+//! The steps call the proxy's own parts (hop-by-hop headers stripped as `Proxy::handle`
+//! strips them, the route table and its readings, the body limit, the signature schemes,
+//! the key templates, the refusals), in the order `Proxy::check` takes them; the store's
+//! steps are described, not taken. `tests/dry_run.rs` holds the two to the same key and
+//! refusals. `dedupe-proxy try` runs one on a file's routes (`cli::dry_run`); `POST /v1/try`
+//! on the running ones (`admin::dry_run`).
 
-pub mod message;
 mod report;
 
 use bytes::Bytes;
 use http::Request;
 
 pub use report::{
-    Answered, Asked, KeyRead, NotTaken, OrderRead, PartRead, Report, RouteTaken, Signature, Verdict,
+    Answered, Asked, Checked, KeyRead, NotTaken, OrderRead, PartRead, Report, RouteTaken,
+    Signature, Verdict,
 };
 
 use crate::key::{Delivery, KeyError};
-use crate::order::Guard;
 use crate::response::Refusal;
 use crate::route::{OnMissingKey, Route, Routing, Unmatched};
 use crate::store::keys::store_key;
@@ -27,24 +29,35 @@ use crate::verify::Verify;
 /// What `routing` would do with `request`, judging a signature's timestamp as of `now`
 /// (Unix seconds).
 pub fn judge(routing: &Routing, request: &Request<Bytes>, now: i64) -> Report {
+    let request = &without_hop_by_hop(request);
     let report = Report::of(request);
-    let headers = request.headers();
     let target = match crate::target::addressed(
         request.version(),
         request.method(),
         request.uri(),
-        headers,
+        request.headers(),
         routing.table.limits_hosts(),
     ) {
         Ok(target) => target,
         Err(error) => return report.refused(error.into()),
     };
-    let route = match routing.table.find(&target) {
-        Ok(Some(route)) => route,
-        Ok(None) => return unmatched(report, routing, &target),
-        Err(error) => return report.refused(error.into()),
-    };
-    on_route(report, route, request, now)
+    match routing.table.find(&target) {
+        Ok(Some(route)) => on_route(report, route, request, now),
+        Ok(None) => unmatched(report, routing, &target),
+        Err(error) => report.refused(error.into()),
+    }
+}
+
+/// The request as the proxy reads it: without the headers a hop consumes, and those its
+/// `Connection` names (the app never sees them, so they must not choose anything).
+fn without_hop_by_hop(request: &Request<Bytes>) -> Request<Bytes> {
+    let mut stripped = Request::new(request.body().clone());
+    *stripped.method_mut() = request.method().clone();
+    *stripped.uri_mut() = request.uri().clone();
+    *stripped.version_mut() = request.version();
+    *stripped.headers_mut() = request.headers().clone();
+    crate::upstream::strip_hop_by_hop(stripped.headers_mut());
+    stripped
 }
 
 /// No route takes the request: why not, route by route, and what happens to it.
@@ -61,34 +74,21 @@ fn unmatched(
             because: route
                 .matcher
                 .refuses(target.method.as_str(), target.host, &target.path)
-                .unwrap_or_else(|| {
-                    "it takes another reading of the request (a method override or a rewritten URL)"
-                        .into()
-                }),
+                .unwrap_or_else(report::another_reading),
         })
         .collect();
     match routing.unmatched {
         Unmatched::Reject => report.refused(Refusal::NoRoute),
-        Unmatched::Forward => {
-            report.verdict = Verdict::Unmatched;
-            report.first_delivery = Some(format!(
-                "forwarded to {} as it is: no signature check, no key, no deduplication",
-                routing.fallback_upstream
-            ));
-            report
-        }
+        Unmatched::Forward => report.forwarded_unmatched(&routing.fallback_upstream),
     }
 }
 
-/// The steps of a delivery on `route` that need no store.
+/// The steps of a delivery on `route` that need no store. After a refused signature the
+/// key is still read (a rule can be checked without the sender's secret), and the verdict
+/// stays refused.
 fn on_route(mut report: Report, route: &Route, request: &Request<Bytes>, now: i64) -> Report {
     let policy = &route.policy;
-    report.route = Some(RouteTaken {
-        name: route.name.clone(),
-        scope: route.namespace.clone(),
-        delivery: policy.delivery,
-        upstream: route.upstream.to_string(),
-    });
+    report.route = Some(RouteTaken::of(route));
     let body = request.body();
     if body.len() as u64 > policy.max_body {
         return report.refused(Refusal::BodyTooLarge {
@@ -98,7 +98,7 @@ fn on_route(mut report: Report, route: &Route, request: &Request<Bytes>, now: i6
     let (signature, refused) = signature(route.verify.as_ref(), request, now);
     report.signature = Some(signature);
     if let Some(refusal) = refused {
-        return report.refused(refusal);
+        report = report.refused(refusal);
     }
     let delivery = Delivery {
         headers: request.headers(),
@@ -107,39 +107,21 @@ fn on_route(mut report: Report, route: &Route, request: &Request<Bytes>, now: i6
     };
     let (key, extracted) = key_read(route, &delivery);
     report.key = Some(key);
+    if report.refusal.is_some() {
+        return report;
+    }
     match extracted {
         Ok(_) => {}
         Err(KeyError::Missing { .. }) if policy.on_missing_key == OnMissingKey::Forward => {
-            report.first_delivery = Some(format!(
-                "forwarded to {} without a claim (on_missing_key: forward): not deduplicated",
-                route.upstream
-            ));
-            return report;
+            return report.forwarded_unkeyed(route);
         }
         Err(error) => return report.refused(error.into()),
     }
-    report.order =
-        route
-            .order
-            .as_ref()
-            .map(|order| match order.read(&route.namespace, &delivery) {
-                Guard::Versioned(ordered) => OrderRead {
-                    entity: Some(ordered.entity),
-                    version: Some(ordered.version.text),
-                    unusable: None,
-                },
-                Guard::Unversioned(why) => OrderRead {
-                    entity: None,
-                    version: None,
-                    unusable: Some(why),
-                },
-                Guard::Off => OrderRead {
-                    entity: None,
-                    version: None,
-                    unusable: None,
-                },
-            });
-    report::answers(&mut report, route, request);
+    report.order = route
+        .order
+        .as_ref()
+        .map(|order| OrderRead::of(order.read(&route.namespace, &delivery)));
+    report.answers(route, request);
     report
 }
 
@@ -153,6 +135,7 @@ fn key_read(route: &Route, delivery: &Delivery<'_>) -> (KeyRead, Result<String, 
         .map(|(part, read)| {
             let (value, missing) = match read {
                 Ok(value) => (Some(value), None),
+                Err(KeyError::Missing { reason, .. }) => (None, Some(reason.to_owned())),
                 Err(error) => (None, Some(error.to_string())),
             };
             PartRead {
@@ -182,19 +165,16 @@ fn signature(
     now: i64,
 ) -> (Signature, Option<Refusal>) {
     let Some(verify) = verify else {
-        let none = Signature {
-            result: "none",
-            scheme: None,
-            secrets: Vec::new(),
-            detail: None,
-        };
-        return (none, None);
+        return (Signature::none(request.headers()), None);
     };
     let secrets = &verify.secrets().0;
     let mut signature = Signature {
-        result: "verified",
+        result: Checked::Verified,
         scheme: Some(verify.scheme_name()),
         secrets: secrets.iter().map(|env| env.variable.clone()).collect(),
+        judged_at: verify
+            .is_timestamped()
+            .then(|| crate::store::rfc3339(u64::try_from(now).unwrap_or(0).saturating_mul(1000))),
         detail: None,
     };
     let unset: Vec<&str> = secrets
@@ -203,7 +183,7 @@ fn signature(
         .map(|env| env.variable.as_str())
         .collect();
     if !unset.is_empty() {
-        signature.result = "not_checked";
+        signature.result = Checked::NotChecked;
         signature.detail = Some(format!(
             "{} not set here: set it to the route's secret to check the signature",
             unset.join(", ")
@@ -216,8 +196,11 @@ fn signature(
     match checked {
         Ok(()) => (signature, None),
         Err(failure) => {
-            signature.result = "refused";
-            signature.detail = Some(report::why_refused(&failure));
+            signature.result = Checked::Refused;
+            signature.detail = Some(report::why_refused(
+                &failure,
+                signature.judged_at.as_deref(),
+            ));
             (signature, Some(failure.into()))
         }
     }

@@ -1,22 +1,22 @@
-//! A dry run's report: what it found, as JSON; the answers a route gives (first
-//! delivery, duplicate, in flight) and why a signature was refused, in words; and the
-//! report as the text `dedupe-proxy try` prints.
+//! A dry run's report: what each step found, as JSON (`try --json`, `POST /v1/try`); the
+//! answers a route gives, the refusals and their reasons in words; and the report as the
+//! text `dedupe-proxy try` prints.
 
 use std::fmt;
 
 use bytes::Bytes;
-use http::Request;
+use http::{HeaderMap, Request};
 use serde::Serialize;
 
+use crate::order::Guard;
 use crate::response::Refusal;
 use crate::route::{DeliveryMode, OnAmbiguous, OnInFlight, ReplayGuard, Route};
+use crate::values::{HumanDuration, UpstreamUrl};
 use crate::verify::VerifyError;
 
 /// What the proxy would do with a request.
 #[derive(Debug, Serialize)]
 pub struct Report {
-    /// `taken` (a route takes it and forwards or queues it), `refused` (the sender gets
-    /// an error) or `unmatched` (no route takes it; it is forwarded unchecked).
     pub verdict: Verdict,
     pub request: Asked,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -49,8 +49,14 @@ pub struct Report {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
+    /// A route takes it: forwarded, or queued.
     Taken,
+    /// A route would take it if its signature verifies, which was not checked (a secret's
+    /// variable is not set).
+    Unverified,
+    /// The sender gets an error.
     Refused,
+    /// No route takes it: forwarded unchecked, as `unmatched: forward` says.
     Unmatched,
 }
 
@@ -77,16 +83,29 @@ pub struct NotTaken {
     pub because: String,
 }
 
+/// What became of the signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Checked {
+    Verified,
+    Refused,
+    /// A secret's variable is not set here.
+    NotChecked,
+    /// The route checks none.
+    None,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Signature {
-    /// `verified`, `refused`, `not_checked` (a secret's variable is not set) or `none`
-    /// (the route checks no signature).
-    pub result: &'static str,
+    pub result: Checked,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scheme: Option<&'static str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
-    /// Why it was refused or not checked.
+    /// When a timestamped scheme's timestamp was judged at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judged_at: Option<String>,
+    /// Why it was refused or not checked, or what a route without a check misses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
@@ -98,7 +117,8 @@ pub struct KeyRead {
     pub value: Option<String>,
     /// Each part that reads the request, with its value or why it has none.
     pub parts: Vec<PartRead>,
-    /// Where the store keeps it (a Redis store puts its prefix in front).
+    /// The key in its scope, as the admin API and the sled and PostgreSQL stores name it
+    /// (a Redis store puts its prefix in front).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_key: Option<String>,
 }
@@ -130,15 +150,27 @@ pub struct Answered {
     /// The `error` code of a refusal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
-    /// A refusal's detail, or the body of another answer.
+    /// A refusal's detail, or the body of another answer and when it is given.
     pub detail: String,
 }
 
+/// Headers that carry a provider's signature, for a route that checks none.
+const SIGNATURE_HEADERS: [&str; 7] = [
+    "stripe-signature",
+    "x-hub-signature-256",
+    "x-shopify-hmac-sha256",
+    "x-slack-signature",
+    "paddle-signature",
+    "webhook-signature",
+    "svix-signature",
+];
+
 impl Report {
+    /// A report of `request`, refused until a step finds otherwise.
     pub(super) fn of(request: &Request<Bytes>) -> Report {
         let host = request.headers().get(http::header::HOST);
         Report {
-            verdict: Verdict::Taken,
+            verdict: Verdict::Refused,
             request: Asked {
                 method: request.method().to_string(),
                 target: request.uri().to_string(),
@@ -168,81 +200,168 @@ impl Report {
         });
         self
     }
-}
 
-/// Fills in what the first delivery of a keyed request, a duplicate and a delivery in
-/// flight would get on `route`.
-pub(super) fn answers(report: &mut Report, route: &Route, request: &Request<Bytes>) {
-    let policy = &route.policy;
-    let success: Vec<String> = policy
-        .success_status
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let first = match (&policy.delivery, &policy.queue) {
-        (DeliveryMode::Queued, Some(queue)) => format!(
-            "stored, and answered {} at once; the proxy delivers it to {} and retries until the app answers {}",
-            queue.accepted_status.as_u16(),
-            route.upstream,
-            success.join(" or ")
-        ),
-        _ => {
-            let mut first = format!(
-                "forwarded to {} ({} {}); the key is done once the app answers {}, and released for the sender's retry after any other answer",
-                route.upstream,
-                request.method(),
-                request.uri(),
-                success.join(" or ")
-            );
-            if policy.on_ambiguous == OnAmbiguous::Hold {
-                first.push_str("; no answer within upstream_timeout holds it for an operator");
-            }
-            first
-        }
-    };
-    report.first_delivery = Some(first);
-    let duplicate = &policy.duplicate_response;
-    let mut detail = if duplicate.replay {
-        format!(
-            "the app's recorded answer, marked Idempotent-Replayed (where none was recorded: {})",
-            String::from_utf8_lossy(&duplicate.body)
-        )
-    } else {
-        String::from_utf8_lossy(&duplicate.body).into_owned()
-    };
-    if route.replay_guard == ReplayGuard::Body {
-        detail.push_str(
-            "; the same signed body under another key is a duplicate too (replay_guard: body)",
-        );
+    pub(super) fn forwarded_unmatched(mut self, upstream: &UpstreamUrl) -> Report {
+        self.verdict = Verdict::Unmatched;
+        self.first_delivery = Some(format!(
+            "forwarded to {upstream} as it is: no signature check, no key, no deduplication"
+        ));
+        self
     }
-    report.duplicate = Some(Answered {
-        status: duplicate.status.as_u16(),
-        error: None,
-        detail,
-    });
-    let retry_after = crate::values::HumanDuration(policy.retry_after);
-    let in_flight = match policy.on_in_flight {
-        OnInFlight::Respond => format!("at once, with Retry-After: {retry_after}"),
-        OnInFlight::Wait => format!(
-            "after waiting up to {} for the running delivery's outcome (then as a duplicate, or run)",
-            crate::values::HumanDuration(policy.in_flight_wait)
-        ),
-    };
-    report.in_flight = Some(Answered {
-        status: policy.in_flight_status.as_u16(),
-        error: Some("in_flight"),
-        detail: in_flight,
-    });
+
+    pub(super) fn forwarded_unkeyed(mut self, route: &Route) -> Report {
+        self.verdict = self.taken();
+        self.first_delivery = Some(format!(
+            "forwarded to {} without a claim (on_missing_key: forward): not deduplicated",
+            route.upstream
+        ));
+        self
+    }
+
+    /// Taken, unless the signature went unchecked.
+    fn taken(&self) -> Verdict {
+        let unchecked = self
+            .signature
+            .as_ref()
+            .is_some_and(|signature| signature.result == Checked::NotChecked);
+        if unchecked {
+            Verdict::Unverified
+        } else {
+            Verdict::Taken
+        }
+    }
+
+    /// What the first delivery of a keyed request, a duplicate and a delivery in flight
+    /// get on `route`: the request is taken.
+    pub(super) fn answers(&mut self, route: &Route, request: &Request<Bytes>) {
+        self.verdict = self.taken();
+        let policy = &route.policy;
+        let success: Vec<String> = policy
+            .success_status
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let success = success.join(" or ");
+        self.first_delivery = Some(match (&policy.delivery, &policy.queue) {
+            (DeliveryMode::Queued, Some(queue)) => format!(
+                "stored, and answered {} at once; the proxy delivers it to {} and retries until the app answers {success}",
+                queue.accepted_status.as_u16(),
+                route.upstream,
+            ),
+            _ => {
+                let other = match policy.on_ambiguous {
+                    OnAmbiguous::Release => {
+                        "released for the sender's retry after any other answer or none"
+                    }
+                    OnAmbiguous::Hold => {
+                        "released after another answer; held for an operator when no answer comes within upstream_timeout"
+                    }
+                };
+                format!(
+                    "forwarded to {} ({} {}); the key is done once the app answers {success}, {other}",
+                    route.upstream,
+                    request.method(),
+                    request.uri(),
+                )
+            }
+        });
+        let duplicate = &policy.duplicate_response;
+        let body = String::from_utf8_lossy(&duplicate.body);
+        let mut detail = if duplicate.replay {
+            format!(
+                "the app's recorded answer, marked Idempotent-Replayed (where none was recorded: {body})"
+            )
+        } else {
+            body.into_owned()
+        };
+        if route.replay_guard == ReplayGuard::Body {
+            detail.push_str(
+                "; the same signed body under another key is a duplicate too (replay_guard: body)",
+            );
+        }
+        self.duplicate = Some(Answered {
+            status: duplicate.status.as_u16(),
+            error: None,
+            detail,
+        });
+        let in_flight = match policy.on_in_flight {
+            OnInFlight::Respond => format!(
+                "at once, with Retry-After: {}",
+                HumanDuration(policy.retry_after)
+            ),
+            OnInFlight::Wait => format!(
+                "only if the running delivery has no outcome within {}; with one, the duplicate's answer, or it runs",
+                HumanDuration(policy.in_flight_wait)
+            ),
+        };
+        self.in_flight = Some(Answered {
+            status: policy.in_flight_status.as_u16(),
+            error: Some("in_flight"),
+            detail: in_flight,
+        });
+    }
 }
 
-/// Why a signature was refused, with what to look at.
-pub(super) fn why_refused(failure: &VerifyError) -> String {
+impl RouteTaken {
+    pub(super) fn of(route: &Route) -> RouteTaken {
+        RouteTaken {
+            name: route.name.clone(),
+            scope: route.namespace.clone(),
+            delivery: route.policy.delivery,
+            upstream: route.upstream.to_string(),
+        }
+    }
+}
+
+impl Signature {
+    /// A route that checks none; a provider's signature header in the request is pointed
+    /// out, since nothing reads it.
+    pub(super) fn none(headers: &HeaderMap) -> Signature {
+        let carried = SIGNATURE_HEADERS
+            .iter()
+            .find(|name| headers.contains_key(**name));
+        Signature {
+            result: Checked::None,
+            scheme: None,
+            secrets: Vec::new(),
+            judged_at: None,
+            detail: carried.map(|name| {
+                format!("the request carries {name}, which this route does not check: add a `preset` or `verify`")
+            }),
+        }
+    }
+}
+
+impl OrderRead {
+    pub(super) fn of(guard: Guard) -> OrderRead {
+        let (entity, version, unusable) = match guard {
+            Guard::Versioned(ordered) => (Some(ordered.entity), Some(ordered.version.text), None),
+            Guard::Unversioned(why) => (None, None, Some(why)),
+            Guard::Off => (None, None, None),
+        };
+        OrderRead {
+            entity,
+            version,
+            unusable,
+        }
+    }
+}
+
+/// Why a route whose matcher takes the request's plain reading did not take it.
+pub(super) fn another_reading() -> String {
+    "it takes another reading of the request (a method override or a rewritten URL)".into()
+}
+
+/// Why a signature was refused, with what to look at; a timestamp is judged at
+/// `judged_at`.
+pub(super) fn why_refused(failure: &VerifyError, judged_at: Option<&str>) -> String {
     match failure {
         VerifyError::NoMatch => format!(
             "{failure}: the secret differs from the sender's, or the body changed after it was signed (one byte is enough: whitespace, re-encoded JSON, a final newline)"
         ),
-        VerifyError::Stale(_) => format!(
-            "{failure}: a recorded delivery is judged as of when it was signed with `--at` (or a `# signed-at:` line in its file)"
+        VerifyError::Stale(tolerance) => format!(
+            "the signature's timestamp is more than {tolerance} from {}, when it was judged: a recorded delivery is judged as of when it was signed with `--at` (or a `# signed-at:` line)",
+            judged_at.unwrap_or("now")
         ),
         other => other.to_string(),
     }
@@ -253,41 +372,44 @@ pub(super) fn why_refused(failure: &VerifyError) -> String {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let asked = &self.request;
-        line(
-            f,
-            "request",
-            &format!(
-                "{} {} (host {}, {} bytes of body)",
-                asked.method,
-                asked.target,
-                asked.host.as_deref().unwrap_or("none"),
-                asked.body_bytes
-            ),
-        )?;
+        let host = asked.host.as_deref().unwrap_or("none");
+        let text = format!(
+            "{} {} (host {host}, {} bytes of body)",
+            asked.method, asked.target, asked.body_bytes
+        );
+        line(f, "request", &text)?;
         if let Some(route) = &self.route {
             let delivery = match route.delivery {
                 DeliveryMode::Direct => "direct",
                 DeliveryMode::Queued => "queued",
             };
-            let text = format!(
-                "{} (scope {}, {delivery} delivery)",
-                route.name, route.scope
-            );
-            line(f, "route", &text)?;
+            line(
+                f,
+                "route",
+                &format!(
+                    "{} (scope {}, {delivery} delivery)",
+                    route.name, route.scope
+                ),
+            )?;
         }
         for not_taken in &self.not_taken_by {
-            let text = format!("by {}: {}", not_taken.route, not_taken.because);
-            line(f, "not taken", &text)?;
+            line(
+                f,
+                "not taken",
+                &format!("by {}: {}", not_taken.route, not_taken.because),
+            )?;
         }
         if let Some(signature) = &self.signature {
-            signature_lines(f, signature)?;
+            signature_line(f, signature)?;
         }
         if let Some(key) = &self.key {
             key_lines(f, key)?;
         }
         if let Some(order) = &self.order {
             let text = match (&order.entity, &order.version, &order.unusable) {
-                (Some(entity), Some(version), _) => format!("entity {entity}, version {version}"),
+                (Some(entity), Some(version), _) => format!(
+                    "entity {entity}, version {version}: stale if the store holds a newer version done for it"
+                ),
                 (_, _, Some(why)) => format!("unguarded: {why}"),
                 _ => "off".to_owned(),
             };
@@ -318,6 +440,9 @@ impl fmt::Display for Report {
         }
         let verdict = match self.verdict {
             Verdict::Taken => "taken",
+            Verdict::Unverified => {
+                "unverified: taken if its signature verifies, which was not checked"
+            }
             Verdict::Refused => "refused",
             Verdict::Unmatched => "unmatched: no route takes it",
         };
@@ -329,13 +454,22 @@ fn line(f: &mut fmt::Formatter<'_>, label: &str, text: &str) -> fmt::Result {
     writeln!(f, "{label:<11}{text}")
 }
 
-fn signature_lines(f: &mut fmt::Formatter<'_>, signature: &Signature) -> fmt::Result {
-    let mut text = signature.result.replace('_', " ");
+fn signature_line(f: &mut fmt::Formatter<'_>, signature: &Signature) -> fmt::Result {
+    let mut text = match signature.result {
+        Checked::Verified => "verified",
+        Checked::Refused => "refused",
+        Checked::NotChecked => "not checked",
+        Checked::None => "none: the route checks no signature",
+    }
+    .to_owned();
     if let Some(scheme) = signature.scheme {
         text.push_str(&format!(
             ": {scheme} with {}",
             signature.secrets.join(" or ")
         ));
+    }
+    if let (Some(at), Checked::Verified) = (&signature.judged_at, signature.result) {
+        text.push_str(&format!(", its timestamp judged as of {at}"));
     }
     if let Some(detail) = &signature.detail {
         text.push_str(&format!("; {detail}"));
@@ -343,16 +477,20 @@ fn signature_lines(f: &mut fmt::Formatter<'_>, signature: &Signature) -> fmt::Re
     line(f, "signature", &text)
 }
 
+/// The key, and each part's reading where there are several or one read nothing.
 fn key_lines(f: &mut fmt::Formatter<'_>, key: &KeyRead) -> fmt::Result {
     let value = key.value.as_deref().unwrap_or("(none)");
     line(f, "key", &format!("{value} from {}", key.template))?;
-    for part in &key.parts {
-        let read = match (&part.value, &part.missing) {
-            (Some(value), _) => value.clone(),
-            (None, Some(missing)) => format!("nothing: {missing}"),
-            (None, None) => String::new(),
-        };
-        line(f, "", &format!("  {} read {read}", part.part))?;
+    let missing = key.parts.iter().any(|part| part.missing.is_some());
+    if key.parts.len() > 1 || missing {
+        for part in &key.parts {
+            let read = match (&part.value, &part.missing) {
+                (Some(value), _) => value.clone(),
+                (None, Some(missing)) => format!("nothing: {missing}"),
+                (None, None) => String::new(),
+            };
+            line(f, "", &format!("  {} read {read}", part.part))?;
+        }
     }
     match &key.store_key {
         Some(store_key) => line(f, "store key", store_key),

@@ -232,10 +232,14 @@ impl KeyTemplate {
     }
 
     /// The parts that read nothing from `sample` (a provider's own delivery) where it has
-    /// something a letter or two away: each part as written, and as it was likely meant.
-    /// A name nothing resembles may be a field of another event type: it is left alone.
-    pub fn near_misses(&self, sample: &Delivery<'_>) -> Vec<(String, String)> {
-        let body: Option<serde_json::Value> = serde_json::from_slice(sample.body).ok();
+    /// a name one letter away (added, dropped, changed or two swapped; case aside): each
+    /// part as written, and as it was likely meant. A name further off may be a field of
+    /// another event type: it is left alone. `json` says whether the sample's body has the
+    /// shape of every delivery (an envelope), so that its fields can be compared.
+    pub fn near_misses(&self, sample: &Delivery<'_>, json: bool) -> Vec<(String, String)> {
+        let body: Option<serde_json::Value> = json
+            .then(|| serde_json::from_slice(sample.body).ok())
+            .flatten();
         let header = |name: &HeaderName| -> Option<String> {
             if sample.headers.contains_key(name) {
                 return None;
@@ -370,16 +374,13 @@ fn json_near_miss(body: &serde_json::Value, tokens: &[String]) -> Option<String>
     None
 }
 
-/// The one of `names` that `written` likely misspells, compared without regard to case.
-fn nearest<'a>(written: &str, names: impl Iterator<Item = &'a str>) -> Option<String> {
-    let names: Vec<&str> = names.collect();
-    let lower: Vec<String> = names.iter().map(|name| name.to_ascii_lowercase()).collect();
-    let found = crate::values::closest(
-        &written.to_ascii_lowercase(),
-        lower.iter().map(String::as_str),
-    )?;
-    let index = lower.iter().position(|name| name == found)?;
-    Some(names[index].to_owned())
+/// The one of `names` that `written` misspells by one letter (added, dropped, changed or
+/// two swapped), compared without regard to case.
+fn nearest<'a>(written: &str, mut names: impl Iterator<Item = &'a str>) -> Option<String> {
+    let written = written.to_ascii_lowercase();
+    names
+        .find(|name| strsim::osa_distance(&written, &name.to_ascii_lowercase()) <= 1)
+        .map(str::to_owned)
 }
 
 /// The quoted Structured Field string of the header `name`. Several lines of one field

@@ -126,7 +126,8 @@ impl fmt::Display for HumanDuration {
 string_value!(
     HumanDuration,
     "a duration like 30s",
-    pattern r"^\s*([0-9]+\s*[a-zA-Zµ]+\s*)+$"
+    or_number,
+    pattern r"^\s*(0|([0-9]+(\.[0-9]+)?\s*[a-zA-Zµ]+\s*)+)\s*$"
 );
 
 /// A size in bytes, written as a number of bytes or like `64KiB`, `1MiB`.
@@ -153,7 +154,7 @@ string_value!(
     Size,
     "a size like 1MiB",
     or_number,
-    pattern r"^\s*[0-9]+(\.[0-9]+)?\s*([a-zA-Z]+)?\s*$"
+    pattern r"^\s*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]+)?\s*$"
 );
 
 /// One entry of `success_status`: a class like `2xx` or a single code like `409`.
@@ -191,7 +192,7 @@ string_value!(
     StatusPattern,
     "a status class like \"2xx\" or a code like 200",
     or_number,
-    pattern "^([1-5][xX][xX]|[1-5][0-9][0-9])$"
+    pattern "^([1-5][xX][xX]|\\+?0*[1-5][0-9][0-9])$"
 );
 
 impl StatusPattern {
@@ -470,7 +471,8 @@ string_value!(UpstreamUrl, "an upstream URL like http://127.0.0.1:8080");
 
 string_value!(
     crate::key::KeyTemplate,
-    "a key template like \"{json:/id}\""
+    "a key template like \"{json:/id}\": text and {json:/pointer}, {header:Name}, {sf-string:Name}, {header-hash:Name}, {query:name} or {form:field} parts",
+    pattern r"\{(json|header|sf-string|header-hash|query|form):[^}]+\}"
 );
 
 /// The plain `http://` URL of an OTLP collector: one beside the proxy (a sidecar or a

@@ -40,7 +40,8 @@ string_value!(EnvSecret, "the name of an environment variable");
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     value: String,
-    /// Stands in for a variable that is not set, while `check --without-secrets` loads.
+    /// Stands in for a variable that is not set, while [`without_secrets`] or
+    /// [`with_given_secrets`] loads.
     stand_in: bool,
 }
 
@@ -54,7 +55,7 @@ thread_local! {
 /// sets empty).
 #[derive(Debug, Default)]
 pub struct StandIns {
-    given: Vec<(String, String)>,
+    given: Vec<(String, Secret)>,
     /// Variables stood in for by an empty secret, sorted.
     pub unset: BTreeSet<String>,
     /// Variables whose value came from the ones given, sorted.
@@ -70,9 +71,10 @@ pub fn without_secrets<T>(load: impl FnOnce() -> T) -> (T, Vec<String>) {
 }
 
 /// As [`without_secrets`], but a variable the environment does not set takes its value
-/// from `given` where it is there: a dry run's sample carries its test secret.
+/// from `given` where it is there: a dry run of a shipped sample uses the test secret it
+/// was signed with.
 pub fn with_given_secrets<T>(
-    given: Vec<(String, String)>,
+    given: Vec<(String, Secret)>,
     load: impl FnOnce() -> T,
 ) -> (T, StandIns) {
     let stand_ins = StandIns {
@@ -106,10 +108,9 @@ impl Secret {
                 return Err(missing);
             };
             let given = stand_ins.given.iter().find(|(name, _)| name == variable);
-            if let Some((_, value)) = given.filter(|(_, value)| !value.is_empty()) {
-                let secret = Secret::new(value.clone());
+            if let Some((_, value)) = given.filter(|(_, value)| !value.value.is_empty()) {
                 stand_ins.from_given.insert(variable.to_owned());
-                return Ok(secret);
+                return Ok(value.clone());
             }
             stand_ins.unset.insert(variable.to_owned());
             Ok(Secret {

@@ -14,6 +14,7 @@ const SIGNATURE: &str = "x-hub-signature-256";
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct GithubFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
 }
 

@@ -24,10 +24,14 @@ pub enum Encoding {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct HmacFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
+    /// The header carrying the signature: an HMAC-SHA256 of the raw body.
     header: crate::values::HeaderNameValue,
+    /// How the signature is written: `hex` (the default) or `base64`.
     #[serde(default)]
     encoding: Encoding,
+    /// Text before the signature in the header, like `sha256=`.
     #[serde(default)]
     prefix: String,
 }

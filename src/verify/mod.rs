@@ -158,6 +158,17 @@ impl Verify {
         }
     }
 
+    /// Whether the scheme signs a timestamp, whose age it judges.
+    pub(crate) fn is_timestamped(&self) -> bool {
+        match self {
+            Verify::Stripe(_)
+            | Verify::StandardWebhooks(_)
+            | Verify::Slack(_)
+            | Verify::Paddle(_) => true,
+            Verify::Github(_) | Verify::Shopify(_) | Verify::Hmac(_) => false,
+        }
+    }
+
     /// The secrets it checks with.
     pub fn secrets(&self) -> &Secrets {
         match self {
@@ -207,12 +218,19 @@ pub(crate) enum VerifySetting {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct VerifyFile {
+    /// Stripe's `Stripe-Signature` (`t=...,v1=...`).
     stripe: Option<stripe::StripeFile>,
+    /// GitHub's `X-Hub-Signature-256`.
     github: Option<github::GithubFile>,
+    /// Standard Webhooks (and Svix): `webhook-signature` over id, timestamp and body.
     standard_webhooks: Option<standard_webhooks::StandardWebhooksFile>,
+    /// Shopify's `X-Shopify-Hmac-Sha256`.
     shopify: Option<shopify::ShopifyFile>,
+    /// Slack's `X-Slack-Signature` (`v0=`) with its timestamp.
     slack: Option<slack::SlackFile>,
+    /// Paddle's `Paddle-Signature` (`ts=...;h1=...`).
     paddle: Option<paddle::PaddleFile>,
+    /// A generic HMAC-SHA256 of the body in a header of your choice.
     hmac: Option<hmac_header::HmacFile>,
 }
 

@@ -20,6 +20,7 @@ fn default_paddle_tolerance() -> HumanDuration {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PaddleFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
     #[serde(default = "default_paddle_tolerance")]
     tolerance: HumanDuration,

@@ -13,6 +13,7 @@ const SIGNATURE: &str = "x-shopify-hmac-sha256";
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ShopifyFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
 }
 

@@ -19,6 +19,7 @@ const TIMESTAMP: &str = "x-slack-request-timestamp";
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SlackFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
     #[serde(default = "default_tolerance")]
     tolerance: HumanDuration,

@@ -30,6 +30,7 @@ pub(super) const SIGNED_ID_HEADERS: &[&str] = &["webhook-id", "svix-id"];
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StandardWebhooksFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
     #[serde(default = "default_tolerance")]
     tolerance: HumanDuration,

@@ -16,6 +16,7 @@ const SIGNATURE: &str = "stripe-signature";
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StripeFile {
+    /// The environment variable holding the secret, or a list of them while it rotates.
     pub(super) secret_env: Secrets,
     #[serde(default = "default_tolerance")]
     tolerance: HumanDuration,

@@ -181,12 +181,17 @@ function showWho() {
 
 // ---- confirming a change -----------------------------------------------------------
 
-// Asks before a change; `typed` makes the operator type it (clearing a whole scope).
-function confirmChange(title, text, typed) {
+// Asks before a change. `subject` (a key, which a sender chose) is shown apart, as code,
+// so that it cannot reword the question; `typed` must be typed to confirm (clearing a
+// whole scope).
+function confirmChange({ title, text, subject, typed }) {
   const dialog = document.getElementById('confirm');
   const input = document.getElementById('confirm-typed');
   const ok = document.getElementById('confirm-ok');
+  const shown = document.getElementById('confirm-subject');
   document.getElementById('confirm-title').textContent = title;
+  shown.textContent = visible(subject || '');
+  shown.hidden = !subject;
   document.getElementById('confirm-text').textContent = visible(text);
   document.getElementById('confirm-typed-label').hidden = !typed;
   document.getElementById('confirm-expected').textContent = visible(typed || '');
@@ -216,10 +221,10 @@ async function change(run, said) {
   }
 }
 
-// Asks first (`ask`: the dialog's title, text and what to type), then runs the change:
-// its answer, or null when the operator declined or the change failed.
+// Asks first (`ask`: what `confirmChange` takes), then runs the change: its answer, or
+// null when the operator declined or the change failed.
 async function confirmedChange(ask, run, said) {
-  if (!await confirmChange(...ask)) return null;
+  if (!await confirmChange(ask)) return null;
   return change(run, said);
 }
 
@@ -523,8 +528,10 @@ async function keysPage(params) {
 
 async function clearKeys(scope, prefix, result) {
   const confirmed = prefix
-    ? await confirmChange('Forget keys by prefix', `Forget every done key of scope ${scope} starting with “${prefix}”? Their next deliveries run the work again. Held and in-flight keys are left.`, prefix)
-    : await confirmChange('Clear a scope', `Forget every done key of scope ${scope}? Their next deliveries run the work again. Held and in-flight keys are left; other scopes are not touched.`, scope);
+    ? await confirmChange({ title: 'Forget keys by prefix', subject: prefix, typed: prefix,
+      text: `Forget every done key of scope ${scope} starting with this prefix? Their next deliveries run the work again. Held and in-flight keys are left.` })
+    : await confirmChange({ title: 'Clear a scope', typed: scope,
+      text: `Forget every done key of scope ${scope}? Their next deliveries run the work again. Held and in-flight keys are left; other scopes are not touched.` });
   if (!confirmed) return;
   const asked = prefix ? { prefix } : {};
   let removed = 0;
@@ -579,20 +586,20 @@ async function keyView(route, key) {
     actions.push(h('label', { class: 'inline' }, 'Expire in', expiry),
       h('button', { type: 'button', id: 'set-expiry', onclick: async () => {
         const after = expiry.value.trim();
-        const ask = ['Set the expiry', `Expire ${key} ${after} from now? Once it expires, its next delivery runs the work again.`];
-        if (await confirmedChange(ask, () => api('PATCH', path, { expires_in: after }), (a) => `Expiry of ${key} moved to ${a.expires_at}.`)) await again();
+        const ask = { title: 'Set the expiry', subject: key, text: `Expire this key ${after} from now? Once it expires, its next delivery runs the work again.` };
+        if (await confirmedChange(ask, () => api('PATCH', path, { expires_in: after }), (a) => `Expiry of ${key} moved to ${a.expires_at}.`)) await again().catch(failed);
       } }, 'Set expiry'),
       h('button', { type: 'button', class: 'danger', id: 'forget', onclick: async () => {
-        const ask = ['Forget this key', `Forget ${key}? Its next delivery runs the work again.`];
-        if (await confirmedChange(ask, () => api('DELETE', path), () => `Forgot ${key}: its next delivery is forwarded.`)) await again();
+        const ask = { title: 'Forget this key', subject: key, text: 'Its next delivery runs the work again.' };
+        if (await confirmedChange(ask, () => api('DELETE', path), () => `Forgot ${key}: its next delivery is forwarded.`)) await again().catch(failed);
       } }, 'Forget'));
   }
   if (canChange() && k.state === 'held') {
     for (const [outcomeName, label, text] of [['done', 'Resolve: it ran', 'later deliveries get the duplicate answer'], ['release', 'Resolve: run it again', 'the next delivery runs the work']]) {
       actions.push(h('button', { type: 'button', id: `resolve-${outcomeName}`, onclick: async () => {
-        const ask = ['Resolve a held key', `Resolve ${key} as ${outcomeName}: ${text}?`];
+        const ask = { title: 'Resolve a held key', subject: key, text: `Resolve it as ${outcomeName}: ${text}?` };
         const run = () => api('POST', `${path}/resolve`, { outcome: outcomeName, held_at: k.held_at });
-        if (await confirmedChange(ask, run, () => `Resolved ${key} as ${outcomeName}.`)) await again();
+        if (await confirmedChange(ask, run, () => `Resolved ${key} as ${outcomeName}.`)) await again().catch(failed);
       } }, label));
     }
   }
@@ -638,7 +645,7 @@ async function heldPage() {
   const progress = h('p', { 'aria-live': 'polite', id: 'held-progress' });
   const resolveAll = (outcomeName) => async () => {
     const what = outcomeName === 'done' ? 'done: later deliveries get the duplicate answer' : 'released: their next deliveries run the work';
-    if (!await confirmChange('Resolve every held key shown', `Resolve ${count(held.length, 'held key')} as ${what}?`)) return;
+    if (!await confirmChange({ title: 'Resolve every held key shown', text: `Resolve ${count(held.length, 'held key')} as ${what}?` })) return;
     let resolved = 0;
     for (const { route, key: k } of held) {
       const path = `/v1/keys/${enc(route)}/${enc(k.key)}/resolve`;
@@ -682,7 +689,7 @@ async function deadLetters(q) {
       h('td', { class: 'key' }, job.key), h('td', {}, time(job.dead_at)), h('td', {}, job.dead_because || ''),
       h('td', { class: 'num' }, job.last_status === null ? '–' : job.last_status),
       h('td', {}, canChange() ? h('button', { type: 'button', class: 'replay-one', 'aria-label': `Replay ${job.key}`, onclick: async () => {
-        const ask = ['Replay a dead letter', `Replay ${job.key}? The proxy delivers it to the app again.`];
+        const ask = { title: 'Replay a dead letter', subject: job.key, text: 'The proxy delivers it to the app again.' };
         const run = () => api('POST', `/v1/queue/${enc(q.route)}/jobs/${enc(job.key)}/replay`);
         if (await confirmedChange(ask, run, () => `Replaying ${job.key}.`)) await list().catch(failed);
       } }, 'Replay') : ''))));
@@ -691,7 +698,7 @@ async function deadLetters(q) {
   };
   const all = canChange() ? h('button', { type: 'button', class: 'primary', id: `replay-all-${q.route}`, onclick: async () => {
     const picked = filter.value ? `starting with “${filter.value}”` : '';
-    const ask = ['Replay dead letters', `Replay every dead letter of ${q.route} ${picked}?`];
+    const ask = { title: 'Replay dead letters', text: `Replay every dead letter of ${q.route} ${picked}?` };
     const query = filter.value ? `?key_prefix=${enc(filter.value)}` : '';
     const started = await confirmedChange(ask, () => api('POST', `/v1/queue/${enc(q.route)}/replays${query}`), (a) => `Replay ${a.id} started.`);
     if (started && await followReplay(started.id, progress)) await list().catch(failed);
@@ -723,8 +730,13 @@ async function routesPage() {
   show(h('h1', {}, 'Routes'),
     h('p', {}, 'Default upstream: ', h('code', {}, routes.upstream), ' · unmatched requests: ', h('code', {}, JSON.stringify(routes.unmatched))),
     canChange() ? h('div', { class: 'actions' }, h('button', { type: 'button', class: 'primary', id: 'reload', onclick: async () => {
-      const answer = await change(() => api('POST', '/v1/reload'), (a) => `Reloaded: ${count(a.routes, 'route')}${a.restart_needed.length ? `; needs a restart: ${a.restart_needed.join(', ')}` : ''}.`);
-      if (answer) await loadSession().catch(failed);
+      const said = (a) => `Reloaded: ${count(a.routes, 'route')}${a.restart_needed.length ? `; needs a restart: ${a.restart_needed.join(', ')}` : ''}.`;
+      const answer = await change(() => api('POST', '/v1/reload'), said);
+      if (!answer) return;
+      // The page again, with the routes now running, and what the reload did.
+      await loadSession().catch(failed);
+      await route();
+      alertBox(said(answer), true);
     } }, 'Reload the configuration file')) : null,
     routes.routes.length === 0 ? h('p', { class: 'empty' }, 'No routes configured.') : null,
     routes.routes.map((r) => h('section', {}, h('h2', {}, r.name), h('pre', {}, JSON.stringify(r, null, 2)))));
@@ -737,7 +749,7 @@ async function tryPage() {
   const { routes } = await api('GET', '/v1/routes');
   const matcher = routes.length ? routes[0].match : {};
   const path = matcher.path || matcher.path_prefix || '/webhooks';
-  const example = `POST ${path} HTTP/1.1\nContent-Type: application/json\n\n{"id":"evt_123"}`;
+  const example = `POST ${path} HTTP/1.1\nHost: hooks.example.com\nContent-Type: application/json\n\n{"id":"evt_123"}`;
   const request = h('textarea', { id: 'try-request', rows: 12, spellcheck: 'false', 'aria-describedby': 'try-help' }, example);
   const at = h('input', { id: 'try-at', placeholder: '2026-12-01T12:00:00Z', size: 24 });
   const result = h('div', { id: 'try-result', 'aria-live': 'polite' });
@@ -760,30 +772,36 @@ async function tryPage() {
     form, result);
 }
 
-// What a dry run found, step by step.
+// What a dry run found, step by step. What the request carries (its target, host, key,
+// parts) is shown with `visible`, as keys are everywhere else.
 function trialReport(r) {
-  const verdicts = { taken: 'Taken: a route forwards it', refused: 'Refused', unmatched: 'No route takes it' };
-  const answer = (a) => (a ? `${a.status}${a.error ? ` ${a.error}` : ''}: ${a.detail}` : null);
+  const verdicts = {
+    taken: 'Taken by a route',
+    unverified: 'Taken if its signature verifies: not checked',
+    refused: 'Refused',
+    unmatched: 'No route takes it',
+  };
+  const answer = (a) => (a ? visible(`${a.status}${a.error ? ` ${a.error}` : ''}: ${a.detail}`) : null);
   const signature = r.signature
-    ? [r.signature.result.replace(/_/g, ' '), r.signature.scheme ? ` (${r.signature.scheme} with ${r.signature.secrets.join(' or ')})` : '',
-      r.signature.detail ? `: ${r.signature.detail}` : '']
+    ? visible([r.signature.result.replace(/_/g, ' '), r.signature.scheme ? ` (${r.signature.scheme} with ${r.signature.secrets.join(' or ')})` : '',
+      r.signature.detail ? `: ${r.signature.detail}` : ''].join(''))
     : null;
-  const parts = r.key ? r.key.parts.map((p) => h('li', {}, h('code', {}, p.part), ' read ',
-    p.value !== undefined ? h('code', {}, p.value) : `nothing: ${p.missing}`)) : [];
+  const parts = r.key ? r.key.parts.map((p) => h('li', {}, h('code', {}, visible(p.part)), ' read ',
+    p.value !== undefined ? h('code', {}, visible(p.value)) : `nothing: ${p.missing}`)) : [];
   const order = r.order
-    ? (r.order.unusable ? `unguarded: ${r.order.unusable}` : `entity ${r.order.entity}, version ${r.order.version}`)
+    ? visible(r.order.unusable ? `unguarded: ${r.order.unusable}` : `entity ${r.order.entity}, version ${r.order.version}`)
     : null;
   return h('section', {},
     h('p', { class: `verdict ${r.verdict}`, id: 'try-verdict' }, verdicts[r.verdict] || r.verdict),
     fields([
-      ['Request', `${r.request.method} ${r.request.target} (host ${r.request.host || 'none'}, ${num(r.request.body_bytes)} bytes of body)`],
+      ['Request', visible(`${r.request.method} ${r.request.target} (host ${r.request.host || 'none'}, ${num(r.request.body_bytes)} bytes of body)`)],
       r.route ? ['Route', `${r.route.name} (scope ${r.route.scope}, ${r.route.delivery} delivery)`] : null,
-      r.not_taken_by ? ['Not taken', h('ul', {}, r.not_taken_by.map((n) => h('li', {}, `by ${n.route}: ${n.because}`)))] : null,
+      r.not_taken_by ? ['Not taken', h('ul', {}, r.not_taken_by.map((n) => h('li', {}, visible(`by ${n.route}: ${n.because}`))))] : null,
       signature ? ['Signature', signature] : null,
-      r.key ? ['Key', [r.key.value ? h('code', { id: 'try-key' }, r.key.value) : '(none)', ' from ', h('code', {}, r.key.template), h('ul', {}, parts)]] : null,
-      r.key && r.key.store_key ? ['Store key', h('code', {}, r.key.store_key)] : null,
+      r.key ? ['Key', [r.key.value ? h('code', { id: 'try-key' }, visible(r.key.value)) : '(none)', ' from ', h('code', {}, r.key.template), h('ul', {}, parts)]] : null,
+      r.key && r.key.store_key ? ['Store key', h('code', {}, visible(r.key.store_key))] : null,
       order ? ['Order', order] : null,
-      r.first_delivery ? ['First delivery', r.first_delivery] : null,
+      r.first_delivery ? ['First delivery', visible(r.first_delivery)] : null,
       r.duplicate ? ['A duplicate', answer(r.duplicate)] : null,
       r.in_flight ? ['While in flight', answer(r.in_flight)] : null,
       r.refusal ? ['Refused with', h('span', { id: 'try-refusal' }, answer(r.refusal))] : null,

@@ -12,9 +12,10 @@ use http::{HeaderMap, Method};
 
 use super::TryArgs;
 use super::api::printable;
+use crate::config::StoreConfig;
 use crate::config::{Config, Overrides};
-use crate::dry_run::message::{self, Written};
-use crate::dry_run::{Verdict, judge};
+use crate::dry_run::{Checked, Report, Verdict, judge};
+use crate::http_file::{self, Written};
 
 pub fn run(config: Option<&Path>, args: &TryArgs) -> ExitCode {
     match trial(config, args) {
@@ -31,32 +32,27 @@ pub fn run(config: Option<&Path>, args: &TryArgs) -> ExitCode {
 fn trial(config: Option<&Path>, args: &TryArgs) -> Result<ExitCode, String> {
     let path = config.ok_or("no configuration: pass --config FILE or set DEDUPE_PROXY_CONFIG")?;
     let written = request(args)?;
-    let given = written.secrets.clone();
+    // Only a shipped sample's test secret stands in: a file that brought its own secret
+    // would only prove that it signed itself.
+    let given = if args.sample.is_some() {
+        written.secrets.clone()
+    } else {
+        Vec::new()
+    };
     let (loaded, stand_ins) =
         crate::values::with_given_secrets(given, || Config::load(path, &Overrides::default()));
     let config = loaded.map_err(|error| error.to_string())?;
     let now = written.judged_at(args.at.as_deref())?;
     let mut report = judge(&config.routing(), &written.request, now);
-    for variable in &stand_ins.from_given {
-        report.notes.push(format!(
-            "{variable} is not set here: its value came from the request's `# secret:` line"
-        ));
-    }
-    let checked = report
-        .signature
-        .as_ref()
-        .is_some_and(|signature| matches!(signature.result, "verified" | "refused"));
-    if checked && args.at.is_none() && written.signed_at.is_some() {
-        report.notes.push(format!(
-            "timestamps judged as of {} (the request's `# signed-at:`); `--at` judges them as of another time",
-            crate::store::rfc3339(u64::try_from(now).unwrap_or(0).saturating_mul(1000))
-        ));
+    notes(&mut report, &written, &stand_ins, args.sample.is_some());
+    if let (StoreConfig::Redis(redis), Some(key)) = (&config.store, report.key.as_mut())
+        && let Some(store_key) = &mut key.store_key
+    {
+        store_key.insert_str(0, &redis.prefix);
     }
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("a report is JSON")
-        );
+        let json = serde_json::to_string_pretty(&report).expect("a report is JSON");
+        println!("{json}");
     } else {
         for line in report.to_string().lines() {
             println!("{}", printable(line));
@@ -64,25 +60,52 @@ fn trial(config: Option<&Path>, args: &TryArgs) -> Result<ExitCode, String> {
     }
     Ok(match report.verdict {
         Verdict::Taken => ExitCode::SUCCESS,
-        Verdict::Refused | Verdict::Unmatched => ExitCode::from(1),
+        Verdict::Unverified | Verdict::Refused | Verdict::Unmatched => ExitCode::from(1),
     })
+}
+
+/// Where the secrets of the route's signature check came from, where that is not the
+/// environment alone.
+fn notes(
+    report: &mut Report,
+    written: &Written,
+    stand_ins: &crate::values::StandIns,
+    sample: bool,
+) {
+    let Some(signature) = &report.signature else {
+        return;
+    };
+    let checked = matches!(signature.result, Checked::Verified | Checked::Refused);
+    let mut notes = Vec::new();
+    for variable in &signature.secrets {
+        if stand_ins.from_given.contains(variable) {
+            notes.push(format!(
+                "{variable} is not set here: the sample's test secret (its `# secret:` line) stood in"
+            ));
+        } else if written.secrets.iter().any(|(name, _)| name == variable) {
+            notes.push(if checked {
+                format!("{variable} is set here: the request's `# secret:` line was not used")
+            } else if !sample {
+                format!("{variable}: a request file's `# secret:` lines are not read, only a shipped sample's: set the variable")
+            } else {
+                continue;
+            });
+        }
+    }
+    report.notes.extend(notes);
 }
 
 /// The request to try: a file's, a sample's or one made of parts, with `-H` and `-d`
 /// applied.
 fn request(args: &TryArgs) -> Result<Written, String> {
     let mut written = match (&args.request, &args.sample, &args.path) {
-        (Some(file), _, _) => message::parse(&read_file(file)?)?,
-        (None, Some(sample), _) => message::parse(message::sample(sample)?.as_bytes())?,
-        (None, None, Some(target)) => {
-            let method = Method::from_bytes(args.method.as_bytes())
-                .map_err(|_| format!("`{}` is not a method", args.method))?;
-            Written {
-                request: message::build(method, target, HeaderMap::new(), Bytes::new())?,
-                signed_at: None,
-                secrets: Vec::new(),
-            }
-        }
+        (Some(file), _, _) => http_file::parse(&read_file(file)?)?,
+        (None, Some(sample), _) => http_file::parse(http_file::sample(sample)?.as_bytes())?,
+        (None, None, Some(target)) => Written {
+            request: http_file::build(Method::POST, target, HeaderMap::new(), Bytes::new())?,
+            signed_at: None,
+            secrets: Vec::new(),
+        },
         (None, None, None) => {
             return Err(
                 "no request: give a file (or - for standard input), --sample NAME, or --path with -H and -d".into(),
@@ -98,10 +121,14 @@ fn request(args: &TryArgs) -> Result<Written, String> {
         let target = head.uri.to_string();
         let mut headers = head.headers;
         headers.remove(http::header::CONTENT_LENGTH);
-        written.request = message::build(head.method, &target, headers, Bytes::from(body))?;
+        written.request = http_file::build(head.method, &target, headers, Bytes::from(body))?;
+    }
+    if let Some(method) = &args.method {
+        *written.request.method_mut() = Method::from_bytes(method.as_bytes())
+            .map_err(|_| format!("`{method}` is not a method"))?;
     }
     for line in &args.headers {
-        let (name, value) = message::header(line)?;
+        let (name, value) = http_file::header(line)?;
         written.request.headers_mut().insert(name, value);
     }
     Ok(written)
@@ -110,7 +137,7 @@ fn request(args: &TryArgs) -> Result<Written, String> {
 /// A file's bytes (`-`: standard input), at most a dry run's limit.
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {
     let mut bytes = Vec::new();
-    let limit = message::MESSAGE_MAX as u64 + 1;
+    let limit = http_file::MESSAGE_MAX as u64 + 1;
     let read = if path == Path::new("-") {
         std::io::stdin().take(limit).read_to_end(&mut bytes)
     } else {

@@ -8,7 +8,8 @@ use http::{Response, StatusCode};
 use serde::Deserialize;
 
 use crate::body::ProxyBody;
-use crate::dry_run::{judge, message};
+use crate::dry_run::judge;
+use crate::http_file;
 use crate::proxy::Proxy;
 use crate::response::{AdminRefusal, json_response};
 
@@ -33,7 +34,7 @@ pub(super) fn dry_run(proxy: &Proxy, body: &Bytes) -> Response<ProxyBody> {
             .into_response();
         }
     };
-    let judged = message::parse(asked.request.as_bytes()).and_then(|written| {
+    let judged = http_file::parse(asked.request.as_bytes()).and_then(|written| {
         let now = written.judged_at(asked.at.as_deref())?;
         Ok(judge(&proxy.routing(), &written.request, now))
     });
