@@ -9,7 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::binary_path;
+use support::{binary_path, installed};
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -18,16 +18,7 @@ fn repository() -> PathBuf {
 /// `check-jsonschema`, or `None` (the test skipped) where tests/setup has not installed
 /// it; under `CI=true` a missing validator fails the test.
 fn validator() -> Option<Command> {
-    let installed = Command::new("check-jsonschema")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !installed {
-        assert!(
-            std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "CI must install check-jsonschema (tests/setup)"
-        );
-        eprintln!("skipped: check-jsonschema is not installed (run tests/setup)");
+    if !installed("check-jsonschema", "check-jsonschema", &["--version"]) {
         return None;
     }
     let mut command = Command::new("check-jsonschema");
@@ -164,14 +155,7 @@ fn values_the_readers_take_the_schema_takes() {
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
     for (index, value) in VALID.iter().enumerate() {
-        let text = config_with(value);
-        let path = dir.path().join(format!("valid-{index}.yaml"));
-        std::fs::write(&path, &text).unwrap();
-        let checked = Command::new(binary_path())
-            .args(["check", "-c"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let (path, checked) = checked(dir.path(), &format!("valid-{index}"), value);
         assert!(
             checked.status.success(),
             "check refused {value}: {}",
@@ -192,15 +176,8 @@ fn typos_that_check_refuses_the_schema_refuses_too() {
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
     for (index, (what, typo)) in TYPOS.iter().enumerate() {
-        let text = config_with(typo);
-        let path = dir.path().join(format!("typo-{index}.yaml"));
-        std::fs::write(&path, &text).unwrap();
-        let checked = Command::new(binary_path())
-            .args(["check", "-c"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert_eq!(checked.status.code(), Some(2), "check took {what}:\n{text}");
+        let (path, checked) = checked(dir.path(), &format!("typo-{index}"), typo);
+        assert_eq!(checked.status.code(), Some(2), "check took {what}:\n{typo}");
         files.push((what, path));
     }
     // The list's base, without a typo, passes both.
@@ -245,6 +222,19 @@ fn config_with(typo: &str) -> String {
         "    key: \"{json:/id}\"\n"
     };
     format!("{upstream}{top}routes:\n  - name: r\n{matcher}{key}{route}")
+}
+
+/// The file `name`.yaml in `dir`, holding the base configuration with `setting`, and what
+/// `dedupe-proxy check` made of it.
+fn checked(dir: &Path, name: &str, setting: &str) -> (PathBuf, std::process::Output) {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, config_with(setting)).unwrap();
+    let output = Command::new(binary_path())
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (path, output)
 }
 
 fn validate(path: &Path) -> bool {

@@ -44,16 +44,11 @@ impl Drop for Browser {
 /// Headless Chromium at 1280 px, or `None` (the test skipped) where chromedriver is not
 /// installed; under `CI=true` a missing browser fails the test.
 async fn browser() -> Option<Browser> {
-    let installed = Command::new("chromedriver")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !installed {
-        assert!(
-            std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "CI must install chromium and chromium-driver (tests/setup)"
-        );
-        eprintln!("skipped: chromedriver is not installed (run tests/setup)");
+    if !installed(
+        "chromium and chromium-driver",
+        "chromedriver",
+        &["--version"],
+    ) {
         return None;
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")

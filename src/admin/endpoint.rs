@@ -321,7 +321,14 @@ mod tests {
     /// to this.
     #[test]
     fn the_paths_open_to_anyone_take_only_get_and_head() {
-        for path in ["/healthz", "/readyz", "/metrics", "/", "/console/", "/console/app.js"] {
+        for path in [
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/",
+            "/console/",
+            "/console/app.js",
+        ] {
             let endpoint = Endpoint::parse(path).unwrap();
             assert_eq!(endpoint.allow(), "GET, HEAD", "{path}");
         }

@@ -145,7 +145,7 @@ const KINDS: [&str; 6] = [
 /// `; did you mean json:?` for a part whose kind is a letter or two from one.
 fn meant_kind(inner: &str) -> String {
     let kind = inner.split_once(':').map_or(inner, |(kind, _)| kind);
-    crate::values::closest(&kind.to_ascii_lowercase(), KINDS)
+    nearest(kind, KINDS.into_iter())
         .map(|near| format!("; did you mean {near}:?"))
         .unwrap_or_default()
 }

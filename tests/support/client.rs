@@ -120,18 +120,25 @@ pub async fn admin(proxy: &Proxy, method: &str, path: &str, body: &str) -> Reply
 /// Whether Python can import `module` (a real client library the tests drive, installed by
 /// tests/setup). Without it a test is skipped with a message, or fails under `CI=true`.
 pub fn python_module_installed(module: &str) -> bool {
-    let installed = std::process::Command::new("python3")
-        .args(["-c", &format!("import {module}")])
+    let import = format!("import {module}");
+    installed(&format!("Python's {module}"), "python3", &["-c", &import])
+}
+
+/// Whether `program` runs with `args` (a tool tests/setup installs, asked its version):
+/// without it a test is skipped with a message naming `what`, or fails under `CI=true`.
+pub fn installed(what: &str, program: &str, args: &[&str]) -> bool {
+    let found = std::process::Command::new(program)
+        .args(args)
         .output()
         .is_ok_and(|output| output.status.success());
-    if !installed {
+    if !found {
         assert!(
             std::env::var("CI").map_or(true, |ci| ci != "true"),
-            "CI must install Python's {module} (tests/setup)"
+            "CI must install {what} (tests/setup)"
         );
-        eprintln!("skipped: Python's {module} is not installed (run tests/setup)");
+        eprintln!("skipped: {what} is not installed (run tests/setup)");
     }
-    installed
+    found
 }
 
 /// What the Python client `tests/clients/<script>` printed as JSON, run with `args` and
