@@ -278,6 +278,7 @@ async fn an_operator_watches_deliveries_forgets_a_key_and_its_next_delivery_runs
     browser.screenshot("delivery").await;
 
     // Moving the expiry asks first, then the key shows the new one.
+    // The built-in retention is 7d: an hour from now is sooner.
     let before = key_json(proxy.admin, "evt_1").await["expires_at"].clone();
     browser.type_into("#expires-in", "1h").await;
     browser.click("#set-expiry").await;

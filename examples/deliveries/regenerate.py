@@ -81,6 +81,8 @@ def samples():
                               ("User-Agent", "GitHub-Hookshot/1a2b3c4"), ("X-GitHub-Event", "pull_request"),
                               ("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
                               ("X-GitHub-Hook-ID", "123456789"),
+                              ("X-GitHub-Hook-Installation-Target-Type", "repository"),
+                              ("X-GitHub-Hook-Installation-Target-ID", "900000001"),
                               ("X-Hub-Signature-256", node_signs("github", secret, body)["x-hub-signature-256"])], body)
 
     secret = "dedupe-proxy-sample-shopify"

@@ -7,6 +7,7 @@
 
 use crate::http_file;
 use crate::key::{Delivery, KeyTemplate};
+use crate::route::Route;
 
 /// The providers whose deliveries share one JSON envelope, which the sample shows.
 const ENVELOPES: [&str; 4] = ["stripe", "github", "slack", "paddle"];
@@ -33,6 +34,56 @@ pub(super) fn check(provider: &str, templates: &[(&str, &KeyTemplate)]) -> Resul
         }
     }
     Ok(())
+}
+
+/// The beginnings of the header names each provider gives its own headers.
+const HEADER_PREFIXES: [(&str, &[&str]); 7] = [
+    ("stripe", &["stripe-"]),
+    ("github", &["x-github-", "x-hub-"]),
+    ("shopify", &["x-shopify-"]),
+    ("slack", &["x-slack-"]),
+    ("twilio", &["x-twilio-", "i-twilio-"]),
+    ("paddle", &["paddle-"]),
+    ("standard_webhooks", &["webhook-"]),
+];
+
+/// Warnings for the headers `route`'s templates read that look like its provider's own (its
+/// prefix) but that its provider's delivery does not carry: a header further off than a
+/// typo, which may be real all the same, so only said.
+pub(super) fn unsent_headers(route: &Route) -> Vec<String> {
+    let provider = match (&route.preset, &route.verify) {
+        (Some(preset), _) => preset.name(),
+        (None, Some(verify)) => verify.scheme_name(),
+        (None, None) => return Vec::new(),
+    };
+    let (Some((_, prefixes)), Ok(text)) = (
+        HEADER_PREFIXES.iter().find(|(name, _)| *name == provider),
+        http_file::sample(provider),
+    ) else {
+        return Vec::new();
+    };
+    let written = http_file::parse(text.as_bytes()).expect("the samples are valid messages");
+    let carried = written.request.headers();
+    let mut templates = vec![("key", &route.key)];
+    if let Some(order) = &route.order {
+        templates.push(("order.entity", &order.entity));
+        templates.push(("order.version", &order.version));
+    }
+    let mut warnings = Vec::new();
+    for (setting, template) in templates {
+        for name in template.header_names() {
+            let provider_like = prefixes
+                .iter()
+                .any(|prefix| name.as_str().starts_with(prefix));
+            if provider_like && !carried.contains_key(name) {
+                warnings.push(format!(
+                    "route `{}`: `{setting}` reads the header {name}, which a {provider} delivery does not carry (`dedupe-proxy try --sample {provider}` shows one): every delivery may lack the key",
+                    route.name
+                ));
+            }
+        }
+    }
+    warnings
 }
 
 #[cfg(test)]
@@ -62,6 +113,36 @@ mod tests {
             ("standard_webhooks", "{json:/data/account}"),
         ] {
             assert_eq!(checked(provider, template), Ok(()), "{provider} {template}");
+        }
+    }
+
+    #[test]
+    fn a_header_in_the_providers_own_names_that_it_never_sends_is_warned_about() {
+        let config = |key: &str| {
+            let text = format!(
+                "upstream: http://127.0.0.1:1\nroutes:\n  - {{ name: g, match: {{ path: /g }}, preset: github, verify: none, key: \"{key}\" }}\n"
+            );
+            crate::config::Config::parse(&text, std::path::Path::new("t.yaml"), &Default::default())
+                .unwrap()
+        };
+        let warned = config("{header:X-GitHub-Hook-Guid}").warnings;
+        assert!(
+            warned.iter().any(|warning| warning.contains(
+                "reads the header x-github-hook-guid, which a github delivery does not carry"
+            )),
+            "{warned:?}"
+        );
+        for quiet in [
+            "{header:X-GitHub-Hook-Installation-Target-ID}",
+            "{header:X-Request-Id}",
+        ] {
+            let warnings = config(quiet).warnings;
+            assert!(
+                !warnings
+                    .iter()
+                    .any(|warning| warning.contains("does not carry")),
+                "{quiet}: {warnings:?}"
+            );
         }
     }
 

@@ -67,6 +67,7 @@ fn warnings(
     store_timeout: Option<Duration>,
 ) -> Vec<String> {
     let mut warnings: Vec<String> = routes.iter().flat_map(Route::warnings).collect();
+    warnings.extend(routes.iter().flat_map(super::provider::unsent_headers));
     if routes.is_empty() {
         warnings.push(match unmatched {
             Unmatched::Forward => "no routes: every request is forwarded unchecked and nothing is deduplicated (add a route under `routes:`)".to_owned(),

@@ -277,6 +277,14 @@ impl KeyTemplate {
             .collect()
     }
 
+    /// The headers the template reads.
+    pub fn header_names(&self) -> impl Iterator<Item = &HeaderName> {
+        self.parts.iter().filter_map(|part| match part {
+            Part::Header(name) | Part::SfString(name) | Part::HeaderHash(name) => Some(name),
+            Part::Literal(_) | Part::Json { .. } | Part::Query(_) | Part::Form(_) => None,
+        })
+    }
+
     /// Fills in the template from a delivery.
     pub fn extract(&self, delivery: &Delivery<'_>) -> Result<String, KeyError> {
         let mut key = String::new();
