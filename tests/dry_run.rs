@@ -234,41 +234,60 @@ fn broken_samples_get_the_documented_refusal() {
     );
 
     // Without the secret (nothing in the environment; a file's `# secret:` lines are not
-    // read): not checked, said so, and not counted as taken.
-    let (exit, report) = judged(
-        &[
-            "-c",
-            "config/stripe.yaml",
-            "--path",
-            "/webhooks/stripe",
-            "-d",
-            r#"{"id":"evt_1"}"#,
-        ],
-        &[],
-    );
+    // read): what needs no secret is still checked; past that, not checked, said so, and
+    // not counted as taken.
+    let file = [
+        "-c",
+        "config/stripe.yaml",
+        "examples/deliveries/stripe.http",
+    ];
+    let (exit, report) = judged(&file, &[]);
     assert_eq!((exit, &report["verdict"]), (1, &Value::from("unverified")));
     assert_eq!(report["signature"]["result"], "not_checked");
-    assert!(
-        report["signature"]["detail"]
-            .as_str()
-            .unwrap()
-            .contains("STRIPE_WEBHOOK_SECRET not set")
-    );
-    let (exit, report) = judged(
-        &[
-            "-c",
-            "config/stripe.yaml",
-            "examples/deliveries/stripe.http",
-        ],
-        &[],
-    );
-    assert_eq!((exit, &report["verdict"]), (1, &Value::from("unverified")));
+    let said = report["signature"]["detail"].as_str().unwrap();
+    assert!(said.contains("STRIPE_WEBHOOK_SECRET not set"), "{said}");
     assert!(
         report["notes"][0]
             .as_str()
             .unwrap()
             .contains("a request file's `# secret:` lines are not read")
     );
+    let unsigned = [
+        "-c",
+        "config/stripe.yaml",
+        "--path",
+        "/webhooks/stripe",
+        "-d",
+        "{}",
+    ];
+    let (exit, report) = judged(&unsigned, &[]);
+    assert_eq!(
+        (exit, &report["refusal"]["error"]),
+        (1, &Value::from("missing_signature")),
+        "no secret is needed to see that no signature came: {report:#}"
+    );
+    let (_, report) = judged(
+        &[&file[..], &["--at", "2026-12-02T00:00:00Z"]].concat(),
+        &[],
+    );
+    assert_eq!(report["refusal"]["error"], "stale_signature", "{report:#}");
+
+    // `-d` on a file changes its body and length, and makes up nothing: a file without
+    // `Host` stays refused; `-H` cannot set what `-d` sets.
+    let dir = tempfile::tempdir().unwrap();
+    let hostless = dir.path().join("hostless.http");
+    std::fs::write(
+        &hostless,
+        "POST /twilio/sms HTTP/1.1\nContent-Length: 3\n\na=b",
+    )
+    .unwrap();
+    let hostless = ["-c", "config/twilio.yaml", hostless.to_str().unwrap()];
+    let (_, report) = judged(&[&hostless[..], &["-d", "MessageSid=SM9"]].concat(), &[]);
+    assert_eq!(report["refusal"]["error"], "bad_request", "{report:#}");
+    assert_eq!(report["request"]["body_bytes"], 14);
+    let output = try_run(&[&hostless[..], &["-H", "Content-Length: 1"]].concat(), &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("-H cannot set content-length"));
 
     // A header the request's `Connection` names is gone before anything reads it, as the
     // proxy strips it: the signature goes with it.

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderValue, Method};
 
 use super::TryArgs;
 use super::api::printable;
-use crate::config::StoreConfig;
 use crate::config::{Config, Overrides};
 use crate::dry_run::{Checked, Report, Verdict, judge};
 use crate::http_file::{self, Written};
@@ -45,11 +45,6 @@ fn trial(config: Option<&Path>, args: &TryArgs) -> Result<ExitCode, String> {
     let now = written.judged_at(args.at.as_deref())?;
     let mut report = judge(&config.routing(), &written.request, now);
     notes(&mut report, &written, &stand_ins, args.sample.is_some());
-    if let (StoreConfig::Redis(redis), Some(key)) = (&config.store, report.key.as_mut())
-        && let Some(store_key) = &mut key.store_key
-    {
-        store_key.insert_str(0, &redis.prefix);
-    }
     if args.json {
         let json = serde_json::to_string_pretty(&report).expect("a report is JSON");
         println!("{json}");
@@ -95,33 +90,40 @@ fn notes(
     report.notes.extend(notes);
 }
 
-/// The request to try: a file's, a sample's or one made of parts, with `-H` and `-d`
-/// applied.
+/// The request to try: a file's, a sample's or one made of parts, with `-X`, `-H` and `-d`
+/// applied. A file's or sample's head stays as written (no `Host` made up); `-d` replaces
+/// its body and a `Content-Length` it has.
 fn request(args: &TryArgs) -> Result<Written, String> {
+    let body = match args.data.as_deref() {
+        Some(data) => Some(Bytes::from(match data.strip_prefix('@') {
+            Some(file) => read_file(Path::new(file))?,
+            None => data.as_bytes().to_vec(),
+        })),
+        None => None,
+    };
     let mut written = match (&args.request, &args.sample, &args.path) {
         (Some(file), _, _) => http_file::parse(&read_file(file)?)?,
         (None, Some(sample), _) => http_file::parse(http_file::sample(sample)?.as_bytes())?,
-        (None, None, Some(target)) => Written {
-            request: http_file::build(Method::POST, target, HeaderMap::new(), Bytes::new())?,
-            signed_at: None,
-            secrets: Vec::new(),
-        },
+        (None, None, Some(target)) => {
+            let body = body.clone().unwrap_or_default();
+            Written {
+                request: http_file::build(Method::POST, target, HeaderMap::new(), body)?,
+                signed_at: None,
+                secrets: Vec::new(),
+            }
+        }
         (None, None, None) => {
             return Err(
                 "no request: give a file (or - for standard input), --sample NAME, or --path with -H and -d".into(),
             );
         }
     };
-    if let Some(data) = &args.data {
-        let body = match data.strip_prefix('@') {
-            Some(file) => read_file(Path::new(file))?,
-            None => data.as_bytes().to_vec(),
-        };
-        let (head, _) = written.request.into_parts();
-        let target = head.uri.to_string();
-        let mut headers = head.headers;
-        headers.remove(http::header::CONTENT_LENGTH);
-        written.request = http_file::build(head.method, &target, headers, Bytes::from(body))?;
+    if let (Some(body), None) = (body, &args.path) {
+        let headers = written.request.headers_mut();
+        if headers.contains_key(CONTENT_LENGTH) {
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        }
+        *written.request.body_mut() = body;
     }
     if let Some(method) = &args.method {
         *written.request.method_mut() = Method::from_bytes(method.as_bytes())
@@ -129,7 +131,16 @@ fn request(args: &TryArgs) -> Result<Written, String> {
     }
     for line in &args.headers {
         let (name, value) = http_file::header(line)?;
-        written.request.headers_mut().insert(name, value);
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            return Err(format!(
+                "-H cannot set {name}: -d sets the body and its length"
+            ));
+        }
+        let headers = written.request.headers_mut();
+        headers.insert(name, value);
+        if headers.len() > http_file::HEADERS_MAX {
+            return Err(format!("more than {} header lines", http_file::HEADERS_MAX));
+        }
     }
     Ok(written)
 }

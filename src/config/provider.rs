@@ -39,7 +39,7 @@ pub(super) fn check(provider: &str, templates: &[(&str, &KeyTemplate)]) -> Resul
 /// The beginnings of the header names each provider gives its own headers.
 const HEADER_PREFIXES: [(&str, &[&str]); 7] = [
     ("stripe", &["stripe-"]),
-    ("github", &["x-github-", "x-hub-"]),
+    ("github", &["x-github-"]),
     ("shopify", &["x-shopify-"]),
     ("slack", &["x-slack-"]),
     ("twilio", &["x-twilio-", "i-twilio-"]),

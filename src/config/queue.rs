@@ -40,8 +40,11 @@ pub(super) struct QueueFile {
     accepted_body: Option<String>,
     /// Deliveries tried at most before the job goes to dead letters.
     max_attempts: Option<u32>,
+    /// No attempt starts later than this after the request was accepted (or replayed).
     max_age: Option<HumanDuration>,
+    /// The longest wait after the first attempt; it doubles after each.
     backoff_base: Option<HumanDuration>,
+    /// The longest wait between attempts.
     backoff_cap: Option<HumanDuration>,
     /// 4xx answers that are tried again (every 5xx is).
     retry_statuses: Option<Vec<StatusValue>>,
@@ -53,6 +56,7 @@ pub(super) struct QueueFile {
     rate: Option<u32>,
     /// Deliveries above `rate` allowed at once (with `rate`).
     burst: Option<u32>,
+    /// A time from acceptance to the app's success that a metric counts jobs against.
     target: Option<HumanDuration>,
     order_by: Option<KeyTemplate>,
 }

@@ -70,7 +70,10 @@ fn with_whole_map_rules(schema: &mut Value) {
     let store = &mut definitions["StoreFile"];
     store["minProperties"] = 1.into();
     store["maxProperties"] = 1.into();
-    schema["properties"]["defaults"]["$ref"] = "#/definitions/Defaults".into();
+    // Draft 7 reads nothing beside a `$ref`: the reference sits in `allOf`, beside the
+    // description.
+    schema["properties"]["defaults"]["allOf"] =
+        serde_json::json!([{ "$ref": "#/definitions/Defaults" }]);
 }
 
 #[cfg(test)]

@@ -182,17 +182,23 @@ fn signature(
         .filter(|env| env.secret.is_stand_in())
         .map(|env| env.variable.as_str())
         .collect();
-    if !unset.is_empty() {
+    // The checks that need no secret (the header's presence and form, the timestamp's
+    // age) run first: they refuse whatever the secret.
+    let checked = verify.prepare(request.headers(), now).and_then(|pending| {
+        if unset.is_empty() {
+            pending.check(request.body())
+        } else {
+            Ok(())
+        }
+    });
+    if checked.is_ok() && !unset.is_empty() {
         signature.result = Checked::NotChecked;
         signature.detail = Some(format!(
-            "{} not set here: set it to the route's secret to check the signature",
+            "{} not set here: its header and timestamp pass; set the variable to the route's secret to check the signature itself",
             unset.join(", ")
         ));
         return (signature, None);
     }
-    let checked = verify
-        .prepare(request.headers(), now)
-        .and_then(|pending| pending.check(request.body()));
     match checked {
         Ok(()) => (signature, None),
         Err(failure) => {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::order::Guard;
 use crate::response::Refusal;
-use crate::route::{DeliveryMode, OnAmbiguous, OnInFlight, ReplayGuard, Route};
+use crate::route::{DeliveryMode, OnAmbiguous, OnInFlight, OnPayloadMismatch, ReplayGuard, Route};
 use crate::values::{HumanDuration, UpstreamUrl};
 use crate::verify::VerifyError;
 
@@ -274,6 +274,9 @@ impl Report {
         } else {
             body.into_owned()
         };
+        if policy.on_payload_mismatch == OnPayloadMismatch::Reject {
+            detail.push_str("; with another body (another request, for idempotency keys), 422");
+        }
         if route.replay_guard == ReplayGuard::Body {
             detail.push_str(
                 "; the same signed body under another key is a duplicate too (replay_guard: body)",
@@ -360,7 +363,7 @@ pub(super) fn why_refused(failure: &VerifyError, judged_at: Option<&str>) -> Str
             "{failure}: the secret differs from the sender's, or the body changed after it was signed (one byte is enough: whitespace, re-encoded JSON, a final newline)"
         ),
         VerifyError::Stale(tolerance) => format!(
-            "the signature's timestamp is more than {tolerance} from {}, when it was judged: a recorded delivery is judged as of when it was signed with `--at` (or a `# signed-at:` line)",
+            "the signature's timestamp is more than {tolerance} from {}, when it was judged: judge a recorded delivery as of when it was signed (`--at`, the API's `at`, or a `# signed-at:` line)",
             judged_at.unwrap_or("now")
         ),
         other => other.to_string(),

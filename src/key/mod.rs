@@ -142,7 +142,7 @@ const KINDS: [&str; 6] = [
     "form",
 ];
 
-/// `; did you mean json:?` for a part whose kind is a letter or two from one.
+/// `; did you mean json:?` for a part whose kind is one letter from one.
 fn meant_kind(inner: &str) -> String {
     let kind = inner.split_once(':').map_or(inner, |(kind, _)| kind);
     nearest(kind, KINDS.into_iter())
@@ -358,7 +358,7 @@ impl Part {
 }
 
 /// The pointer `tokens` likely meant in `body`: the first token `body` lacks replaced by
-/// the name beside it that is a letter or two away, or none.
+/// the name beside it one letter away, or none.
 fn json_near_miss(body: &serde_json::Value, tokens: &[String]) -> Option<String> {
     let mut at = body;
     for (index, token) in tokens.iter().enumerate() {

@@ -126,7 +126,7 @@ impl fmt::Display for HumanDuration {
 string_value!(
     HumanDuration,
     "a duration like 30s",
-    or_number,
+    or_zero,
     pattern r"^\s*(0|([0-9]+(\.[0-9]+)?\s*[a-zA-Zµ]+\s*)+)\s*$"
 );
 

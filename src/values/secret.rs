@@ -51,6 +51,15 @@ thread_local! {
     static STANDING_IN: RefCell<Option<StandIns>> = const { RefCell::new(None) };
 }
 
+/// Ends a load's standing in when dropped.
+struct StandingEnds;
+
+impl Drop for StandingEnds {
+    fn drop(&mut self) {
+        STANDING_IN.with(|standing| standing.borrow_mut().take());
+    }
+}
+
 /// What a load did for the secrets whose variables the environment does not set (or
 /// sets empty).
 #[derive(Debug, Default)]
@@ -82,6 +91,9 @@ pub fn with_given_secrets<T>(
         ..StandIns::default()
     };
     STANDING_IN.with(|standing| *standing.borrow_mut() = Some(stand_ins));
+    // Ended even if `load` panics: a later load on this thread must not stand in for
+    // unset secrets.
+    let _ended = StandingEnds;
     let loaded = load();
     let stand_ins = STANDING_IN.with(|standing| standing.borrow_mut().take());
     (loaded, stand_ins.unwrap_or_default())

@@ -60,6 +60,12 @@ macro_rules! string_value {
         });
         string_value!(@display $type);
     };
+    ($type:ty, $expecting:literal, or_zero, pattern $pattern:literal) => {
+        string_value!(@read $type, $expecting, {
+            "anyOf": [{ "type": "string", "pattern": $pattern }, { "const": 0 }],
+        });
+        string_value!(@display $type);
+    };
     ($type:ty, $expecting:literal, number) => {
         string_value!(@read $type, $expecting, { "type": ["number", "string"] });
     };
