@@ -158,6 +158,9 @@ pub struct Deliveries {
     /// Whether the store's durability warning was looked for (once queued routes run).
     warned: AtomicBool,
     paused: RwLock<HashSet<String>>,
+    /// Set once the paused routes were first read from the store: no loop takes a job
+    /// before, or a restart would deliver for a route an operator paused.
+    paused_read: tokio::sync::OnceCell<()>,
     /// Each route's jobs, dead letters included, as last counted (every [`REFRESH`]).
     held: RwLock<HashMap<String, u64>>,
     /// Every loop and attempt, which shutdown waits for.
@@ -187,6 +190,7 @@ impl Deliveries {
             running: Mutex::new(HashMap::new()),
             warned: AtomicBool::new(false),
             paused: RwLock::new(HashSet::new()),
+            paused_read: tokio::sync::OnceCell::new(),
             held: RwLock::new(HashMap::new()),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -307,6 +311,10 @@ impl Deliveries {
             draining,
         } = handles;
         let visibility = route.policy.upstream_timeout * 2 + VISIBILITY_MARGIN;
+        tokio::select! {
+            () = self.read_paused_once() => {}
+            () = stop.cancelled() => return,
+        }
         loop {
             if self.paused.read().contains(&route.name) {
                 if idle(&stop, &wake, REFRESH).await {
@@ -393,6 +401,19 @@ impl Deliveries {
             return true;
         }
         false
+    }
+
+    /// Reads the paused routes from the store, the first time it is asked; later reads are
+    /// the refresh's.
+    async fn read_paused_once(&self) {
+        self.paused_read
+            .get_or_init(|| async {
+                match self.queue.paused().await {
+                    Ok(paused) => *self.paused.write() = paused.into_iter().collect(),
+                    Err(error) => tracing::debug!(%error, "cannot read the paused routes"),
+                }
+            })
+            .await;
     }
 
     /// Reads the paused routes from the store and counts every queued route's jobs, every
