@@ -885,7 +885,8 @@ async fn a_viewer_tries_requests_on_the_page_and_nothing_is_stored() {
     let proxy = start_with_tokens(dir.path(), upstream.addr);
     browser.sign_in(proxy.admin, VIEWER).await;
     browser.click("nav a[data-page=try]").await;
-    // The page starts from an example on the first route's path.
+    // The page starts from an example on the first route's path, once it is built.
+    browser.wait_for("#try-request").await;
     let example = browser
         .script("return document.getElementById('try-request').value")
         .await;
