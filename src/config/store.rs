@@ -552,10 +552,13 @@ pub struct SledConfig {
     /// The data directory, relative to the working directory.
     #[serde(default = "defaults::sled_path")]
     pub path: PathBuf,
-    /// `batched` (done marks reach the disk every `flush_every`) or `fsync` (before the sender's answer).
+    /// `batched` (done marks reach stable storage with sled's sync every `flush_every`) or
+    /// `fsync` (each is synced before the sender's answer). Queued jobs and operators'
+    /// changes are synced before their answer either way.
     #[serde(default)]
     pub durability: Durability,
-    /// How often `batched` durability flushes to disk.
+    /// How often sled syncs to disk by itself: what `batched` durability may lose in a
+    /// crash.
     #[serde(default = "defaults::flush_every")]
     pub flush_every: HumanDuration,
     /// sled's page cache, as sled counts it (its pages take two to three times as much
@@ -575,16 +578,18 @@ impl Default for SledConfig {
     }
 }
 
-/// When a `done` mark reaches the disk.
+/// When a `done` mark reaches stable storage.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Durability {
-    /// Flushed every `flush_every`; a crash may forget the last interval's done marks.
+    /// Synced every `flush_every`; a crash of the process or the machine may forget the
+    /// last interval's done marks.
     #[default]
     Batched,
-    /// Flushed before the sender gets its answer (many claims share one flush).
+    /// Synced (`fdatasync`) before the sender gets its answer (answers waiting at once share
+    /// one sync).
     Fsync,
 }
 

@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 mod log;
 mod queue;
@@ -17,6 +18,7 @@ pub(crate) use log::{LogDrop, LogMetrics};
 pub(crate) use queue::{AttemptResult, QueueGauges, QueueMetrics};
 
 use crate::response::DedupeStatus;
+use crate::store::DiskSyncs;
 use crate::verify::VerifyError;
 
 /// Spans not exported because the export queue was full (`crate::telemetry`), for
@@ -171,11 +173,14 @@ impl LeaseRenewal {
 
 /// The counts the gauges show as of a scrape: this process's claims in flight, its
 /// deliveries waiting on one, and the store's done records when it knows them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct KeyCounts {
     pub in_flight: usize,
     pub waiting: usize,
     pub done: Option<u64>,
+    /// The embedded store's syncs to stable storage, for `dedupe_store_syncs_total` and
+    /// its siblings.
+    pub syncs: Option<DiskSyncs>,
 }
 
 /// The registry and its metrics; cheap to share behind an `Arc`.
@@ -186,6 +191,10 @@ pub struct Metrics {
     claims_released: Family<RouteReason, Counter>,
     store_errors: Counter,
     store_keys: Family<StateLabel, Gauge>,
+    store_syncs: Counter,
+    store_sync_waiters: Counter,
+    store_sync_seconds: Counter<f64, AtomicU64>,
+    store_sync_failures: Counter,
     waiting: Gauge,
     keys_held: Family<RouteLabel, Gauge>,
     sweep_removed: Counter,
@@ -220,6 +229,10 @@ impl Metrics {
             claims_released: Family::default(),
             store_errors: Counter::default(),
             store_keys: Family::default(),
+            store_syncs: Counter::default(),
+            store_sync_waiters: Counter::default(),
+            store_sync_seconds: Counter::default(),
+            store_sync_failures: Counter::default(),
             waiting: Gauge::default(),
             keys_held: Family::default(),
             sweep_removed: Counter::default(),
@@ -313,6 +326,26 @@ impl Metrics {
             "dedupe_store_keys",
             "Keys in the store by state (done: records on disk, expired ones until swept)",
             self.store_keys.clone(),
+        );
+        self.registry.register(
+            "dedupe_store_syncs",
+            "Syncs of the embedded store's files to stable storage (fdatasync or fsync) that acknowledgments waited for",
+            self.store_syncs.clone(),
+        );
+        self.registry.register(
+            "dedupe_store_sync_waiters",
+            "Writes that waited for a sync before their answer (acknowledgments, operators' changes); over dedupe_store_syncs_total, how many one sync served",
+            self.store_sync_waiters.clone(),
+        );
+        self.registry.register(
+            "dedupe_store_sync_seconds",
+            "Time spent in those syncs; over dedupe_store_syncs_total, the mean time one took",
+            self.store_sync_seconds.clone(),
+        );
+        self.registry.register(
+            "dedupe_store_sync_failures",
+            "Syncs that failed: their writes were not acknowledged, and the store reopened",
+            self.store_sync_failures.clone(),
         );
         self.registry.register(
             "dedupe_sweep_removed",
@@ -526,6 +559,19 @@ impl Metrics {
         if let Some(done) = keys.done {
             gauge("done").set(i64::try_from(done).unwrap_or(i64::MAX));
         }
+        if let Some(syncs) = keys.syncs {
+            // The store counts; the counters catch up with it.
+            let catch_up = |counter: &Counter, now: u64| {
+                counter.inc_by(now.saturating_sub(counter.get()));
+            };
+            catch_up(&self.store_syncs, syncs.syncs);
+            catch_up(&self.store_sync_waiters, syncs.waiters);
+            catch_up(&self.store_sync_failures, syncs.failures);
+            let seconds = syncs.seconds - self.store_sync_seconds.get();
+            if seconds > 0.0 {
+                self.store_sync_seconds.inc_by(seconds);
+            }
+        }
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
@@ -605,6 +651,12 @@ mod tests {
             in_flight: 2,
             waiting: 3,
             done: Some(40),
+            syncs: Some(DiskSyncs {
+                syncs: 5,
+                waiters: 12,
+                seconds: 0.25,
+                failures: 1,
+            }),
         });
         for line in [
             "dedupe_waiting_deliveries 3",
@@ -621,6 +673,10 @@ mod tests {
             r#"dedupe_config_reloads_total{result="failure"} 1"#,
             "dedupe_config_last_reload_successful 0",
             "dedupe_sweep_last_success_timestamp_seconds 1767225600",
+            "dedupe_store_syncs_total 5",
+            "dedupe_store_sync_waiters_total 12",
+            "dedupe_store_sync_seconds_total 0.25",
+            "dedupe_store_sync_failures_total 1",
         ] {
             assert!(text.contains(line), "missing `{line}` in:\n{text}");
         }

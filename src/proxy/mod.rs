@@ -193,6 +193,7 @@ impl Proxy {
             in_flight: self.ledger.open_count(),
             waiting: self.waiting.count(),
             done: self.store.done_keys(),
+            syncs: self.store.disk_syncs(),
         }
     }
 

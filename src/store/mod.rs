@@ -604,6 +604,27 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// it can tell cheaply (sled counts its records when it opens; the shared stores would
     /// need a scan).
     fn done_keys(&self) -> Option<u64>;
+
+    /// What the store's syncs to stable storage have done since it opened, for
+    /// `dedupe_store_syncs_total` and its siblings: the embedded store's only (the shared
+    /// stores' servers sync their own files).
+    fn disk_syncs(&self) -> Option<DiskSyncs> {
+        None
+    }
+}
+
+/// The embedded store's syncs to stable storage since it opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DiskSyncs {
+    /// Syncs run: each an `fdatasync` (or `fsync`) of every file written since the last.
+    pub syncs: u64,
+    /// Writes that waited for one (acknowledgments and operators' changes); over `syncs`,
+    /// how many one sync served on average.
+    pub waiters: u64,
+    /// Time spent in them.
+    pub seconds: f64,
+    /// Syncs that failed (their waiters were told; the store reopens).
+    pub failures: u64,
 }
 
 /// What one sweep did.

@@ -1,14 +1,15 @@
 //! The embedded store's database: opened with its trees (done records by expiry, held
 //! keys, entity records, the delivery queue's trees), reopened in the background after a
-//! failure (sled keeps its first I/O error), and flushed to disk in groups.
+//! failure (sled keeps its first I/O error), and synced to stable storage in groups
+//! (`durable.rs`).
 
-use std::sync::{Arc, Weak, mpsc};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::RwLock;
 use sled::Tree;
-use tokio::sync::oneshot;
 
+use super::durable::{GroupFlusher, SyncCounters, missing_directories};
 use super::epochs::{Epochs, RecordKey};
 use crate::config::{Durability, SledConfig};
 use crate::store::{
@@ -59,15 +60,21 @@ pub(super) struct OpenDatabase {
     pub(super) queue: QueueTrees,
     /// The delivery log's chunks (`log.rs`).
     pub(super) log: sled::Tree,
-    /// Makes queued jobs durable always, and done marks with `fsync`.
+    /// Makes queued jobs and operators' changes stable always, and done marks with
+    /// `fsync`.
     pub(super) flusher: GroupFlusher,
     pub(super) fsync_done_marks: bool,
 }
 
 impl OpenDatabase {
-    /// Opens (or creates) the database at `config.path`. Blocks on disk I/O.
-    pub(super) fn open(config: &SledConfig) -> Result<OpenDatabase, StoreError> {
+    /// Opens (or creates) the database at `config.path`, and syncs what opening it wrote.
+    /// Blocks on disk I/O.
+    pub(super) fn open(
+        config: &SledConfig,
+        counters: Arc<SyncCounters>,
+    ) -> Result<OpenDatabase, StoreError> {
         let path = config.path.display();
+        let created = missing_directories(&config.path);
         let db = sled::Config::new()
             .path(&config.path)
             .cache_capacity(config.cache.0)
@@ -94,7 +101,8 @@ impl OpenDatabase {
         let entity_expiry = db.open_tree("entity_expiry")?;
         let queue = QueueTrees::open(&db)?;
         let log = db.open_tree("delivery_log")?;
-        let flusher = GroupFlusher::start(db.clone());
+        let flusher = GroupFlusher::start(db.clone(), &config.path, &created, counters)
+            .map_err(|error| error.context(&format!("data directory {path}")))?;
         Ok(OpenDatabase {
             db,
             epochs,
@@ -208,7 +216,7 @@ impl OpenDatabase {
         Ok(live)
     }
 
-    /// Makes the writes so far durable, with `fsync`.
+    /// Makes the writes so far stable, with `durability: fsync`.
     pub(super) async fn make_durable(&self) -> Result<(), StoreError> {
         if self.fsync_done_marks {
             self.flusher.flush().await
@@ -243,6 +251,8 @@ pub(super) type Slot = RwLock<Option<Arc<OpenDatabase>>>;
 pub(super) struct Database {
     pub(super) slot: Arc<Slot>,
     pub(super) config: SledConfig,
+    /// What the syncs have done, across reopenings.
+    pub(super) syncs: Arc<SyncCounters>,
 }
 
 impl Database {
@@ -267,7 +277,11 @@ impl Database {
             {
                 tracing::error!(%error, "the store failed; reopening it in the background");
                 *slot = None;
-                reopen_in_background(Arc::downgrade(&self.slot), self.config.clone());
+                reopen_in_background(
+                    Arc::downgrade(&self.slot),
+                    self.config.clone(),
+                    Arc::clone(&self.syncs),
+                );
             }
         }
         result
@@ -276,7 +290,11 @@ impl Database {
 
 /// Reopens the data directory until it succeeds, backing off up to 5 s between tries,
 /// then puts the new database in `slot`. Gives up when the store is dropped.
-pub(super) fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
+pub(super) fn reopen_in_background(
+    slot: Weak<Slot>,
+    config: SledConfig,
+    counters: Arc<SyncCounters>,
+) {
     let spawned = std::thread::Builder::new()
         .name("sled-reopen".into())
         .spawn(move || {
@@ -286,7 +304,7 @@ pub(super) fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
                 let Some(slot) = slot.upgrade() else {
                     return;
                 };
-                match OpenDatabase::open(&config) {
+                match OpenDatabase::open(&config, Arc::clone(&counters)) {
                     Ok(database) => {
                         *slot.write() = Some(Arc::new(database));
                         tracing::info!("the store is open again");
@@ -301,46 +319,5 @@ pub(super) fn reopen_in_background(slot: Weak<Slot>, config: SledConfig) {
         });
     if let Err(error) = spawned {
         tracing::error!(%error, "cannot start the thread that reopens the store");
-    }
-}
-
-/// Makes writes durable before they are acknowledged (queued jobs and their takes always,
-/// done marks with `fsync`), sharing one `Db::flush` among every caller that arrived while
-/// the previous flush ran (group commit). It runs on a
-/// thread of its own because `flush` blocks, and it never calls `flush_async`, which
-/// deadlocks in sled 0.34.7 under concurrent callers.
-pub(super) struct GroupFlusher {
-    waiters: mpsc::Sender<oneshot::Sender<Result<(), String>>>,
-}
-
-impl GroupFlusher {
-    pub(super) fn start(db: sled::Db) -> GroupFlusher {
-        let (waiters, queue) = mpsc::channel::<oneshot::Sender<Result<(), String>>>();
-        std::thread::Builder::new()
-            .name("sled-flusher".into())
-            .spawn(move || {
-                // Ends when the store is dropped and the channel closes.
-                while let Ok(first) = queue.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(queue.try_iter());
-                    let result = db.flush().map(drop).map_err(|error| error.to_string());
-                    for waiter in batch {
-                        let _ = waiter.send(result.clone());
-                    }
-                }
-            })
-            .expect("spawning the flusher thread");
-        GroupFlusher { waiters }
-    }
-
-    pub(super) async fn flush(&self) -> Result<(), StoreError> {
-        let (done, flushed) = oneshot::channel();
-        self.waiters
-            .send(done)
-            .map_err(|_| StoreError::Backend("the flusher thread has stopped".into()))?;
-        flushed
-            .await
-            .map_err(|_| StoreError::Backend("the flusher thread has stopped".into()))?
-            .map_err(StoreError::Backend)
     }
 }

@@ -18,14 +18,17 @@
 //!   filed by when they expire in `entity_expiry` (the time, big-endian, then the key), so
 //!   that the sweep reads only what has expired. A record replaced by a newer version
 //!   leaves its old index entry behind, which the sweep drops without touching the record.
-//! - `durability: fsync` makes each done mark durable before `finish` returns, through
-//!   `GroupFlusher`; `batched` leaves it to sled's background flush every `flush_every`.
+//! - `durability: fsync` makes each done mark (and hold, and entity record) stable before
+//!   the call returns, through [`durable`]'s group commit; `batched` leaves it to sled's
+//!   background sync every `flush_every`. An operator's change is made stable before it
+//!   is answered whatever `durability` says: it is rare, and its answer says it is saved.
 //! - sled keeps the first I/O error (a full disk, say) and fails every later operation,
 //!   even once the disk has room again. So any failure drops the open database, and a
 //!   background thread reopens the directory until it succeeds; meanwhile operations fail
 //!   fast and the proxy follows `on_store_error`. The leases stay in memory throughout.
 
 mod database;
+mod durable;
 mod epochs;
 mod listing;
 mod log;
@@ -41,15 +44,16 @@ use dashmap::mapref::entry::Entry;
 use parking_lot::RwLock;
 
 use self::database::{Database, OpenDatabase};
+use self::durable::SyncCounters;
 use self::epochs::RecordKey;
 use self::log::SledLog;
 use self::queue::SledQueue;
 use super::queue::DeliveryQueue;
 use super::{
-    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DoneRecord, EntityRecord,
-    Expiry, Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page, RESOLVED_STATUS,
-    Resolution, StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis,
-    store_key,
+    Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DiskSyncs, DoneRecord,
+    EntityRecord, Expiry, Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page,
+    RESOLVED_STATUS, Resolution, StateFilter, StoreError, Swept, SystemClock, Version,
+    count_by_namespace, millis, store_key,
 };
 use crate::config::SledConfig;
 
@@ -129,7 +133,8 @@ impl SledStore {
         config: &SledConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<SledStore, StoreError> {
-        let opened = OpenDatabase::open(config)?;
+        let syncs = Arc::new(SyncCounters::default());
+        let opened = OpenDatabase::open(config, Arc::clone(&syncs))?;
         let open_keys = DashMap::new();
         for (key, held) in opened.held_keys(clock.now())? {
             open_keys.insert(key, OpenKey::Held(held));
@@ -138,6 +143,7 @@ impl SledStore {
         let database = Database {
             slot: Arc::new(RwLock::new(Some(Arc::clone(&opened)))),
             config: config.clone(),
+            syncs,
         };
         let queue = SledQueue::new(Arc::clone(&clock), database.clone())?;
         Ok(SledStore {
@@ -416,10 +422,7 @@ impl ClaimStore for SledStore {
 
     async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
         let database = self.database()?;
-        let resolved = match self.resolve_on(&database, key, resolution) {
-            Ok(true) => database.make_durable().await.map(|()| true),
-            other => other,
-        };
+        let resolved = self.resolve_on(&database, key, resolution);
         self.reopen_if_failed(&database, resolved)
     }
 
@@ -543,11 +546,6 @@ impl ClaimStore for SledStore {
                 Ok(Expiry::Set)
             })
         };
-        // As durable as a finish: a lost extension would let a duplicate run.
-        let refiled = match refiled {
-            Ok(Expiry::Set) => database.make_durable().await.map(|()| Expiry::Set),
-            other => other,
-        };
         self.reopen_if_failed(&database, refiled)
     }
 
@@ -605,10 +603,6 @@ impl ClaimStore for SledStore {
                     .and_then(|bytes| postcard::from_bytes::<EntityRecord>(&bytes).ok())
                     .is_some_and(|record| record.expires_at > now)
             });
-        let forgotten = match forgotten {
-            Ok(true) => database.make_durable().await.map(|()| true),
-            other => other,
-        };
         self.reopen_if_failed(&database, forgotten)
     }
 
@@ -628,11 +622,11 @@ impl ClaimStore for SledStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         let database = self.database()?;
-        let worker = Arc::clone(&database);
-        let flushed = tokio::task::spawn_blocking(move || worker.db.flush())
-            .await
-            .map_err(|error| StoreError::Backend(error.to_string()))
-            .and_then(|flushed| Ok(flushed.map(drop)?));
+        let flushed = database.flusher.flush().await;
         self.reopen_if_failed(&database, flushed)
+    }
+
+    fn disk_syncs(&self) -> Option<DiskSyncs> {
+        Some(self.database.syncs.read())
     }
 }
