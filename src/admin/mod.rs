@@ -284,8 +284,28 @@ impl Admin {
     }
 }
 
-/// Answers a request to the API about routes, keys and the queue.
+/// Answers a request to the API about routes, keys and the queue. A change it answers
+/// with success is on stable storage first: the answer says it is saved.
 async fn serve_store_api(
+    serving: &Serving,
+    replays: &bulk::Replays,
+    api: Api<'_>,
+    request: Request<Bytes>,
+) -> Response<ProxyBody> {
+    let changes_the_store = !matches!(request.method(), &Method::GET | &Method::HEAD)
+        && !matches!(api, Api::Routes | Api::Reload | Api::Try);
+    let answer = answer_store_api(serving, replays, api, request).await;
+    if changes_the_store
+        && answer.status().is_success()
+        && let Err(error) = serving.proxy.store().flush().await
+    {
+        tracing::error!(%error, "an operator's change could not be synced to disk");
+        return AdminRefusal::from(error).into_response();
+    }
+    answer
+}
+
+async fn answer_store_api(
     serving: &Serving,
     replays: &bulk::Replays,
     api: Api<'_>,

@@ -100,9 +100,13 @@ pub(super) async fn deliver(
         Next::Dead(reason) => {
             job.dead = Some((now, reason));
             metrics.attempted(name, AttemptResult::Dead);
-            metrics.died(name, reason.as_str());
-            tracing::warn!(route = %name, key = %job.key, attempt = job.attempted, status = ?status, reason = reason.as_str(), "queued event put in dead letters");
-            context.queue.bury(&taken, &job).await
+            // Reported as a dead letter once it is one on disk.
+            let buried = context.queue.bury(&taken, &job).await;
+            if buried.is_ok() {
+                metrics.died(name, reason.as_str());
+                tracing::warn!(route = %name, key = %job.key, attempt = job.attempted, status = ?status, reason = reason.as_str(), "queued event put in dead letters");
+            }
+            buried
         }
     };
     match settled {

@@ -23,9 +23,10 @@
 //! millisecond); the opening of the store mends both (it reads every job anyway, for the
 //! counts), and makes each lane's first job due if a crash left it behind.
 //!
-//! An enqueue and a take wait for the flush that writes them to disk (shared with every
-//! caller that arrived meanwhile) whatever `durability` says; a retry, a bury or a
-//! completion is written by sled's own periodic flush: lost in a crash, the job is due
+//! An enqueue, a take and a bury wait for the sync that puts them on stable storage
+//! (shared with every caller that arrived meanwhile, `durable.rs`) whatever `durability`
+//! says; an operator's change is synced by the admin API before it answers; a retry or
+//! a completion is written by sled's own periodic sync: lost in a crash, the job is due
 //! again, and delivered again (the documented window). The counts live in memory: no
 //! other process uses this database.
 
@@ -663,11 +664,16 @@ impl DeliveryQueue for SledQueue {
                 "a job is buried with its time of death".into(),
             ));
         }
-        self.on_database(|trees| {
+        let database = self.open()?;
+        let buried = (|| {
             let _lane = self.lane_lock(&job.route, job.lane.as_deref());
-            self.change_taken(trees, taken, job, None)?;
-            self.promote(trees, job)
-        })
+            self.change_taken(&database.queue, taken, job, None)?;
+            self.promote(&database.queue, job)
+        })();
+        self.database.reopen_if_failed(&database, buried)?;
+        // A dead letter is reported (logged, counted, listed) as one: on disk first.
+        let flushed = database.flusher.flush().await;
+        self.database.reopen_if_failed(&database, flushed)
     }
 
     async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
@@ -788,10 +794,7 @@ impl DeliveryQueue for SledQueue {
                 trees.paused.remove(route.as_bytes())?;
             }
             Ok(())
-        })?;
-        let database = self.open()?;
-        let flushed = database.flusher.flush().await;
-        self.database.reopen_if_failed(&database, flushed)
+        })
     }
 
     async fn paused(&self) -> Result<Vec<String>, StoreError> {
