@@ -353,3 +353,56 @@ async fn a_lane_lock_held_elsewhere_costs_a_timeout_not_the_queue() {
     );
     drop_postgres_tables(table).await;
 }
+
+/// The proxy's sessions keep `synchronous_commit` as the server has it (they never turn it
+/// off), and a database whose sessions commit before the disk has the commit is named in
+/// a warning at start: there a crash of the database's host can lose acknowledged done
+/// marks and queued jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_commits_before_its_disk_has_it_is_warned_of() {
+    if !service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let server = client(POSTGRES_URL).await;
+    let exists = server
+        .query(
+            "SELECT 1 FROM pg_database WHERE datname = 'dedupe_commits_unsynced'",
+            &[],
+        )
+        .await
+        .unwrap();
+    if exists.is_empty() {
+        server
+            .batch_execute("CREATE DATABASE dedupe_commits_unsynced")
+            .await
+            .unwrap();
+    }
+    server
+        .batch_execute("ALTER DATABASE dedupe_commits_unsynced SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let upstream = Upstream::start().await;
+    let warning = "synchronous_commit = off";
+    for (database, warned) in [("dedupe_commits_unsynced", true), ("test", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("postgres://postgres@127.0.0.1:5432/{database}");
+        let store = format!("store: {{ postgres: {{ url: \"{url}\", table: commits_checked }} }}");
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://{}\nadmin: {{ listen: 127.0.0.1:0 }}\n{store}\n{}",
+            upstream.addr,
+            json_route("")
+        );
+        let config = dir.path().join("config.yaml");
+        std::fs::write(&config, text).unwrap();
+        let proxy = tokio::task::spawn_blocking(move || Binary::start(&config))
+            .await
+            .unwrap();
+        assert_eq!(
+            proxy.log_text().contains(warning),
+            warned,
+            "{database}: {}",
+            proxy.log_text()
+        );
+    }
+    drop_postgres_tables("commits_checked").await;
+}

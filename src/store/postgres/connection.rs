@@ -294,6 +294,24 @@ pub(super) async fn warn_if_pooled(
     Ok(())
 }
 
+/// Warns when the sessions this proxy's statements run in do not wait for their commits
+/// to reach the server's disk (`synchronous_commit = off`, set for the server, database
+/// or role): then a crash of the database's host can lose done marks and queued jobs
+/// that were acknowledged. The proxy never changes the setting itself.
+pub(super) async fn warn_if_commits_unsynced(
+    config: &PostgresConfig,
+    client: &Object,
+) -> Result<(), StoreError> {
+    let setting = first_value(client, "SELECT current_setting('synchronous_commit')").await?;
+    if setting.as_deref() == Some("off") {
+        tracing::warn!(
+            url = %config.url.masked(),
+            "PostgreSQL runs this proxy's sessions with synchronous_commit = off: a commit is answered before it is on the server's disk, so a crash of the database's host can lose done marks and queued jobs acknowledged in its last moments; set synchronous_commit = on for this database or role (ALTER ROLE ... SET synchronous_commit = on)"
+        );
+    }
+    Ok(())
+}
+
 /// Refuses a `direct_url` that reaches another server or database than `url`: the
 /// schema made there and the outcomes heard there would not be `url`'s, and every claim
 /// would fail (or, with `on_store_error: forward`, go undeduplicated).

@@ -125,6 +125,7 @@ impl PostgresStore {
                 Sending::Prepared => connection::warn_if_pooled(config, &client).await?,
                 Sending::Unnamed => connection::same_server(&client, &direct).await?,
             }
+            connection::warn_if_commits_unsynced(config, &client).await?;
             Ok::<_, StoreError>(())
         };
         prepared
