@@ -1,0 +1,450 @@
+//! What the embedded store promises the disk, seen from below: under `strace`, every
+//! acknowledgment that promises durability (a done mark with `durability: fsync`, a queued
+//! job's `202`, an operator's change, a job's move to dead letters) leaves only after an
+//! `fsync` or `fdatasync` of the store's log, begun after the write it covers, has
+//! returned; one sync serves many acknowledgments; a failing sync acknowledges nothing.
+//! The power-loss runs that show what this buys are in `faults.rs`.
+
+#[path = "support/power_cut.rs"]
+mod power_cut;
+mod support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use power_cut::PowerCutMount;
+use support::*;
+
+/// Routes on one sled store with `durability: fsync` (sled's own sync pushed out of the
+/// test): `hooks` direct, `queued` queued, `doomed` queued to an app that always fails,
+/// after which its job goes to dead letters.
+fn write_routes(dir: &Path, data: &Path, upstream: &Upstream, failing: &Upstream) -> PathBuf {
+    let text = format!(
+        "listen: 127.0.0.1:0
+upstream: http://{}
+admin: {{ listen: 127.0.0.1:0 }}
+store: {{ sled: {{ path: \"{}\", durability: fsync, flush_every: 1h }} }}
+routes:
+  - name: hooks
+    match: {{ method: POST, path: /hooks }}
+    key: \"{{json:/id}}\"
+  - name: queued
+    match: {{ method: POST, path: /queued }}
+    key: \"{{json:/id}}\"
+    delivery: queued
+  - name: doomed
+    match: {{ method: POST, path: /doomed }}
+    key: \"{{json:/id}}\"
+    upstream: http://{}
+    delivery: queued
+    queue: {{ max_attempts: 1 }}
+",
+        upstream.addr,
+        data.display(),
+        failing.addr
+    );
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// One system call as `strace -f -ttt -T -yy` wrote it.
+#[derive(Debug, Clone)]
+struct Call {
+    name: String,
+    /// The first argument's file descriptor as `-yy` describes it: a path, or
+    /// `TCP:[local->remote]`.
+    fd: String,
+    start: f64,
+    end: f64,
+    returned: i64,
+    /// The arguments as printed (a buffer's first bytes).
+    text: String,
+}
+
+/// The calls of a trace, each with when it began and returned (a call another thread
+/// interrupted is joined with its `resumed` line).
+fn parse_trace(trace: &str) -> Vec<Call> {
+    /// `7</d/db>` or `9<TCP:[127.0.0.1:80->127.0.0.1:5000]>`: up to the `>` that ends
+    /// the argument (not the arrow's).
+    fn descriptor(arguments: &str) -> String {
+        let Some((_, rest)) = arguments.split_once('<') else {
+            return String::new();
+        };
+        let bytes = rest.as_bytes();
+        let end = (0..bytes.len())
+            .find(|&i| {
+                bytes[i] == b'>' && matches!(bytes.get(i + 1), None | Some(b',' | b')' | b' '))
+            })
+            .unwrap_or(rest.len());
+        rest[..end].to_owned()
+    }
+    fn result(tail: &str) -> Option<(i64, f64)> {
+        let (_, after) = tail.rsplit_once(") = ")?;
+        let returned = after.split_whitespace().next()?.parse().ok()?;
+        let duration = after
+            .rsplit_once('<')?
+            .1
+            .trim_end_matches('>')
+            .parse()
+            .ok()?;
+        Some((returned, duration))
+    }
+    let mut calls = Vec::new();
+    let mut pending: HashMap<&str, (String, String, f64, String)> = HashMap::new();
+    for line in trace.lines() {
+        // strace pads a short pid with spaces.
+        let Some((pid, rest)) = line.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Some((time, rest)) = rest.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Ok(time) = time.parse::<f64>() else {
+            continue;
+        };
+        if let Some(resumed) = rest.strip_prefix("<... ") {
+            let Some((name, tail)) = resumed.split_once(" resumed>") else {
+                continue;
+            };
+            let (Some((_, fd, start, text)), Some((returned, _))) =
+                (pending.remove(pid), result(tail))
+            else {
+                continue;
+            };
+            calls.push(Call {
+                name: name.to_owned(),
+                fd,
+                start,
+                end: time,
+                returned,
+                text: format!("{text}{tail}"),
+            });
+        } else if let Some((name, arguments)) = rest.split_once('(')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            if arguments.ends_with("<unfinished ...>") {
+                let entry = (
+                    name.to_owned(),
+                    descriptor(arguments),
+                    time,
+                    arguments.to_owned(),
+                );
+                pending.insert(pid, entry);
+            } else if let Some((returned, duration)) = result(rest) {
+                calls.push(Call {
+                    name: name.to_owned(),
+                    fd: descriptor(arguments),
+                    start: time,
+                    end: time + duration,
+                    returned,
+                    text: arguments.to_owned(),
+                });
+            }
+        }
+    }
+    calls.sort_by(|a, b| a.start.total_cmp(&b.start));
+    calls
+}
+
+const WRITES: [&str; 4] = ["write", "writev", "sendto", "sendmsg"];
+const READS: [&str; 2] = ["read", "recvfrom"];
+
+/// Why an acknowledgment sent at `ack` for what was read by `from` is not covered: no
+/// write of the store's log between them, or no sync of the log begun after that write
+/// and returned before `ack`. `None` when it is covered.
+fn uncovered(calls: &[Call], log: &str, from: f64, ack: f64) -> Option<String> {
+    let written = calls
+        .iter()
+        .find(|call| call.name == "pwrite64" && call.fd == log && call.start > from)
+        .filter(|write| write.start < ack);
+    let Some(written) = written else {
+        return Some("no write of the store's log before it".into());
+    };
+    let synced = calls.iter().any(|call| {
+        matches!(call.name.as_str(), "fsync" | "fdatasync")
+            && call.fd == log
+            && call.returned == 0
+            && call.start >= written.end
+            && call.end <= ack
+    });
+    (!synced).then(|| {
+        format!(
+            "the log written at {:.6} was not synced before it",
+            written.end
+        )
+    })
+}
+
+/// Each connection to `port` that answered: when its request was last read before its
+/// first answer's first byte, and that byte's time.
+fn answered(calls: &[Call], port: u16) -> Vec<(String, f64, f64)> {
+    let local = format!("TCP:[127.0.0.1:{port}->");
+    let mut connections: Vec<&str> = calls
+        .iter()
+        .filter(|call| call.fd.starts_with(&local))
+        .map(|call| call.fd.as_str())
+        .collect();
+    connections.sort_unstable();
+    connections.dedup();
+    connections
+        .into_iter()
+        .filter_map(|connection| {
+            let on = |names: &[&str], call: &&Call| {
+                call.fd == connection && names.contains(&call.name.as_str()) && call.returned > 0
+            };
+            let ack = calls.iter().find(|call| on(&WRITES, call))?;
+            let read = calls
+                .iter()
+                .rev()
+                .find(|call| on(&READS, call) && call.end <= ack.start)?;
+            Some((connection.to_owned(), read.end, ack.start))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
+    if !installed("strace", "strace", &["-V"]) {
+        return;
+    }
+    let (upstream, failing) = (Upstream::start().await, Upstream::start().await);
+    failing.script((0..10).map(|_| Answer::status(500)));
+    // The trace is kept apart from the configuration, whose directory the proxy watches.
+    let (dir, traces) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = dir.path().join("data");
+    let config = write_routes(dir.path(), &data, &upstream, &failing);
+    let trace = traces.path().join("trace");
+    let trace_file = trace.display().to_string();
+    let wrapper = [
+        "strace",
+        "-f",
+        "-ttt",
+        "-T",
+        "-yy",
+        "-s",
+        "200",
+        "-e",
+        "trace=pwrite64,fsync,fdatasync,read,recvfrom,write,writev,sendto,sendmsg",
+        "-o",
+        &trace_file,
+    ];
+    let args = [
+        "run",
+        "-c",
+        config.to_str().unwrap(),
+        "--log-format",
+        "json",
+    ];
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    let mut proxy = tokio::task::block_in_place(|| Binary::spawn_wrapped(&wrapper, &args, &[]));
+    let (proxy_port, admin_port) = (proxy.addr.port(), proxy.admin.port());
+    // One at a time, with a pause after each: whatever the store writes next is theirs.
+    let pause = || tokio::time::sleep(Duration::from_millis(200));
+    for n in 0..4 {
+        let reply = post_json(proxy.addr, "/hooks", &format!(r#"{{"id":"evt_{n}"}}"#)).await;
+        assert_eq!((reply.status, reply.dedupe()), (200, "forwarded"));
+        pause().await;
+    }
+    for n in 0..4 {
+        let reply = post_json(proxy.addr, "/queued", &format!(r#"{{"id":"job_{n}"}}"#)).await;
+        assert_eq!((reply.status, reply.dedupe()), (202, "queued"));
+        pause().await;
+    }
+    upstream.wait_for_requests(8).await;
+    pause().await;
+    let forgotten = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_0", &[], "").await;
+    assert_eq!(forgotten.status, 204, "{}", forgotten.body);
+    pause().await;
+    let doomed = post_json(proxy.addr, "/doomed", r#"{"id":"doomed_1"}"#).await;
+    assert_eq!(doomed.status, 202);
+    let dead = proxy.log_entry("queued event put in dead letters");
+    assert!(dead.is_some(), "log:\n{}", proxy.log_text());
+    pause().await;
+    // The proxy is strace's child: stopped, it ends the trace.
+    let stopped = std::process::Command::new("pkill")
+        .args(["-TERM", "-P", &proxy.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let exit = tokio::task::spawn_blocking(move || proxy.wait(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(exit.success());
+
+    let calls = parse_trace(&std::fs::read_to_string(&trace).unwrap());
+    let log = data.join("db").display().to_string();
+    let mut acknowledgments = answered(&calls, proxy_port);
+    acknowledgments.extend(answered(&calls, admin_port));
+    assert_eq!(
+        acknowledgments.len(),
+        10,
+        "4 done marks, 4 queued jobs, 1 operator's change, 1 queued job: {acknowledgments:?}"
+    );
+    // The dead letter's report: its log line, after the app's refusal was read.
+    let upstream_side = format!("->127.0.0.1:{}]", failing.addr.port());
+    let reported = calls
+        .iter()
+        .find(|call| {
+            WRITES.contains(&call.name.as_str()) && call.text.contains("put in dead letters")
+        })
+        .expect("the dead letter's log line is traced");
+    let refused = calls
+        .iter()
+        .rev()
+        .find(|call| {
+            call.fd.ends_with(&upstream_side)
+                && READS.contains(&call.name.as_str())
+                && call.end <= reported.start
+        })
+        .expect("the app's refusal was read");
+    acknowledgments.push(("dead letter".into(), refused.end, reported.start));
+    let failures: Vec<String> = acknowledgments
+        .iter()
+        .filter_map(|(what, from, ack)| {
+            uncovered(&calls, &log, *from, *ack).map(|why| format!("{what} at {ack:.6}: {why}"))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "acknowledged before a sync:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Starts the binary on `config` with its data on a power-cut filesystem.
+async fn start_on_the_simulator(config: PathBuf) -> Binary {
+    tokio::task::spawn_blocking(move || Binary::start(&config))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sync_serves_every_acknowledgment_that_waits_for_it() {
+    if !PowerCutMount::usable() {
+        return;
+    }
+    let (upstream, failing) = (Upstream::start().await, Upstream::start().await);
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("disk");
+    std::fs::create_dir(&mount).unwrap();
+    let disk = PowerCutMount::new(&mount).unwrap();
+    let config = write_routes(dir.path(), &mount.join("data"), &upstream, &failing);
+    let proxy = start_on_the_simulator(config).await;
+    // A device that takes 50 ms to flush its cache: 32 deliveries arrive meanwhile.
+    disk.slow_syncs(Duration::from_millis(50));
+    let before = disk.syncs();
+    let sends = (0..32).map(|n| async move {
+        post_json(proxy.addr, "/hooks", &format!(r#"{{"id":"evt_{n}"}}"#)).await
+    });
+    for reply in futures_util::future::join_all(sends).await {
+        assert_eq!((reply.status, reply.dedupe()), (200, "forwarded"));
+    }
+    let syncs = disk.syncs() - before;
+    let metrics = scrape(proxy.admin).await;
+    let (waited, synced) = (
+        series_value(&metrics, "dedupe_store_sync_waiters_total"),
+        series_value(&metrics, "dedupe_store_syncs_total"),
+    );
+    assert!(waited >= 32.0, "{metrics}");
+    assert!(
+        syncs <= 8 && synced <= 8.0,
+        "32 done marks took {syncs} syncs of the file ({synced} counted): not shared"
+    );
+    assert!(series_value(&metrics, "dedupe_store_sync_seconds_total") > 0.0);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_that_fails_acknowledges_nothing_and_the_store_recovers() {
+    if !PowerCutMount::usable() {
+        return;
+    }
+    let (upstream, failing) = (Upstream::start().await, Upstream::start().await);
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("disk");
+    std::fs::create_dir(&mount).unwrap();
+    let disk = PowerCutMount::new(&mount).unwrap();
+    let config = write_routes(dir.path(), &mount.join("data"), &upstream, &failing);
+    let proxy = start_on_the_simulator(config).await;
+
+    // A job whose sync fails is not acknowledged; the sender's retry is, once the disk
+    // heals and the store has reopened by itself.
+    disk.fail_syncs(true);
+    let refused = post_json(proxy.addr, "/queued", r#"{"id":"job_1"}"#).await;
+    assert_eq!(
+        (refused.status, refused.dedupe()),
+        (503, "unavailable"),
+        "a job that is not on disk is not acknowledged: {}",
+        refused.body
+    );
+    let metrics = scrape(proxy.admin).await;
+    assert!(
+        series_value(&metrics, "dedupe_store_sync_failures_total") >= 1.0,
+        "{metrics}"
+    );
+    let change = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_0", &[], "").await;
+    assert_eq!(
+        change.status, 503,
+        "a change that is not on disk is not said saved"
+    );
+    disk.fail_syncs(false);
+    until_acknowledged(&proxy, "/queued", "job_1").await;
+    upstream.wait_for_requests(1).await;
+
+    // A done mark whose sync fails: the app's success is still relayed (the work is done),
+    // and the log says the mark is missing.
+    disk.fail_syncs(true);
+    let relayed = post_json(proxy.addr, "/hooks", r#"{"id":"evt_1"}"#).await;
+    assert_eq!((relayed.status, relayed.dedupe()), (200, "forwarded"));
+    let missing = "the done mark was not recorded; a redelivery of this event would run again";
+    assert!(proxy.log_entry(missing).is_some(), "{}", proxy.log_text());
+    disk.fail_syncs(false);
+    until_acknowledged(&proxy, "/hooks", "evt_2").await;
+    assert_eq!(upstream.executions("job_1"), 1);
+}
+
+/// Sends `id` to `path` until it is acknowledged (a 2xx), while the store reopens (503).
+async fn until_acknowledged(proxy: &Binary, path: &str, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = post_json(proxy.addr, path, &format!(r#"{{"id":"{id}"}}"#)).await;
+        if reply.status / 100 == 2 {
+            return;
+        }
+        assert_eq!(reply.status, 503, "{}", reply.body);
+        assert!(
+            Instant::now() < deadline,
+            "the store did not recover: {}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn the_trace_reader_joins_interrupted_calls_and_reads_descriptors() {
+    let trace = "\
+11  100.000100 recvfrom(9<TCP:[127.0.0.1:80->127.0.0.1:5000]>,  <unfinished ...>
+12 100.000200 pwrite64(7</d/db>, \"x\", 1, 0) = 1 <0.000010>
+11 100.000300 <... recvfrom resumed>\"POST\", 4, 0, NULL, NULL) = 4 <0.000200>
+12 100.000400 fsync(7</d/db> <unfinished ...>
+12 100.000900 <... fsync resumed>) = 0 <0.000500>
+11 100.001000 writev(9<TCP:[127.0.0.1:80->127.0.0.1:5000]>, [{iov_base=\"HTTP/1.1 200\", iov_len=12}], 1) = 12 <0.000010>
+11 100.002000 --- SIGCHLD {si_signo=SIGCHLD} ---
+";
+    let calls = parse_trace(trace);
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    let acks = answered(&calls, 80);
+    assert_eq!(acks.len(), 1);
+    let (_, from, ack) = &acks[0];
+    assert!((from - 100.0003).abs() < 1e-9 && (ack - 100.001).abs() < 1e-9);
+    // The write began before the request was read: it covers nothing.
+    assert!(uncovered(&calls, "/d/db", *from, *ack).is_some());
+    assert!(uncovered(&calls, "/d/db", 100.0001, *ack).is_none());
+    assert!(
+        uncovered(&calls, "/d/db", 100.0001, 100.0008).is_some(),
+        "the sync had not returned"
+    );
+}
