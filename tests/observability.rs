@@ -363,7 +363,7 @@ async fn a_real_prometheus_scrapes_the_binary_and_evaluates_the_dashboard_and_al
                 (field("name"), field("health"), field("state"))
             })
             .collect();
-        if rules.len() == 12 && rules.iter().all(|(_, health, _)| health == "ok") {
+        if rules.len() == 13 && rules.iter().all(|(_, health, _)| health == "ok") {
             break rules;
         }
         assert!(

@@ -70,15 +70,7 @@ pub(super) async fn deliver(
         now,
         rand::random::<f64>(),
     );
-    if context.recorder.enabled() {
-        let fate = match next {
-            Next::Delivered => Fate::Delivered,
-            Next::RetryAt(_) => Fate::Retrying,
-            Next::Dead(_) => Fate::Dead,
-        };
-        let entry = logged(route, &job, fate, started_at);
-        context.recorder.record(entry);
-    }
+    record(context, route, &job, &next, started_at);
     let name = &route.name;
     let metrics = &context.metrics.queue;
     let settled = match next {
@@ -118,6 +110,20 @@ pub(super) async fn deliver(
             metrics.store_error(name);
             tracing::error!(route = %name, key = %job.key, %error, "the attempt's outcome was not recorded; the job is due again when its visibility ends");
         }
+    }
+}
+
+/// Puts the attempt `job` just recorded in the delivery log, with what follows it.
+fn record(context: &AttemptContext, route: &Route, job: &Job, next: &Next, started_at: u64) {
+    if context.recorder.enabled() {
+        let fate = match next {
+            Next::Delivered => Fate::Delivered,
+            Next::RetryAt(_) => Fate::Retrying,
+            Next::Dead(_) => Fate::Dead,
+        };
+        context
+            .recorder
+            .record(logged(route, job, fate, started_at));
     }
 }
 
