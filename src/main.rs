@@ -152,6 +152,28 @@ fn init_logging(format: LogFormat, default_filter: &str, telemetry: Option<&Tele
         .with(log.with_filter(filter))
         .with(telemetry.map(Telemetry::layer))
         .init();
+    log_panics();
+}
+
+/// A panic is written as a log line like any other (one JSON line with `--log-format
+/// json`), so that a log pipeline reads it, with the thread it happened on.
+fn log_panics() {
+    std::panic::set_hook(Box::new(|panic| {
+        let thread = std::thread::current();
+        let message = match (
+            panic.payload().downcast_ref::<&str>(),
+            panic.payload().downcast_ref::<String>(),
+        ) {
+            (Some(text), _) => text.to_string(),
+            (_, Some(text)) => text.clone(),
+            _ => "(no message)".into(),
+        };
+        let location = panic
+            .location()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        tracing::error!(thread = thread.name().unwrap_or("unnamed"), %location, message, "a thread panicked");
+    }));
 }
 
 /// The main runtime: it accepts connections and runs the background work (store start-up,

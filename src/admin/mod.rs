@@ -292,8 +292,7 @@ async fn serve_store_api(
     api: Api<'_>,
     request: Request<Bytes>,
 ) -> Response<ProxyBody> {
-    let changes_the_store = !matches!(request.method(), &Method::GET | &Method::HEAD)
-        && !matches!(api, Api::Routes | Api::Reload | Api::Try);
+    let changes_the_store = changes_the_store(&api, request.method());
     let answer = answer_store_api(serving, replays, api, request).await;
     if changes_the_store
         && answer.status().is_success()
@@ -305,6 +304,34 @@ async fn serve_store_api(
     answer
 }
 
+/// Whether `method` on `api` changes what the store keeps (an operator's change). A new
+/// endpoint must say.
+fn changes_the_store(api: &Api<'_>, method: &Method) -> bool {
+    let writes = !matches!(*method, Method::GET | Method::HEAD);
+    match api {
+        Api::ClearScope { .. }
+        | Api::Key { .. }
+        | Api::Resolve { .. }
+        | Api::Entity { .. }
+        | Api::Pause { .. }
+        | Api::Job { .. } => writes,
+        // A bulk replay's revivals run after its answer; cancelling one changes nothing.
+        Api::Replays { .. } | Api::Replay { .. } => false,
+        Api::Overview
+        | Api::Routes
+        | Api::Reload
+        | Api::Scopes
+        | Api::Keys
+        | Api::Queue
+        | Api::Dead { .. }
+        | Api::Try
+        | Api::Deliveries
+        | Api::DeliveriesTail
+        | Api::Delivery { .. } => false,
+    }
+}
+
+/// The answer of one request to the API about routes, keys and the queue.
 async fn answer_store_api(
     serving: &Serving,
     replays: &bulk::Replays,

@@ -195,6 +195,9 @@ pub struct Metrics {
     store_sync_waiters: Counter,
     store_sync_seconds: Counter<f64, AtomicU64>,
     store_sync_failures: Counter,
+    /// Held while the sync counters catch up with the store's, so that two scrapes do not
+    /// both add the same difference.
+    catching_up: parking_lot::Mutex<()>,
     waiting: Gauge,
     keys_held: Family<RouteLabel, Gauge>,
     sweep_removed: Counter,
@@ -233,6 +236,7 @@ impl Metrics {
             store_sync_waiters: Counter::default(),
             store_sync_seconds: Counter::default(),
             store_sync_failures: Counter::default(),
+            catching_up: parking_lot::Mutex::new(()),
             waiting: Gauge::default(),
             keys_held: Family::default(),
             sweep_removed: Counter::default(),
@@ -560,7 +564,8 @@ impl Metrics {
             gauge("done").set(i64::try_from(done).unwrap_or(i64::MAX));
         }
         if let Some(syncs) = keys.syncs {
-            // The store counts; the counters catch up with it.
+            // The store counts; the counters catch up with it, one scrape at a time.
+            let _one_at_a_time = self.catching_up.lock();
             let catch_up = |counter: &Counter, now: u64| {
                 counter.inc_by(now.saturating_sub(counter.get()));
             };

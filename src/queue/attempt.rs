@@ -70,7 +70,6 @@ pub(super) async fn deliver(
         now,
         rand::random::<f64>(),
     );
-    record(context, route, &job, &next, started_at);
     let name = &route.name;
     let metrics = &context.metrics.queue;
     let settled = match next {
@@ -101,6 +100,10 @@ pub(super) async fn deliver(
             buried
         }
     };
+    // A dead letter is logged once buried; another attempt's end, as it is.
+    if settled.is_ok() || !matches!(next, Next::Dead(_)) {
+        log_attempt(context, route, &job, &next, started_at);
+    }
     match settled {
         Ok(()) => {}
         Err(StoreError::NotOwner) => {
@@ -114,7 +117,7 @@ pub(super) async fn deliver(
 }
 
 /// Puts the attempt `job` just recorded in the delivery log, with what follows it.
-fn record(context: &AttemptContext, route: &Route, job: &Job, next: &Next, started_at: u64) {
+fn log_attempt(context: &AttemptContext, route: &Route, job: &Job, next: &Next, started_at: u64) {
     if context.recorder.enabled() {
         let fate = match next {
             Next::Delivered => Fate::Delivered,

@@ -597,7 +597,9 @@ pub trait ClaimStore: Send + Sync + 'static {
         None
     }
 
-    /// Writes everything to durable storage (at shutdown).
+    /// Puts everything written so far on stable storage: at shutdown, and before the admin
+    /// API answers an operator's change (`forget`, `set_expiry`, `resolve`, the queue's
+    /// `revive`, `discard` and `set_paused` do not sync by themselves).
     async fn flush(&self) -> Result<(), StoreError>;
 
     /// How many done records the store holds, for `dedupe_store_keys{state="done"}`, if

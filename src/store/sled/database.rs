@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use sled::Tree;
 
-use super::durable::{GroupFlusher, SyncCounters, missing_directories};
+use super::durable::{SyncCounters, SyncGroup, forget_cached, missing_directories};
 use super::epochs::{Epochs, RecordKey};
 use crate::config::{Durability, SledConfig};
 use crate::store::{
@@ -50,7 +50,7 @@ impl From<sled::Error> for StoreError {
 }
 
 /// An open database: its done records, its held keys, its entity records, the delivery
-/// queue's trees, and the flusher.
+/// queue's trees, and the syncs that make them stable.
 pub(super) struct OpenDatabase {
     pub(super) db: sled::Db,
     pub(super) epochs: Epochs,
@@ -60,10 +60,10 @@ pub(super) struct OpenDatabase {
     pub(super) queue: QueueTrees,
     /// The delivery log's chunks (`log.rs`).
     pub(super) log: sled::Tree,
-    /// Makes queued jobs and operators' changes stable always, and done marks with
-    /// `fsync`.
-    pub(super) flusher: GroupFlusher,
-    pub(super) fsync_done_marks: bool,
+    /// Makes queued jobs and operators' changes stable always, and settlements (done
+    /// marks, holds, entities' versions) with `durability: fsync`.
+    pub(super) syncs: SyncGroup,
+    pub(super) sync_settlements: bool,
 }
 
 impl OpenDatabase {
@@ -74,6 +74,7 @@ impl OpenDatabase {
         counters: Arc<SyncCounters>,
     ) -> Result<OpenDatabase, StoreError> {
         let path = config.path.display();
+        // Before sled makes them.
         let created = missing_directories(&config.path);
         let db = sled::Config::new()
             .path(&config.path)
@@ -101,7 +102,7 @@ impl OpenDatabase {
         let entity_expiry = db.open_tree("entity_expiry")?;
         let queue = QueueTrees::open(&db)?;
         let log = db.open_tree("delivery_log")?;
-        let flusher = GroupFlusher::start(db.clone(), &config.path, &created, counters)
+        let syncs = SyncGroup::start(db.clone(), &config.path, &created, counters)
             .map_err(|error| error.context(&format!("data directory {path}")))?;
         Ok(OpenDatabase {
             db,
@@ -111,8 +112,8 @@ impl OpenDatabase {
             entity_expiry,
             queue,
             log,
-            flusher,
-            fsync_done_marks: config.durability == Durability::Fsync,
+            syncs,
+            sync_settlements: config.durability == Durability::Fsync,
         })
     }
 
@@ -216,10 +217,11 @@ impl OpenDatabase {
         Ok(live)
     }
 
-    /// Makes the writes so far stable, with `durability: fsync`.
-    pub(super) async fn make_durable(&self) -> Result<(), StoreError> {
-        if self.fsync_done_marks {
-            self.flusher.flush().await
+    /// Makes a settlement (a done mark, a hold, an entity's version) and what was written
+    /// before it stable, with `durability: fsync`.
+    pub(super) async fn sync_settlement(&self) -> Result<(), StoreError> {
+        if self.sync_settlements {
+            self.syncs.sync().await
         } else {
             Ok(())
         }
@@ -304,6 +306,8 @@ pub(super) fn reopen_in_background(
                 let Some(slot) = slot.upgrade() else {
                     return;
                 };
+                // What the failure left in the page cache is not read as if on disk.
+                forget_cached(&config.path);
                 match OpenDatabase::open(&config, Arc::clone(&counters)) {
                     Ok(database) => {
                         *slot.write() = Some(Arc::new(database));

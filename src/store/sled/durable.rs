@@ -5,27 +5,28 @@
 //! towards the device but flushes neither the file's metadata nor the device's volatile
 //! cache, and promises nothing after a power loss. So every flush that an acknowledgment
 //! waits for is followed here by an `fdatasync` of the log file (`fsync` when its size
-//! changed), an `fsync` of each blob file sled wrote or grew since the last sync (values
-//! too large for the log go to files of their own, which sled never syncs), and of the
-//! blob directory when it gained a file. At open, every file and directory sled may have
-//! created is synced once, up to the first directory that already existed.
+//! changed), an `fsync` of each blob file sled wrote since the last sync (values too large
+//! for the log go to files of their own, which sled never syncs), and of the blob
+//! directory when it gained a file. At open, every file sled holds, its directories and
+//! the data directory's parent are synced once.
 //!
-//! One thread runs these flushes, because they block, and never `flush_async`, which
+//! One thread runs these syncs, because they block, and never `flush_async`, which
 //! deadlocks in sled 0.34.7 under concurrent callers. Every caller that arrives while a
 //! sync runs waits for the next, which serves them all (group commit). A sync that fails
-//! fails every later one too: after a failed `fsync` the kernel may have dropped the
-//! pages it could not write, so a later success would prove nothing about them. The store
-//! reopens the database instead.
+//! fails every later one on that database: after a failed `fsync` the kernel may have
+//! marked the pages it could not write clean, so a later success would prove nothing
+//! about them. The store reopens the directory instead, after [`forget_cached`] has
+//! dropped those pages from the page cache, so that it reads what the disk holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -35,9 +36,12 @@ use crate::store::{DiskSyncs, StoreError};
 const LOG_FILE: &str = "db";
 /// sled's directory of values too large for the log.
 const BLOB_DIR: &str = "blobs";
+/// The longest a write waits for its sync: a disk slower than this is failing, and the
+/// request that waits holds a place the proxy's limits count.
+const SYNC_WAIT: Duration = Duration::from_secs(10);
 
 /// The directories from `path` up to (without) the first that exists: what opening a
-/// store at `path` will create, and what must be synced once it has.
+/// store at `path` will create. Read before sled opens it.
 pub(super) fn missing_directories(path: &Path) -> Vec<PathBuf> {
     path.ancestors()
         .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
@@ -45,27 +49,46 @@ pub(super) fn missing_directories(path: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Drops the pages of the files in `dir` from the page cache (`POSIX_FADV_DONTNEED`), so
+/// that opening it again reads the disk: after a failed sync, the kernel may keep the
+/// pages it could not write, clean, and readable as if they were on disk. Best effort.
+pub(super) fn forget_cached(dir: &Path) {
+    let mut files: Vec<PathBuf> = vec![dir.join(LOG_FILE)];
+    if let Ok(blobs) = std::fs::read_dir(dir.join(BLOB_DIR)) {
+        files.extend(blobs.flatten().map(|entry| entry.path()));
+    }
+    for path in files {
+        if let Ok(file) = File::open(&path) {
+            let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
+        }
+    }
+}
+
 /// The files of one sled directory, as far as they are known to be on stable storage.
 struct StableFiles {
     dir: PathBuf,
     log: File,
-    /// The log file's size at its last sync: a different size needs its metadata too.
+    /// The log file's size at its last sync. `fdatasync` keeps a new size on Linux too,
+    /// but POSIX leaves that to the system: where the size changed, `fsync` asks for it.
     log_synced_len: u64,
-    /// Each blob file's size at its last sync. Blobs only grow while sled writes them, so
-    /// a size that differs names one to sync again.
-    blobs_synced: BTreeMap<OsString, u64>,
+    /// Blob files synced whole: sled never changes a blob once written.
+    blobs_settled: BTreeSet<OsString>,
+    /// Blob files synced while sled may still have been writing them, with the size
+    /// synced: looked at again until whole.
+    blobs_partial: BTreeMap<OsString, u64>,
 }
 
 impl StableFiles {
-    /// Syncs, after sled has opened `dir`, every file it holds, the blob directory and
-    /// `dir` itself, and the parent of each directory in `created` (those that opening it
+    /// Syncs, after sled has opened `dir`, every file it holds, the blob directory, `dir`
+    /// itself, its parent, and the parent of each directory in `created` (those opening it
     /// made): until then, a power loss could take the names of what sled wrote.
     fn open(dir: &Path, created: &[PathBuf]) -> io::Result<StableFiles> {
         let mut files = StableFiles {
             dir: dir.to_path_buf(),
             log: File::open(dir.join(LOG_FILE))?,
             log_synced_len: 0,
-            blobs_synced: BTreeMap::new(),
+            blobs_settled: BTreeSet::new(),
+            blobs_partial: BTreeMap::new(),
         };
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
@@ -73,20 +96,33 @@ impl StableFiles {
                 File::open(entry.path())?.sync_all()?;
             }
         }
-        files.sync_blobs(true)?;
+        files.settle_blobs()?;
         sync_directory(dir)?;
-        for made in created {
-            if let Some(parent) = made.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_directory(parent)?;
-            }
+        for made in created.iter().map(PathBuf::as_path).chain([dir]) {
+            sync_directory(parent(made))?;
         }
         files.log_synced_len = files.log.metadata()?.len();
         Ok(files)
     }
 
+    /// Syncs every blob file and their directory, as they are: at open, when sled writes
+    /// none.
+    fn settle_blobs(&mut self) -> io::Result<()> {
+        let blob_dir = self.dir.join(BLOB_DIR);
+        let Some(entries) = unless_gone(std::fs::read_dir(&blob_dir))? else {
+            return Ok(());
+        };
+        for entry in entries {
+            let entry = entry?;
+            File::open(entry.path())?.sync_all()?;
+            self.blobs_settled.insert(entry.file_name());
+        }
+        sync_directory(&blob_dir)
+    }
+
     /// Makes what sled has written so far stable (call after `Db::flush`).
     fn sync(&mut self) -> io::Result<()> {
-        self.sync_blobs(false)?;
+        self.sync_blobs()?;
         let len = self.log.metadata()?.len();
         if len == self.log_synced_len {
             self.log.sync_data()
@@ -97,43 +133,70 @@ impl StableFiles {
         }
     }
 
-    /// Syncs each blob file that is new or has grown since its last sync, then the blob
-    /// directory if it gained one (or `always`). Blobs removed meanwhile are forgotten.
-    fn sync_blobs(&mut self, always: bool) -> io::Result<()> {
+    /// Syncs each blob file that is new or was not whole at its last sync, then the blob
+    /// directory if it gained one. Blobs removed meanwhile are forgotten. Of the blobs
+    /// settled before, only the names are read.
+    fn sync_blobs(&mut self) -> io::Result<()> {
         let blob_dir = self.dir.join(BLOB_DIR);
-        let entries = match std::fs::read_dir(&blob_dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(error),
+        let Some(entries) = unless_gone(std::fs::read_dir(&blob_dir))? else {
+            return Ok(());
         };
-        let mut listed = BTreeMap::new();
+        let mut listed = BTreeSet::new();
         let mut named_anew = false;
         for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(len) = gone_is_none(entry.metadata())?.map(|meta| meta.len()) else {
+            let name = entry?.file_name();
+            listed.insert(name.clone());
+            if self.blobs_settled.contains(&name) {
+                continue;
+            }
+            // Removed by sled since it was listed: nothing of it to keep.
+            let Some((len, whole)) = unless_gone(read_blob(&blob_dir.join(&name)))? else {
                 continue;
             };
-            let synced = self.blobs_synced.get(&name).copied();
-            if synced != Some(len) {
-                // Removed by sled since it was listed: nothing of it to keep.
-                if let Some(file) = gone_is_none(File::open(entry.path()))? {
-                    file.sync_all()?;
-                }
-                named_anew |= synced.is_none();
+            let synced = self.blobs_partial.remove(&name);
+            if synced != Some(len)
+                && let Some(file) = unless_gone(File::open(blob_dir.join(&name)))?
+            {
+                file.sync_all()?;
             }
-            listed.insert(name, len);
+            named_anew |= synced.is_none();
+            if whole {
+                self.blobs_settled.insert(name);
+            } else {
+                self.blobs_partial.insert(name, len);
+            }
         }
-        if named_anew || always {
+        if named_anew {
             sync_directory(&blob_dir)?;
         }
-        self.blobs_synced = listed;
+        self.blobs_settled.retain(|name| listed.contains(name));
+        self.blobs_partial.retain(|name, _| listed.contains(name));
         Ok(())
     }
 }
 
+/// A blob file's size, and whether it is whole: sled writes its checksum first, then the
+/// value's kind and bytes, which the checksum covers.
+fn read_blob(path: &Path) -> io::Result<(u64, bool)> {
+    let mut bytes = Vec::new();
+    File::open(path)?.read_to_end(&mut bytes)?;
+    let whole = bytes.len() > 4 && {
+        let stored = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        crc32fast::hash(&bytes[4..]) == stored
+    };
+    Ok((bytes.len() as u64, whole))
+}
+
+/// A path's directory: `.` for a relative path of one part.
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
 /// `Ok(None)` for a file that is not there (any more).
-fn gone_is_none<T>(result: io::Result<T>) -> io::Result<Option<T>> {
+fn unless_gone<T>(result: io::Result<T>) -> io::Result<Option<T>> {
     match result {
         Ok(value) => Ok(Some(value)),
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -164,74 +227,116 @@ impl SyncCounters {
             failures: self.failures.load(Ordering::Relaxed),
         }
     }
+
+    /// Counts a sync (or a failed one) that took `took`.
+    fn count(&self, took: Duration, failed: bool) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        if failed {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 type Waiter = oneshot::Sender<Result<(), String>>;
 
 /// Makes writes stable before they are acknowledged, one sync for every caller waiting.
-pub(super) struct GroupFlusher {
+pub(super) struct SyncGroup {
     waiters: mpsc::Sender<Waiter>,
 }
 
-impl GroupFlusher {
+impl SyncGroup {
     /// Syncs what opening `dir` wrote (`created`: the directories it made), then starts
-    /// the thread that serves [`GroupFlusher::flush`]. Blocks on disk I/O.
+    /// the thread that serves [`SyncGroup::sync`]. Blocks on disk I/O.
     pub(super) fn start(
         db: sled::Db,
         dir: &Path,
         created: &[PathBuf],
         counters: Arc<SyncCounters>,
-    ) -> Result<GroupFlusher, StoreError> {
-        let failed = |error: io::Error| {
-            StoreError::Backend(format!("cannot sync the data directory to disk: {error}"))
-        };
-        db.flush()?;
-        let mut files = StableFiles::open(dir, created).map_err(failed)?;
+    ) -> Result<SyncGroup, StoreError> {
+        let began = Instant::now();
+        let opened = db
+            .flush()
+            .map_err(io::Error::other)
+            .and_then(|_| StableFiles::open(dir, created));
+        counters.count(began.elapsed(), opened.is_err());
+        let mut files = opened.map_err(|error| {
+            StoreError::Backend(format!("syncing the data directory failed: {error}"))
+        })?;
         let (waiters, queue) = mpsc::channel::<Waiter>();
         std::thread::Builder::new()
             .name("sled-sync".into())
             .spawn(move || {
-                let mut failure: Option<String> = None;
-                // Ends when the store is dropped and the channel closes.
-                while let Ok(first) = queue.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(queue.try_iter());
-                    if failure.is_none() {
-                        let began = Instant::now();
-                        let synced = db
-                            .flush()
-                            .map_err(|error| error.to_string())
-                            .and_then(|_| files.sync().map_err(|error| error.to_string()));
-                        counters.syncs.fetch_add(1, Ordering::Relaxed);
-                        let nanos = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                        counters.nanos.fetch_add(nanos, Ordering::Relaxed);
-                        if let Err(error) = synced {
-                            counters.failures.fetch_add(1, Ordering::Relaxed);
-                            failure = Some(format!("syncing the data directory failed: {error}"));
-                        }
-                    }
-                    counters
-                        .waiters
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    let result = failure.clone().map_or(Ok(()), Err);
-                    for waiter in batch {
-                        let _ = waiter.send(result.clone());
-                    }
-                }
+                let failed = serve(&db, &mut files, &queue, &counters);
+                close(db, failed);
             })
-            .map_err(failed)?;
-        Ok(GroupFlusher { waiters })
+            .map_err(|error| {
+                StoreError::Backend(format!("cannot start the sync thread: {error}"))
+            })?;
+        Ok(SyncGroup { waiters })
     }
 
     /// Returns once everything written before the call is on stable storage.
-    pub(super) async fn flush(&self) -> Result<(), StoreError> {
+    pub(super) async fn sync(&self) -> Result<(), StoreError> {
         let stopped = || StoreError::Backend("the sync thread has stopped".into());
         let (done, synced) = oneshot::channel();
         self.waiters.send(done).map_err(|_| stopped())?;
-        synced
-            .await
-            .map_err(|_| stopped())?
-            .map_err(StoreError::Backend)
+        match tokio::time::timeout(SYNC_WAIT, synced).await {
+            Ok(answer) => answer.map_err(|_| stopped())?.map_err(StoreError::Backend),
+            Err(_) => Err(StoreError::Backend(format!(
+                "the disk did not finish a sync within {SYNC_WAIT:?}"
+            ))),
+        }
+    }
+}
+
+/// Answers waiters, a batch per sync, until the store drops the channel; returns whether
+/// a sync failed (after which every waiter is told so, and nothing is synced again).
+fn serve(
+    db: &sled::Db,
+    files: &mut StableFiles,
+    queue: &mpsc::Receiver<Waiter>,
+    counters: &SyncCounters,
+) -> bool {
+    let mut failure: Option<String> = None;
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        batch.extend(queue.try_iter());
+        if failure.is_none() {
+            let began = Instant::now();
+            let synced = db
+                .flush()
+                .map_err(|error| error.to_string())
+                .and_then(|_| files.sync().map_err(|error| error.to_string()));
+            counters.count(began.elapsed(), synced.is_err());
+            if let Err(error) = synced {
+                failure = Some(format!("syncing the data directory failed: {error}"));
+            }
+        }
+        counters
+            .waiters
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let answer = failure.clone().map_or(Ok(()), Err);
+        for waiter in batch {
+            let _ = waiter.send(answer.clone());
+        }
+    }
+    failure.is_some()
+}
+
+/// Lets go of the database, usually its last handle. After a failed sync, sled's own
+/// sync as it closes fails too, and sled panics on it: caught here, on this thread of
+/// ours, and said plainly instead.
+fn close(db: sled::Db, failed: bool) {
+    if !failed {
+        return drop(db);
+    }
+    let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(db)));
+    if closed.is_err() {
+        tracing::warn!(
+            "sled could not sync its log while closing the database whose sync failed (the panic above is sled's); the store reopens from the disk"
+        );
     }
 }
 
@@ -252,26 +357,41 @@ mod tests {
             ]
         );
         assert!(missing_directories(dir.path()).is_empty());
+        assert_eq!(parent(Path::new("data")), Path::new("."));
+        assert_eq!(parent(Path::new("a/data")), Path::new("a"));
+    }
+
+    /// A blob as sled writes it: its checksum, then the kind and the value it covers.
+    fn blob(value: &[u8]) -> Vec<u8> {
+        let mut covered = vec![1];
+        covered.extend_from_slice(value);
+        let mut bytes = crc32fast::hash(&covered).to_le_bytes().to_vec();
+        bytes.extend(covered);
+        bytes
     }
 
     #[test]
-    fn a_blob_is_synced_again_when_it_grows_and_forgotten_when_removed() {
+    fn a_blob_is_looked_at_until_whole_and_forgotten_when_removed() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(LOG_FILE), b"log").unwrap();
         let blobs = dir.path().join(BLOB_DIR);
         std::fs::create_dir(&blobs).unwrap();
-        std::fs::write(blobs.join("7"), b"ab").unwrap();
+        std::fs::write(blobs.join("3"), blob(b"there at open")).unwrap();
         let mut files = StableFiles::open(dir.path(), &[]).unwrap();
-        assert_eq!(files.blobs_synced.get(&OsString::from("7")), Some(&2));
-        std::fs::write(blobs.join("7"), b"abcd").unwrap();
-        std::fs::write(blobs.join("9"), b"x").unwrap();
+        assert!(files.blobs_settled.contains(&OsString::from("3")));
+        let whole = blob(b"a large value");
+        std::fs::write(blobs.join("7"), &whole[..6]).unwrap();
         files.sync().unwrap();
-        assert_eq!(files.blobs_synced.get(&OsString::from("7")), Some(&4));
-        assert_eq!(files.blobs_synced.get(&OsString::from("9")), Some(&1));
+        assert_eq!(files.blobs_partial.get(&OsString::from("7")), Some(&6));
+        std::fs::write(blobs.join("7"), &whole).unwrap();
+        std::fs::write(blobs.join("9"), blob(b"another")).unwrap();
+        files.sync().unwrap();
+        assert!(files.blobs_partial.is_empty());
+        assert_eq!(files.blobs_settled.len(), 3);
         std::fs::remove_file(blobs.join("7")).unwrap();
         std::fs::write(dir.path().join(LOG_FILE), b"longer log").unwrap();
         files.sync().unwrap();
-        assert!(!files.blobs_synced.contains_key(&OsString::from("7")));
+        assert!(!files.blobs_settled.contains(&OsString::from("7")));
         assert_eq!(files.log_synced_len, 10);
     }
 }

@@ -260,7 +260,11 @@ impl SledStore {
                     millis(completion.retention),
                     &claim.key,
                 )?;
-                open.remove();
+                // A record to be synced keeps its lease until it is: no duplicate is
+                // acknowledged on a done mark a power loss could still take.
+                if !database.sync_settlements {
+                    open.remove();
+                }
                 Ok(())
             }
             _ => Err(StoreError::NotOwner),
@@ -378,9 +382,13 @@ impl ClaimStore for SledStore {
     async fn finish(&self, claim: &Claim, completion: Completion) -> Result<(), StoreError> {
         let database = self.database()?;
         let finished = match self.finish_on(&database, claim, &completion) {
-            Ok(()) => database.make_durable().await,
+            Ok(()) => database.sync_settlement().await,
             failed => failed,
         };
+        if finished.is_ok() && database.sync_settlements {
+            self.open_keys
+                .remove_if(&claim.key, |_, open| open.owned_by(claim.token).is_some());
+        }
         self.reopen_if_failed(&database, finished)
     }
 
@@ -414,7 +422,7 @@ impl ClaimStore for SledStore {
         let database = self.database()?;
         let held = self.hold_on(&database, claim, reason, retention);
         let held = match held {
-            Ok(()) => database.make_durable().await,
+            Ok(()) => database.sync_settlement().await,
             failed => failed,
         };
         self.reopen_if_failed(&database, held)
@@ -585,7 +593,7 @@ impl ClaimStore for SledStore {
         let database = self.database()?;
         let now = self.clock.now();
         let recorded = match database.record_version(entity, version, millis(retention), now) {
-            Ok(true) => database.make_durable().await.map(|()| true),
+            Ok(true) => database.sync_settlement().await.map(|()| true),
             other => other,
         };
         self.reopen_if_failed(&database, recorded)
@@ -622,7 +630,7 @@ impl ClaimStore for SledStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         let database = self.database()?;
-        let flushed = database.flusher.flush().await;
+        let flushed = database.syncs.sync().await;
         self.reopen_if_failed(&database, flushed)
     }
 

@@ -598,7 +598,7 @@ impl DeliveryQueue for SledQueue {
             self.count(job, true);
         }
         // Whether stored now or before: the acknowledgment waits for it to be on disk.
-        let flushed = database.flusher.flush().await;
+        let flushed = database.syncs.sync().await;
         self.database.reopen_if_failed(&database, flushed)?;
         Ok(stored)
     }
@@ -629,7 +629,7 @@ impl DeliveryQueue for SledQueue {
             Ok(taken)
         })?;
         if !taken.is_empty() {
-            let flushed = database.flusher.flush().await;
+            let flushed = database.syncs.sync().await;
             self.database.reopen_if_failed(&database, flushed)?;
         }
         Ok(taken)
@@ -672,7 +672,7 @@ impl DeliveryQueue for SledQueue {
         })();
         self.database.reopen_if_failed(&database, buried)?;
         // A dead letter is reported (logged, counted, listed) as one: on disk first.
-        let flushed = database.flusher.flush().await;
+        let flushed = database.syncs.sync().await;
         self.database.reopen_if_failed(&database, flushed)
     }
 
