@@ -151,35 +151,62 @@ fn parse_trace(trace: &str) -> Vec<Call> {
 const WRITES: [&str; 4] = ["write", "writev", "sendto", "sendmsg"];
 const READS: [&str; 2] = ["read", "recvfrom"];
 
-/// Why an acknowledgment sent at `ack` for what was read by `from` is not covered: no
-/// write of the store's log between them, or no sync of the log begun after that write
-/// and returned before `ack`. `None` when it is covered.
-fn uncovered(calls: &[Call], log: &str, from: f64, ack: f64) -> Option<String> {
-    let written = calls
-        .iter()
-        .find(|call| call.name == "pwrite64" && call.fd == log && call.start > from)
-        .filter(|write| write.start < ack);
-    let Some(written) = written else {
+/// Why an acknowledgment sent at `ack` for what was read by `from` is not covered: the
+/// store's log was not written between them, or a file of the store's directory `data`
+/// written between them (the log, a blob) was not synced after its last write there and
+/// before `ack`, or a blob was, but not the directory that names it. `None` when covered.
+fn uncovered(calls: &[Call], data: &str, from: f64, ack: f64) -> Option<String> {
+    let log = format!("{data}/db");
+    let blobs = format!("{data}/blobs");
+    let between = |call: &&Call| call.start > from && call.start < ack;
+    let written: Vec<&Call> = (calls.iter())
+        .filter(between)
+        .filter(|call| matches!(call.name.as_str(), "pwrite64" | "write"))
+        .filter(|call| call.fd == log || call.fd.starts_with(&format!("{blobs}/")))
+        .collect();
+    if !written.iter().any(|call| call.fd == log) {
         return Some("no write of the store's log before it".into());
+    }
+    let synced_after = |path: &str, after: f64| {
+        calls.iter().any(|call| {
+            matches!(call.name.as_str(), "fsync" | "fdatasync")
+                && call.fd == path
+                && call.returned == 0
+                && call.start >= after
+                && call.end <= ack
+        })
     };
-    let synced = calls.iter().any(|call| {
-        matches!(call.name.as_str(), "fsync" | "fdatasync")
-            && call.fd == log
-            && call.returned == 0
-            && call.start >= written.end
-            && call.end <= ack
-    });
-    (!synced).then(|| {
-        format!(
-            "the log written at {:.6} was not synced before it",
-            written.end
-        )
-    })
+    for write in &written {
+        let last = (written.iter())
+            .filter(|other| other.fd == write.fd)
+            .map(|other| other.end)
+            .fold(0.0, f64::max);
+        if !synced_after(&write.fd, last) {
+            return Some(format!(
+                "{} written at {last:.6} was not synced before it",
+                write.fd
+            ));
+        }
+        if write.fd != log && !synced_after(&blobs, last) {
+            return Some(format!(
+                "the directory naming {} was not synced before it",
+                write.fd
+            ));
+        }
+    }
+    None
 }
 
-/// Each connection to `port` that answered: when its request was last read before its
-/// first answer's first byte, and that byte's time.
-fn answered(calls: &[Call], port: u16) -> Vec<(String, f64, f64)> {
+/// An answered connection to the proxy: its request's first line, when the request was
+/// last read before the answer's first byte, and that byte's time.
+struct Answered {
+    request: String,
+    read: f64,
+    answer: f64,
+}
+
+/// Each connection to `port` that answered.
+fn answered(calls: &[Call], port: u16) -> Vec<Answered> {
     let local = format!("TCP:[127.0.0.1:{port}->");
     let mut connections: Vec<&str> = calls
         .iter()
@@ -194,12 +221,27 @@ fn answered(calls: &[Call], port: u16) -> Vec<(String, f64, f64)> {
             let on = |names: &[&str], call: &&Call| {
                 call.fd == connection && names.contains(&call.name.as_str()) && call.returned > 0
             };
-            let ack = calls.iter().find(|call| on(&WRITES, call))?;
-            let read = calls
-                .iter()
-                .rev()
-                .find(|call| on(&READS, call) && call.end <= ack.start)?;
-            Some((connection.to_owned(), read.end, ack.start))
+            let answer = calls.iter().find(|call| on(&WRITES, call))?;
+            let reads: Vec<&Call> = (calls.iter())
+                .filter(|call| on(&READS, call) && call.end <= answer.start)
+                .collect();
+            let read = reads.last()?;
+            // Each read's buffer as strace escapes it: `9<TCP:[...]>, "POST /pa", 24, ...`.
+            let received: String = (reads.iter())
+                .filter_map(|call| {
+                    call.text
+                        .split_once('"')?
+                        .1
+                        .split_once("\",")
+                        .map(|(text, _)| text)
+                })
+                .collect();
+            let request = received.split("\\r\\n").next().unwrap_or_default();
+            Some(Answered {
+                request: request.to_owned(),
+                read: read.end,
+                answer: answer.start,
+            })
         })
         .collect()
 }
@@ -247,12 +289,22 @@ async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
         assert_eq!((reply.status, reply.dedupe()), (200, "forwarded"));
         pause().await;
     }
-    for n in 0..4 {
-        let reply = post_json(proxy.addr, "/queued", &format!(r#"{{"id":"job_{n}"}}"#)).await;
+    // The queued route is paused meanwhile: no take writes between a job's sync and its
+    // answer. One job is large enough for sled to keep it in a blob file of its own.
+    let paused = admin_post(proxy.admin, "/v1/queue/queued/pause", "").await;
+    assert_eq!(paused.status / 100, 2, "{}", paused.body);
+    pause().await;
+    let large = "x".repeat(200 << 10);
+    for n in 0..5 {
+        let pad = if n == 4 { large.as_str() } else { "" };
+        let body = format!(r#"{{"id":"job_{n}","pad":"{pad}"}}"#);
+        let reply = post_json(proxy.addr, "/queued", &body).await;
         assert_eq!((reply.status, reply.dedupe()), (202, "queued"));
         pause().await;
     }
-    upstream.wait_for_requests(8).await;
+    let resumed = admin_post(proxy.admin, "/v1/queue/queued/resume", "").await;
+    assert_eq!(resumed.status / 100, 2, "{}", resumed.body);
+    upstream.wait_for_requests(9).await;
     pause().await;
     let forgotten = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_0", &[], "").await;
     assert_eq!(forgotten.status, 204, "{}", forgotten.body);
@@ -274,13 +326,19 @@ async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
     assert!(exit.success());
 
     let calls = parse_trace(&std::fs::read_to_string(&trace).unwrap());
-    let log = data.join("db").display().to_string();
     let mut acknowledgments = answered(&calls, proxy_port);
     acknowledgments.extend(answered(&calls, admin_port));
+    // Resuming wakes the route's workers, and the doomed route's take its job at once:
+    // their takes may write before those answers leave (the queued jobs' answers are
+    // checked with their route paused).
+    acknowledgments.retain(|answered| {
+        !answered.request.contains("/resume") && !answered.request.contains("/doomed")
+    });
+    let requests: Vec<&str> = acknowledgments.iter().map(|a| a.request.as_str()).collect();
     assert_eq!(
         acknowledgments.len(),
-        10,
-        "4 done marks, 4 queued jobs, 1 operator's change, 1 queued job: {acknowledgments:?}"
+        11,
+        "4 done marks, a pause, 5 queued jobs, a key forgotten: {requests:?}"
     );
     // The dead letter's report: its log line, after the app's refusal was read.
     let upstream_side = format!("->127.0.0.1:{}]", failing.addr.port());
@@ -299,11 +357,20 @@ async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
                 && call.end <= reported.start
         })
         .expect("the app's refusal was read");
-    acknowledgments.push(("dead letter".into(), refused.end, reported.start));
+    acknowledgments.push(Answered {
+        request: "a dead letter's report".into(),
+        read: refused.end,
+        answer: reported.start,
+    });
+    let data = data.display().to_string();
     let failures: Vec<String> = acknowledgments
         .iter()
-        .filter_map(|(what, from, ack)| {
-            uncovered(&calls, &log, *from, *ack).map(|why| format!("{what} at {ack:.6}: {why}"))
+        .filter_map(|answered| {
+            let why = uncovered(&calls, &data, answered.read, answered.answer)?;
+            Some(format!(
+                "{} at {:.6}: {why}",
+                answered.request, answered.answer
+            ))
         })
         .collect();
     assert!(
@@ -311,13 +378,47 @@ async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
         "acknowledged before a sync:\n{}",
         failures.join("\n")
     );
+    let blob_synced = calls
+        .iter()
+        .any(|call| call.name == "fsync" && call.fd.starts_with(&format!("{data}/blobs/")));
+    assert!(
+        blob_synced,
+        "the large job's blob file was written and synced"
+    );
 }
 
-/// Starts the binary on `config` with its data on a power-cut filesystem.
-async fn start_on_the_simulator(config: PathBuf) -> Binary {
-    tokio::task::spawn_blocking(move || Binary::start(&config))
-        .await
-        .unwrap()
+/// The routes' proxy with its data on the power-loss simulator, and what it runs with.
+struct Simulated {
+    /// Dropped last: the simulator is unmounted before the directory goes.
+    _dir: tempfile::TempDir,
+    disk: PowerCutMount,
+    config: PathBuf,
+    upstream: Upstream,
+}
+
+impl Simulated {
+    async fn new() -> Simulated {
+        let (upstream, failing) = (Upstream::start().await, Upstream::start().await);
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("disk");
+        std::fs::create_dir(&mount).unwrap();
+        let disk = PowerCutMount::new(&mount).unwrap();
+        let config = write_routes(dir.path(), &mount.join("data"), &upstream, &failing);
+        Simulated {
+            _dir: dir,
+            disk,
+            config,
+            upstream,
+        }
+    }
+
+    /// Starts the binary, and waits until it is ready.
+    async fn start(&self) -> Binary {
+        let config = self.config.clone();
+        tokio::task::spawn_blocking(move || Binary::start(&config))
+            .await
+            .unwrap()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,13 +426,8 @@ async fn one_sync_serves_every_acknowledgment_that_waits_for_it() {
     if !PowerCutMount::usable() {
         return;
     }
-    let (upstream, failing) = (Upstream::start().await, Upstream::start().await);
-    let dir = tempfile::tempdir().unwrap();
-    let mount = dir.path().join("disk");
-    std::fs::create_dir(&mount).unwrap();
-    let disk = PowerCutMount::new(&mount).unwrap();
-    let config = write_routes(dir.path(), &mount.join("data"), &upstream, &failing);
-    let proxy = start_on_the_simulator(config).await;
+    let simulated = Simulated::new().await;
+    let (disk, proxy) = (&simulated.disk, simulated.start().await);
     // A device that takes 50 ms to flush its cache: 32 deliveries arrive meanwhile.
     disk.slow_syncs(Duration::from_millis(50));
     let before = disk.syncs();
@@ -361,16 +457,18 @@ async fn a_sync_that_fails_acknowledges_nothing_and_the_store_recovers() {
     if !PowerCutMount::usable() {
         return;
     }
-    let (upstream, failing) = (Upstream::start().await, Upstream::start().await);
-    let dir = tempfile::tempdir().unwrap();
-    let mount = dir.path().join("disk");
-    std::fs::create_dir(&mount).unwrap();
-    let disk = PowerCutMount::new(&mount).unwrap();
-    let config = write_routes(dir.path(), &mount.join("data"), &upstream, &failing);
-    let proxy = start_on_the_simulator(config).await;
+    let mut simulated = Simulated::new().await;
+    let mut proxy = simulated.start().await;
+    let disk = &simulated.disk;
+    let done = post_json(proxy.addr, "/hooks", r#"{"id":"evt_0"}"#).await;
+    assert_eq!(done.dedupe(), "forwarded");
+    // The queued route holds its jobs, so that the store alone keeps them.
+    let paused = admin_post(proxy.admin, "/v1/queue/queued/pause", "").await;
+    assert_eq!(paused.status / 100, 2, "{}", paused.body);
 
     // A job whose sync fails is not acknowledged; the sender's retry is, once the disk
-    // heals and the store has reopened by itself.
+    // heals and the store has reopened by itself, reading the disk rather than what the
+    // failed sync left in the kernel's cache.
     disk.fail_syncs(true);
     let refused = post_json(proxy.addr, "/queued", r#"{"id":"job_1"}"#).await;
     assert_eq!(
@@ -384,14 +482,16 @@ async fn a_sync_that_fails_acknowledges_nothing_and_the_store_recovers() {
         series_value(&metrics, "dedupe_store_sync_failures_total") >= 1.0,
         "{metrics}"
     );
-    let change = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_0", &[], "").await;
-    assert_eq!(
-        change.status, 503,
-        "a change that is not on disk is not said saved"
-    );
     disk.fail_syncs(false);
     until_acknowledged(&proxy, "/queued", "job_1").await;
-    upstream.wait_for_requests(1).await;
+
+    // An operator's change whose sync fails is not said saved.
+    disk.fail_syncs(true);
+    let change = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_0", &[], "").await;
+    assert_eq!(change.status, 503, "{}", change.body);
+    assert_eq!(change.json()["error"], "store_unavailable");
+    disk.fail_syncs(false);
+    until_acknowledged(&proxy, "/hooks", "evt_9").await;
 
     // A done mark whose sync fails: the app's success is still relayed (the work is done),
     // and the log says the mark is missing.
@@ -402,6 +502,32 @@ async fn a_sync_that_fails_acknowledges_nothing_and_the_store_recovers() {
     assert!(proxy.log_entry(missing).is_some(), "{}", proxy.log_text());
     disk.fail_syncs(false);
     until_acknowledged(&proxy, "/hooks", "evt_2").await;
+    // sled's own sync as it closes the failed database fails too: said plainly, in the log.
+    let log = proxy.log_text();
+    assert!(
+        log.contains("sled could not sync its log while closing"),
+        "{log}"
+    );
+    let unreadable: Vec<&str> = (log.lines())
+        .filter(|line| serde_json::from_str::<serde_json::Value>(line).is_err())
+        .collect();
+    assert!(
+        unreadable.is_empty(),
+        "every line of the log is JSON: {unreadable:?}"
+    );
+
+    // The acknowledged job is on the disk: the power goes, and it is delivered once.
+    proxy.kill9();
+    simulated.disk.cut_power();
+    let proxy = simulated.start().await;
+    let upstream = &simulated.upstream;
+    let resumed = admin_post(proxy.admin, "/v1/queue/queued/resume", "").await;
+    assert_eq!(resumed.status / 100, 2, "{}", resumed.body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while upstream.executions("job_1") == 0 {
+        assert!(Instant::now() < deadline, "the acknowledged job was lost");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(upstream.executions("job_1"), 1);
 }
 
@@ -438,13 +564,18 @@ fn the_trace_reader_joins_interrupted_calls_and_reads_descriptors() {
     assert_eq!(calls.len(), 4, "{calls:?}");
     let acks = answered(&calls, 80);
     assert_eq!(acks.len(), 1);
-    let (_, from, ack) = &acks[0];
-    assert!((from - 100.0003).abs() < 1e-9 && (ack - 100.001).abs() < 1e-9);
+    let Answered {
+        request,
+        read,
+        answer,
+    } = &acks[0];
+    assert_eq!(request, "POST");
+    assert!((read - 100.0003).abs() < 1e-9 && (answer - 100.001).abs() < 1e-9);
     // The write began before the request was read: it covers nothing.
-    assert!(uncovered(&calls, "/d/db", *from, *ack).is_some());
-    assert!(uncovered(&calls, "/d/db", 100.0001, *ack).is_none());
+    assert!(uncovered(&calls, "/d", *read, *answer).is_some());
+    assert!(uncovered(&calls, "/d", 100.0001, *answer).is_none());
     assert!(
-        uncovered(&calls, "/d/db", 100.0001, 100.0008).is_some(),
+        uncovered(&calls, "/d", 100.0001, 100.0008).is_some(),
         "the sync had not returned"
     );
 }

@@ -2,16 +2,22 @@
 //! that forgets, when the power is cut, what a machine losing power may forget, as
 //! LazyFS does for Jepsen:
 //!
-//! - every byte written to a file since that file's last `fsync` or `fdatasync`, and any
-//!   change of its size since then (`write`, `truncate`);
+//! - the changes made to files since their last `fsync` or `fdatasync`, but those made
+//!   before a random instant between the first of them and the cut: the disk got the
+//!   kernel's writeback in order up to then, the last write perhaps only in part (a write
+//!   over several pages can be torn between them);
 //! - every name made, renamed or removed in a directory since that directory's last
 //!   `fsync` (so a new file whose directory was never synced is gone, its data with it).
 //!
-//! `sync_file_range`, `close` and the kernel's own writeback keep nothing: the kernel sends
-//! a FUSE filesystem only `fsync` and `fsyncdir` to ask for stability. A cut unmounts the
+//! Nothing but `fsync` and `fsyncdir` asks for stability (`sync_file_range` and `close`
+//! never reach a FUSE filesystem as such requests). A cut does not reorder writes, as a
+//! device's volatile cache may: sled 0.34 was seen failing to open after a cut that kept a
+//! random half of the unsynced pages (docs/testing.md). A cut unmounts the
 //! filesystem (the kernel's caches of it go), drops the unsynced state and mounts it
 //! again. The program using it must be dead by then, as it would be on a machine that
-//! lost power. Syncs can also be made to fail (`EIO`), as a failing disk's do.
+//! lost power. Syncs can also be made to fail (`EIO`), as a failing disk's do: the pages
+//! the sync could not write are gone, while the kernel, which keeps a file's pages cached
+//! across opens here as on a disk, may still serve them until told to drop them.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -32,8 +38,36 @@ const PAGE: u64 = 4096;
 /// way in, and a cut remounts.
 const TTL: Duration = Duration::from_secs(60);
 const ROOT: u64 = 1;
+/// The kernel keeps a file's pages cached across opens, as it does on a disk's filesystem:
+/// pages a failed sync lost here stay readable there until dropped.
+const KEEP_CACHE: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
 
-/// A file's bytes: those on "disk" as of its last sync, and the pages written since.
+/// A change of a file since its last sync, numbered in the order of every change made
+/// on the filesystem.
+#[derive(Clone)]
+enum Change {
+    /// Bytes written within one page: a write over several pages is several changes, so
+    /// that a cut can tear it.
+    Wrote {
+        at: u64,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+    Truncated {
+        at: u64,
+        len: u64,
+    },
+}
+
+impl Change {
+    fn at(&self) -> u64 {
+        match self {
+            Change::Wrote { at, .. } | Change::Truncated { at, .. } => *at,
+        }
+    }
+}
+
+/// A file's bytes: those on "disk" as of its last sync, and the changes made since.
 #[derive(Default)]
 struct FileData {
     stable: Vec<u8>,
@@ -42,6 +76,8 @@ struct FileData {
     len: u64,
     /// `stable`'s bytes from here on read as zeros (a truncation since the last sync).
     zeroed_from: Option<u64>,
+    /// The changes since the last sync, in order.
+    changes: Vec<Change>,
 }
 
 impl FileData {
@@ -84,7 +120,8 @@ impl FileData {
         self.pages.get_mut(&page).expect("inserted")
     }
 
-    fn write(&mut self, offset: u64, data: &[u8]) {
+    /// Writes `data` at `offset`, numbering each page's part from `counter`.
+    fn write(&mut self, offset: u64, data: &[u8], counter: &mut u64) {
         let mut written = 0;
         while written < data.len() {
             let at = offset + written as u64;
@@ -93,12 +130,19 @@ impl FileData {
             let n = (PAGE as usize - within).min(data.len() - written);
             let bytes = self.page_mut(page);
             bytes[within..within + n].copy_from_slice(&data[written..written + n]);
+            *counter += 1;
+            let part = data[written..written + n].to_vec();
+            self.changes.push(Change::Wrote {
+                at: *counter,
+                offset: at,
+                bytes: part,
+            });
             written += n;
             self.len = self.len.max(at + n as u64);
         }
     }
 
-    fn truncate(&mut self, len: u64) {
+    fn truncate(&mut self, len: u64, counter: &mut u64) {
         if len < self.len {
             if !len.is_multiple_of(PAGE) {
                 let page = len / PAGE;
@@ -109,6 +153,8 @@ impl FileData {
             self.zeroed_from = Some(self.zeroed_from.map_or(len, |from| from.min(len)));
         }
         self.len = len;
+        *counter += 1;
+        self.changes.push(Change::Truncated { at: *counter, len });
     }
 
     fn sync(&mut self) {
@@ -123,12 +169,42 @@ impl FileData {
                 self.stable[start..end].copy_from_slice(&bytes[..end - start]);
             }
         }
+        self.changes.clear();
     }
 
-    fn cut(&mut self) {
-        self.pages.clear();
-        self.zeroed_from = None;
-        self.len = self.stable.len() as u64;
+    /// The earliest change not yet synced.
+    fn first_unsynced(&self) -> Option<u64> {
+        self.changes.first().map(Change::at)
+    }
+
+    /// The power goes: the disk has what was synced, and the changes made since up to
+    /// the instant `reached` (the kernel writes back in the background, in order), the
+    /// last of them perhaps only in part.
+    fn cut(&mut self, reached: u64) {
+        let changes = std::mem::take(&mut self.changes);
+        let mut disk = FileData {
+            len: self.stable.len() as u64,
+            stable: std::mem::take(&mut self.stable),
+            ..FileData::default()
+        };
+        let mut unnumbered = 0;
+        for change in changes
+            .into_iter()
+            .take_while(|change| change.at() <= reached)
+        {
+            match change {
+                Change::Wrote { offset, bytes, .. } => disk.write(offset, &bytes, &mut unnumbered),
+                Change::Truncated { len, .. } => disk.truncate(len, &mut unnumbered),
+            }
+        }
+        disk.sync();
+        *self = disk;
+    }
+
+    /// A sync failed: the pages it could not write are gone, as the kernel drops them
+    /// (a program that read them from its cache reads stale pages).
+    fn lose_unsynced(&mut self) {
+        self.cut(0);
     }
 }
 
@@ -150,6 +226,8 @@ struct State {
     nodes: HashMap<u64, Node>,
     next: u64,
     fail_syncs: bool,
+    /// Changes made so far: the number of the last.
+    changes: u64,
     /// How long each sync takes, as a slow device's cache flush would.
     sync_delay: Duration,
     syncs: u64,
@@ -225,12 +303,20 @@ impl State {
         Ok(self.attr(ino).expect("just made"))
     }
 
-    /// The power goes: every directory back to its synced names, every file to its synced
-    /// bytes, and what no synced name reaches is gone.
+    /// The power goes at a random instant between the first change not synced and now:
+    /// every directory back to its synced names, every file to its synced bytes and the
+    /// changes made before that instant, and what no synced name reaches is gone.
     fn cut(&mut self) {
+        let first = (self.nodes.values())
+            .filter_map(|node| match node {
+                Node::File(file) => file.first_unsynced(),
+                Node::Dir(_) => None,
+            })
+            .min();
+        let reached = first.map_or(0, |first| rand::random_range(first - 1..=self.changes));
         for node in self.nodes.values_mut() {
             match node {
-                Node::File(file) => file.cut(),
+                Node::File(file) => file.cut(reached),
                 Node::Dir(dir) => dir.entries = dir.stable.clone(),
             }
         }
@@ -301,10 +387,12 @@ impl Filesystem for PowerCutFs {
     ) {
         let mut state = self.state();
         if let Some(size) = size {
+            let mut counter = state.changes;
             match state.file(ino.0) {
-                Ok(file) => file.truncate(size),
+                Ok(file) => file.truncate(size, &mut counter),
                 Err(error) => return reply.error(error),
             }
+            state.changes = counter;
         }
         match state.attr(ino.0) {
             Some(attr) => reply.attr(&TTL, &attr),
@@ -413,7 +501,7 @@ impl Filesystem for PowerCutFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.state().nodes.contains_key(&ino.0) {
-            true => reply.opened(FileHandle(0), FopenFlags::empty()),
+            true => reply.opened(FileHandle(0), KEEP_CACHE),
             false => reply.error(Errno::ENOENT),
         }
     }
@@ -447,13 +535,16 @@ impl Filesystem for PowerCutFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.state().file(ino.0) {
+        let mut state = self.state();
+        let mut counter = state.changes;
+        match state.file(ino.0) {
             Ok(file) => {
-                file.write(offset, data);
+                file.write(offset, data, &mut counter);
                 reply.written(data.len() as u32);
             }
             Err(error) => reply.error(error),
         }
+        state.changes = counter;
     }
 
     fn flush(
@@ -478,6 +569,9 @@ impl Filesystem for PowerCutFs {
     ) {
         let mut state = self.state();
         if state.fail_syncs {
+            if let Ok(file) = state.file(ino.0) {
+                file.lose_unsynced();
+            }
             return reply.error(Errno::EIO);
         }
         // The device is busy meanwhile: nothing else gets through.
@@ -693,22 +787,36 @@ mod tests {
 
     #[test]
     fn bytes_written_since_the_last_sync_are_lost_and_those_before_it_kept() {
-        let mut file = FileData::default();
-        file.write(0, &[1; 5000]);
+        let (mut file, mut n) = (FileData::default(), 0);
+        file.write(0, &[1; 5000], &mut n);
         file.sync();
-        file.write(4000, &[2; 2000]);
-        file.truncate(4500);
+        file.write(4000, &[2; 2000], &mut n);
+        file.truncate(4500, &mut n);
         assert_eq!(file.read(3998, 10), vec![1, 1, 2, 2, 2, 2, 2, 2, 2, 2]);
         assert_eq!(file.len, 4500);
-        file.truncate(7000);
+        file.truncate(7000, &mut n);
         assert_eq!(file.read(4499, 3), vec![2, 0, 0], "extended with zeros");
-        file.cut();
+        file.cut(0);
         assert_eq!(file.len, 5000);
         assert_eq!(file.read(3998, 4), vec![1, 1, 1, 1]);
-        file.truncate(10);
+        file.truncate(10, &mut n);
         file.sync();
-        file.truncate(20);
+        file.truncate(20, &mut n);
         assert_eq!(file.read(0, 30), [vec![1; 10], vec![0; 10]].concat());
+    }
+
+    #[test]
+    fn a_cut_keeps_the_changes_made_before_its_instant_and_can_tear_a_write() {
+        let (mut file, mut n) = (FileData::default(), 0);
+        file.write(0, &[1; 100], &mut n);
+        file.sync();
+        // A write over two pages is two changes (2 and 3), then a third (4).
+        file.write(4000, &[2; 200], &mut n);
+        file.write(0, &[3; 10], &mut n);
+        file.cut(2);
+        assert_eq!(file.len, 4096, "the write's first page only");
+        assert_eq!(file.read(3998, 4), vec![0, 0, 2, 2]);
+        assert_eq!(file.read(0, 2), vec![1, 1], "the later change is gone");
     }
 
     #[test]
