@@ -11,8 +11,8 @@ use std::path::Path;
 
 use dedupe_proxy::cli::{CheckArgs, Cli, Command, LogFormat, RunArgs};
 use dedupe_proxy::config::{Config, Overrides};
-use dedupe_proxy::redact;
 use dedupe_proxy::telemetry::Telemetry;
+use dedupe_proxy::{log_text, redact};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::prelude::*;
 
@@ -145,7 +145,7 @@ fn init_logging(format: LogFormat, default_filter: &str, telemetry: Option<&Tele
         .with_writer(redact::Stderr)
         .with_ansi(std::io::stderr().is_terminal());
     let log = match format {
-        LogFormat::Text => log.boxed(),
+        LogFormat::Text => log.fmt_fields(log_text::QuotedFields).boxed(),
         LogFormat::Json => log.json().boxed(),
     };
     tracing_subscriber::registry()
@@ -172,7 +172,8 @@ fn log_panics() {
             .location()
             .map(ToString::to_string)
             .unwrap_or_default();
-        tracing::error!(thread = thread.name().unwrap_or("unnamed"), %location, message, "a thread panicked");
+        // The panic's text under a name of its own: as `message` it would be the line's words.
+        tracing::error!(thread = thread.name().unwrap_or("unnamed"), %location, panic = message, "a thread panicked");
     }));
 }
 

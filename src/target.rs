@@ -37,9 +37,14 @@ pub enum TargetError {
     #[error("a path override header is not a request target")]
     BadOverride,
     /// A control character in the path, written or escaped (`%00`): servers written in C
-    /// may end the path there.
-    #[error("the path has a control character")]
+    /// may end the path there. Bidi and invisible format characters too: no route has
+    /// them, and they would make the path read differently in a log or the console.
+    #[error("the path has a control or formatting character")]
     ControlCharacter,
+    /// An overlong UTF-8 spelling (`%C0%AF` for `/`, `%C0%AE` for `.`): decoders that
+    /// accept them read a separator or a dot the route does not see.
+    #[error("the path has an overlong UTF-8 spelling")]
+    Overlong,
     /// No host named, where routes are limited to hosts: the app may serve the request as
     /// any of its hosts.
     #[error("the request names no host, and routes here are limited to hosts")]
@@ -287,10 +292,10 @@ fn is_valid_host(value: &str) -> bool {
 /// The normal form of a path that routes are matched on: percent escapes decoded (again
 /// while escapes remain, for servers that decode twice), `;` parameters dropped from each
 /// segment, `\` read as `/`, trailing dots and spaces dropped from each segment (Windows
-/// servers do), empty and `.` segments removed, ASCII letters lowercased, the last
+/// servers do), fullwidth ASCII read as ASCII, empty and `.` segments removed, ASCII letters lowercased, the last
 /// segment's extension dropped (`/hooks/stripe.json` is Rails' `/hooks/stripe` with a
 /// format), no trailing slash; always starts with `/`. A segment of dots only (`..`) is
-/// refused, as is a control character, or a target without a path (`*` is the path `/*`).
+/// refused, as is a control or formatting character, an overlong UTF-8 spelling, or a target without a path (`*` is the path `/*`).
 /// Borrows the path when it is already in that form, as almost every real path is.
 pub fn normal_path(path: &str) -> Result<Cow<'_, [u8]>, TargetError> {
     if !path.starts_with('/') && path != "*" {
@@ -353,8 +358,15 @@ fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
     let mut segments: Vec<Vec<u8>> = Vec::new();
     for written in path.split('/') {
         let written = written.split(';').next().unwrap_or_default();
-        let mut decoded = decode_fully(written);
-        if decoded.iter().any(u8::is_ascii_control) {
+        let mut decoded = halfwidth(decode_fully(written));
+        if has_overlong(&decoded) {
+            return Err(TargetError::Overlong);
+        }
+        let misleading = match std::str::from_utf8(&decoded) {
+            Ok(text) => text.chars().any(crate::misleading::is_misleading),
+            Err(_) => decoded.iter().any(u8::is_ascii_control),
+        };
+        if misleading {
             return Err(TargetError::ControlCharacter);
         }
         // A server that decodes before it splits off the query ends the path at an escaped
@@ -383,6 +395,38 @@ fn segments(path: &str) -> Result<Vec<Vec<u8>>, TargetError> {
         }
     }
     Ok(segments)
+}
+
+/// Whether `bytes` hold an overlong UTF-8 sequence's start: C0 and C1 can only start
+/// one, E0 followed by 80-9F spells a 3-byte form of a 2-byte character, F0 followed by
+/// 80-8F a 4-byte form of a 3-byte one.
+fn has_overlong(bytes: &[u8]) -> bool {
+    bytes.iter().enumerate().any(|(at, &byte)| {
+        let next = bytes.get(at + 1).copied().unwrap_or(0);
+        matches!(byte, 0xC0 | 0xC1)
+            || (byte == 0xE0 && (0x80..=0x9F).contains(&next))
+            || (byte == 0xF0 && (0x80..=0x8F).contains(&next))
+    })
+}
+
+/// Fullwidth ASCII (U+FF01 to U+FF5E: `／`, `．`, `Ｓ`) read as the ASCII it stands for, as
+/// servers that normalize Unicode (NFKC) or map "best fit" read it.
+fn halfwidth(decoded: Vec<u8>) -> Vec<u8> {
+    let fullwidth = |c: char| ('\u{FF01}'..='\u{FF5E}').contains(&c);
+    match std::str::from_utf8(&decoded) {
+        Ok(text) if text.chars().any(fullwidth) => text
+            .chars()
+            .map(|c| {
+                if fullwidth(c) {
+                    char::from_u32(c as u32 - 0xFEE0).unwrap_or(c)
+                } else {
+                    c
+                }
+            })
+            .collect::<String>()
+            .into_bytes(),
+        _ => decoded,
+    }
 }
 
 /// How much of a segment is left once its trailing dots and spaces go (Windows and IIS
@@ -601,6 +645,11 @@ mod tests {
             "/a%0d%0a",
             "/a%7F",
             "/a%2500",
+            "/a%C2%85",
+            "/a%E2%80%AEb",
+            "/a%u202Eb",
+            "/a%E2%80%8Bb",
+            "/a%EF%BB%BF",
         ] {
             assert_eq!(
                 normal_path(path),
@@ -608,6 +657,33 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    #[test]
+    fn overlong_spellings_are_refused() {
+        for path in [
+            "/hooks%C0%AFstripe",
+            "/hooks/%C0%AE%C0%AE/admin",
+            "/a%C1%81",
+            "/a%E0%80%AF",
+            "/a%F0%80%80%AF",
+            "/a%25C0%25AF",
+        ] {
+            assert_eq!(normal_path(path), Err(TargetError::Overlong), "{path}");
+        }
+    }
+
+    #[test]
+    fn fullwidth_spellings_read_as_the_ascii_they_stand_for() {
+        assert_eq!(normal("/hooks%EF%BC%8Fstripe"), "/hooks/stripe");
+        assert_eq!(normal("/%EF%BC%A8ooks/%EF%BD%93tripe"), "/hooks/stripe");
+        assert_eq!(normal("/hooks/stripe%EF%BC%8Ejson"), "/hooks/stripe");
+        assert_eq!(
+            normal_path("/hooks/%EF%BC%8E%EF%BC%8E/admin"),
+            Err(TargetError::ParentSegment)
+        );
+        // A character that is not fullwidth ASCII stays as it is.
+        assert_eq!(normal("/caf%C3%A9"), "/caf\u{e9}");
     }
 
     #[test]

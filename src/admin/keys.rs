@@ -346,8 +346,8 @@ pub(super) async fn list(proxy: &Proxy, query: Option<&str>) -> Response<ProxyBo
     json_response(StatusCode::OK, body.to_string())
 }
 
-/// Why `prefix` cannot start keys, if it cannot: longer than a key, or with a control
-/// character no extracted key holds.
+/// Why `prefix` cannot start keys, if it cannot: longer than a key, or with a control or
+/// formatting character no extracted key holds.
 pub(super) fn checked_prefix(prefix: &str) -> Result<(), String> {
     if prefix.len() > MAX_KEY_BYTES {
         return Err(format!(
@@ -355,8 +355,8 @@ pub(super) fn checked_prefix(prefix: &str) -> Result<(), String> {
             prefix.len()
         ));
     }
-    if prefix.chars().any(char::is_control) {
-        return Err("the prefix holds a control character, which no key does".into());
+    if prefix.chars().any(crate::misleading::is_misleading) {
+        return Err("the prefix holds a control or formatting character, which no key does".into());
     }
     Ok(())
 }

@@ -218,20 +218,15 @@ pub(super) fn plain(value: &Value) -> String {
     match value {
         Value::Null => "-".to_owned(),
         Value::String(text) => printable(text),
-        other => other.to_string(),
+        // A request's headers, an answer's: sender text as much as any string.
+        other => printable(&other.to_string()),
     }
 }
 
-/// `text` with every character a terminal would act on or that reorders a line (controls,
-/// line and paragraph separators, bidirectional overrides) shown as `\u{fffd}`: what the
-/// API answers may come from senders and apps.
+/// `text` with every character a terminal would act on, or that reorders or hides part
+/// of a line, shown as `\u{fffd}`: what the API answers may come from senders and apps.
 pub(crate) fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            let reorders = matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-            if c.is_control() || reorders { '\u{fffd}' } else { c }
-        })
-        .collect()
+    crate::misleading::replaced(text)
 }
 
 /// Fetches a listing's pages from `after` on (`path` makes each request's path from the
@@ -305,8 +300,27 @@ pub(super) fn fields(answer: &Value) -> String {
     text
 }
 
-/// Rows under their headings, each column as wide as its widest cell.
+/// Rows under their headings, each column as wide as its widest cell. A cell holding a
+/// space (a key may) is quoted, but for the last column's: unquoted, `a  done  200` would
+/// read as three columns.
 pub(super) fn table(headings: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            let last = row.len().saturating_sub(1);
+            row.iter()
+                .enumerate()
+                .map(|(at, cell)| {
+                    if at < last && cell.contains(char::is_whitespace) {
+                        format!("{cell:?}")
+                    } else {
+                        cell.clone()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = headings.iter().map(|heading| heading.len()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -358,6 +372,21 @@ mod tests {
         assert_eq!(
             table(&["KEY", "STATE"], &rows),
             "KEY       STATE\nevt_long  done\n"
+        );
+        let forged = vec![vec!["a  done  200".to_owned(), "in_flight".to_owned()]];
+        assert_eq!(
+            table(&["KEY", "STATE"], &forged),
+            "KEY             STATE\n\"a  done  200\"  in_flight\n"
+        );
+    }
+
+    #[test]
+    fn nested_values_are_made_printable_too() {
+        // JSON escapes C0 itself; C1 (CSI as one character) and bidi pass through it.
+        let headers = serde_json::json!({ "user-agent": "x\u{202e}y\u{9b}31m\u{1b}]52;c;A\u{7}" });
+        assert_eq!(
+            plain(&headers),
+            "{\"user-agent\":\"x\u{fffd}y\u{fffd}31m\\u001b]52;c;A\\u0007\"}"
         );
     }
 }

@@ -425,17 +425,13 @@ fn header_hash(headers: &HeaderMap, name: &HeaderName) -> Result<String, &'stati
 }
 
 /// A part's value, if a key can hold it: not empty, and without control characters (which
-/// PostgreSQL's `text` cannot store: NUL) or characters that would break or reorder a log
-/// line or an admin listing (line and paragraph separators, bidirectional overrides); none
-/// has a place in an event ID.
+/// PostgreSQL's `text` cannot store: NUL) or characters that would break, reorder or hide
+/// part of a log line or an admin listing ([`crate::misleading`]); none has a place in an
+/// event ID.
 fn usable(value: &str) -> Result<&str, &'static str> {
-    let unprintable = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
-    };
     if value.is_empty() {
         Err("value is empty")
-    } else if value.chars().any(unprintable) {
+    } else if value.chars().any(crate::misleading::is_misleading) {
         Err("value contains a control or formatting character")
     } else {
         Ok(value)

@@ -19,6 +19,27 @@ pub fn binary_path() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_dedupe-proxy"))
 }
 
+/// The proxy's and the admin port's addresses, if `line` is the ready line: a JSON one,
+/// or a text one (`... dedupe-proxy ready proxy=ADDR admin=ADDR`).
+fn ready_addresses(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    if let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) {
+        if entry["fields"]["message"] != "dedupe-proxy ready" {
+            return None;
+        }
+        let address = |name: &str| entry["fields"][name].as_str()?.parse().ok();
+        return Some((address("proxy")?, address("admin")?));
+    }
+    let (_, fields) = line.split_once("dedupe-proxy ready ")?;
+    let address = |name: &str| {
+        fields
+            .split(' ')
+            .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))?
+            .parse()
+            .ok()
+    };
+    Some((address("proxy")?, address("admin")?))
+}
+
 impl Binary {
     /// Starts `dedupe-proxy run -c config --log-format json` and waits until it is ready.
     pub fn start(config: &Path) -> Binary {
@@ -36,8 +57,8 @@ impl Binary {
         Binary::spawn(&args, env)
     }
 
-    /// Starts the binary with exactly these arguments (which must ask for JSON logs) and
-    /// environment, and waits until it logs that it is ready.
+    /// Starts the binary with exactly these arguments and environment, and waits until it
+    /// logs that it is ready.
     pub fn spawn(args: &[String], env: &[(&str, &str)]) -> Binary {
         Binary::spawn_wrapped(&[], args, env)
     }
@@ -72,18 +93,12 @@ impl Binary {
         let lines = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let ready = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .filter(|entry| entry["fields"]["message"] == "dedupe-proxy ready");
+                let ready = ready_addresses(&line);
                 // Logged before it is announced, so that a caller reading the log once
                 // the binary is ready finds the ready line in it.
                 lines.lock().unwrap().push(line);
-                if let Some(entry) = ready {
-                    let proxy: SocketAddr =
-                        entry["fields"]["proxy"].as_str().unwrap().parse().unwrap();
-                    let admin: SocketAddr =
-                        entry["fields"]["admin"].as_str().unwrap().parse().unwrap();
-                    let _ = ready_tx.send((proxy, admin));
+                if let Some(addresses) = ready {
+                    let _ = ready_tx.send(addresses);
                 }
             }
         });

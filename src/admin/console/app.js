@@ -24,7 +24,9 @@ function h(tag, attrs, ...children) {
   }
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    node.append(child instanceof Node ? child : String(child));
+    // Every text shown goes through visible(): recorded headers, bodies, paths and keys
+    // are a sender's text. A <pre> keeps its line breaks and tabs.
+    node.append(child instanceof Node ? child : visible(child, tag === 'pre'));
   }
   return node;
 }
@@ -70,11 +72,13 @@ function show(...nodes) {
   (building || main()).replaceChildren(h('div', { class: 'page' }, nodes));
 }
 
-// Control and direction characters (a sender chooses keys) shown as escapes, so that
-// text cannot reorder what a sentence around it says.
-function visible(text) {
-  return String(text).replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
-    (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+// Control, direction and invisible format characters (a sender chooses keys, paths,
+// headers and bodies) shown as escapes, so that text cannot reorder, hide or break what
+// a sentence around it says; with `lines`, line breaks and tabs are kept.
+const MISLEADING = /[\u0000-\u001f\u007f-\u009f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
+function visible(text, lines) {
+  return String(text).replace(MISLEADING, (c) => (lines && (c === '\n' || c === '\t')
+    ? c : `\\u{${c.codePointAt(0).toString(16)}}`));
 }
 
 function alertBox(message, info) {
@@ -653,7 +657,7 @@ async function heldPage() {
         await api('POST', path, { outcome: outcomeName, held_at: k.held_at });
       } catch (error) {
         failed(error);
-        progress.textContent = `Stopped at ${num(resolved)} of ${num(held.length)}: ${k.key} was not resolved.`;
+        progress.textContent = visible(`Stopped at ${num(resolved)} of ${num(held.length)}: ${k.key} was not resolved.`);
         return;
       }
       resolved += 1;

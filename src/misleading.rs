@@ -1,0 +1,61 @@
+//! The characters of a sender's text that must not reach a reader as they are: controls
+//! (C0, DEL, C1: line breaks, terminal escapes), line and paragraph separators, bidi
+//! marks, overrides and isolates, and the invisible format characters (zero-width
+//! spaces and joiners, the byte-order mark, tags) that make two different strings look
+//! alike. Keys refuse them; the CLI and the console show them replaced; the text log
+//! escapes them (`log_text`).
+
+/// Whether `c` changes or hides what a terminal, a log viewer or a listing shows.
+pub fn is_misleading(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{E0000}'..='\u{E007F}'
+        )
+}
+
+/// `text` with each misleading character shown as U+FFFD.
+pub fn replaced(text: &str) -> String {
+    text.chars()
+        .map(|c| if is_misleading(c) { '\u{FFFD}' } else { c })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_misleads_and_what_does_not() {
+        for c in [
+            '\n',
+            '\u{1b}',
+            '\u{7f}',
+            '\u{85}',
+            '\u{9b}',
+            '\u{61c}',
+            '\u{200b}',
+            '\u{200e}',
+            '\u{200f}',
+            '\u{2028}',
+            '\u{202e}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{feff}',
+            '\u{e0041}',
+        ] {
+            assert!(is_misleading(c), "{c:?}");
+        }
+        for c in ['a', ' ', '=', '"', '\\', 'é', '日', '\u{ff0f}', '\u{301}'] {
+            assert!(!is_misleading(c), "{c:?}");
+        }
+        assert_eq!(replaced("a\u{202e}b\u{1b}[0m"), "a\u{fffd}b\u{fffd}[0m");
+    }
+}
