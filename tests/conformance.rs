@@ -784,7 +784,8 @@ async fn every_key_the_proxy_accepts_is_stored_apart(h: Harness) {
         long.as_str(),
         r#""café ☃ 𝄞 مرحبا""#,
         r#""quote\" back\\slash 'single' %00 %zz""#,
-        r#""\ufffd\ufeff\u200b""#,
+        // Zero-width characters and the byte-order mark are refused; these are not.
+        r#""\ufffd\u00a0e\u0301""#,
         r#""a:b:c/d?e#f""#,
         "12345678901234567890123",
         "-1.5e-300",
