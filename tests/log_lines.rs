@@ -73,6 +73,19 @@ async fn admin_call(binary: &Binary, method: &str, path: &str, body: &str) -> u1
     reply.status
 }
 
+/// Queues `key` on a route whose one attempt fails, and returns its job's admin path once
+/// it is a dead letter.
+async fn dead_letter(binary: &Binary, key: &str) -> String {
+    assert_eq!(post(binary.addr, "/queued", &event(key)).await, 202);
+    let job = format!("/v1/queue/queued/jobs/{}", percent(key));
+    eventually(Duration::from_secs(10), "a dead letter", || async {
+        let reply = send(binary.admin, "GET", &job, &[], "").await;
+        reply.status == 200 && reply.json()["dead_at"].is_string()
+    })
+    .await;
+    job
+}
+
 /// Every outcome, each with sender text in it.
 async fn every_outcome(binary: &Binary, upstream: &Upstream) {
     let proxy = binary.addr;
@@ -107,27 +120,13 @@ async fn every_outcome(binary: &Binary, upstream: &Upstream) {
     assert_eq!(post(proxy, "/ordered", &older).await, 200);
     // Queued: a dead letter, replayed and delivered; another discarded.
     upstream.script([Answer::status(500), Answer::ok(), Answer::status(500)]);
-    let queued = format!("{KEY} queued");
-    assert_eq!(post(proxy, "/queued", &event(&queued)).await, 202);
-    let dead = format!("/v1/queue/queued/jobs/{}", percent(&queued));
-    eventually(Duration::from_secs(10), "a dead letter", || async {
-        let job = send(binary.admin, "GET", &dead, &[], "").await;
-        job.status == 200 && job.json()["dead_at"].is_string()
-    })
-    .await;
+    let dead = dead_letter(binary, &format!("{KEY} queued")).await;
     assert!(admin_call(binary, "POST", &format!("{dead}/replay"), "").await < 300);
     eventually(Duration::from_secs(10), "the replay delivered", || async {
         send(binary.admin, "GET", &dead, &[], "").await.status == 404
     })
     .await;
-    let discarded = format!("{KEY} discarded");
-    assert_eq!(post(proxy, "/queued", &event(&discarded)).await, 202);
-    let discard = format!("/v1/queue/queued/jobs/{}", percent(&discarded));
-    eventually(Duration::from_secs(10), "a second dead letter", || async {
-        let job = send(binary.admin, "GET", &discard, &[], "").await;
-        job.status == 200 && job.json()["dead_at"].is_string()
-    })
-    .await;
+    let discard = dead_letter(binary, &format!("{KEY} discarded")).await;
     assert!(admin_call(binary, "DELETE", &discard, "").await < 300);
     // Refused: keys that would break a line, and a path and header that try the same.
     for refused in REFUSED_KEYS {
