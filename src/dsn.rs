@@ -26,12 +26,25 @@ type Span = std::ops::Range<usize>;
 /// `@` after its authority. The message never quotes the URL.
 pub fn check(url: &str) -> Result<(), String> {
     let Some((_, rest)) = url.split_once("://") else {
-        return Ok(());
+        return check_key_value(url);
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     if rest[authority_end..].contains('@') {
         return Err(
             "the URL has an `@` after its host: percent-encode the special characters of a password (`@` as %40, `/` as %2F, `?` as %3F, `#` as %23, `%` as %25)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a `key=value` string holding a word without `=`: libpq refuses it too, and
+/// quotes the word in its message, which for `password=two words` is half the password.
+/// The message never quotes the string.
+fn check_key_value(text: &str) -> Result<(), String> {
+    if key_value_words(text).any(|word| word.bare) {
+        return Err(
+            "the connection string has a word without `=`: write a value holding spaces in single quotes (password='two words')"
                 .into(),
         );
     }
@@ -153,32 +166,47 @@ fn url_password_spans(url: &str) -> Vec<Span> {
     spans
 }
 
+/// One `key=value` pair of libpq's form, or a bare word (no `=` after it).
+struct Word<'a> {
+    key: &'a str,
+    /// Where the key (or the bare word) ends.
+    key_end: usize,
+    /// The value as written, quotes and all (empty for a bare word).
+    value: Span,
+    bare: bool,
+}
+
 /// libpq's `key=value` form: keys and values separated by white space, `=` with white
 /// space around it allowed, a value in single quotes with `\'` and `\\` escapes.
-fn key_value_password_spans(text: &str) -> Vec<Span> {
+fn key_value_words(text: &str) -> impl Iterator<Item = Word<'_>> {
     let bytes = text.as_bytes();
-    let mut spans = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
+    let skip_space = |mut at: usize| {
         while at < bytes.len() && bytes[at].is_ascii_whitespace() {
             at += 1;
+        }
+        at
+    };
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        at = skip_space(at);
+        if at >= bytes.len() {
+            return None;
         }
         let key_start = at;
         while at < bytes.len() && !bytes[at].is_ascii_whitespace() && bytes[at] != b'=' {
             at += 1;
         }
-        let key = &text[key_start..at];
-        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
-            at += 1;
-        }
+        let (key, key_end) = (&text[key_start..at], at);
+        at = skip_space(at);
         if at >= bytes.len() || bytes[at] != b'=' {
-            // A key without a value: not a form the driver reads; go on after it.
-            continue;
+            return Some(Word {
+                key,
+                key_end,
+                value: at..at,
+                bare: true,
+            });
         }
-        at += 1;
-        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
-            at += 1;
-        }
+        at = skip_space(at + 1);
         let value_start = at;
         if bytes.get(at) == Some(&b'\'') {
             at += 1;
@@ -192,8 +220,32 @@ fn key_value_password_spans(text: &str) -> Vec<Span> {
             }
             at = at.min(bytes.len());
         }
-        if is_password_key(key) && at > value_start {
-            spans.push(value_start..at);
+        Some(Word {
+            key,
+            key_end,
+            value: value_start..at,
+            bare: false,
+        })
+    })
+}
+
+/// The passwords' places in libpq's `key=value` form. An unquoted password is taken to
+/// run on over the bare words after it (`password=two words host=db`), which a driver
+/// would refuse, quoting them.
+fn key_value_password_spans(text: &str) -> Vec<Span> {
+    let mut spans: Vec<Span> = Vec::new();
+    let mut open = false;
+    for word in key_value_words(text) {
+        if word.bare {
+            if open && let Some(last) = spans.last_mut() {
+                last.end = word.key_end;
+            }
+            continue;
+        }
+        open = false;
+        if is_password_key(word.key) && !word.value.is_empty() {
+            open = !text[word.value.clone()].starts_with('\'');
+            spans.push(word.value);
         }
     }
     spans
@@ -328,5 +380,22 @@ mod tests {
         assert!(check("redis://:a#b@cache/0").is_err());
         assert!(check(&format!("postgres://app:{}@db/app", encoded())).is_ok());
         assert!(check("host=db password=a@b/c").is_ok());
+    }
+
+    /// libpq refuses `password=two words`, quoting `words`: the mask covers it, and
+    /// `check` refuses it first, quoting nothing.
+    #[test]
+    fn an_unquoted_password_with_spaces_is_masked_whole_and_refused() {
+        let text = "host=db password=correct horse battery user=app";
+        assert_eq!(masked(text), "host=db password=*** user=app");
+        assert_eq!(passwords(text), ["correct horse battery"]);
+        let error = check(text).unwrap_err();
+        assert!(!error.contains("horse"), "{error}");
+        assert!(check("host=db password='correct horse' user=app").is_ok());
+        assert_eq!(
+            masked("password='a b' stray user=app"),
+            "password=*** stray user=app"
+        );
+        assert!(check("host=db user=app").is_ok());
     }
 }

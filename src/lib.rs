@@ -66,6 +66,7 @@ pub mod dsn;
 pub mod http_file;
 pub mod key;
 pub mod log_text;
+pub mod method_override;
 pub(crate) mod metrics;
 pub mod misleading;
 pub mod order;

@@ -16,6 +16,8 @@ use http::header::{HOST, HeaderName};
 use http::uri::Authority;
 use http::{HeaderMap, Method, Uri, Version};
 
+use crate::method_override;
+
 /// Why a request's target is refused (400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
@@ -116,14 +118,6 @@ fn same_authority(a: &str, b: &str, scheme: Option<&str>) -> bool {
     with_port(a) == with_port(b)
 }
 
-/// Headers some frameworks read a request's method from, in place of its own: Express's
-/// method-override, ASP.NET Core, Jersey and Google APIs read the first.
-static METHOD_OVERRIDES: [HeaderName; 3] = [
-    HeaderName::from_static("x-http-method-override"),
-    HeaderName::from_static("x-http-method"),
-    HeaderName::from_static("x-method-override"),
-];
-
 /// The most readings of a request's method, host or path (its own and those of headers
 /// and the query): a sender with more is refused rather than tried against every route
 /// in every combination.
@@ -146,7 +140,8 @@ pub struct Addressed<'a> {
     pub host: Option<&'a str>,
     /// The path's normal form ([`normal_path`]).
     pub path: Cow<'a, [u8]>,
-    /// Methods named by override headers or a `_method` query parameter.
+    /// Methods named by override headers or a `_method` query parameter (and, once its
+    /// body is read, a POST's `_method` field: [`method_override::body_methods`]).
     pub other_methods: Vec<Cow<'a, str>>,
     /// Hosts named by `X-Forwarded-Host` or `Forwarded: host=`.
     pub other_hosts: Vec<&'a str>,
@@ -170,16 +165,9 @@ pub fn addressed<'a>(
         return Err(TargetError::NoHost);
     }
     let path = normal_path(uri.path())?;
-    let mut other_methods: Vec<Cow<'a, str>> = METHOD_OVERRIDES
-        .iter()
-        .flat_map(|name| headers.get_all(name))
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(|method| Cow::Borrowed(method.trim()))
-        .filter(|method| !method.is_empty())
-        .collect();
+    let mut other_methods: Vec<Cow<'a, str>> = method_override::header_methods(headers).collect();
     if let Some(query) = uri.query() {
-        other_methods.extend(query_methods(query));
+        other_methods.extend(method_override::query_methods(query));
     }
     let other_hosts = if forwarded_hosts {
         forwarded_host_names(headers)
@@ -208,35 +196,18 @@ pub fn addressed<'a>(
     })
 }
 
-/// The methods a query's `_method` parameters name, as the frameworks that read one
-/// decode its name: escapes and `+` decoded, `.` and space read as `_` (PHP), `[]` or
-/// `[..]` after it (qs and PHP arrays).
-fn query_methods(query: &str) -> Vec<Cow<'static, str>> {
-    if !query
-        .as_bytes()
-        .windows(6)
-        .any(|window| window.eq_ignore_ascii_case(b"method"))
-    {
-        return Vec::new();
-    }
-    form_urlencoded::parse(query.as_bytes())
-        .filter(|(name, _)| {
-            let name = name.split('[').next().unwrap_or_default();
-            name.len() == 7
-                && matches!(name.as_bytes()[0], b'_' | b'.' | b' ')
-                && name[1..].eq_ignore_ascii_case("method")
-        })
-        .flat_map(|(_, value)| {
-            value
-                .split(',')
-                .map(|method| Cow::<str>::Owned(method.trim().to_owned()))
-                .collect::<Vec<_>>()
-        })
-        .filter(|method| !method.is_empty())
-        .collect()
-}
-
 impl Addressed<'_> {
+    /// The same request, also read as `methods` (a POST body's `_method`), within
+    /// [`MAX_READINGS`].
+    pub fn with_methods(mut self, methods: Vec<String>) -> Result<Self, TargetError> {
+        self.other_methods
+            .extend(methods.into_iter().map(Cow::Owned));
+        if self.other_methods.len() + 1 > MAX_READINGS {
+            return Err(TargetError::TooManyReadings);
+        }
+        Ok(self)
+    }
+
     /// Every method it may be read with: its own, then the overrides'.
     pub fn methods(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.method.as_str()).chain(self.other_methods.iter().map(|m| m.as_ref()))

@@ -581,3 +581,73 @@ async fn every_spelling_of_a_method_override_is_read() {
     }
     assert_eq!(upstream.requests(), 0);
 }
+
+/// A POST's body can name the method the application runs it as (`_method` in a form,
+/// a multipart part or a JSON object, as Rails, Symfony and Laravel read it): a body that
+/// names the method of a route other than the one the request went to (or of a route,
+/// where none took it) is refused, whatever the field's spelling; bodies that name none
+/// (a `payment_method`, a nested `_method`) go on as before.
+#[tokio::test]
+async fn a_method_named_in_the_body_is_read() {
+    let upstream = Upstream::start().await;
+    let routes = "routes:\n  - name: open\n    match: { method: POST, path: /hooks/open }\n    key: \"{json:/id}\"\n  - name: signed\n    match: { method: [PUT, DELETE], path_prefix: /hooks }\n    key: \"{json:/id}\"\n    verify: { hmac: { secret_env: PATH, header: X-Signature } }\n";
+    let proxy = Proxy::start(upstream.addr, routes).await;
+    let post = |path: &str, content_type: Option<&str>, body: &str| {
+        let content_type = content_type.map_or(String::new(), |t| format!("content-type: {t}\r\n"));
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: hooks.example\r\nconnection: close\r\n{content_type}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let form = Some("application/x-www-form-urlencoded");
+    let json = Some("application/json");
+    let multipart =
+        "--b1\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPUT\r\n--b1--\r\n";
+    let refused = [
+        // No route takes a POST to /hooks/put: unread, the app would run it as PUT.
+        post("/hooks/put", form, "id=1&_method=PUT"),
+        post("/hooks/put", form, "id=1&_%6Dethod=delete"),
+        post("/hooks/put", form, "id=1&.method[]=PUT"),
+        post("/hooks/put", None, "_method=PUT"),
+        post("/hooks/put", json, r#"{"id":"evt_1","_method":"PUT"}"#),
+        post(
+            "/hooks/put",
+            json,
+            r#"{"id":"evt_1","\u005fmethod":"DELETE"}"#,
+        ),
+        post(
+            "/hooks/put",
+            Some("multipart/form-data; boundary=b1"),
+            multipart,
+        ),
+        // The open route takes the POST; the app would run it as the signed route's PUT.
+        post("/hooks/open", json, r#"{"id":"evt_2","_method":"PUT"}"#),
+    ];
+    for request in &refused {
+        let answer = raw(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{request}: {answer}");
+        assert!(answer.contains("two different routes"), "{answer}");
+    }
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.received());
+
+    let passed = [
+        post(
+            "/hooks/open",
+            json,
+            r#"{"id":"evt_3","payment_method":"PUT"}"#,
+        ),
+        post(
+            "/hooks/open",
+            json,
+            r#"{"id":"evt_4","data":{"_method":"PUT"}}"#,
+        ),
+        post("/hooks/open", json, r#"{"id":"evt_5","_method":"POST"}"#),
+        post("/elsewhere", form, "_method=PUT"),
+        post("/hooks/other", Some("text/plain"), "_method=PUT"),
+    ];
+    for request in &passed {
+        let answer = raw(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{request}: {answer}");
+    }
+    assert_eq!(upstream.requests(), passed.len());
+}

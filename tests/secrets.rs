@@ -177,6 +177,25 @@ fn a_configuration_error_quoting_the_url_masks_it() {
     assert!(!text.contains("pa/ss"), "{text}");
 }
 
+/// A `key=value` password with unquoted spaces, which libpq would refuse quoting the
+/// words after the first, is refused before any connection, and no word of it is shown.
+#[test]
+fn an_unquoted_password_with_spaces_is_refused_unshown() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "store: { postgres: { url: \"host=127.0.0.1 port=1 user=postgres password=correct horse battery dbname=test\" } }",
+    );
+    for args in [["check", "-c"], ["run", "-c"]] {
+        let (code, text) = run_to_end(&args, &config, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {text}");
+        assert!(text.contains("single quotes"), "{args:?}: {text}");
+        for word in ["correct", "horse", "battery"] {
+            assert!(!text.contains(word), "{args:?} shows {word}: {text}");
+        }
+    }
+}
+
 /// A running proxy on PostgreSQL (which, trusting local connections, takes any password)
 /// shows none: not in its debug log, `/v1/routes` or `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 //! into what runs: routes with every setting known, from the route, else `defaults:`, else
 //! the built-in values of [`defaults`]. `docs/configuration.md` documents the file.
 
-mod defaults;
+pub(crate) mod defaults;
 mod errors;
 mod file;
 mod provider;

@@ -62,6 +62,7 @@ use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::delivery_log::Recorder;
 use crate::key::{Delivery, KeyError};
+use crate::method_override;
 use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
 use crate::queue::Deliveries;
@@ -207,17 +208,20 @@ impl Proxy {
         // What the app will not see must not choose the route either.
         upstream::strip_hop_by_hop(request.headers_mut());
         let routing = self.routing.load_full();
-        let route = match find_route(&routing, &request) {
-            Ok(route) => route.cloned(),
+        let (route, overridable) = match find_route(&routing, &request) {
+            Ok((route, overridable)) => (route.cloned(), overridable),
             Err(error) => {
                 self.metrics.bad_request();
                 return Refusal::from(error).into_response();
             }
         };
+        let reroutes = overridable.then_some(routing.as_ref());
         let Some(route) = route else {
             self.metrics.unmatched();
             let noted = Noted::when(self.recorder.records_unmatched(), &request, peer);
-            let mut response = self.pass_unmatched(&routing, request, peer, permit).await;
+            let mut response = self
+                .pass_unmatched(&routing, request, peer, permit, overridable)
+                .await;
             noted::record(noted, &self.recorder, None, None, &mut response);
             return response;
         };
@@ -232,7 +236,7 @@ impl Proxy {
         let started = Instant::now();
         let noted = Noted::when(self.recorder.enabled(), &request, peer);
         let (outcome, mut response) = self
-            .deliver(&route, request, peer, permit)
+            .deliver(&route, request, peer, permit, reroutes)
             .instrument(span.clone())
             .await;
         noted::record(
@@ -276,15 +280,17 @@ impl Proxy {
     }
 
     /// The lifecycle of a delivery on a matched route: check, claim, then forward or
-    /// answer.
+    /// answer. `reroutes` is the routing when a `_method` in the body could take the
+    /// request to another route ([`find_route`]).
     async fn deliver(
         self: &Arc<Self>,
         route: &Arc<Route>,
         request: Request<Incoming>,
         peer: SocketAddr,
         permit: RequestPermit,
+        reroutes: Option<&Routing>,
     ) -> Answer {
-        match self.check(route, request, peer).await {
+        match self.check(route, request, peer, reroutes).await {
             Err(refusal) => (DedupeStatus::Rejected, refusal.into_response()),
             Ok(Checked::Unkeyed(request)) => {
                 let timeout = route.policy.upstream_timeout;
@@ -323,11 +329,15 @@ impl Proxy {
         route: &Route,
         request: Request<Incoming>,
         peer: SocketAddr,
+        reroutes: Option<&Routing>,
     ) -> Result<Checked, Refusal> {
         let policy = &route.policy;
         let (head, body) = request.into_parts();
         let body = body::read_limited(&head.headers, body, policy.max_body, self.body_read_timeout)
             .await?;
+        if let Some(routing) = reroutes {
+            body_stays_on(routing, &head, &body, Some(route))?;
+        }
 
         // A forgery must not claim (and so pre-empt) a real event's key. Refusals are logged
         // at debug level only, and counted: a forger must not flood the log.
@@ -794,11 +804,12 @@ impl Proxy {
 }
 
 /// The route a request goes to, if any, once its host and target are found sound: the
-/// first that takes it in any reading an application may take of it.
+/// first that takes it in any reading an application may take of it; and whether a
+/// `_method` in its body could take it to another ([`body_stays_on`]).
 fn find_route<'r>(
     routing: &'r Routing,
     request: &Request<Incoming>,
-) -> Result<Option<&'r Arc<Route>>, TargetError> {
+) -> Result<(Option<&'r Arc<Route>>, bool), TargetError> {
     let target = target::addressed(
         request.version(),
         request.method(),
@@ -806,7 +817,37 @@ fn find_route<'r>(
         request.headers(),
         routing.table.limits_hosts(),
     )?;
-    routing.table.find(&target)
+    let route = routing.table.find(&target)?;
+    Ok((route, routing.table.body_may_reroute(&target, route)))
+}
+
+/// Refuses a POST whose body names a method (`_method`) that the application would run
+/// as a request of a route other than `route` (none: no route), so that no override in a
+/// body reaches a route's handler without the route's check.
+fn body_stays_on(
+    routing: &Routing,
+    head: &http::request::Parts,
+    body: &[u8],
+    route: Option<&Route>,
+) -> Result<(), TargetError> {
+    let methods = method_override::body_methods(&head.method, &head.headers, body);
+    if methods.is_empty() {
+        return Ok(());
+    }
+    let target = target::addressed(
+        head.version,
+        &head.method,
+        &head.uri,
+        &head.headers,
+        routing.table.limits_hosts(),
+    )?
+    .with_methods(methods)?;
+    let found = routing.table.find(&target)?;
+    if found.map(|found| found.name.as_str()) == route.map(|route| route.name.as_str()) {
+        Ok(())
+    } else {
+        Err(TargetError::TwoRoutes)
+    }
 }
 
 /// A delivery that passed every step that needs no store.

@@ -15,6 +15,7 @@ use super::Proxy;
 use super::answers::failure;
 use super::noted::{UpstreamAnswer, mark};
 use crate::body::{self, ProxyBody};
+use crate::config::defaults;
 use crate::response::Refusal;
 use crate::route::{Routing, Unmatched};
 use crate::server::RequestPermit;
@@ -23,20 +24,42 @@ use crate::upstream::{self, UpstreamError};
 use crate::values::UpstreamUrl;
 
 impl Proxy {
-    /// A request no route matches: streamed through untouched, or refused.
+    /// A request no route matches: streamed through untouched, or refused. One that a
+    /// `_method` in its body could take to a route (`overridable`) is read first, within
+    /// the default `max_body`, and refused if it names one.
     pub(super) async fn pass_unmatched(
         &self,
         routing: &Routing,
         request: Request<Incoming>,
         peer: SocketAddr,
         permit: RequestPermit,
+        overridable: bool,
     ) -> Response<ProxyBody> {
         if routing.unmatched == Unmatched::Reject {
             return Refusal::NoRoute.into_response();
         }
         let (head, body) = request.into_parts();
+        let body = if overridable {
+            let read = body::read_limited(
+                &head.headers,
+                body,
+                defaults::MAX_BODY,
+                self.body_read_timeout,
+            )
+            .await;
+            let read = read.map_err(Refusal::from).and_then(|read| {
+                super::body_stays_on(routing, &head, &read, None)?;
+                Ok(read)
+            });
+            match read {
+                Ok(read) => body::full(read),
+                Err(refusal) => return refusal.into_response(),
+            }
+        } else {
+            body::streaming(body)
+        };
         let upstream = &routing.fallback_upstream;
-        match upstream::outbound(head, body::streaming(body), upstream, peer, None) {
+        match upstream::outbound(head, body, upstream, peer, None) {
             Ok(request) => {
                 self.relay(upstream, request, routing.unmatched_timeout, permit)
                     .await

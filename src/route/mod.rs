@@ -337,6 +337,18 @@ impl Matcher {
         self.method_matches(method) && self.path_matches(path) && self.host_matches(host)
     }
 
+    /// Whether the matcher takes `host` and `path` under some method other than POST: then
+    /// a POST's `_method` could lead to it.
+    fn takes_other_than_post(&self, host: Option<&str>, path: &[u8]) -> bool {
+        (self.methods.is_empty()
+            || self
+                .methods
+                .iter()
+                .any(|MethodValue(ours)| *ours != Method::POST))
+            && self.path_matches(path)
+            && self.host_matches(host)
+    }
+
     fn method_matches(&self, method: &str) -> bool {
         self.methods.is_empty()
             || self.methods.iter().any(|MethodValue(ours)| {
@@ -490,6 +502,21 @@ impl RouteTable {
             }
         }
         Ok(found)
+    }
+
+    /// Whether a POST to `target`, found to go to `found`, could be read as another
+    /// route's request through a `_method` in its body: then its body is read for one
+    /// ([`crate::method_override::body_methods`]). Most requests need not be.
+    pub fn body_may_reroute(&self, target: &Addressed<'_>, found: Option<&Arc<Route>>) -> bool {
+        *target.method == Method::POST
+            && self.routes.iter().any(|route| {
+                found.is_none_or(|found| !Arc::ptr_eq(found, route))
+                    && target.hosts().any(|host| {
+                        target
+                            .paths()
+                            .any(|path| route.matcher.takes_other_than_post(host, path))
+                    })
+            })
     }
 
     /// The first route taking one reading.

@@ -12,8 +12,8 @@ use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::scheme::{
-    MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError, base64_tag, decode_base64,
-    default_tolerance, header, parse_timestamp, within_tolerance,
+    ED25519_PASSES, MAX_PUBLIC_KEYS, MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError,
+    base64_tag, decode_base64, default_tolerance, header, parse_timestamp, within_tolerance,
 };
 use crate::values::HumanDuration;
 
@@ -76,6 +76,11 @@ impl StandardWebhooks {
                         .ok_or_else(invalid)?,
                 );
             }
+        }
+        if public.len() > MAX_PUBLIC_KEYS {
+            return Err(format!(
+                "at most {MAX_PUBLIC_KEYS} `whpk_` public keys (an Ed25519 check costs as much as {ED25519_PASSES} secrets)"
+            ));
         }
         Ok(StandardWebhooks {
             secret_env: file.secret_env,
@@ -149,7 +154,7 @@ impl Scheme for StandardWebhooks {
 
 #[cfg(test)]
 mod tests {
-    use super::super::scheme::MAX_PASSES;
+    use super::super::scheme::{ED25519_PASSES, MAX_PASSES};
     use super::*;
     use crate::values::EnvSecret;
 
@@ -224,7 +229,8 @@ mod tests {
     }
 
     /// The attack that cost 77 ms: 700 Ed25519 signatures on a large body. Refused before
-    /// any hashing; the most a delivery can cost is MAX_PASSES checks.
+    /// any hashing; the most a delivery can cost is two Ed25519 checks (a rotation of
+    /// keys or of signatures), and a route takes no more keys than that.
     #[test]
     fn public_key_checks_are_few_whatever_the_header_holds() {
         let one_key = with_public_keys(1);
@@ -232,25 +238,41 @@ mod tests {
             one_key.prepare(&signed_with(700), 1000).unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
-        let pending = one_key.prepare(&signed_with(MAX_PASSES), 1000).unwrap();
+        let pending = one_key.prepare(&signed_with(2), 1000).unwrap();
         assert_eq!(pending.passes(), MAX_PASSES);
         assert_eq!(pending.check(b"{}"), Err(VerifyError::NoMatch));
         assert_eq!(
-            one_key
-                .prepare(&signed_with(MAX_PASSES + 1), 1000)
-                .unwrap_err(),
+            one_key.prepare(&signed_with(3), 1000).unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
         let two_keys = with_public_keys(2);
-        assert!(two_keys.prepare(&signed_with(2), 1000).is_ok());
+        assert!(two_keys.prepare(&signed_with(1), 1000).is_ok());
         assert_eq!(
-            two_keys.prepare(&signed_with(3), 1000).unwrap_err(),
+            two_keys.prepare(&signed_with(2), 1000).unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
     }
 
-    /// Secrets and public keys together count: a check never hashes the body more than
-    /// MAX_PASSES times.
+    #[test]
+    fn a_route_takes_at_most_two_public_keys() {
+        use base64::Engine;
+        let public = base64::engine::general_purpose::STANDARD.encode(hex::decode(PUBLIC).unwrap());
+        let secrets = (0..3)
+            .map(|n| EnvSecret {
+                variable: format!("KEY_{n}"),
+                secret: crate::values::Secret::new(format!("whpk_{public}")),
+            })
+            .collect();
+        let error = StandardWebhooks::new(StandardWebhooksFile {
+            secret_env: Secrets(secrets),
+            tolerance: default_tolerance(),
+        })
+        .unwrap_err();
+        assert!(error.contains("at most 2"), "{error}");
+    }
+
+    /// Secrets and public keys together count: a check never costs more than MAX_PASSES
+    /// HMAC passes, an Ed25519 check counting as ED25519_PASSES.
     #[test]
     fn secrets_and_public_keys_share_one_bound() {
         use base64::Engine;
@@ -264,7 +286,6 @@ mod tests {
                 secret(0, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
                 secret(1, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
                 secret(2, format!("whpk_{public}")),
-                secret(3, format!("whpk_{public}")),
             ]),
             tolerance: default_tolerance(),
         })
@@ -276,7 +297,10 @@ mod tests {
             headers["webhook-signature"].to_str().unwrap()
         );
         headers.insert("webhook-signature", list.parse().unwrap());
-        assert_eq!(mixed.prepare(&headers, 1000).unwrap().passes(), MAX_PASSES);
+        assert_eq!(
+            mixed.prepare(&headers, 1000).unwrap().passes(),
+            2 + ED25519_PASSES
+        );
         let two = format!(
             "{list} {}",
             signed_with(1)["webhook-signature"].to_str().unwrap()
