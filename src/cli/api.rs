@@ -194,6 +194,14 @@ fn admin_section(path: &Path) -> Result<AdminSection, Failure> {
                 std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
                 std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
             };
+            // The proxy listens on an address of its own machine; a file naming another
+            // would have the operator's token sent there.
+            if !ip.is_loopback() && std::net::UdpSocket::bind((ip, 0)).is_err() {
+                return Err(Failure::Usage(format!(
+                    "{}: admin.listen names {ip}, which is not an address of this machine; the token is sent only there: pass --admin URL to reach an API elsewhere",
+                    path.display()
+                )));
+            }
             Some(std::net::SocketAddr::new(ip, address.port()).to_string())
         }
         None => None,

@@ -460,6 +460,7 @@ fn redis_section<'de, D: Deserializer<'de>>(
         if file.timeout.0.is_zero() {
             return Err("`timeout` must be longer than zero".into());
         }
+        check_redis_prefix(&file.prefix)?;
         let url = server_url("url", file.url, file.url_env)?;
         for node in &file.nodes {
             dsn::check(node)?;
@@ -488,6 +489,26 @@ fn redis_section<'de, D: Deserializer<'de>>(
             nodes: file.nodes.into_iter().map(Secret::new).collect(),
         }))
     })
+}
+
+/// A prefix is a name and one `:` at its end, so that no two prefixes nest: with
+/// `dedupe:` and `dedupe:b:`, the first's scope `b` would list, clear and count the
+/// second's keys. Glob characters would make its listings match other keys.
+fn check_redis_prefix(prefix: &str) -> Result<(), String> {
+    let name = prefix.strip_suffix(':').unwrap_or_default();
+    if name.is_empty()
+        || name.chars().any(|c| {
+            matches!(c, ':' | '*' | '?' | '[' | ']' | '\\' | '{' | '}')
+                || c.is_whitespace()
+                || c.is_control()
+        })
+    {
+        return Err(format!(
+            "`prefix` must be a name and one `:` at its end, like `dedupe:` or `billing:` (no other `:`, glob character, brace or space), so that no two prefixes nest; `{}` is not",
+            prefix.escape_debug()
+        ));
+    }
+    Ok(())
 }
 
 fn postgres_section<'de, D: Deserializer<'de>>(

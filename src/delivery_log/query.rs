@@ -6,7 +6,6 @@
 
 use base64::Engine;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::store::log::{DeliveryLog, Fate, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, parse_rfc3339, rfc3339};
@@ -172,8 +171,7 @@ impl Filter {
     }
 
     fn digest(&self) -> String {
-        let hash = Sha256::digest(self.canonical.as_bytes());
-        hex::encode(&hash[..8])
+        crate::cursor_mark::mark(&["delivery log", &self.canonical])
     }
 }
 

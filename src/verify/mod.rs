@@ -41,6 +41,7 @@ pub use slack::Slack;
 pub use standard_webhooks::StandardWebhooks;
 pub use stripe::Stripe;
 
+pub(crate) use scheme::HmacSha256;
 pub use scheme::{MAX_PASSES, Pending, Scheme, Secrets, VerifyError};
 
 /// Where signature checks run. A check that costs little (at most [`INLINE_BYTES`]
