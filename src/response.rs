@@ -367,8 +367,9 @@ pub enum AdminRefusal {
     NoSuchDelivery,
     /// No route keeps its keys in the scope named.
     NoSuchScope(String),
-    /// Keys a clearing would take are in flight (how many were seen).
-    ScopeInFlight(u64),
+    /// Keys a clearing would take are in flight (how many were seen), or could not all
+    /// be counted in the time a request has (`false`).
+    ScopeInFlight(u64, bool),
 }
 
 impl AdminRefusal {
@@ -407,7 +408,7 @@ impl AdminRefusal {
             AdminRefusal::NoDeliveryLog => StatusCode::NOT_FOUND,
             AdminRefusal::NoSuchDelivery => StatusCode::NOT_FOUND,
             AdminRefusal::NoSuchScope(_) => StatusCode::NOT_FOUND,
-            AdminRefusal::ScopeInFlight(_) => StatusCode::CONFLICT,
+            AdminRefusal::ScopeInFlight(..) => StatusCode::CONFLICT,
         }
     }
 
@@ -442,7 +443,7 @@ impl AdminRefusal {
             AdminRefusal::NoDeliveryLog => "no_delivery_log",
             AdminRefusal::NoSuchDelivery => "no_such_delivery",
             AdminRefusal::NoSuchScope(_) => "no_such_scope",
-            AdminRefusal::ScopeInFlight(_) => "in_flight",
+            AdminRefusal::ScopeInFlight(..) => "in_flight",
         }
     }
 
@@ -479,7 +480,8 @@ impl AdminRefusal {
             AdminRefusal::NoDeliveryLog => "the delivery log is off (delivery_log.enabled: false)".into(),
             AdminRefusal::NoSuchDelivery => "no entry of the delivery log has this id: it was trimmed, or never logged".into(),
             AdminRefusal::NoSuchScope(scope) => format!("no route keeps its keys in scope `{scope}`"),
-            AdminRefusal::ScopeInFlight(seen) => format!("{seen} of the keys to clear are being processed; wait for them, or pass \"force\":true to clear the rest (keys in flight are never removed)"),
+            AdminRefusal::ScopeInFlight(seen, true) => format!("{seen} of the keys to clear are being processed; wait for them, or pass \"force\":true to clear the rest (keys in flight are never removed)"),
+            AdminRefusal::ScopeInFlight(seen, false) => format!("the keys in flight could not all be counted in the time a request has ({seen} seen so far); pass a narrower prefix, or \"force\":true to clear the rest (keys in flight are never removed)"),
         }
     }
 
@@ -742,7 +744,7 @@ mod tests {
             | AdminRefusal::NoDeliveryLog
             | AdminRefusal::NoSuchDelivery
             | AdminRefusal::NoSuchScope(_)
-            | AdminRefusal::ScopeInFlight(_) => refusal.parts(),
+            | AdminRefusal::ScopeInFlight(..) => refusal.parts(),
         };
         for refusal in [
             AdminRefusal::Closed,
@@ -773,7 +775,7 @@ mod tests {
             AdminRefusal::NoDeliveryLog,
             AdminRefusal::NoSuchDelivery,
             AdminRefusal::NoSuchScope(String::new()),
-            AdminRefusal::ScopeInFlight(1),
+            AdminRefusal::ScopeInFlight(1, true),
         ] {
             let (status, code, _) = admin(&refusal);
             assert!(

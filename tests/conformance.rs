@@ -1259,6 +1259,19 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
             Bytes::from_static(b"hi")
         )
     );
+    // Held keys and keys in flight, few among many done ones, have partial indexes of
+    // their own (a clearing counts the keys in flight first).
+    for state in ["held", "in_flight"] {
+        let valid: Option<bool> = client
+            .query_opt(
+                "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
+                &[&format!("dedupe_before_held_{state}")],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get(0));
+        assert_eq!(valid, Some(true), "the index of {state} keys");
+    }
     let h = Harness::shared(Arc::new(store));
     held(&h, "k", RETENTION).await;
     assert!(matches!(h.state("k").await, Some(KeyState::Held(_))));

@@ -182,6 +182,12 @@ async fn a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused(h
         q.queue.bury(&first, &job).await,
         Err(StoreError::NotOwner)
     ));
+    // A late owner's success removes nothing: the job is another take's now (which
+    // delivers it again), and its lane's next job must not run beside it.
+    assert!(matches!(
+        q.queue.complete(&first).await,
+        Err(StoreError::NotOwner)
+    ));
     // The current owner's retry stands.
     let mut job = second.job.clone();
     job.record(q.attempt(503));
@@ -496,6 +502,32 @@ async fn pausing_is_kept_in_the_store(h: Harness) {
     assert!(!q.queue.paused().await.unwrap().contains(&q.route));
 }
 
+/// Duplicate enqueues of a job (a sender's retry accepted twice) racing its worker's
+/// retry leave the retried job due: an enqueue of a key already queued writes nothing.
+async fn duplicate_enqueues_racing_a_retry_lose_no_job(h: Harness) {
+    let q = Arc::new(Queue::of(h));
+    for round in 0..40 {
+        let name = format!("d{round}");
+        assert_eq!(q.enqueue(&name).await, Enqueued::Stored);
+        let taken = q.take(1, VISIBLE).await.pop().expect("due");
+        let mut job = taken.job.clone();
+        job.record(q.attempt(503));
+        let duplicates = {
+            let (q, name) = (Arc::clone(&q), name.clone());
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    assert_eq!(q.enqueue(&name).await, Enqueued::AlreadyQueued);
+                }
+            })
+        };
+        q.queue.retry(&taken, &job, q.now()).await.unwrap();
+        duplicates.await.unwrap();
+        let again = q.take(1, VISIBLE).await;
+        assert_eq!(again.len(), 1, "round {round}: the retried job is due");
+        q.queue.complete(&again[0]).await.unwrap();
+    }
+}
+
 macro_rules! backend {
     ($module:ident, $harness:ident, $($test:ident),*) => {
         mod $module {
@@ -534,4 +566,33 @@ contract!(
     concurrent_enqueues_and_takers_keep_a_lane_in_order,
     odd_lanes_are_lanes_of_their_own,
     jobs_stored_while_takers_run_are_all_taken,
+    duplicate_enqueues_racing_a_retry_lose_no_job,
 );
+
+/// Redis evicting a route's job records (a server not set to `noeviction`, which the start
+/// warns of) holds no lane for good: a take drops the entries whose record is gone, and
+/// the next job stored in the lane is due at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_holds_no_lane_on_redis() {
+    let Some(h) = Harness::redis().await else {
+        return;
+    };
+    let q = Queue::of(h);
+    q.enqueue_in("l", "e1").await;
+    q.enqueue_in("l", "e2").await;
+    let client = redis::Client::open(support::REDIS_URL).unwrap();
+    let mut link = client.get_multiplexed_async_connection().await.unwrap();
+    let jobs = format!("dedupe-test:queue/{{{}}}/jobs", q.route);
+    let _: () = redis::cmd("DEL")
+        .arg(&jobs)
+        .query_async(&mut link)
+        .await
+        .unwrap();
+    assert!(q.take(10, VISIBLE).await.is_empty());
+    assert_eq!(q.enqueue_in("l", "e3").await, Enqueued::Stored);
+    let taken = q.take(10, VISIBLE).await;
+    let keys: Vec<&str> = taken.iter().map(|taken| taken.job.key.as_str()).collect();
+    assert_eq!(keys, [format!("{}:e3", q.route)]);
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.retrying), (1, 0), "{counts:?}");
+}

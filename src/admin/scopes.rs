@@ -141,8 +141,10 @@ pub(super) async fn clear(
     // clearing that goes on was counted when it started.
     if !asked.force && asked.after.is_none() {
         match count(proxy, route, &asked.prefix, StateFilter::InFlight, deadline).await {
-            Ok(0) => {}
-            Ok(in_flight) => return AdminRefusal::ScopeInFlight(in_flight).into_response(),
+            Ok((0, true)) => {}
+            Ok((in_flight, counted_all)) => {
+                return AdminRefusal::ScopeInFlight(in_flight, counted_all).into_response();
+            }
             Err(refusal) => return refusal.into_response(),
         }
     }
@@ -176,14 +178,14 @@ pub(super) async fn clear(
 }
 
 /// How many of the scope's keys starting with `prefix` are in `state`, as far as the
-/// deadline lets the count go.
+/// deadline lets the count go, and whether it went to the end.
 async fn count(
     proxy: &Proxy,
     route: &Route,
     prefix: &str,
     state: StateFilter,
     deadline: Instant,
-) -> Result<u64, AdminRefusal> {
+) -> Result<(u64, bool), AdminRefusal> {
     let listing = Listing {
         scope: &route.namespace,
         prefix,
@@ -196,10 +198,10 @@ async fn count(
         counted += page.keys.len() as u64;
         match page.next {
             Some(next) => after = Some(next),
-            None => break,
+            None => return Ok((counted, true)),
         }
     }
-    Ok(counted)
+    Ok((counted, false))
 }
 
 /// Forgets the done keys the clearing takes, and releases the held ones if forced, from

@@ -16,8 +16,9 @@
 //!   a taken job whose visibility ends is ready again (its worker died, say)
 //! ```
 //!
-//! Retry and bury are guarded by the token of the take, so that a worker whose visibility
-//! ended cannot undo another's later attempt; complete is not: the app answered success.
+//! Complete, retry and bury are guarded by the token of the take, so that a worker whose
+//! visibility ended cannot undo another's later attempt, nor end a job another holds (and
+//! so let its lane's next job run beside it): the job is delivered again, at least once.
 //!
 //! Jobs of a lane (`queue.order_by`) go one at a time, in the order they were stored: a
 //! job enqueued (or revived: it joins the end) while its lane holds another that is not
@@ -225,8 +226,9 @@ pub trait DeliveryQueue: Send + Sync + 'static {
         visibility: Duration,
     ) -> Result<Vec<Taken>, StoreError>;
 
-    /// Removes a delivered job, whoever took it last; one buried or removed meanwhile is
-    /// left as it is. The next job of its lane, if any, is made due.
+    /// Removes a delivered job and makes the next job of its lane, if any, due.
+    /// `NotOwner` if the take's visibility ended and the job was taken again or settled:
+    /// it is left as it is.
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError>;
 
     /// Stores `job` (its history grown) and makes it due at `due_at`. `NotOwner` if the

@@ -307,9 +307,14 @@ impl ClaimStore for PostgresStore {
         // One more than asked for, to know whether a next page exists.
         let wanted = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
         let after = after.unwrap_or("");
-        let rows = if state == Some("held") {
+        let in_state = match state {
+            Some("held") => Some(&self.statements.list_held),
+            Some("in_flight") => Some(&self.statements.list_in_flight),
+            _ => None,
+        };
+        let rows = if let Some(statement) = in_state {
             let params: [&(dyn ToSql + Sync); 3] = [&prefix, &after, &wanted];
-            self.query(&self.statements.list_held, &params).await?
+            self.query(statement, &params).await?
         } else {
             let params: [&(dyn ToSql + Sync); 4] = [&prefix, &after, &state, &wanted];
             self.query(&self.statements.list, &params).await?

@@ -129,8 +129,8 @@ impl Statements {
                 ),
             ),
             complete: sql(
-                &[T::TEXT],
-                format!("DELETE FROM {jobs} WHERE key = $1 AND dead_at IS NULL"),
+                &[T::TEXT, T::INT8],
+                format!("DELETE FROM {jobs} WHERE key = $1 AND token = $2 AND dead_at IS NULL"),
             ),
             retry: sql(
                 &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
@@ -426,11 +426,13 @@ impl DeliveryQueue for PostgresQueue {
 
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
         let (job, complete) = (&taken.job, &self.statements.complete);
-        match &job.lane {
-            Some(lane) => self.in_ordered_lane(job, lane, complete, &[&job.key]).await,
-            None => self.execute(complete, &[&job.key]).await,
-        }
-        .map(drop)
+        let token = signed(taken.token);
+        let params: [&(dyn ToSql + Sync); 2] = [&job.key, &token];
+        let removed = match &job.lane {
+            Some(lane) => self.in_ordered_lane(job, lane, complete, &params).await?,
+            None => self.execute(complete, &params).await?,
+        };
+        crate::store::owned(removed == 1)
     }
 
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {

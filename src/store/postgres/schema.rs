@@ -22,7 +22,7 @@ pub(super) async fn prepare(client: &mut Object, table: &str) -> Result<(), Stor
     let mut attempt = 1;
     loop {
         let prepared = match update_tables(client, table).await {
-            Ok(()) => build_held_index(client, table).await,
+            Ok(()) => build_state_indexes(client, table).await,
             Err(error) => Err(error),
         };
         match prepared {
@@ -62,11 +62,11 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
         .get(0);
     transaction.batch_execute(&create_claims(table)).await?;
     if !existed {
-        transaction
-            .batch_execute(&format!(
-                "CREATE INDEX {table}_held ON {table} (key) WHERE state = 'held'"
-            ))
-            .await?;
+        for state in INDEXED_STATES {
+            transaction
+                .batch_execute(&create_state_index(table, state, ""))
+                .await?;
+        }
     }
     transaction.batch_execute(&upgrade_claims(table)).await?;
     transaction.batch_execute(&create_entities(table)).await?;
@@ -159,15 +159,30 @@ fn create_entities(table: &str) -> String {
     )
 }
 
-/// The partial index of held keys on a table that had none. It is built without blocking
-/// writes (`CONCURRENTLY`, which cannot run in a transaction) under a session lock, which
-/// the others wait for by asking again every [`LOCK_POLL`], outside any statement: a
-/// replica waiting inside one would be among the transactions the build waits for, a
-/// deadlock (the lock's key is the one earlier versions take, so that they build in turn
-/// too). After [`LOCK_WAIT`], a replica starts without the index: it only speeds up
-/// listing held keys. A build that failed half-way left an invalid index, made again.
-async fn build_held_index(client: &Object, table: &str) -> Result<(), tokio_postgres::Error> {
-    if held_index_valid(client, table).await? == Some(true) {
+/// The states whose keys have a partial index of their own: few keys among many done
+/// ones, listed and counted by the admin API (held keys; keys in flight, which a
+/// clearing counts first).
+const INDEXED_STATES: [&str; 2] = ["held", "in_flight"];
+
+fn create_state_index(table: &str, state: &str, how: &str) -> String {
+    format!("CREATE INDEX {how} {table}_{state} ON {table} (key) WHERE state = '{state}'")
+}
+
+/// The partial indexes of [`INDEXED_STATES`] on a table that lacks one. Each is built
+/// without blocking writes (`CONCURRENTLY`, which cannot run in a transaction) under a
+/// session lock, which the others wait for by asking again every [`LOCK_POLL`], outside
+/// any statement: a replica waiting inside one would be among the transactions the build
+/// waits for, a deadlock (the lock's key is the one earlier versions take, so that they
+/// build in turn too). After [`LOCK_WAIT`], a replica starts without them: they only speed
+/// up listing. A build that failed half-way left an invalid index, made again.
+async fn build_state_indexes(client: &Object, table: &str) -> Result<(), tokio_postgres::Error> {
+    let mut missing = Vec::new();
+    for state in INDEXED_STATES {
+        if state_index_valid(client, table, state).await? != Some(true) {
+            missing.push(state);
+        }
+    }
+    if missing.is_empty() {
         return Ok(());
     }
     let lock = "hashtext('dedupe-proxy held index')";
@@ -183,27 +198,28 @@ async fn build_held_index(client: &Object, table: &str) -> Result<(), tokio_post
         if waiting.elapsed() >= LOCK_WAIT {
             tracing::warn!(
                 table,
-                "another replica has been building an index for {LOCK_WAIT:?}; starting without the held keys' index (the next start builds it)"
+                "another replica has been building an index for {LOCK_WAIT:?}; starting without the held and in-flight keys' indexes (the next start builds them)"
             );
             return Ok(());
         }
         tokio::time::sleep(LOCK_POLL).await;
     }
     let built = async {
-        match held_index_valid(client, table).await? {
-            Some(true) => return Ok(()),
-            Some(false) => {
-                client
-                    .batch_execute(&format!("DROP INDEX CONCURRENTLY {table}_held"))
-                    .await?;
+        for state in missing {
+            match state_index_valid(client, table, state).await? {
+                Some(true) => continue,
+                Some(false) => {
+                    client
+                        .batch_execute(&format!("DROP INDEX CONCURRENTLY {table}_{state}"))
+                        .await?;
+                }
+                None => {}
             }
-            None => {}
+            client
+                .batch_execute(&create_state_index(table, state, "CONCURRENTLY"))
+                .await?;
         }
-        client
-            .batch_execute(&format!(
-                "CREATE INDEX CONCURRENTLY {table}_held ON {table} (key) WHERE state = 'held'"
-            ))
-            .await
+        Ok(())
     }
     .await;
     let unlocked = client
@@ -217,13 +233,14 @@ async fn build_held_index(client: &Object, table: &str) -> Result<(), tokio_post
 const LOCK_POLL: Duration = Duration::from_millis(100);
 const LOCK_WAIT: Duration = Duration::from_secs(60);
 
-/// Whether the held index is valid; `None` when there is none.
-async fn held_index_valid(
+/// Whether the partial index of `state` is valid; `None` when there is none.
+async fn state_index_valid(
     client: &Object,
     table: &str,
+    state: &str,
 ) -> Result<Option<bool>, tokio_postgres::Error> {
     let valid = format!(
-        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass('{table}_held')"
+        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass('{table}_{state}')"
     );
     Ok(client
         .query(&valid, &[])

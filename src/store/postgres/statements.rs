@@ -52,6 +52,7 @@ pub(super) struct Statements {
     pub(super) resolve_release: Sql,
     pub(super) list: Sql,
     pub(super) list_held: Sql,
+    pub(super) list_in_flight: Sql,
     pub(super) forget_done: Sql,
     pub(super) set_expiry: Sql,
     pub(super) count_held: Sql,
@@ -79,7 +80,8 @@ impl Statements {
             resolve_done: sql(resolve_done(table)),
             resolve_release: sql(resolve_release(table)),
             list: sql(list(table)),
-            list_held: sql(list_held(table)),
+            list_held: sql(list_in_state(table, "held")),
+            list_in_flight: sql(list_in_state(table, "in_flight")),
             finish_many: sql(finish_many(table, &channel)),
             release: sql(release(table, &channel)),
             renew: sql(renew(table)),
@@ -189,14 +191,14 @@ fn list(table: &str) -> (&'static [Type], String) {
     )
 }
 
-/// Held keys alone, through their partial index (the generic plan of `list`
-/// cannot know that `$3` is 'held').
-fn list_held(table: &str) -> (&'static [Type], String) {
+/// The keys of one indexed state (`held` or `in_flight`) alone, through its partial
+/// index (the generic plan of `list` cannot know what `$3` is).
+fn list_in_state(table: &str, state: &str) -> (&'static [Type], String) {
     (
         &[Type::TEXT, Type::TEXT, Type::INT8],
         format!(
             "SELECT key, {LISTED}, {NOW_MS} AS now FROM {table}
-         WHERE state = 'held' AND starts_with(key, $1) AND key >= $1 AND key > $2
+         WHERE state = '{state}' AND starts_with(key, $1) AND key >= $1 AND key > $2
            AND expires_at > {NOW_MS}
          ORDER BY key LIMIT $3"
         ),
@@ -345,7 +347,7 @@ mod tests {
 
     impl Statements {
         /// Every statement: the pattern names every field, so a new one must be added.
-        fn every(&self) -> [&Sql; 19] {
+        fn every(&self) -> [&Sql; 20] {
             let Statements {
                 claim_many,
                 current,
@@ -357,6 +359,7 @@ mod tests {
                 resolve_release,
                 list,
                 list_held,
+                list_in_flight,
                 forget_done,
                 set_expiry,
                 count_held,
@@ -378,6 +381,7 @@ mod tests {
                 resolve_release,
                 list,
                 list_held,
+                list_in_flight,
                 forget_done,
                 set_expiry,
                 count_held,

@@ -38,15 +38,32 @@ use crate::store::queue::{
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
 /// Stores a job unless one of its key exists; a job of a lane goes to its end, due at
-/// ARGV[5] (never) unless it is the first. KEYS: jobs, due, received, waiting, and the
+/// ARGV[5] (never) unless it is the first. The lane's first entries whose record is gone
+/// (evicted: a take dropped them) are dropped first, and the first left made due, so
+/// that an eviction holds no lane for good. KEYS: jobs, due, received, waiting, and the
 /// lane if any; ARGV: key, record, now, received at, behind.
 const ENQUEUE: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   return 0
 end
 local due = ARGV[3]
-if KEYS[5] and redis.call('RPUSH', KEYS[5], ARGV[1]) > 1 then
-  due = ARGV[5]
+if KEYS[5] then
+  while true do
+    local first = redis.call('LINDEX', KEYS[5], 0)
+    if not first or redis.call('HEXISTS', KEYS[1], first) == 1 then
+      if first and tonumber(redis.call('ZSCORE', KEYS[2], first)) == tonumber(ARGV[5]) then
+        redis.call('ZADD', KEYS[2], ARGV[3], first)
+      end
+      break
+    end
+    redis.call('LPOP', KEYS[5])
+    redis.call('ZREM', KEYS[2], first)
+    redis.call('ZREM', KEYS[3], first)
+    redis.call('SREM', KEYS[4], first)
+  end
+  if redis.call('RPUSH', KEYS[5], ARGV[1]) > 1 then
+    due = ARGV[5]
+  end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], due, ARGV[1])
@@ -100,10 +117,11 @@ local function out_of_lane(lane, key, now, behind)
 end
 ";
 
-/// Removes a delivered job that is not dead. KEYS: jobs, due, received, waiting, tokens,
-/// takes, and its lane if any; ARGV: key, now, behind.
+/// Removes a delivered job that is not dead, if its take's token is ARGV[4]. KEYS: jobs,
+/// due, received, waiting, tokens, takes, and its lane if any; ARGV: key, now, behind,
+/// token.
 const COMPLETE: &str = r"
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+if redis.call('HGET', KEYS[5], ARGV[1]) ~= ARGV[4] or not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
@@ -383,9 +401,10 @@ impl DeliveryQueue for RedisQueue {
         invocation
             .arg(&taken.job.key)
             .arg(self.clock.now())
-            .arg(BEHIND);
-        let _: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
-        Ok(())
+            .arg(BEHIND)
+            .arg(taken.token);
+        let removed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
+        crate::store::owned(removed == 1)
     }
 
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {

@@ -565,6 +565,11 @@ impl DeliveryQueue for SledQueue {
         let trees = &database.queue;
         let stored = (|| {
             let _lane = self.lane_lock(&job.route, job.lane.as_deref());
+            // A job of the key stays as it is, its index entries untouched: written and
+            // taken back, ours could be one a retry of that job just wrote.
+            if trees.jobs.contains_key(job.key.as_bytes())? {
+                return Ok(Enqueued::AlreadyQueued);
+            }
             let now = self.clock.now();
             let (due_at, lane_seq) =
                 self.place_in_lane(trees, &job.route, job.lane.as_deref(), now)?;
@@ -640,17 +645,20 @@ impl DeliveryQueue for SledQueue {
         let removed = self.on_database(|trees| {
             let _lane = self.lane_lock(&job.route, job.lane.as_deref());
             let removed = self.swap(trees, job.key.as_bytes(), |stored| {
-                if stored.job.dead.is_some() {
+                if stored.token != taken.token || stored.job.dead.is_some() {
                     return Err(());
                 }
                 Ok(None)
             })?;
-            self.promote(trees, job)?;
+            if removed.is_some() {
+                self.promote(trees, job)?;
+            }
             Ok(removed)
         })?;
-        if let Some(swapped) = removed {
-            self.recount(&swapped);
-        }
+        let Some(swapped) = removed else {
+            return Err(StoreError::NotOwner);
+        };
+        self.recount(&swapped);
         Ok(())
     }
 
