@@ -8,6 +8,7 @@
 //! limits, shutdown grace) are reported as needing a restart.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,10 @@ use crate::proxy::Proxy;
 /// How long file events settle before the file is read (an editor or the kubelet may
 /// write in several steps).
 const SETTLE: Duration = Duration::from_millis(200);
+
+/// How long a read of the file may take: one that blocks (a hung network filesystem)
+/// fails the reload, and the running routes stay.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a successful reload did.
 #[derive(Debug, Clone, Serialize)]
@@ -52,17 +57,21 @@ pub struct Reloader {
     /// The file's text as last loaded, so that file events that change nothing are ignored.
     loaded_text: Mutex<Option<String>>,
     last: Mutex<Option<LastReload>>,
+    /// Whether a read of the file is under way on a blocking thread: one at a time, so
+    /// that reads a hung filesystem holds do not pile up.
+    reading: Arc<AtomicBool>,
 }
 
 impl Reloader {
     pub fn new(started: Config, proxy: Arc<Proxy>, metrics: Arc<Metrics>) -> Reloader {
-        let loaded_text = std::fs::read_to_string(&started.source).ok();
+        let loaded_text = crate::config::read_file(&started.source).ok();
         Reloader {
             started,
             proxy,
             metrics,
             loaded_text: Mutex::new(loaded_text),
             last: Mutex::new(None),
+            reading: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -77,8 +86,64 @@ impl Reloader {
     }
 
     /// Reads the file again and puts its routing in force, or keeps the running one.
-    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
-        let reloaded = self.load_again();
+    pub async fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let read = self.read_and_parse().await;
+        self.put_in_force(read)
+    }
+
+    /// Reloads if the file's text differs from what was last loaded.
+    async fn reload_if_changed(&self) {
+        let read = self.read_and_parse().await;
+        if let Ok((text, _)) = &read
+            && self
+                .loaded_text
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                == Some(text)
+        {
+            return;
+        }
+        tracing::info!(file = %self.started.source.display(), "configuration file changed: reloading");
+        let _ = self.put_in_force(read);
+    }
+
+    /// The file's text ([`crate::config::read_file`]) and what it configures, read and
+    /// parsed on a blocking thread within [`READ_TIMEOUT`], so that no read stops a port.
+    async fn read_and_parse(&self) -> Result<(String, Config), ConfigError> {
+        let failed = |reason: &str| ConfigError::Read {
+            file: self.started.source.display().to_string(),
+            source: std::io::Error::other(reason.to_owned()),
+        };
+        if self.reading.swap(true, Ordering::AcqRel) {
+            return Err(failed(
+                "an earlier read of the file has not returned (a hung filesystem?)",
+            ));
+        }
+        let (path, overrides) = (self.started.source.clone(), self.started.overrides.clone());
+        let reading = Arc::clone(&self.reading);
+        let read = tokio::task::spawn_blocking(move || {
+            let text = crate::config::read_file(&path);
+            reading.store(false, Ordering::Release);
+            let text = text?;
+            let config = Config::parse(&text, &path, &overrides)?;
+            Ok((text, config))
+        });
+        match tokio::time::timeout(READ_TIMEOUT, read).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(panicked)) => Err(failed(&panicked.to_string())),
+            Err(_) => Err(failed(&format!(
+                "the file could not be read within {READ_TIMEOUT:?} (a hung filesystem?)"
+            ))),
+        }
+    }
+
+    /// Puts what was read in force, or keeps the running routing.
+    fn put_in_force(
+        &self,
+        read: Result<(String, Config), ConfigError>,
+    ) -> Result<Reloaded, ConfigError> {
+        let reloaded = self.load_again(read);
         // Kept to be shown (`/v1/overview`): a message may quote a secret of the file.
         let detail = match &reloaded {
             Ok(reloaded) => match reloaded.routes {
@@ -95,18 +160,12 @@ impl Reloader {
         reloaded
     }
 
-    fn load_again(&self) -> Result<Reloaded, ConfigError> {
-        let loaded = std::fs::read_to_string(&self.started.source)
-            .map_err(|source| ConfigError::Read {
-                file: self.started.source.display().to_string(),
-                source,
-            })
-            .and_then(|text| {
-                Config::parse(&text, &self.started.source, &self.started.overrides)
-                    .map(|config| (text, config))
-            });
-        let (text, config) = match loaded {
-            Ok(loaded) => loaded,
+    fn load_again(
+        &self,
+        read: Result<(String, Config), ConfigError>,
+    ) -> Result<Reloaded, ConfigError> {
+        let (text, config) = match read {
+            Ok(read) => read,
             Err(error) => {
                 self.metrics.reloaded(false);
                 let reason = error.on_one_line();
@@ -150,12 +209,6 @@ impl Reloader {
         .filter_map(|(setting, changed)| changed.then_some(setting))
         .collect()
     }
-
-    /// Whether the file's text differs from what was last loaded.
-    fn changed_on_disk(&self) -> bool {
-        let now = std::fs::read_to_string(&self.started.source).ok();
-        now.is_some() && *self.loaded_text.lock().unwrap_or_else(|p| p.into_inner()) != now
-    }
 }
 
 /// Reloads on every SIGHUP.
@@ -164,7 +217,7 @@ pub fn reload_on_hangup(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> 
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP received: reloading the configuration");
-            let _ = reloader.reload();
+            let _ = reloader.reload().await;
         }
     })
 }
@@ -189,10 +242,7 @@ pub fn reload_on_change(reloader: Arc<Reloader>) -> notify::Result<notify::Recom
         while changes.recv().await.is_some() {
             tokio::time::sleep(SETTLE).await;
             while changes.try_recv().is_ok() {}
-            if reloader.changed_on_disk() {
-                tracing::info!(file = %reloader.started.source.display(), "configuration file changed: reloading");
-                let _ = reloader.reload();
-            }
+            reloader.reload_if_changed().await;
         }
     });
     Ok(watcher)

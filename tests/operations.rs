@@ -5,7 +5,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dedupe_proxy::config::{Config, Overrides};
 use support::*;
@@ -392,9 +392,14 @@ async fn a_changed_file_is_reloaded_by_itself() {
 /// Lays out a directory the way the kubelet mounts a ConfigMap: `config.yaml` is a
 /// symlink through `..data`, itself a symlink to a timestamped directory.
 fn configmap_version(dir: &Path, version: &str, text: &str) {
+    configmap_swap(dir, version, |file| std::fs::write(file, text).unwrap());
+}
+
+/// A ConfigMap version whose `config.yaml` `make` lays down (a file, or anything else).
+fn configmap_swap(dir: &Path, version: &str, make: impl FnOnce(&Path)) {
     let versioned = dir.join(format!("..{version}"));
     std::fs::create_dir(&versioned).unwrap();
-    std::fs::write(versioned.join("config.yaml"), text).unwrap();
+    make(&versioned.join("config.yaml"));
     let staged = dir.join("..data_tmp");
     std::os::unix::fs::symlink(format!("..{version}"), &staged).unwrap();
     std::fs::rename(&staged, dir.join("..data")).unwrap();
@@ -453,6 +458,88 @@ async fn a_configmap_update_is_reloaded() {
         "<none>"
     );
     app.shutdown().await.unwrap();
+}
+
+/// A ConfigMap's file swapped for a FIFO, a directory or a half-written file is refused
+/// (the running routes stay), and neither port stops answering meanwhile: the binary
+/// once read a FIFO on a worker thread and stopped both. A whole, valid version after
+/// them is put in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_swaps_of_the_file_keep_the_routes_and_both_ports_answering() {
+    let upstream = Upstream::start().await;
+    let mount = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let text = |routes: &str| config_text(upstream.addr, &data.path().join("db"), routes);
+    configmap_version(
+        mount.path(),
+        "v1",
+        &text(&format!("routes:\n{}", route("a", "/a"))),
+    );
+    let proxy = Binary::start(&mount.path().join("config.yaml"));
+    let mut n = 0;
+    let mut both_answer = async |what: &str| {
+        let until = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < until {
+            n += 1;
+            let started = Instant::now();
+            let probe = send(proxy.admin, "GET", "/healthz", &[], "").await;
+            assert_eq!(probe.status, 200, "{what}");
+            let delivery = post_json(proxy.addr, "/a", &format!(r#"{{"id":"h{n}"}}"#)).await;
+            assert_eq!(delivery.dedupe(), "forwarded", "{what}: the route stays");
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_millis(200),
+                "{what}: a probe and a delivery took {took:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    both_answer("the first version").await;
+    let mkfifo = |file: &Path| {
+        let made = std::process::Command::new("mkfifo")
+            .arg(file)
+            .status()
+            .unwrap();
+        assert!(made.success());
+    };
+    configmap_swap(mount.path(), "v2", mkfifo);
+    both_answer("a FIFO in its place").await;
+    let started = Instant::now();
+    let json = [("content-type", "application/json")];
+    let reload = send(proxy.admin, "POST", "/v1/reload", &json, "").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(reload.status, 422, "{}", reload.body);
+    assert!(
+        reload.body.contains("not a regular file"),
+        "{}",
+        reload.body
+    );
+    configmap_swap(mount.path(), "v3", |file| {
+        std::fs::create_dir(file).unwrap()
+    });
+    both_answer("a directory in its place").await;
+    let half = text(&format!("routes:\n{}", route("b", "/b")));
+    let half = &half[..half.len() - 12];
+    configmap_version(mount.path(), "v4", half);
+    both_answer("a half-written file").await;
+    configmap_version(
+        mount.path(),
+        "v5",
+        &text(&format!("routes:\n{}", route("b", "/b"))),
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the whole new version is in force",
+        || async { post_json(proxy.addr, "/b", r#"{"id":"w1"}"#).await.dedupe() == "forwarded" },
+    )
+    .await;
+    let log = proxy.log_text();
+    assert!(log.contains("not a regular file"), "{log}");
+    assert_eq!(log.matches("configuration reloaded").count(), 1, "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ mod errors;
 mod file;
 mod provider;
 mod queue;
+mod reading;
 mod resolve;
 mod schema;
 mod sections;
@@ -26,6 +27,7 @@ use serde::Serialize;
 use crate::route::{Policy, Route, Unmatched};
 use crate::values::{HumanDuration, UpstreamUrl};
 use file::ConfigFile;
+pub use reading::read_file;
 
 /// Where the admin port listens when the file does not say.
 pub(crate) use defaults::admin_listen as default_admin_listen;
@@ -84,10 +86,7 @@ pub struct Overrides {
 impl Config {
     /// Reads and validates the file at `path`, then applies `overrides`.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            file: path.display().to_string(),
-            source,
-        })?;
+        let text = read_file(path)?;
         Config::parse(&text, path, overrides)
     }
 

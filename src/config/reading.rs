@@ -1,0 +1,127 @@
+//! Reading the configuration file whole, or not at all. A reload reads a file that others
+//! change under it: an editor truncates and writes it in place, the kubelet swaps the
+//! `..data` symlink a ConfigMap's file points through, anyone may put a FIFO or a
+//! directory where it was. A file that changed while it was read could parse as valid
+//! with routes missing (and their requests would pass unchecked), so such a read is
+//! refused, as is anything but a regular file.
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use super::ConfigError;
+
+/// The largest configuration file read: far above any real one.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// How many times a read that met a change is tried again, and the pause between.
+const TRIES: u32 = 3;
+const PAUSE: Duration = Duration::from_millis(100);
+
+/// The file's text, read whole: see the module's doc. A read that met a change is tried
+/// again a few times. Opened without blocking, so that a FIFO is refused, not waited on;
+/// a filesystem that hangs still holds the calling thread (the reload runs it apart).
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    let refused = |source: std::io::Error| ConfigError::Read {
+        file: path.display().to_string(),
+        source,
+    };
+    let mut tries = 1;
+    loop {
+        match read_once(path) {
+            Err(Unread::Changed) if tries < TRIES => {
+                tries += 1;
+                std::thread::sleep(PAUSE);
+            }
+            Err(Unread::Changed) => {
+                return Err(refused(std::io::Error::other(
+                    "the file changed while it was read, each time it was tried",
+                )));
+            }
+            Err(Unread::Io(error)) => return Err(refused(error)),
+            Ok(text) => return Ok(text),
+        }
+    }
+}
+
+enum Unread {
+    Changed,
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Unread {
+    fn from(error: std::io::Error) -> Unread {
+        Unread::Io(error)
+    }
+}
+
+fn read_once(path: &Path) -> Result<String, Unread> {
+    let file: File = OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let before = file.metadata()?;
+    if !before.file_type().is_file() {
+        return Err(Unread::Io(std::io::Error::other(
+            "not a regular file (a directory, a FIFO, a device?)",
+        )));
+    }
+    if before.len() > MAX_FILE_BYTES {
+        return Err(Unread::Io(std::io::Error::other(format!(
+            "larger than {MAX_FILE_BYTES} bytes"
+        ))));
+    }
+    let mut bytes = Vec::with_capacity(before.len() as usize);
+    (&file).take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    let after = file.metadata()?;
+    // What the path names now: another file if the symlink was swapped meanwhile.
+    let named = std::fs::metadata(path)?;
+    if bytes.len() as u64 != after.len() || !same(&before, &after) || !same_file(&after, &named) {
+        return Err(Unread::Changed);
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        Unread::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not UTF-8 text",
+        ))
+    })
+}
+
+/// Whether a file's size and modification time are as they were.
+fn same(before: &Metadata, after: &Metadata) -> bool {
+    before.len() == after.len()
+        && before.mtime() == after.mtime()
+        && before.mtime_nsec() == after.mtime_nsec()
+}
+
+fn same_file(a: &Metadata, b: &Metadata) -> bool {
+    a.dev() == b.dev() && a.ino() == b.ino() && same(a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_regular_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, "routes: []\n").unwrap();
+        assert_eq!(read_file(&file).unwrap(), "routes: []\n");
+        let error = read_file(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("not a regular file"), "{error}");
+        let fifo = dir.path().join("fifo.yaml");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let error = read_file(&fifo).unwrap_err().to_string();
+        assert!(error.contains("not a regular file"), "{error}");
+        let large = dir.path().join("large.yaml");
+        std::fs::write(&large, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        assert!(read_file(&large).is_err());
+    }
+}
