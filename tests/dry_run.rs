@@ -8,6 +8,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
@@ -589,4 +590,66 @@ fn hmac_sha256_hex(secret: &[u8], body: &[u8]) -> String {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).unwrap();
     mac.update(body);
     hex::encode(mac.finalize().into_bytes())
+}
+
+/// 70 connections holding back the bodies of `POST /v1/try` with the viewer's token (an
+/// attack that once made `/healthz` and `/readyz` answer 503 for 30 s) leave the probes
+/// their places: bodies beyond the credential's share are refused at once, and every
+/// probe answers within 100 ms while the rest hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_dry_run_bodies_leave_the_probes_their_places() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rest = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: TRY_TOKEN, viewer_token_env: TRY_VIEWER }}\n{}",
+        json_route("")
+    );
+    let config = write_config(dir.path(), upstream.addr, &rest);
+    let env = [("TRY_TOKEN", "operator-t"), ("TRY_VIEWER", "viewer-t")];
+    let proxy = Binary::start_with_env(&config, &env);
+    let head = "POST /v1/try HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer viewer-t\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"request\":\"";
+    let mut held = Vec::new();
+    for _ in 0..70 {
+        let mut stream = tokio::net::TcpStream::connect(proxy.admin).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..20 {
+        for probe in ["/healthz", "/readyz"] {
+            let started = std::time::Instant::now();
+            let answer = send(proxy.admin, "GET", probe, &[], "").await;
+            let took = started.elapsed();
+            assert_eq!(answer.status, 200, "{probe}: {}", answer.body);
+            assert!(took < Duration::from_millis(100), "{probe} took {took:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Those past the viewer's share were told so at once.
+    let mut refused = 0;
+    for stream in &mut held {
+        let mut answer = vec![0; 512];
+        if let Ok(Ok(read)) =
+            tokio::time::timeout(Duration::from_millis(20), stream.read(&mut answer)).await
+            && String::from_utf8_lossy(&answer[..read]).starts_with("HTTP/1.1 429")
+        {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 70 - 8, "{refused} of 70 refused");
+    // The operator's token has places of its own meanwhile.
+    let asked = serde_json::json!({ "request": "GET / HTTP/1.1\nHost: localhost\n\n" });
+    let answer = send(
+        proxy.admin,
+        "POST",
+        "/v1/try",
+        &[
+            ("authorization", "Bearer operator-t"),
+            ("content-type", "application/json"),
+        ],
+        asked.to_string(),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
 }

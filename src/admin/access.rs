@@ -19,7 +19,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
-use http::{HeaderMap, Method, Request, Uri};
+use http::{HeaderMap, Method, Request, Uri, Version};
 use subtle::ConstantTimeEq;
 
 use crate::response::AdminRefusal;
@@ -81,7 +81,7 @@ impl Rules {
         let probe = matches!(*request.method(), Method::GET | Method::HEAD)
             && matches!(path, "/healthz" | "/readyz");
         if !probe {
-            self.check_host(request.uri(), request.headers(), local)?;
+            self.check_host(request.version(), request.uri(), request.headers(), local)?;
         }
         if !request.method().is_safe() {
             check_origin(request.headers())?;
@@ -130,18 +130,22 @@ impl Rules {
         }
     }
 
-    /// The request names the port by its own address, `localhost`, or a configured name.
-    /// A request naming no host (HTTP/1.0) comes from no browser.
+    /// The request names the port by its own address, `localhost`, or a configured name,
+    /// once: two `Host` lines, or an absolute-form target naming another host than `Host`,
+    /// are refused as the provider port refuses them ([`crate::target::host`]). A request
+    /// naming no host comes from no browser.
     fn check_host(
         &self,
+        version: Version,
         uri: &Uri,
         headers: &HeaderMap,
         local: SocketAddr,
     ) -> Result<(), AdminRefusal> {
-        let named = headers
-            .get(HOST)
-            .map(|value| value.to_str().unwrap_or_default())
-            .or_else(|| uri.authority().map(|authority| authority.as_str()));
+        let named = match crate::target::host(version, uri, headers) {
+            Ok(named) => named,
+            Err(crate::target::TargetError::HostCount(0)) => None,
+            Err(refused) => return Err(AdminRefusal::BadRequest(refused.to_string())),
+        };
         let Some(named) = named else {
             return Ok(());
         };
@@ -333,6 +337,36 @@ mod tests {
             let probe = request("GET", "/healthz", &[("host", host)]);
             assert!(checked(&rules, &probe).is_ok(), "probes are exempt: {host}");
         }
+    }
+
+    /// The provider port's reading of a host: one `Host` line, and an absolute-form target
+    /// naming the same host as `Host`.
+    #[test]
+    fn a_host_named_twice_is_refused() {
+        let rules = rules(&[]);
+        let twice = request(
+            "GET",
+            "/v1/routes",
+            &[("host", "127.0.0.1:9091"), ("host", "evil.example")],
+        );
+        assert!(matches!(
+            checked(&rules, &twice),
+            Err(AdminRefusal::BadRequest(_))
+        ));
+        let absolute = request(
+            "GET",
+            "http://evil.example/v1/routes",
+            &[("host", "127.0.0.1:9091")],
+        );
+        assert!(matches!(
+            checked(&rules, &absolute),
+            Err(AdminRefusal::BadRequest(_))
+        ));
+        let alone = request("GET", "http://evil.example/v1/routes", &[]);
+        assert!(matches!(
+            checked(&rules, &alone),
+            Err(AdminRefusal::HostNotAllowed(_))
+        ));
     }
 
     #[test]

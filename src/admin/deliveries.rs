@@ -3,12 +3,13 @@
 //! `GET /v1/deliveries/tail` (Server-Sent Events of the entries stored from then on that
 //! match a filter).
 //!
-//! A tail is bounded: [`TAILS_MAX`] at once, each with a small buffer; one that falls
-//! behind is told how many it missed (`event: lagged`), and every tail ends when the
-//! proxy shuts down.
+//! A tail is bounded: [`TAILS_MAX`] at once, half of them per credential, each with a
+//! small buffer; one that falls behind is told how many it missed (`event: lagged`). A
+//! tail ends when its client has read nothing for [`UNREAD_LIMIT`], after
+//! [`TAIL_LIFETIME`] (`event: end`: a client starts another), and when the proxy shuts
+//! down, so that clients that stop reading cannot hold the places for good.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,9 +19,10 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::places::{Full, Place, Places};
 use crate::body::{BoxError, ProxyBody};
 use crate::delivery_log::query::{self, Filter};
 use crate::delivery_log::{Recorder, Stored};
@@ -36,16 +38,22 @@ const KEEP_ALIVE: Duration = Duration::from_secs(2);
 /// Events a tail holds for a slow client before it waits (and then lags).
 const TAIL_EVENTS: usize = 64;
 
+/// How long a tail waits for its client to take an event before it ends.
+const UNREAD_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long a tail runs at most.
+const TAIL_LIFETIME: Duration = Duration::from_secs(15 * 60);
+
 /// The tails running now, and what ends them.
 pub(super) struct Tails {
-    places: Arc<Semaphore>,
+    places: Places,
     closing: CancellationToken,
 }
 
 impl Default for Tails {
     fn default() -> Self {
         Tails {
-            places: Arc::new(Semaphore::new(TAILS_MAX)),
+            places: Places::new(TAILS_MAX, TAILS_MAX / 2),
             closing: CancellationToken::new(),
         }
     }
@@ -100,8 +108,14 @@ pub(super) async fn get(recorder: &Recorder, id: &str) -> Response<ProxyBody> {
     }
 }
 
-/// `GET /v1/deliveries/tail?<filter>`: an event stream.
-pub(super) fn tail(tails: &Tails, recorder: &Recorder, query: Option<&str>) -> Response<ProxyBody> {
+/// `GET /v1/deliveries/tail?<filter>`: an event stream, for a client showing
+/// `credential`.
+pub(super) fn tail(
+    tails: &Tails,
+    recorder: &Recorder,
+    query: Option<&str>,
+    credential: &'static str,
+) -> Response<ProxyBody> {
     if recorder.log().is_none() {
         return AdminRefusal::NoDeliveryLog.into_response();
     }
@@ -109,13 +123,30 @@ pub(super) fn tail(tails: &Tails, recorder: &Recorder, query: Option<&str>) -> R
         Ok(listing) => listing.filter,
         Err(reason) => return AdminRefusal::BadRequest(reason).into_response(),
     };
-    let Ok(place) = Arc::clone(&tails.places).try_acquire_owned() else {
-        return AdminRefusal::TooMany(format!("{TAILS_MAX} live tails run already; end one first"))
+    let place = match tails.places.take(credential) {
+        Ok(place) => place,
+        Err(Full::All) => {
+            return AdminRefusal::TooMany(format!(
+                "{TAILS_MAX} live tails run already; end one first"
+            ))
             .into_response();
+        }
+        Err(Full::Credential) => {
+            return AdminRefusal::TooMany(format!(
+                "this credential runs {} live tails already, its share; end one first",
+                TAILS_MAX / 2
+            ))
+            .into_response();
+        }
     };
     let (events, frames) = mpsc::channel(TAIL_EVENTS);
     let stored = recorder.subscribe();
-    tokio::spawn(follow(stored, filter, events, tails.closing.clone(), place));
+    let ends = Ends {
+        closing: tails.closing.clone(),
+        unread: UNREAD_LIMIT,
+        lifetime: TAIL_LIFETIME,
+    };
+    tokio::spawn(follow(stored, filter, events, ends, place));
     let mut response = Response::new(EventStream(frames).boxed());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -123,14 +154,24 @@ pub(super) fn tail(tails: &Tails, recorder: &Recorder, query: Option<&str>) -> R
     response
 }
 
-/// Passes the stored entries `filter` admits to the client, until it goes away or the
-/// proxy closes.
+/// What ends a tail besides its client going away.
+struct Ends {
+    /// The proxy closing.
+    closing: CancellationToken,
+    /// The client reading nothing for this long.
+    unread: Duration,
+    /// Its age.
+    lifetime: Duration,
+}
+
+/// Passes the stored entries `filter` admits to the client, until it goes away, stops
+/// reading, or the tail's lifetime or the proxy ends.
 async fn follow(
     mut stored: broadcast::Receiver<Stored>,
     filter: Filter,
     events: mpsc::Sender<Bytes>,
-    closing: CancellationToken,
-    _place: OwnedSemaphorePermit,
+    ends: Ends,
+    _place: Place,
 ) {
     // Said at once, so that the client knows the tail runs.
     if events
@@ -142,9 +183,16 @@ async fn follow(
     }
     let mut idle = tokio::time::interval(KEEP_ALIVE);
     idle.reset();
+    let over = tokio::time::sleep(ends.lifetime);
+    tokio::pin!(over);
+    let closing = &ends.closing;
     loop {
         let event = tokio::select! {
             () = closing.cancelled() => return,
+            () = &mut over => {
+                let _ = events.try_send(Bytes::from_static(b"event: end\ndata: {\"reason\":\"lifetime\"}\n\n"));
+                return;
+            }
             _ = idle.tick() => Bytes::from_static(b": keep-alive\n\n"),
             received = stored.recv() => match received {
                 Ok(entry) if filter.admits(&entry.1) => {
@@ -161,7 +209,11 @@ async fn follow(
         };
         tokio::select! {
             () = closing.cancelled() => return,
-            sent = events.send(event) => if sent.is_err() { return },
+            sent = tokio::time::timeout(ends.unread, events.send(event)) => match sent {
+                Ok(Ok(())) => {}
+                // Gone, or reading nothing: its place goes to another client.
+                Ok(Err(_)) | Err(_) => return,
+            },
         }
     }
 }
@@ -180,5 +232,72 @@ impl Body for EventStream {
         self.0
             .poll_recv(cx)
             .map(|event| event.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ends(unread: Duration, lifetime: Duration) -> Ends {
+        Ends {
+            closing: CancellationToken::new(),
+            unread,
+            lifetime,
+        }
+    }
+
+    fn filter() -> Filter {
+        Filter::parse(None, false).unwrap().filter
+    }
+
+    /// A client that takes nothing loses its place once the buffer is full for the
+    /// unread limit: the place is free for another.
+    #[tokio::test(start_paused = true)]
+    async fn a_tail_nobody_reads_ends_and_frees_its_place() {
+        let places = Places::new(1, 1);
+        let place = places.take("viewer_token").unwrap();
+        let (_sender, stored) = broadcast::channel::<Stored>(4);
+        let (events, _unread) = mpsc::channel(1);
+        let following = tokio::spawn(follow(
+            stored,
+            filter(),
+            events,
+            ends(Duration::from_secs(30), TAIL_LIFETIME),
+            place,
+        ));
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(!following.is_finished(), "within the unread limit");
+        assert!(places.take("viewer_token").is_err());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(following.is_finished());
+        assert!(places.take("viewer_token").is_ok());
+    }
+
+    /// A tail read all along ends at its lifetime, saying so, so that the client starts
+    /// another.
+    #[tokio::test(start_paused = true)]
+    async fn a_tail_read_all_along_ends_at_its_lifetime_saying_so() {
+        let places = Places::new(1, 1);
+        let place = places.take("token").unwrap();
+        let (_sender, stored) = broadcast::channel::<Stored>(4);
+        let (events, mut frames) = mpsc::channel(4);
+        let following = tokio::spawn(follow(
+            stored,
+            filter(),
+            events,
+            ends(UNREAD_LIMIT, Duration::from_secs(60)),
+            place,
+        ));
+        let mut last = Bytes::new();
+        while let Some(frame) = frames.recv().await {
+            last = frame;
+        }
+        assert_eq!(
+            &last[..],
+            b"event: end\ndata: {\"reason\":\"lifetime\"}\n\n"
+        );
+        assert!(following.await.is_ok());
+        assert!(places.take("token").is_ok());
     }
 }

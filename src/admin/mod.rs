@@ -17,6 +17,7 @@ mod endpoint;
 mod keys;
 mod mcp;
 mod overview;
+mod places;
 mod queue;
 mod scopes;
 
@@ -45,6 +46,12 @@ use keys::Caller;
 /// waits for one (a `/mcp` message's too).
 const BODY_MAX: u64 = 1024;
 const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Requests whose body is being read at once at most, in all and per credential: one that
+/// holds its body back holds a place for [`BODY_READ_TIMEOUT`] at most, and the port's
+/// other connections stay free for the probes and other clients.
+const BODIES_MAX: usize = 16;
+const BODIES_PER_CREDENTIAL: usize = 8;
 
 /// The most connections the admin port takes: probes, a scraper and a few operators need
 /// few, and the descriptors they take are set aside from the proxy's.
@@ -75,6 +82,8 @@ pub struct Admin {
     replays: bulk::Replays,
     /// Live tails of the delivery log.
     tails: deliveries::Tails,
+    /// Requests whose body is being read.
+    bodies: places::Places,
     /// What `/mcp` offers.
     mcp: McpAccess,
     started: std::time::Instant,
@@ -109,6 +118,7 @@ impl Admin {
             metrics,
             replays: bulk::Replays::default(),
             tails: deliveries::Tails::default(),
+            bodies: places::Places::new(BODIES_MAX, BODIES_PER_CREDENTIAL),
             mcp: config.mcp,
             started: std::time::Instant::now(),
         }
@@ -153,6 +163,12 @@ impl Admin {
         // waited for, so that a sender holding one back cannot hold the port's places.
         let (mut head, body) = request.into_parts();
         let body = if matches!(head.method, Method::POST | Method::PATCH) {
+            let Ok(_place) = self.bodies.take(role.credential()) else {
+                return AdminRefusal::TooMany(format!(
+                    "{BODIES_MAX} requests' bodies are being read already ({BODIES_PER_CREDENTIAL} per credential at most); try again"
+                ))
+                .into_response();
+            };
             let limit = match endpoint {
                 Endpoint::Mcp => mcp::REQUEST_BODY_MAX,
                 Endpoint::Api(Api::Try) => dry_run::REQUEST_BODY_MAX,
@@ -280,7 +296,11 @@ impl Admin {
                 overview::overview(sources, role.unwrap_or(Role::Viewer)).await
             }
             Api::Deliveries => deliveries::list(recorder, query).await,
-            Api::DeliveriesTail => deliveries::tail(&self.tails, recorder, query),
+            Api::DeliveriesTail => {
+                let role = request.extensions().get::<Role>().copied();
+                let credential = role.unwrap_or(Role::Viewer).credential();
+                deliveries::tail(&self.tails, recorder, query, credential)
+            }
             Api::Delivery { id } => deliveries::get(recorder, id).await,
             other => serve_store_api(serving, &self.replays, other, request).await,
         }
@@ -436,11 +456,8 @@ fn routes(serving: &Serving) -> Response<ProxyBody> {
 
 /// `POST /v1/reload`: reads the configuration file again.
 async fn reload(serving: &Serving) -> Response<ProxyBody> {
-    let reloader = Arc::clone(&serving.reloader);
-    let reloaded = tokio::task::spawn_blocking(move || reloader.reload()).await;
-    match reloaded {
-        Ok(Ok(reloaded)) => json_response(StatusCode::OK, json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed }).to_string()),
-        Ok(Err(invalid)) => AdminRefusal::InvalidConfig(invalid.on_one_line()).into_response(),
-        Err(failed) => AdminRefusal::Internal(failed.to_string()).into_response(),
+    match serving.reloader.reload().await {
+        Ok(reloaded) => json_response(StatusCode::OK, json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed }).to_string()),
+        Err(invalid) => AdminRefusal::InvalidConfig(invalid.on_one_line()).into_response(),
     }
 }

@@ -35,11 +35,13 @@ async def main(url, calls):
             async with ClientSession(read, write) as session:
                 initialized = await session.initialize()
                 seen["server"] = initialized.server_info.name
+                seen["instructions"] = initialized.instructions
                 listed = await session.list_tools()
                 for tool in listed.tools:
                     seen["tools"].append(
                         {
                             "name": tool.name,
+                            "description": tool.description,
                             "annotations": annotations(tool),
                             "required": tool.input_schema.get("required", []),
                         }

@@ -382,9 +382,13 @@ class Tail {
     this.controller = controller;
     // Only this read's own end clears it: a newer start may have taken its place.
     const ended = () => { if (this.controller === controller) this.controller = null; };
+    this.renew = false;
     this.read(controller.signal).then(() => {
-      if (this.controller === controller) alertBox('The live view ended: reload the page to start it again.');
+      const current = this.controller === controller;
       ended();
+      // A tail ends at its lifetime saying so: another takes its place at once.
+      if (current && this.renew) this.start();
+      else if (current) alertBox('The live view ended: reload the page to start it again.');
     }, (error) => {
       if (error.name !== 'AbortError') failed(error);
       ended();
@@ -423,6 +427,7 @@ class Tail {
       else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
     }
     if (name === 'delivery') this.onEntry(JSON.parse(data.join('\n')));
+    else if (name === 'end') this.renew = true;
     else if (name === 'lagged') alertBox(`The live view fell behind and missed ${JSON.parse(data.join('\n')).missed} entries; reload the page to see them.`);
   }
 }

@@ -142,7 +142,7 @@ impl ServerHandler for McpServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("dedupe-proxy", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "Inspect a webhook deduplication proxy: its routes, the keys it holds per route, and the log of every delivery it took. Tools that change keys are offered only when the operator configured admin.mcp: read_write, and never to the viewer's token.",
+                format!("Inspect a webhook deduplication proxy: its routes, the keys it holds per route, and the log of every delivery it took. Tools that change keys are offered only when the operator configured admin.mcp: read_write, and never to the viewer's token. {}", tools::UNTRUSTED),
             )
     }
 
