@@ -166,6 +166,38 @@ async fn retry_after_holds_the_next_attempt_back() {
     proxy.shutdown().await;
 }
 
+/// Dead letters are discarded once past `queue.dead_retention`, and counted so: a sender
+/// whose events the app refuses cannot fill the queue for good.
+#[tokio::test]
+async fn dead_letters_past_their_retention_are_discarded() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(422), Answer::status(422)]);
+    let mut proxy = Proxy::start(upstream.addr, &queued("      dead_retention: 3s\n")).await;
+    assert_eq!(post_event(proxy.addr, "evt_old").await.status, 202);
+    wait_for_dead(&proxy, 1).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(post_event(proxy.addr, "evt_new").await.status, 202);
+    wait_for_dead(&proxy, 2).await;
+    eventually(Duration::from_secs(10), "the old one discarded", || async {
+        let jobs = dead_letters(&proxy, "").await["jobs"].clone();
+        jobs.as_array().unwrap().len() == 1 && jobs[0]["key"] == "evt_new"
+    })
+    .await;
+    let metrics = admin(&proxy, "GET", "/metrics", "").await.body;
+    assert!(
+        metrics.contains(r#"dedupe_queue_dead_expired_total{route="hooks"} 1"#),
+        "{metrics}"
+    );
+    eventually(Duration::from_secs(10), "both discarded", || async {
+        dead_letters(&proxy, "").await["jobs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_refusal_goes_to_dead_letters_which_are_inspected_replayed_and_discarded() {
     let upstream = Upstream::start().await;
@@ -480,29 +512,60 @@ async fn a_jobs_view_masks_secrets_and_query_values() {
     proxy.shutdown().await;
 }
 
-#[tokio::test]
+/// `max_queued` holds exactly on one replica, for a burst of concurrent senders too (the
+/// bound once read counts taken every 2 s, and a burst ran past it); a full route leaves
+/// another accepting, stores nothing of what it refuses, and takes the sender's retry once
+/// there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_refuses_with_503_and_stores_nothing() {
     let upstream = Upstream::start().await;
-    let mut proxy = Proxy::start(upstream.addr, &queued("      max_queued: 3\n")).await;
-    let paused = admin(&proxy, "POST", "/v1/queue/hooks/pause", "").await;
-    assert_eq!(paused.status, 200);
-    for id in ["evt_1", "evt_2", "evt_3"] {
-        assert_eq!(post_event(proxy.addr, id).await.status, 202);
+    let other = "  - name: other\n    match: { method: POST, path: /other }\n    key: \"{json:/id}\"\n    delivery: queued\n    queue: { max_queued: 3 }\n";
+    let mut proxy = Proxy::start(
+        upstream.addr,
+        &format!("{}{other}", queued("      max_queued: 3\n")),
+    )
+    .await;
+    for route in ["hooks", "other"] {
+        let paused = admin(&proxy, "POST", &format!("/v1/queue/{route}/pause"), "").await;
+        assert_eq!(paused.status, 200);
     }
-    // The bound reads the counts, taken every 2 s: until then more may be accepted.
-    let mut refused = None;
-    for attempt in 0..100 {
-        let id = format!("evt_more_{attempt}");
-        let reply = post_event(proxy.addr, &id).await;
-        if reply.status == 503 {
-            assert_eq!(reply.json()["error"], "queue_full");
-            refused = Some(id);
-            break;
+    let burst: Vec<_> = (0..20)
+        .map(|n| {
+            let addr = proxy.addr;
+            tokio::spawn(async move { (n, post_event(addr, &format!("evt_{n}")).await) })
+        })
+        .collect();
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    for sent in burst {
+        let (n, reply) = sent.await.unwrap();
+        match reply.status {
+            202 => accepted.push(n),
+            503 => {
+                assert_eq!(reply.json()["error"], "queue_full");
+                refused.push(format!("evt_{n}"));
+            }
+            status => panic!("{status}: {}", reply.body),
         }
-        assert_eq!(reply.status, 202);
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let refused = refused.expect("the queue read full within 10 s");
+    assert_eq!(accepted.len(), 3, "accepted {accepted:?}");
+    // Later ones too, whatever time passes.
+    for n in 20..30 {
+        let reply = post_event(proxy.addr, &format!("evt_{n}")).await;
+        assert_eq!(reply.status, 503, "{}", reply.body);
+        refused.push(format!("evt_{n}"));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The other route fills on its own.
+    for n in 0..4 {
+        let reply = post_json(proxy.addr, "/other", &format!(r#"{{"id":"o_{n}"}}"#)).await;
+        assert_eq!(
+            reply.status,
+            if n < 3 { 202 } else { 503 },
+            "{}",
+            reply.body
+        );
+    }
+    let refused = &refused[0];
     let job = admin(
         &proxy,
         "GET",
@@ -518,7 +581,7 @@ async fn a_full_queue_refuses_with_503_and_stores_nothing() {
     assert_eq!(resumed.status, 200);
     upstream.wait_for_requests(3).await;
     eventually(Duration::from_secs(10), "room again", || async {
-        post_event(proxy.addr, &refused).await.status == 202
+        post_event(proxy.addr, refused).await.status == 202
     })
     .await;
     proxy.shutdown().await;

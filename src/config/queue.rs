@@ -26,6 +26,9 @@ const BACKOFF_CAP: Duration = Duration::from_secs(10 * 3600);
 const RETRY_STATUSES: [u16; 4] = [408, 409, 425, 429];
 const MAX_CONCURRENCY: u32 = 10;
 const MAX_QUEUED: u64 = 1_000_000;
+/// Dead letters are discarded this long after they died: long enough for an operator to
+/// find and replay them, and a bound on what a sender whose events the app refuses fills.
+const DEAD_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Bounds on what a file may ask for.
 const MAX_ATTEMPTS_LIMIT: u32 = 1000;
@@ -52,6 +55,8 @@ pub(super) struct QueueFile {
     max_concurrency: Option<u32>,
     /// Jobs waiting at most; more are answered 503.
     max_queued: Option<u64>,
+    /// How long a dead letter is kept after it died.
+    dead_retention: Option<HumanDuration>,
     /// Deliveries a second at most.
     rate: Option<u32>,
     /// Deliveries above `rate` allowed at once (with `rate`).
@@ -101,6 +106,7 @@ impl QueueFile {
             ("backoff_base", self.backoff_base),
             ("backoff_cap", self.backoff_cap),
             ("target", self.target),
+            ("dead_retention", self.dead_retention),
         ] {
             if value.is_some_and(|duration| duration.0.is_zero()) {
                 return Err(format!("`{name}` must be longer than zero"));
@@ -150,6 +156,7 @@ impl QueueFile {
             ),
             max_concurrency: own.max_concurrency.unwrap_or(MAX_CONCURRENCY),
             max_queued: own.max_queued.unwrap_or(MAX_QUEUED),
+            dead_retention: duration(own.dead_retention, DEAD_RETENTION),
             rate: own.rate.map(|per_second| Rate {
                 per_second,
                 burst: own.burst.unwrap_or(per_second).max(1),

@@ -78,6 +78,7 @@ pub struct QueueMetrics {
     delivered_within_target: Family<RouteLabel, Counter>,
     delivery_seconds: HistogramFamily,
     store_errors: Family<RouteLabel, Counter>,
+    dead_expired: Family<RouteLabel, Counter>,
     target: Family<RouteLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
@@ -96,6 +97,7 @@ impl QueueMetrics {
                 (|| Histogram::new(exponential_buckets(0.1, 2.0, 23))) as fn() -> Histogram,
             ),
             store_errors: Family::default(),
+            dead_expired: Family::default(),
             target: Family::default(),
         }
     }
@@ -145,6 +147,11 @@ impl QueueMetrics {
             "dedupe_queue_store_errors",
             "Queue operations of a route's workers that the store failed (the job is tried again when its visibility ends)",
             self.store_errors.clone(),
+        );
+        registry.register(
+            "dedupe_queue_dead_expired",
+            "Dead letters discarded once past the route's queue.dead_retention",
+            self.dead_expired.clone(),
         );
     }
 
@@ -233,6 +240,15 @@ impl QueueMetrics {
         if within_target {
             self.delivered_within_target.get_or_create(&label).inc();
         }
+    }
+
+    /// `count` of a route's dead letters discarded past their retention.
+    pub fn dead_expired(&self, route: &str, count: u64) {
+        self.dead_expired
+            .get_or_create(&RouteLabel {
+                route: route.to_owned(),
+            })
+            .inc_by(count);
     }
 
     pub fn store_error(&self, route: &str) {

@@ -26,6 +26,7 @@ use super::{Outbound, Proxy};
 use crate::body::{self, ProxyBody};
 use crate::key::{Delivery, KeyTemplate};
 use crate::metrics::ReleaseReason;
+use crate::queue::Unplaced;
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::Route;
 use crate::server::RequestPermit;
@@ -81,17 +82,30 @@ impl Proxy {
             open.settle();
             return unavailable(route);
         };
-        if deliveries.is_full(&route.name, policy.max_queued) {
-            tracing::debug!(max_queued = policy.max_queued, "the queue is full");
-            self.ledger
-                .release(route, open.claims(), ReleaseReason::StoreError)
-                .await;
-            open.settle();
-            let refusal = Refusal::QueueFull {
-                retry_after: route.policy.retry_after,
-            };
-            return (DedupeStatus::Unavailable, refusal.into_response());
-        }
+        let place = match deliveries.place(&route.name, policy.max_queued).await {
+            Ok(place) => place,
+            Err(unplaced) => {
+                let refusal = match unplaced {
+                    Unplaced::Full => {
+                        tracing::debug!(max_queued = policy.max_queued, "the queue is full");
+                        Refusal::QueueFull {
+                            retry_after: route.policy.retry_after,
+                        }
+                        .into_response()
+                    }
+                    Unplaced::Store(error) => {
+                        tracing::warn!(%error, "the queue could not be counted");
+                        self.metrics.store_error();
+                        unavailable(route).1
+                    }
+                };
+                self.ledger
+                    .release(route, open.claims(), ReleaseReason::StoreError)
+                    .await;
+                open.settle();
+                return (DedupeStatus::Unavailable, refusal);
+            }
+        };
         let mut job = Job::new(
             open.claims().event.key.clone(),
             route.name.clone(),
@@ -107,6 +121,9 @@ impl Proxy {
         };
         match stored {
             Ok(enqueued) => {
+                if enqueued == Enqueued::Stored {
+                    place.keep();
+                }
                 self.ledger.mark_done(open.claims(), &done).await;
                 open.settle();
                 if enqueued == Enqueued::AlreadyQueued {

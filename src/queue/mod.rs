@@ -11,8 +11,11 @@
 //! taken again. Pausing a route is kept in the store too, for every replica.
 
 mod attempt;
+mod fill;
 
 use self::attempt::AttemptContext;
+use self::fill::Fill;
+pub(crate) use self::fill::Place;
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -29,7 +32,7 @@ use crate::delivery_log::Recorder;
 use crate::metrics::{Metrics, QueueGauges};
 use crate::route::Route;
 use crate::store::queue::{DeliveryQueue, Enqueued, Job, QueueCounts};
-use crate::store::{Clock, StoreError, SystemClock};
+use crate::store::{Clock, Millis, StoreError, SystemClock};
 use crate::upstream::Upstream;
 
 /// How long a take hides a job beyond twice the route's `upstream_timeout` (the answer's
@@ -42,6 +45,11 @@ const POLL: Duration = Duration::from_millis(250);
 
 /// How often the paused routes are read again from the store, and the counts taken.
 const REFRESH: Duration = Duration::from_secs(2);
+
+/// How many of a route's dead letters past their retention are discarded at most at each
+/// refresh, read a page at a time.
+const EXPIRED_PER_SWEEP: u64 = 1000;
+const EXPIRY_PAGE: usize = 10;
 
 /// The most jobs one take asks for.
 const TAKE_BATCH: usize = 32;
@@ -148,6 +156,14 @@ fn same_delivery(old: &Route, new: &Route) -> bool {
         && old.policy.success_status == new.policy.success_status
 }
 
+/// Why an accepted request got no place in its route's queue.
+pub(crate) enum Unplaced {
+    /// The route holds `max_queued` jobs.
+    Full,
+    /// The store could not count them.
+    Store(StoreError),
+}
+
 /// The delivery of every queued route's jobs.
 pub struct Deliveries {
     queue: Arc<dyn DeliveryQueue>,
@@ -161,8 +177,9 @@ pub struct Deliveries {
     /// Set once the paused routes were first read from the store: no loop takes a job
     /// before, or a restart would deliver for a route an operator paused.
     paused_read: tokio::sync::OnceCell<()>,
-    /// Each route's jobs, dead letters included, as last counted (every [`REFRESH`]).
-    held: RwLock<HashMap<String, u64>>,
+    /// Each route's jobs, dead letters included, as last counted (every [`REFRESH`]) and
+    /// accepted here since.
+    fill: Arc<Fill>,
     /// Every loop and attempt, which shutdown waits for.
     tasks: TaskTracker,
     stop: CancellationToken,
@@ -191,7 +208,7 @@ impl Deliveries {
             warned: AtomicBool::new(false),
             paused: RwLock::new(HashSet::new()),
             paused_read: tokio::sync::OnceCell::new(),
-            held: RwLock::new(HashMap::new()),
+            fill: Arc::default(),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
         });
@@ -206,13 +223,24 @@ impl Deliveries {
         self.queue.enqueue(job).await
     }
 
-    /// Whether `route`'s queue held `max_queued` jobs or more when last counted: a
-    /// bound that lags by up to [`REFRESH`], cheap enough to ask on every acceptance.
-    pub(crate) fn is_full(&self, route: &str, max_queued: u64) -> bool {
-        self.held
-            .read()
-            .get(route)
-            .is_some_and(|held| *held >= max_queued)
+    /// A place for one more of `route`'s jobs, unless it holds `max_queued` (counted
+    /// first if it never was): kept once the job is stored.
+    pub(crate) async fn place(&self, route: &str, max_queued: u64) -> Result<Place, Unplaced> {
+        if !self.fill.is_counted(route) {
+            let before = self.fill.before_count(route);
+            let counts = self
+                .queue
+                .counts(&[route.to_owned()])
+                .await
+                .map_err(Unplaced::Store)?;
+            let held = counts
+                .first()
+                .map_or(0, |counts| counts.waiting + counts.retrying + counts.dead);
+            self.fill.counted(route, held, before);
+        }
+        self.fill
+            .take(route, max_queued)
+            .map_err(|_| Unplaced::Full)
     }
 
     /// Tells a route's loop that a job was just accepted.
@@ -220,6 +248,61 @@ impl Deliveries {
         if let Some(running) = self.running.lock().get(route) {
             running.wake.notify_one();
         }
+    }
+
+    /// Discards each queued route's dead letters that died more than its
+    /// `dead_retention` ago, oldest first, [`EXPIRED_PER_SWEEP`] at most per route.
+    async fn expire_dead_letters(&self) {
+        let routes: Vec<(String, Duration)> = self
+            .running
+            .lock()
+            .iter()
+            .filter_map(|(name, running)| {
+                let policy = running.route.policy.queue.as_ref()?;
+                Some((name.clone(), policy.dead_retention))
+            })
+            .collect();
+        let now = self.clock.now();
+        for (route, retention) in routes {
+            let before = now.saturating_sub(crate::store::millis(retention));
+            match self.expire_dead(&route, before).await {
+                Ok(0) => {}
+                Ok(discarded) => {
+                    self.metrics.queue.dead_expired(&route, discarded);
+                    tracing::info!(route = %route, discarded, "dead letters past their retention discarded");
+                }
+                Err(error) => {
+                    tracing::debug!(route = %route, %error, "cannot discard expired dead letters")
+                }
+            }
+        }
+    }
+
+    /// Discards `route`'s dead letters that died before `before`, reading a few at a
+    /// time (each is read whole, its body too).
+    async fn expire_dead(&self, route: &str, before: Millis) -> Result<u64, StoreError> {
+        let mut discarded = 0;
+        // The oldest alone first: at most refreshes it is not yet due.
+        let mut page_size = 1;
+        while discarded < EXPIRED_PER_SWEEP {
+            let page = self.queue.dead(route, None, page_size).await?;
+            page_size = EXPIRY_PAGE;
+            let expired: Vec<&Job> = page
+                .jobs
+                .iter()
+                .filter(|job| job.dead.is_some_and(|(died, _)| died < before))
+                .collect();
+            let more = expired.len() == page.jobs.len() && page.next.is_some();
+            for job in expired {
+                if self.queue.discard(route, &job.key).await? {
+                    discarded += 1;
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        Ok(discarded)
     }
 
     /// Delivers the queued routes among `routes` from now on. A route whose delivery
@@ -430,17 +513,21 @@ impl Deliveries {
                 Ok(paused) => *self.paused.write() = paused.into_iter().collect(),
                 Err(error) => tracing::debug!(%error, "cannot read the paused routes"),
             }
+            let before: HashMap<String, u64> = self
+                .running
+                .lock()
+                .keys()
+                .map(|route| (route.clone(), self.fill.before_count(route)))
+                .collect();
             match self.routes().await {
                 Ok(routes) => {
                     let now = self.clock.now();
-                    *self.held.write() = routes
-                        .iter()
-                        .map(|route| {
-                            let counts = &route.counts;
-                            let held = counts.waiting + counts.retrying + counts.dead;
-                            (route.route.clone(), held)
-                        })
-                        .collect();
+                    for route in &routes {
+                        let counts = &route.counts;
+                        let held = counts.waiting + counts.retrying + counts.dead;
+                        let before = before.get(&route.route).copied().unwrap_or(u64::MAX);
+                        self.fill.counted(&route.route, held, before);
+                    }
                     for route in routes {
                         let oldest = route
                             .counts
@@ -461,6 +548,7 @@ impl Deliveries {
                 }
                 Err(error) => tracing::debug!(%error, "cannot count the queued jobs"),
             }
+            self.expire_dead_letters().await;
             tokio::select! {
                 () = tokio::time::sleep(REFRESH) => {}
                 () = self.stop.cancelled() => return,

@@ -35,6 +35,9 @@ pub struct QueuePolicy {
     /// The most jobs the route's queue holds, dead letters included: beyond, the sender
     /// gets 503 (`queue_full`). Bounds the store at about `max_queued * max_body`.
     pub max_queued: u64,
+    /// How long a dead letter is kept after it died.
+    #[serde(serialize_with = "as_written::duration")]
+    pub dead_retention: Duration,
     /// How fast deliveries may start, if limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
@@ -165,6 +168,7 @@ mod tests {
             retry_statuses: vec![408, 409, 425, 429],
             max_concurrency: 1,
             max_queued: 10,
+            dead_retention: Duration::from_secs(3600),
             rate: None,
             target: None,
             order_by: None,
