@@ -64,6 +64,7 @@ pub(crate) mod delivery_log;
 pub(crate) mod descriptors;
 pub mod dry_run;
 pub mod dsn;
+pub(crate) mod frame_budget;
 pub mod http_file;
 pub mod key;
 pub mod log_text;

@@ -143,6 +143,7 @@ pub async fn serve<H: Handler>(
         builder: connection_builder(&limits),
         slots: Arc::new(Semaphore::new(limits.max_connections)),
         requests: Arc::new(Semaphore::new(limits.max_requests)),
+        probes: Arc::new(Semaphore::new(PROBE_PLACES)),
         over_limit: Arc::new(Semaphore::new(MAX_OVER_LIMIT)),
         open: Arc::new(OpenConnections::default()),
         connections: TaskTracker::new(),
@@ -169,6 +170,8 @@ struct Listener<H> {
     slots: Arc<Semaphore>,
     /// A place per request in progress, over every connection, `max_requests` in all.
     requests: Arc<Semaphore>,
+    /// Places kept for health probes ([`PROBE_PLACES`]).
+    probes: Arc<Semaphore>,
     /// Connections beyond `max_connections` waiting for a slot or for their refusal.
     over_limit: Arc<Semaphore>,
     open: Arc<OpenConnections>,
@@ -207,6 +210,7 @@ impl<H: Handler> Listener<H> {
             builder: self.builder.clone(),
             handler: self.handler.clone(),
             requests: Arc::clone(&self.requests),
+            probes: Arc::clone(&self.probes),
             idle_limit: self.limits.header_read_timeout.0,
             stall_limit: self.limits.body_read_timeout.0,
             close: self.stop.child_token(),
@@ -297,8 +301,12 @@ fn connection_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout.0)
         .max_buf_size(head_bytes);
+    // Streams at once per connection: one connection holds no more of `max_requests`
+    // than 32 HTTP/1 ones would, and a peer opening them all at once costs little (a
+    // client wanting more opens another connection, as proxies and browsers do).
     builder
         .http2()
+        .max_concurrent_streams(32)
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.header_read_timeout.0)
         .keep_alive_timeout(limits.header_read_timeout.0)
@@ -375,6 +383,8 @@ struct Connection<H> {
     builder: auto::Builder<TokioExecutor>,
     handler: H,
     requests: Arc<Semaphore>,
+    /// Places kept for health probes ([`PROBE_PLACES`]).
+    probes: Arc<Semaphore>,
     /// How long it may be quiet with nothing in progress: idle, or before its first request.
     idle_limit: Duration,
     /// How long a response body may stall on its sender.
@@ -426,10 +436,15 @@ impl<H: Handler> Connection<H> {
         };
         let ends = Ends { peer, local };
         let (handler, requests) = (self.handler.clone(), Arc::clone(&self.requests));
+        let probes = Arc::clone(&self.probes);
         let (watched, closing_token) = (Arc::clone(&activity), self.close.clone());
-        let service = service_fn(move |request| {
+        let service = service_fn(move |request: Request<Incoming>| {
             let handling = Handling::start(&watched);
             let answer = place_for_request(&requests, &closing_token)
+                .or_else(|refused| match is_probe(&request) {
+                    true => place_for_request(&probes, &closing_token),
+                    false => Err(refused),
+                })
                 .map(|permit| (handler.call(request, ends, permit.clone()), permit));
             let watched = Arc::clone(&watched);
             async move {
@@ -441,7 +456,8 @@ impl<H: Handler> Connection<H> {
                 Ok::<_, Infallible>(response.map(|body| Watched::new(body, watched, permit)))
             }
         });
-        let connection = self.builder.serve_connection(TokioIo::new(stream), service);
+        let stream = TokioIo::new(crate::frame_budget::FrameBudget::new(stream));
+        let connection = self.builder.serve_connection(stream, service);
         tokio::pin!(connection);
         let mut closing: Option<Closing> = None;
         let mut next_check = Instant::now() + self.idle_limit.min(CLOSE_GRACE);
@@ -520,6 +536,15 @@ impl<H: Handler> Connection<H> {
 /// connection told to close (an HTTP/2 peer may keep opening streams until it
 /// acknowledges the GOAWAY), none when every place is taken. Load is shed at once rather
 /// than queued: the sender retries later.
+/// Places kept for health probes (`GET` or `HEAD` of `/healthz` or `/readyz`) when every
+/// other is taken: no flood of other requests makes a probe fail for want of one.
+const PROBE_PLACES: usize = 8;
+
+fn is_probe(request: &Request<Incoming>) -> bool {
+    matches!(*request.method(), http::Method::GET | http::Method::HEAD)
+        && matches!(request.uri().path(), "/healthz" | "/readyz")
+}
+
 fn place_for_request(
     requests: &Arc<Semaphore>,
     closing: &CancellationToken,

@@ -342,10 +342,6 @@ async fn four_places_before_a_slow_upstream(slow: usize, delay: Duration) -> (Up
     (upstream, proxy)
 }
 
-/// The HTTP/2 connection preface, and a client SETTINGS frame (empty) after it.
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const EMPTY_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
-
 /// Connections that start a protocol and stop (one byte of a request line, part of a
 /// head, the HTTP/2 preface with or without SETTINGS) are closed after
 /// `header_read_timeout` (and a second's grace to close): none can hold its slot for ever.
@@ -875,30 +871,6 @@ async fn deliveries_get_through_a_thousand_hostile_connections() {
         assert_eq!(upstream.executions(&format!("evt_attacked_{n}")), 1);
     }
     eprintln!("provider p99: {quiet:?} without the attack, {attacked:?} under it");
-}
-
-/// An HTTP/2 frame: its 9-byte head, then `payload`.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
-    let mut frame = vec![length[1], length[2], length[3], kind, flags];
-    frame.extend_from_slice(&stream.to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
-
-/// A POST of `{"id":"<id>"}` to `/hooks` on `stream`, written as frames by hand (HPACK:
-/// `:method POST`, `:scheme http` from the static table, `:path` and `:authority` as
-/// literals).
-fn raw_h2_post(stream: u32, id: &str) -> Vec<u8> {
-    let mut headers = vec![0x83, 0x86, 0x04, 6];
-    headers.extend_from_slice(b"/hooks");
-    headers.extend_from_slice(&[0x01, 1, b'x']);
-    let body = format!(r#"{{"id":"{id}"}}"#);
-    [
-        frame(1, 0x4, stream, &headers),
-        frame(0, 0x1, stream, body.as_bytes()),
-    ]
-    .concat()
 }
 
 /// A connection told to close (the server stopping, here) takes no new request, even from

@@ -45,3 +45,31 @@ pub async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
     }
     Some(String::from_utf8_lossy(&head).into_owned())
 }
+
+/// The HTTP/2 connection preface, and a client SETTINGS frame (empty) after it.
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const EMPTY_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// An HTTP/2 frame: its 9-byte head, then `payload`.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = vec![length[1], length[2], length[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// A POST of `{"id":"<id>"}` to `/hooks` on `stream`, written as frames by hand (HPACK:
+/// `:method POST`, `:scheme http` from the static table, `:path` and `:authority` as
+/// literals).
+pub fn raw_h2_post(stream: u32, id: &str) -> Vec<u8> {
+    let mut headers = vec![0x83, 0x86, 0x04, 6];
+    headers.extend_from_slice(b"/hooks");
+    headers.extend_from_slice(&[0x01, 1, b'x']);
+    let body = format!(r#"{{"id":"{id}"}}"#);
+    [
+        frame(1, 0x4, stream, &headers),
+        frame(0, 0x1, stream, body.as_bytes()),
+    ]
+    .concat()
+}
