@@ -604,13 +604,15 @@ async fn a_file_naming_another_machines_admin_address_gets_no_token() {
         String::from_utf8_lossy(&head[..read]).into_owned()
     });
     let config = config.display().to_string();
-    let _ =
+    let command =
         tokio::task::spawn_blocking(move || dedupe(&["-c", &config, "routes", "--json"], &[token]));
     let head = tokio::time::timeout(std::time::Duration::from_secs(20), reader)
         .await
         .unwrap()
         .unwrap();
     assert!(head.contains("Bearer the-operators-token"), "{head}");
+    // The listener hung up without an answer: the command says so.
+    assert_eq!(command.await.unwrap().status.code(), Some(1));
 }
 
 #[test]
