@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
 
-use super::ConfigError;
+use super::errors::ConfigError;
 
 /// The largest configuration file read: far above any real one.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;

@@ -76,34 +76,22 @@ impl Proxy {
     ) -> Answer {
         let (Some(deliveries), Some(policy)) = (&self.deliveries, &route.policy.queue) else {
             tracing::error!("a queued route on a store without a queue");
-            self.ledger
-                .release(route, open.claims(), ReleaseReason::StoreError)
-                .await;
-            open.settle();
-            return unavailable(route);
+            return self.keep_nothing(route, open, unavailable(route)).await;
         };
         let place = match deliveries.place(&route.name, policy.max_queued).await {
             Ok(place) => place,
-            Err(unplaced) => {
-                let refusal = match unplaced {
-                    Unplaced::Full => {
-                        tracing::debug!(max_queued = policy.max_queued, "the queue is full");
-                        Refusal::QueueFull {
-                            retry_after: route.policy.retry_after,
-                        }
-                        .into_response()
-                    }
-                    Unplaced::Store(error) => {
-                        tracing::warn!(%error, "the queue could not be counted");
-                        self.metrics.store_error();
-                        unavailable(route).1
-                    }
-                };
-                self.ledger
-                    .release(route, open.claims(), ReleaseReason::StoreError)
+            Err(Unplaced::Full) => {
+                tracing::debug!(max_queued = policy.max_queued, "the queue is full");
+                let retry_after = route.policy.retry_after;
+                let full = Refusal::QueueFull { retry_after }.into_response();
+                return self
+                    .keep_nothing(route, open, (DedupeStatus::Unavailable, full))
                     .await;
-                open.settle();
-                return (DedupeStatus::Unavailable, refusal);
+            }
+            Err(Unplaced::Store(error)) => {
+                tracing::warn!(%error, "the queue could not be counted");
+                self.metrics.store_error();
+                return self.keep_nothing(route, open, unavailable(route)).await;
             }
         };
         let mut job = Job::new(
@@ -142,13 +130,18 @@ impl Proxy {
             Err(error) => {
                 tracing::warn!(%error, "the delivery could not be queued");
                 self.metrics.store_error();
-                self.ledger
-                    .release(route, open.claims(), ReleaseReason::StoreError)
-                    .await;
-                open.settle();
-                unavailable(route)
+                self.keep_nothing(route, open, unavailable(route)).await
             }
         }
+    }
+
+    /// Releases the claim of a request whose job is not stored, and answers `answer`.
+    async fn keep_nothing(&self, route: &Arc<Route>, open: OpenClaim, answer: Answer) -> Answer {
+        self.ledger
+            .release(route, open.claims(), ReleaseReason::StoreError)
+            .await;
+        open.settle();
+        answer
     }
 }
 

@@ -41,11 +41,13 @@ mod noted;
 pub(crate) mod operator;
 mod relay;
 mod replay;
+mod routing;
 
 use self::answers::{Answer, held, in_flight, unavailable};
 use self::ledger::{Ledger, OpenClaim};
 use self::noted::{Captured, Noted, Replayed, UpstreamAnswer, Waited, mark};
 use self::replay::fingerprint;
+use self::routing::{body_stays_on, find_route};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,7 +64,6 @@ use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::delivery_log::Recorder;
 use crate::key::{Delivery, KeyError};
-use crate::method_override;
 use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
 use crate::queue::Deliveries;
@@ -75,7 +76,6 @@ use crate::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, STALE_SKIPPED_STATUS,
     StoreError, Version, body_key, store_key,
 };
-use crate::target::{self, TargetError};
 use crate::telemetry;
 use crate::upstream::{self, DEDUPE_STALE, Upstream};
 use crate::verify::SignatureWork;
@@ -800,53 +800,6 @@ impl Proxy {
             DedupeStatus::Duplicate,
             mark::<Replayed>(response, replayed),
         )
-    }
-}
-
-/// The route a request goes to, if any, once its host and target are found sound: the
-/// first that takes it in any reading an application may take of it; and whether a
-/// `_method` in its body could take it to another ([`body_stays_on`]).
-fn find_route<'r>(
-    routing: &'r Routing,
-    request: &Request<Incoming>,
-) -> Result<(Option<&'r Arc<Route>>, bool), TargetError> {
-    let target = target::addressed(
-        request.version(),
-        request.method(),
-        request.uri(),
-        request.headers(),
-        routing.table.limits_hosts(),
-    )?;
-    let route = routing.table.find(&target)?;
-    Ok((route, routing.table.body_may_reroute(&target, route)))
-}
-
-/// Refuses a POST whose body names a method (`_method`) that the application would run
-/// as a request of a route other than `route` (none: no route), so that no override in a
-/// body reaches a route's handler without the route's check.
-fn body_stays_on(
-    routing: &Routing,
-    head: &http::request::Parts,
-    body: &[u8],
-    route: Option<&Route>,
-) -> Result<(), TargetError> {
-    let methods = method_override::body_methods(&head.method, &head.headers, body);
-    if methods.is_empty() {
-        return Ok(());
-    }
-    let target = target::addressed(
-        head.version,
-        &head.method,
-        &head.uri,
-        &head.headers,
-        routing.table.limits_hosts(),
-    )?
-    .with_methods(methods)?;
-    let found = routing.table.find(&target)?;
-    if found.map(|found| found.name.as_str()) == route.map(|route| route.name.as_str()) {
-        Ok(())
-    } else {
-        Err(TargetError::TwoRoutes)
     }
 }
 

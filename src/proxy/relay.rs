@@ -48,7 +48,7 @@ impl Proxy {
             )
             .await;
             let read = read.map_err(Refusal::from).and_then(|read| {
-                super::body_stays_on(routing, &head, &read, None)?;
+                super::routing::body_stays_on(routing, &head, &read, None)?;
                 Ok(read)
             });
             match read {
