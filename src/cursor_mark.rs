@@ -32,6 +32,12 @@ pub(crate) fn mark(parts: &[&str]) -> String {
     hex::encode(&mac.finalize().into_bytes()[..8])
 }
 
+/// Whether `mark` is the mark of `parts`, compared in constant time.
+pub(crate) fn is_mark_of(given: &str, parts: &[&str]) -> bool {
+    use subtle::ConstantTimeEq;
+    bool::from(given.as_bytes().ct_eq(mark(parts).as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! How fast an HTTP/2 peer may make a port work. A connection that opens with HTTP/2's
-//! preface has a budget of frames (every frame but a DATA frame that carries data: those
-//! cost what their bytes cost, which flow control bounds), refilled at a steady rate;
+//! preface has a budget of frames (every frame but a DATA frame of 1 KiB or more, or one
+//! that ends its stream: those cost what their bytes cost, which flow control bounds),
+//! refilled at a steady rate;
 //! once it is spent, the connection is read no further until the budget refills. A flood
 //! of SETTINGS or PINGs (each asks for an answer), resets, empty frames or refused streams
 //! then costs the flooder time, not the other connections, while a peer within the budget
@@ -23,6 +24,11 @@ pub const FRAMES_PER_SECOND: f64 = 1000.0;
 pub const BURST: f64 = 16.0;
 
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A DATA frame shorter than this (padding included) counts against the budget, unless
+/// it ends its stream: a body sent a byte a frame costs what a flood of empty frames does.
+const SMALL_DATA: u32 = 1024;
+const END_STREAM: u8 = 0x1;
 
 /// A connection's stream, read within its frame budget.
 pub struct FrameBudget<S> {
@@ -95,8 +101,11 @@ impl Reading {
                         return counted;
                     }
                     let length = u32::from_be_bytes([0, head[0], head[1], head[2]]);
-                    let is_data = head[3] == 0;
-                    if !(is_data && length > 0) {
+                    let (kind, flags) = (head[3], head[4]);
+                    // A DATA frame is free when it carries a share of data worth its head
+                    // (or ends its stream); padding is not data.
+                    let carries = kind == 0 && (length >= SMALL_DATA || flags & END_STREAM != 0);
+                    if !carries {
                         counted += 1;
                     }
                     *have = 0;
@@ -200,13 +209,14 @@ mod tests {
     fn frames_are_counted_across_reads_and_data_is_passed_over() {
         let mut stream = PREFACE.to_vec();
         stream.extend(frame(4, &[]));
-        stream.extend(frame(0, &[7; 100]));
+        stream.extend(frame(0, &[7; 2000]));
         stream.extend(frame(0, &[]));
+        stream.extend(frame(0, &[7; 100]));
         stream.extend(frame(6, &[0; 8]));
         for split in [1, 5, 9, 24, 40, stream.len()] {
             let mut reading = Reading::Preface(0);
             let counted: u32 = stream.chunks(split).map(|bytes| reading.scan(bytes)).sum();
-            assert_eq!(counted, 3, "read {split} bytes at a time");
+            assert_eq!(counted, 4, "read {split} bytes at a time");
         }
     }
 

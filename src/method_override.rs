@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use http::header::{CONTENT_TYPE, HeaderName};
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, Method};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
@@ -33,36 +33,57 @@ pub(crate) fn query_methods(query: &str) -> Vec<Cow<'static, str>> {
     form_methods(query.as_bytes())
 }
 
-/// The methods a POST's body names in a `_method` field, read as the frameworks read it:
-/// a form (URL-encoded, or without a `Content-Type`, as Rack reads one), a multipart
-/// form's part, or a JSON object's top-level member. Only a POST is ever overridden.
-pub fn body_methods(method: &Method, headers: &HeaderMap, body: &[u8]) -> Vec<String> {
+/// A POST body that may name a method in a way not read here: encoded, multipart,
+/// JSON that does not parse, or in a charset other than UTF-8.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Unreadable;
+
+/// The methods a POST's body names in a `_method` field, as the frameworks read it: a
+/// form (URL-encoded, or without a `Content-Type`, as Rack reads one), or a JSON object's
+/// top-level member (Laravel reads any type holding `/json` or `+json` as JSON). What
+/// cannot be read so, and may name one, is [`Unreadable`]: the frameworks' parsers
+/// differ in more ways than are worth matching one by one. Only a POST is overridden.
+pub fn body_methods(
+    method: &Method,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Vec<String>, Unreadable> {
     if *method != Method::POST || body.is_empty() {
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    let content_type = headers
-        .get(CONTENT_TYPE)
-        .map(|value| String::from_utf8_lossy(value.as_bytes()).to_ascii_lowercase());
-    let Some(content_type) = content_type else {
-        return owned(form_methods(body));
+    let encoded = headers
+        .get(CONTENT_ENCODING)
+        .is_some_and(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return Err(Unreadable);
+    }
+    let Some(content_type) = headers.get(CONTENT_TYPE) else {
+        return Ok(owned(form_methods(body)));
     };
-    let mut parameters = content_type.split(';');
-    let media_type = parameters.next().unwrap_or_default().trim();
+    let content_type = String::from_utf8_lossy(content_type.as_bytes()).to_ascii_lowercase();
+    // Rack and PHP end the media type at the first `;`, `,` or space.
+    let media_type = content_type
+        .trim_start()
+        .split([';', ',', ' '])
+        .next()
+        .unwrap_or_default();
+    let mut methods = Vec::new();
     if media_type == "application/x-www-form-urlencoded" {
-        owned(form_methods(body))
-    } else if media_type == "multipart/form-data" {
-        let boundary = parameters
-            .filter_map(|parameter| parameter.trim().strip_prefix("boundary="))
-            .map(|boundary| boundary.trim_matches('"'))
-            .next();
-        // The boundary is read from the lowercased header; a part's delimiter is matched
-        // without regard to case for that reason.
-        boundary.map_or_else(Vec::new, |boundary| multipart_methods(body, boundary))
-    } else if media_type.ends_with("/json") || media_type.ends_with("+json") {
-        json_methods(body)
-    } else {
-        Vec::new()
+        methods.extend(owned(form_methods(body)));
     }
+    if media_type.starts_with("multipart/") && mentions_method(body) {
+        return Err(Unreadable);
+    }
+    if content_type.contains("/json") || content_type.contains("+json") {
+        let utf8 = content_type
+            .split_once("charset=")
+            .is_none_or(|(_, charset)| charset.trim_matches(['"', ' ']).starts_with("utf-8"));
+        if !utf8 {
+            return Err(Unreadable);
+        }
+        methods.extend(json_methods(body)?);
+    }
+    Ok(methods)
 }
 
 fn owned(methods: Vec<Cow<'static, str>>) -> Vec<String> {
@@ -70,20 +91,26 @@ fn owned(methods: Vec<Cow<'static, str>>) -> Vec<String> {
 }
 
 /// Whether a field's name reads as `_method` to some framework: any case, PHP's `.` or
-/// space for `_`, an array's `[]` or `[..]` after it (qs and PHP).
+/// space for `_`, leading spaces and brackets and what follows a NUL dropped (PHP, Rack),
+/// an array's `[]` or `[..]` after it (qs and PHP).
 fn is_method_field(name: &str) -> bool {
-    let name = name.split('[').next().unwrap_or_default();
-    name.len() == 7
-        && matches!(name.as_bytes()[0], b'_' | b'.' | b' ')
-        && name[1..].eq_ignore_ascii_case("method")
+    let name = name.split('\0').next().unwrap_or_default();
+    let spelled = |name: &str| {
+        let name = name.split('[').next().unwrap_or_default();
+        let name = name.trim_end_matches(']');
+        name.len() == 7
+            && matches!(name.as_bytes()[0], b'_' | b'.' | b' ')
+            && name[1..].eq_ignore_ascii_case("method")
+    };
+    spelled(name.trim_start_matches([']', '['])) || spelled(name.trim_start_matches([' ', '[', ']']))
 }
 
 /// The methods URL-encoded `_method` fields name, escapes and `+` decoded, lists item by
-/// item.
+/// item: a few more than any request may have ([`crate::target::MAX_READINGS`]) at most.
 fn form_methods(form: &[u8]) -> Vec<Cow<'static, str>> {
     // Most forms and queries name no method; an escape may spell one, so only a form with
     // neither is passed over unparsed.
-    if !form.contains(&b'%') && !contains_ignoring_case(form, b"method") {
+    if !form.contains(&b'%') && !mentions_method(form) {
         return Vec::new();
     }
     form_urlencoded::parse(form)
@@ -95,95 +122,33 @@ fn form_methods(form: &[u8]) -> Vec<Cow<'static, str>> {
                 .collect::<Vec<_>>()
         })
         .filter(|method| !method.is_empty())
+        .take(crate::target::MAX_READINGS + 1)
         .collect()
 }
 
-fn contains_ignoring_case(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window.eq_ignore_ascii_case(needle))
-}
-
-/// The values of a multipart form's parts named `_method` (RFC 7578).
-fn multipart_methods(body: &[u8], boundary: &str) -> Vec<String> {
-    if boundary.is_empty() || !contains_ignoring_case(body, b"method") {
-        return Vec::new();
-    }
-    let delimiter = format!("--{boundary}");
-    let mut methods = Vec::new();
-    for part in split_ignoring_case(body, delimiter.as_bytes()).skip(1) {
-        let Some((head, value)) =
-            split_once(part, b"\r\n\r\n").or_else(|| split_once(part, b"\n\n"))
-        else {
-            continue;
-        };
-        let head = String::from_utf8_lossy(head);
-        let named = head.lines().any(|line| {
-            let Some((field, rest)) = line.split_once(':') else {
-                return false;
-            };
-            field.trim().eq_ignore_ascii_case("content-disposition")
-                && rest.split(';').any(|parameter| {
-                    parameter
-                        .trim()
-                        .split_once('=')
-                        .is_some_and(|(name, value)| {
-                            name.trim().eq_ignore_ascii_case("name")
-                                && is_method_field(value.trim().trim_matches('"'))
-                        })
-                })
-        });
-        if named {
-            let value = String::from_utf8_lossy(value);
-            let value = value.trim();
-            if !value.is_empty() {
-                methods.push(value.to_owned());
-            }
-        }
-    }
-    methods
-}
-
-fn split_once<'a>(bytes: &'a [u8], separator: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
-    let at = bytes
-        .windows(separator.len())
-        .position(|window| window == separator)?;
-    Some((&bytes[..at], &bytes[at + separator.len()..]))
-}
-
-/// `bytes` cut at each `separator`, matched without regard to ASCII case.
-fn split_ignoring_case<'a>(
-    bytes: &'a [u8],
-    separator: &'a [u8],
-) -> impl Iterator<Item = &'a [u8]> + 'a {
-    let mut rest = Some(bytes);
-    std::iter::from_fn(move || {
-        let current = rest?;
-        match current
-            .windows(separator.len())
-            .position(|window| window.eq_ignore_ascii_case(separator))
-        {
-            Some(at) => {
-                rest = Some(&current[at + separator.len()..]);
-                Some(&current[..at])
-            }
-            None => {
-                rest = None;
-                Some(current)
-            }
-        }
-    })
+/// Whether `bytes` hold `method` in any case.
+fn mentions_method(bytes: &[u8]) -> bool {
+    bytes
+        .windows(6)
+        .any(|window| window.eq_ignore_ascii_case(b"method"))
 }
 
 /// The string values of a JSON object's top-level `_method` members (Laravel reads a JSON
-/// body's members as its input).
-fn json_methods(body: &[u8]) -> Vec<String> {
+/// body's members as its input); JSON that does not parse (too deep for serde_json, say,
+/// which PHP reads) and may name one is [`Unreadable`].
+fn json_methods(body: &[u8]) -> Result<Vec<String>, Unreadable> {
     // A member's name may be spelled with escapes; without either spelling there is none.
-    if !contains_ignoring_case(body, b"method") && !body.windows(2).any(|pair| pair == b"\\u") {
-        return Vec::new();
+    let escaped = body.windows(2).any(|pair| pair == b"\\u");
+    if !mentions_method(body) && !escaped {
+        return Ok(Vec::new());
     }
     let mut reader = serde_json::Deserializer::from_slice(body);
-    reader.deserialize_map(TopLevelMethods).unwrap_or_default()
+    match reader.deserialize_map(TopLevelMethods) {
+        Ok(methods) => Ok(methods),
+        Err(error) if error.is_syntax() || error.is_eof() => Err(Unreadable),
+        // Not an object (an array, a string): no member to read.
+        Err(_) => Ok(Vec::new()),
+    }
 }
 
 struct TopLevelMethods;
@@ -217,70 +182,135 @@ impl<'de> Visitor<'de> for TopLevelMethods {
 mod tests {
     use super::*;
 
-    fn read(content_type: Option<&str>, body: &str) -> Vec<String> {
+    fn read_with(pairs: &[(&str, &str)], body: &str) -> Result<Vec<String>, Unreadable> {
         let mut headers = HeaderMap::new();
-        if let Some(content_type) = content_type {
-            headers.insert(CONTENT_TYPE, content_type.parse().unwrap());
+        for (name, value) in pairs {
+            headers.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
         }
         body_methods(&Method::POST, &headers, body.as_bytes())
+    }
+
+    fn read(content_type: Option<&str>, body: &str) -> Result<Vec<String>, Unreadable> {
+        match content_type {
+            Some(content_type) => read_with(&[("content-type", content_type)], body),
+            None => read_with(&[], body),
+        }
     }
 
     #[test]
     fn a_form_names_a_method_however_its_field_is_spelled() {
         let form = Some("application/x-www-form-urlencoded; charset=utf-8");
-        assert_eq!(read(form, "a=1&_method=PUT"), ["PUT"]);
-        assert_eq!(read(form, "_%6Dethod=delete"), ["delete"]);
-        assert_eq!(read(form, "%5Fmethod%5B%5D=PATCH,PUT"), ["PATCH", "PUT"]);
-        assert_eq!(read(None, ".method=put"), ["put"]);
-        assert_eq!(read(form, "payment_method=card"), Vec::<String>::new());
+        assert_eq!(read(form, "a=1&_method=PUT").unwrap(), ["PUT"]);
+        assert_eq!(read(form, "_%6Dethod=delete").unwrap(), ["delete"]);
         assert_eq!(
-            read(Some("text/plain"), "_method=PUT"),
-            Vec::<String>::new()
+            read(form, "%5Fmethod%5B%5D=PATCH,PUT").unwrap(),
+            ["PATCH", "PUT"]
+        );
+        assert_eq!(read(None, ".method=put").unwrap(), ["put"]);
+        for spelled in [
+            "+_method",
+            "]_method",
+            "_method]",
+            "_method%00x",
+            "[_method",
+        ] {
+            assert_eq!(
+                read(form, &format!("{spelled}=PUT")).unwrap(),
+                ["PUT"],
+                "{spelled}"
+            );
+        }
+        // PHP and Rack end the media type at a comma too.
+        let comma = Some("application/x-www-form-urlencoded,");
+        assert_eq!(read(comma, "_method=PUT").unwrap(), ["PUT"]);
+        assert!(read(form, "payment_method=card").unwrap().is_empty());
+        assert!(read(Some("text/plain"), "_method=PUT").unwrap().is_empty());
+        let many = format!("_method={}", vec!["a"; 100_000].join(","));
+        assert_eq!(
+            read(form, &many).unwrap().len(),
+            crate::target::MAX_READINGS + 1
         );
     }
 
     #[test]
-    fn a_multipart_part_names_a_method() {
-        let body = "--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--XyZ\r\ncontent-disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n--XyZ--\r\n";
-        assert_eq!(
-            read(Some("multipart/form-data; boundary=XyZ"), body),
-            ["DELETE"]
+    fn what_cannot_be_read_so_and_may_name_one_is_unreadable() {
+        let multipart =
+            "--b\r\nContent-Disposition: form-data;\r\n name='_method'\r\n\r\nPUT\r\n--b--\r\n";
+        for content_type in [
+            "multipart/form-data; boundary=b",
+            "multipart/mixed; boundary=b",
+        ] {
+            assert_eq!(read(Some(content_type), multipart), Err(Unreadable));
+        }
+        assert!(
+            read(
+                Some("multipart/form-data; boundary=b"),
+                "--b\r\n\r\nx\r\n--b--"
+            )
+            .unwrap()
+            .is_empty()
         );
-        assert_eq!(
-            read(Some("multipart/form-data; boundary=\"XyZ\""), body),
-            ["DELETE"]
+        let gzip = [
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ];
+        assert_eq!(read_with(&gzip, "\u{1f}"), Err(Unreadable));
+        let deep = format!(
+            r#"{{"_method":"PUT","x":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
         );
+        // Deeper than serde_json's limit beside it: still read (PHP reads 512 deep).
+        assert_eq!(read(Some("application/json"), &deep).unwrap(), ["PUT"]);
         assert_eq!(
-            read(Some("multipart/form-data"), body),
-            Vec::<String>::new()
+            read(Some("application/json; charset=utf-16"), "{}"),
+            Err(Unreadable)
         );
     }
 
     #[test]
     fn a_json_object_names_a_method_at_its_top_level_only() {
         let json = Some("application/json");
-        assert_eq!(read(json, r#"{"id":1,"_method":"PUT"}"#), ["PUT"]);
-        assert_eq!(read(json, r#"{"\u005fmethod":"PATCH"}"#), ["PATCH"]);
+        assert_eq!(read(json, r#"{"id":1,"_method":"PUT"}"#).unwrap(), ["PUT"]);
+        assert_eq!(
+            read(json, r#"{"\u005fmethod":"PATCH"}"#).unwrap(),
+            ["PATCH"]
+        );
         assert_eq!(
             read(
                 Some("application/vnd.api+json"),
                 r#"{"_method":" delete "}"#
-            ),
+            )
+            .unwrap(),
             ["delete"]
         );
+        // Laravel reads any type holding `/json` as JSON.
         assert_eq!(
-            read(json, r#"{"data":{"_method":"PUT"},"payment_method":"x"}"#),
-            Vec::<String>::new()
+            read(
+                Some("application/jsonx, text/plain"),
+                r#"{"_method":"PUT"}"#
+            )
+            .unwrap(),
+            ["PUT"]
         );
-        assert_eq!(read(json, r#"{"_method":["PUT"]}"#), Vec::<String>::new());
-        assert_eq!(read(json, r#"[{"_method":"PUT"}]"#), Vec::<String>::new());
-        assert_eq!(read(json, "{\"_method\":"), Vec::<String>::new());
+        assert!(
+            read(json, r#"{"data":{"_method":"PUT"},"payment_method":"x"}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(read(json, r#"{"_method":["PUT"]}"#).unwrap().is_empty());
+        assert!(read(json, r#"[{"_method":"PUT"}]"#).unwrap().is_empty());
+        assert_eq!(read(json, "{\"_method\":"), Err(Unreadable));
     }
 
     #[test]
     fn only_a_post_is_overridden() {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());
-        assert!(body_methods(&Method::PUT, &headers, br#"{"_method":"DELETE"}"#).is_empty());
+        let put = body_methods(&Method::PUT, &headers, br#"{"_method":"DELETE"}"#);
+        assert!(put.unwrap().is_empty());
     }
 }

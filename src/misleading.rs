@@ -1,8 +1,8 @@
 //! The characters of a sender's text that must not reach a reader as they are: controls
 //! (C0, DEL, C1: line breaks, terminal escapes), line and paragraph separators, bidi
-//! marks, overrides and isolates, and the invisible format characters (zero-width
-//! spaces and joiners, the byte-order mark, tags) that make two different strings look
-//! alike. Keys refuse them; the CLI and the console show them replaced; the text log
+//! marks, overrides and isolates, and the invisible characters (zero-width spaces and
+//! joiners, the byte-order mark, tags, soft hyphens, variation selectors, Hangul and
+//! Braille blanks) that make two different strings look alike. Keys refuse them; the CLI and the console show them replaced; the text log
 //! escapes them (`log_text`).
 
 /// Whether `c` changes or hides what a terminal, a log viewer or a listing shows.
@@ -10,14 +10,23 @@ pub fn is_misleading(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
-            '\u{061C}'
-                | '\u{180E}'
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{061C}'
+                | '\u{115F}'
+                | '\u{1160}'
+                | '\u{180B}'..='\u{180F}'
                 | '\u{200B}'..='\u{200F}'
                 | '\u{2028}'..='\u{202E}'
                 | '\u{2060}'..='\u{206F}'
+                | '\u{2800}'
+                | '\u{3164}'
+                | '\u{FE00}'..='\u{FE0F}'
                 | '\u{FEFF}'
+                | '\u{FFA0}'
                 | '\u{FFF9}'..='\u{FFFB}'
                 | '\u{E0000}'..='\u{E007F}'
+                | '\u{E0100}'..='\u{E01EF}'
         )
 }
 
@@ -42,6 +51,11 @@ mod tests {
             '\u{9b}',
             '\u{61c}',
             '\u{200b}',
+            '\u{ad}',
+            '\u{3164}',
+            '\u{fe0f}',
+            '\u{2800}',
+            '\u{e0100}',
             '\u{200e}',
             '\u{200f}',
             '\u{2028}',

@@ -123,11 +123,14 @@ impl Reloader {
         let (path, overrides) = (self.started.source.clone(), self.started.overrides.clone());
         let reading = Arc::clone(&self.reading);
         let read = tokio::task::spawn_blocking(move || {
-            let text = crate::config::read_file(&path);
+            let read = crate::config::read_file(&path).and_then(|text| {
+                let config = Config::parse(&text, &path, &overrides)?;
+                Ok((text, config))
+            });
+            // Cleared once parsed too: reads and parses that outlast the timeout do not
+            // pile up.
             reading.store(false, Ordering::Release);
-            let text = text?;
-            let config = Config::parse(&text, &path, &overrides)?;
-            Ok((text, config))
+            read
         });
         match tokio::time::timeout(READ_TIMEOUT, read).await {
             Ok(Ok(read)) => read,

@@ -143,7 +143,7 @@ pub async fn serve<H: Handler>(
         builder: connection_builder(&limits),
         slots: Arc::new(Semaphore::new(limits.max_connections)),
         requests: Arc::new(Semaphore::new(limits.max_requests)),
-        probes: Arc::new(Semaphore::new(PROBE_PLACES)),
+        probes: Arc::new(Semaphore::new(limits.probe_places)),
         over_limit: Arc::new(Semaphore::new(MAX_OVER_LIMIT)),
         open: Arc::new(OpenConnections::default()),
         connections: TaskTracker::new(),
@@ -170,7 +170,7 @@ struct Listener<H> {
     slots: Arc<Semaphore>,
     /// A place per request in progress, over every connection, `max_requests` in all.
     requests: Arc<Semaphore>,
-    /// Places kept for health probes ([`PROBE_PLACES`]).
+    /// Places kept for health probes (`probe_places`).
     probes: Arc<Semaphore>,
     /// Connections beyond `max_connections` waiting for a slot or for their refusal.
     over_limit: Arc<Semaphore>,
@@ -383,7 +383,7 @@ struct Connection<H> {
     builder: auto::Builder<TokioExecutor>,
     handler: H,
     requests: Arc<Semaphore>,
-    /// Places kept for health probes ([`PROBE_PLACES`]).
+    /// Places kept for health probes (`probe_places`).
     probes: Arc<Semaphore>,
     /// How long it may be quiet with nothing in progress: idle, or before its first request.
     idle_limit: Duration,
@@ -532,19 +532,17 @@ impl<H: Handler> Connection<H> {
     }
 }
 
-/// A place for a request on a connection, or the refusal to answer instead: none on a
-/// connection told to close (an HTTP/2 peer may keep opening streams until it
-/// acknowledges the GOAWAY), none when every place is taken. Load is shed at once rather
-/// than queued: the sender retries later.
-/// Places kept for health probes (`GET` or `HEAD` of `/healthz` or `/readyz`) when every
-/// other is taken: no flood of other requests makes a probe fail for want of one.
-const PROBE_PLACES: usize = 8;
-
+/// Whether a request is a health probe (`GET` or `HEAD` of `/healthz` or `/readyz`),
+/// which may take one of `probe_places` when every other place is taken.
 fn is_probe(request: &Request<Incoming>) -> bool {
     matches!(*request.method(), http::Method::GET | http::Method::HEAD)
         && matches!(request.uri().path(), "/healthz" | "/readyz")
 }
 
+/// A place for a request on a connection, or the refusal to answer instead: none on a
+/// connection told to close (an HTTP/2 peer may keep opening streams until it
+/// acknowledges the GOAWAY), none when every place is taken. Load is shed at once rather
+/// than queued: the sender retries later.
 fn place_for_request(
     requests: &Arc<Semaphore>,
     closing: &CancellationToken,

@@ -62,6 +62,12 @@ pub enum TargetError {
         "the request reads as two different routes (through a method override, a rewritten URL or a forwarded host)"
     )]
     TwoRoutes,
+    /// A POST whose body may name another method (`_method`), to a path a route takes
+    /// under one, in a form not read for it ([`crate::method_override::Unreadable`]).
+    #[error(
+        "the body may name another method (`_method`) in a form the proxy does not read (encoded, multipart, JSON that does not parse, a charset other than UTF-8) for a path a route takes under another method"
+    )]
+    UnreadableOverride,
 }
 
 /// The host a request is for: its `Host` header, or an HTTP/2 request's `:authority`.

@@ -620,13 +620,18 @@ async fn a_method_named_in_the_body_is_read() {
             Some("multipart/form-data; boundary=b1"),
             multipart,
         ),
+        // Gzip-encoded: what it names cannot be read, so it is refused too.
+        "POST /hooks/put HTTP/1.1\r\nhost: hooks.example\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\ncontent-length: 2\r\n\r\nxx".to_owned(),
         // The open route takes the POST; the app would run it as the signed route's PUT.
         post("/hooks/open", json, r#"{"id":"evt_2","_method":"PUT"}"#),
     ];
     for request in &refused {
         let answer = raw(proxy.addr, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{request}: {answer}");
-        assert!(answer.contains("two different routes"), "{answer}");
+        assert!(
+            answer.contains("two different routes") || answer.contains("does not read"),
+            "{answer}"
+        );
     }
     assert_eq!(upstream.requests(), 0, "{:?}", upstream.received());
 

@@ -596,3 +596,39 @@ async fn an_eviction_holds_no_lane_on_redis() {
     let counts = q.counts().await;
     assert_eq!((counts.waiting, counts.retrying), (1, 0), "{counts:?}");
 }
+
+/// Dead letters whose records Redis evicted are dropped from the list as it is read: they
+/// neither count against `max_queued` nor end a listing (or the retention's sweep) early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_dead_letters_leave_the_list_on_redis() {
+    let Some(h) = Harness::redis().await else {
+        return;
+    };
+    let q = Queue::of(h);
+    q.enqueue("d1").await;
+    q.bury(410).await;
+    q.enqueue("d2").await;
+    q.bury(410).await;
+    assert_eq!(q.counts().await.dead, 2);
+    let client = redis::Client::open(support::REDIS_URL).unwrap();
+    let mut link = client.get_multiplexed_async_connection().await.unwrap();
+    let jobs = format!("dedupe-test:queue/{{{}}}/jobs", q.route);
+    let _: () = redis::cmd("DEL")
+        .arg(&jobs)
+        .query_async(&mut link)
+        .await
+        .unwrap();
+    let page = q.queue.dead(&q.route, None, 1).await.unwrap();
+    assert!(page.jobs.is_empty());
+    assert!(
+        page.next.is_some(),
+        "the listing goes on past the evicted one"
+    );
+    let page = q
+        .queue
+        .dead(&q.route, page.next.as_deref(), 1)
+        .await
+        .unwrap();
+    assert!(page.jobs.is_empty() && page.next.is_none());
+    assert_eq!(q.counts().await.dead, 0);
+}

@@ -380,7 +380,7 @@ impl Listing<'_> {
         let inner = match after {
             None => None,
             Some(cursor) => match cursor.split_once('.') {
-                Some((mark, inner)) if mark == self.mark(inner) => Some(inner),
+                Some((mark, inner)) if self.is_mark(mark, inner) => Some(inner),
                 _ => {
                     return Err(AdminRefusal::BadRequest(format!(
                         "`{cursor}` is not a cursor of this listing (another route, prefix or state, or not a cursor)"
@@ -399,13 +399,21 @@ impl Listing<'_> {
     /// The mark of the store's cursor `inner` in this listing: a cursor edited, or from
     /// another listing, does not carry it.
     fn mark(&self, inner: &str) -> String {
-        let state = match self.state {
+        crate::cursor_mark::mark(&["keys", self.scope, self.prefix, self.state_name(), inner])
+    }
+
+    fn is_mark(&self, given: &str, inner: &str) -> bool {
+        let parts = ["keys", self.scope, self.prefix, self.state_name(), inner];
+        crate::cursor_mark::is_mark_of(given, &parts)
+    }
+
+    fn state_name(&self) -> &'static str {
+        match self.state {
             None => "",
             Some(StateFilter::InFlight) => "in_flight",
             Some(StateFilter::Done) => "done",
             Some(StateFilter::Held) => "held",
-        };
-        crate::cursor_mark::mark(&["keys", self.scope, self.prefix, state, inner])
+        }
     }
 }
 

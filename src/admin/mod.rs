@@ -53,15 +53,21 @@ const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 const BODIES_MAX: usize = 16;
 const BODIES_PER_CREDENTIAL: usize = 8;
 
+/// Request places kept for `/healthz` and `/readyz` once the others are taken, so that
+/// no flood of other requests fails a probe.
+const PROBE_PLACES: usize = 8;
+
 /// The most connections the admin port takes: probes, a scraper and a few operators need
 /// few, and the descriptors they take are set aside from the proxy's.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// The admin listener's limits: [`MAX_CONNECTIONS`], and `limits`' default deadlines.
+/// The admin listener's limits: [`MAX_CONNECTIONS`], [`PROBE_PLACES`], and `limits`'
+/// default deadlines.
 pub fn listener_limits() -> Limits {
     Limits {
         max_connections: MAX_CONNECTIONS,
         max_requests: MAX_CONNECTIONS,
+        probe_places: PROBE_PLACES,
         ..Limits::default()
     }
 }

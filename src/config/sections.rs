@@ -122,6 +122,11 @@ pub struct Limits {
     /// Size of a request's head (request line and headers); more gets 431.
     #[serde(default = "defaults::max_header_bytes")]
     pub max_header_bytes: Size,
+    /// Request places kept for health probes once every other is taken: the admin
+    /// port's, never the file's.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub probe_places: usize,
 }
 
 impl Default for Limits {
@@ -132,6 +137,7 @@ impl Default for Limits {
             header_read_timeout: defaults::header_read_timeout(),
             body_read_timeout: defaults::body_read_timeout(),
             max_header_bytes: defaults::max_header_bytes(),
+            probe_places: 0,
         }
     }
 }

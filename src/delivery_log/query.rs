@@ -7,6 +7,7 @@
 use base64::Engine;
 use serde_json::{Value, json};
 
+use crate::cursor_mark;
 use crate::store::log::{DeliveryLog, Fate, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, parse_rfc3339, rfc3339};
 
@@ -152,26 +153,27 @@ impl Filter {
             && self.until.is_none_or(|until| entry.at < until)
     }
 
-    /// The cursor of a page that ended at `id`: the id and a digest of the filter, so
-    /// that a cursor given with another filter is refused rather than misread.
+    /// The cursor of a page that ended at `id`: the id and a mark of it and the filter,
+    /// so that a cursor given with another filter (or made up) is refused rather than
+    /// misread.
     fn cursor(&self, id: LogId) -> String {
-        format!("{id}.{}", self.digest())
+        let id = id.to_string();
+        format!(
+            "{id}.{}",
+            cursor_mark::mark(&["delivery log", &self.canonical, &id])
+        )
     }
 
     fn read_cursor(&self, cursor: &str) -> Result<LogId, String> {
         let bad = || format!("`{cursor}` is not a cursor of the delivery log");
-        let (id, digest) = cursor.rsplit_once('.').ok_or_else(bad)?;
-        let id = id.parse::<LogId>().map_err(|_| bad())?;
-        if digest != self.digest() {
+        let (id, mark) = cursor.rsplit_once('.').ok_or_else(bad)?;
+        let parsed = id.parse::<LogId>().map_err(|_| bad())?;
+        if !cursor_mark::is_mark_of(mark, &["delivery log", &self.canonical, id]) {
             return Err(format!(
-                "the cursor `{cursor}` was made for another filter: ask again with the filter of the page it came from"
+                "the cursor `{cursor}` was made for another filter, or by no page: ask again with the filter of the page it came from"
             ));
         }
-        Ok(id)
-    }
-
-    fn digest(&self) -> String {
-        crate::cursor_mark::mark(&["delivery log", &self.canonical])
+        Ok(parsed)
     }
 }
 

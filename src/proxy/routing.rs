@@ -38,7 +38,8 @@ pub(super) fn body_stays_on(
     body: &[u8],
     route: Option<&Route>,
 ) -> Result<(), TargetError> {
-    let methods = method_override::body_methods(&head.method, &head.headers, body);
+    let methods = method_override::body_methods(&head.method, &head.headers, body)
+        .map_err(|_| TargetError::UnreadableOverride)?;
     if methods.is_empty() {
         return Ok(());
     }

@@ -287,8 +287,12 @@ pub fn revived(job: Option<Job>, now: Millis) -> Option<(Millis, Job)> {
 /// A cursor for dead letters: when the job died and its key, so that pages stay in order
 /// while jobs die or go.
 pub fn dead_cursor(job: &Job) -> String {
-    let died = job.dead.map_or(0, |(at, _)| at);
-    format!("{died:016x}{}", job.key)
+    dead_cursor_at(job.dead.map_or(0, |(at, _)| at), &job.key)
+}
+
+/// The [`dead_cursor`] of the job `key` that died at `died`.
+pub fn dead_cursor_at(died: Millis, key: &str) -> String {
+    format!("{died:016x}{key}")
 }
 
 /// Reads a [`dead_cursor`] back: the time and the key.

@@ -32,7 +32,7 @@ use redis::{AsyncCommands, Script};
 
 use super::connection::Link;
 use crate::store::queue::{
-    BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
+    BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor_at,
     parse_dead_cursor, revived,
 };
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
@@ -472,6 +472,7 @@ impl DeliveryQueue for RedisQueue {
         };
         let mut link = self.link.clone();
         let mut names: Vec<String> = Vec::new();
+        let mut deaths: Vec<Millis> = Vec::new();
         // Members of one score sort by name, as the cursor does: those at the cursor's
         // own time up to its key are skipped.
         let mut offset = 0;
@@ -493,6 +494,7 @@ impl DeliveryQueue for RedisQueue {
                     continue;
                 }
                 names.push(name);
+                deaths.push(died);
             }
             if ended {
                 break;
@@ -501,6 +503,7 @@ impl DeliveryQueue for RedisQueue {
         }
         let more = names.len() > limit;
         names.truncate(limit);
+        deaths.truncate(limit);
         let records: Vec<Option<Vec<u8>>> = if names.is_empty() {
             Vec::new()
         } else {
@@ -512,15 +515,24 @@ impl DeliveryQueue for RedisQueue {
             )
             .await?
         };
+        // A name whose record is gone (evicted) is dropped from dead letters, so that it
+        // neither counts against `max_queued` nor ends a listing early.
+        let gone: Vec<&String> = names
+            .iter()
+            .zip(&records)
+            .filter_map(|(name, record)| record.is_none().then_some(name))
+            .collect();
+        if !gone.is_empty() {
+            let _: i64 = self.bounded(link.zrem(&keys.dead, &gone)).await?;
+        }
         let jobs = records
             .into_iter()
             .flatten()
             .map(|record| Job::decode(&record))
             .collect::<Result<Vec<_>, _>>()?;
-        let next = if more {
-            jobs.last().map(dead_cursor)
-        } else {
-            None
+        let next = match (more, names.last(), deaths.last()) {
+            (true, Some(name), Some(died)) => Some(dead_cursor_at(*died, name)),
+            _ => None,
         };
         Ok(DeadPage { jobs, next })
     }
