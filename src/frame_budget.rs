@@ -18,9 +18,12 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-/// Frames a connection may send per second, and at once after a quiet spell: far above
-/// what a client or a load balancer sends on one connection besides its requests' data.
+/// Frames a connection may send per second: far above what a client or a load balancer
+/// sends on one connection besides its requests' data.
 pub const FRAMES_PER_SECOND: f64 = 1000.0;
+
+/// Frames a connection may send at once after a quiet spell (a new connection too), so
+/// that opening one and its streams costs little more than a steady stream of them.
 pub const BURST: f64 = 16.0;
 
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -102,7 +102,8 @@ fn is_method_field(name: &str) -> bool {
             && matches!(name.as_bytes()[0], b'_' | b'.' | b' ')
             && name[1..].eq_ignore_ascii_case("method")
     };
-    spelled(name.trim_start_matches([']', '['])) || spelled(name.trim_start_matches([' ', '[', ']']))
+    spelled(name.trim_start_matches([']', '[']))
+        || spelled(name.trim_start_matches([' ', '[', ']']))
 }
 
 /// The methods URL-encoded `_method` fields name, escapes and `+` decoded, lists item by

@@ -169,11 +169,20 @@ impl Admin {
         // waited for, so that a sender holding one back cannot hold the port's places.
         let (mut head, body) = request.into_parts();
         let body = if matches!(head.method, Method::POST | Method::PATCH) {
-            let Ok(_place) = self.bodies.take(role.credential()) else {
-                return AdminRefusal::TooMany(format!(
-                    "{BODIES_MAX} requests' bodies are being read already ({BODIES_PER_CREDENTIAL} per credential at most); try again"
-                ))
-                .into_response();
+            let _place = match self.bodies.take(role.credential()) {
+                Ok(place) => place,
+                Err(places::Full::All) => {
+                    return AdminRefusal::TooMany(format!(
+                        "{BODIES_MAX} requests' bodies are being read already; try again"
+                    ))
+                    .into_response();
+                }
+                Err(places::Full::Credential) => {
+                    return AdminRefusal::TooMany(format!(
+                        "this credential's {BODIES_PER_CREDENTIAL} requests' bodies are being read already, its share; try again"
+                    ))
+                    .into_response();
+                }
             };
             let limit = match endpoint {
                 Endpoint::Mcp => mcp::REQUEST_BODY_MAX,

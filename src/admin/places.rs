@@ -1,7 +1,7 @@
 //! Places for what holds a connection long on the admin port (a request whose body is
-//! being read, a live tail), bounded in all and per credential, so that one client, or
-//! one token, cannot take every place, and the port's other connections stay free for
-//! the probes.
+//! being read, a live tail), bounded in all and per credential (the token, the viewer's
+//! token, loopback), so that no credential's clients can take every place, and the
+//! port's other connections stay free for the probes.
 
 use std::collections::HashMap;
 use std::sync::Arc;

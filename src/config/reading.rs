@@ -16,7 +16,8 @@ use super::errors::ConfigError;
 /// The largest configuration file read: far above any real one.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
-/// How many times a read that met a change is tried again, and the pause between.
+/// How many times in all a file that changes while it is read is read, and the pause
+/// between.
 const TRIES: u32 = 3;
 const PAUSE: Duration = Duration::from_millis(100);
 
@@ -122,6 +123,7 @@ mod tests {
         assert!(error.contains("not a regular file"), "{error}");
         let large = dir.path().join("large.yaml");
         std::fs::write(&large, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
-        assert!(read_file(&large).is_err());
+        let error = read_file(&large).unwrap_err().to_string();
+        assert!(error.contains("larger than"), "{error}");
     }
 }

@@ -21,6 +21,9 @@ struct RouteFill {
     held: Option<u64>,
     /// Places taken since the start, so that a count can tell which came after it began.
     taken: u64,
+    /// Places taken whose job is not yet stored or given up: a count that begins now may
+    /// not see them.
+    unsettled: u64,
 }
 
 /// Why no place was given.
@@ -43,6 +46,7 @@ impl Fill {
         }
         fill.held = Some(held + 1);
         fill.taken += 1;
+        fill.unsettled += 1;
         Ok(Place {
             fill: Arc::clone(self),
             route: route.to_owned(),
@@ -58,15 +62,19 @@ impl Fill {
             .is_some_and(|fill| fill.held.is_some())
     }
 
-    /// Places taken so far, per route: given back to [`Fill::counted`] with the count
-    /// that starts now.
+    /// Places whose jobs a count that starts now sees, per route (those taken and settled
+    /// so far): given back to [`Fill::counted`] with that count.
     pub(crate) fn before_count(&self, route: &str) -> u64 {
-        self.routes.lock().get(route).map_or(0, |fill| fill.taken)
+        self.routes
+            .lock()
+            .get(route)
+            .map_or(0, |fill| fill.taken - fill.unsettled)
     }
 
     /// The store counted `held` jobs of `route`, in a count that began when
-    /// [`Fill::before_count`] said `taken_before`: places taken since may or may not be
-    /// in it, and are added (an estimate over, never under, until the next count).
+    /// [`Fill::before_count`] said `taken_before`: places taken since, or unsettled then,
+    /// may or may not be in it, and are added (an estimate over, never under, until the
+    /// next count).
     pub(crate) fn counted(&self, route: &str, held: u64, taken_before: u64) {
         let mut routes = self.routes.lock();
         let fill = routes.entry(route.to_owned()).or_default();
@@ -96,11 +104,11 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        if self.kept {
-            return;
-        }
         if let Some(fill) = self.fill.routes.lock().get_mut(&self.route) {
-            fill.held = fill.held.map(|held| held.saturating_sub(1));
+            fill.unsettled -= 1;
+            if !self.kept {
+                fill.held = fill.held.map(|held| held.saturating_sub(1));
+            }
         }
     }
 }
@@ -127,5 +135,19 @@ mod tests {
         fill.counted("r", 1, before);
         assert_eq!(fill.held("r"), Some(2));
         assert_eq!(fill.take("r", 2).err(), Some(NoPlace::Full));
+    }
+
+    /// A place taken before a count began whose job is stored after the store counted
+    /// is in neither number unless it is added: it is.
+    #[test]
+    fn a_job_stored_while_the_store_counts_is_not_lost() {
+        let fill = Arc::new(Fill::default());
+        fill.counted("r", 0, fill.before_count("r"));
+        let place = fill.take("r", 1).unwrap();
+        let before = fill.before_count("r");
+        // The store counts: the job is not stored yet.
+        place.keep();
+        fill.counted("r", 0, before);
+        assert_eq!(fill.take("r", 1).err(), Some(NoPlace::Full));
     }
 }

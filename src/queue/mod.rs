@@ -250,13 +250,15 @@ impl Deliveries {
         }
     }
 
-    /// Discards each queued route's dead letters that died more than its
-    /// `dead_retention` ago, oldest first, [`EXPIRED_PER_SWEEP`] at most per route.
-    async fn expire_dead_letters(&self) {
+    /// Discards the dead letters of each queued route among `with_dead` (those the last
+    /// count found some in) that died more than its `dead_retention` ago, oldest first,
+    /// [`EXPIRED_PER_SWEEP`] at most per route.
+    async fn expire_dead_letters(&self, with_dead: &HashSet<String>) {
         let routes: Vec<(String, Duration)> = self
             .running
             .lock()
             .iter()
+            .filter(|(name, _)| with_dead.contains(*name))
             .filter_map(|(name, running)| {
                 let policy = running.route.policy.queue.as_ref()?;
                 Some((name.clone(), policy.dead_retention))
@@ -282,7 +284,7 @@ impl Deliveries {
     /// time (each is read whole, its body too).
     async fn expire_dead(&self, route: &str, before: Millis) -> Result<u64, StoreError> {
         let mut discarded = 0;
-        // The oldest alone first: at most refreshes it is not yet due.
+        // The oldest alone first: on most refreshes even it is not due yet.
         let mut page_size = 1;
         while discarded < EXPIRED_PER_SWEEP {
             let page = self.queue.dead(route, None, page_size).await?;
@@ -528,6 +530,11 @@ impl Deliveries {
                         let before = before.get(&route.route).copied().unwrap_or(u64::MAX);
                         self.fill.counted(&route.route, held, before);
                     }
+                    let with_dead: HashSet<String> = routes
+                        .iter()
+                        .filter(|route| route.counts.dead > 0)
+                        .map(|route| route.route.clone())
+                        .collect();
                     for route in routes {
                         let oldest = route
                             .counts
@@ -545,10 +552,10 @@ impl Deliveries {
                             },
                         );
                     }
+                    self.expire_dead_letters(&with_dead).await;
                 }
                 Err(error) => tracing::debug!(%error, "cannot count the queued jobs"),
             }
-            self.expire_dead_letters().await;
             tokio::select! {
                 () = tokio::time::sleep(REFRESH) => {}
                 () = self.stop.cancelled() => return,
