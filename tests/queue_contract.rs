@@ -580,14 +580,7 @@ async fn an_eviction_holds_no_lane_on_redis() {
     let q = Queue::of(h);
     q.enqueue_in("l", "e1").await;
     q.enqueue_in("l", "e2").await;
-    let client = redis::Client::open(support::REDIS_URL).unwrap();
-    let mut link = client.get_multiplexed_async_connection().await.unwrap();
-    let jobs = format!("dedupe-test:queue/{{{}}}/jobs", q.route);
-    let _: () = redis::cmd("DEL")
-        .arg(&jobs)
-        .query_async(&mut link)
-        .await
-        .unwrap();
+    evict_job_records(&q).await;
     assert!(q.take(10, VISIBLE).await.is_empty());
     assert_eq!(q.enqueue_in("l", "e3").await, Enqueued::Stored);
     let taken = q.take(10, VISIBLE).await;
@@ -610,14 +603,7 @@ async fn evicted_dead_letters_leave_the_list_on_redis() {
     q.enqueue("d2").await;
     q.bury(410).await;
     assert_eq!(q.counts().await.dead, 2);
-    let client = redis::Client::open(support::REDIS_URL).unwrap();
-    let mut link = client.get_multiplexed_async_connection().await.unwrap();
-    let jobs = format!("dedupe-test:queue/{{{}}}/jobs", q.route);
-    let _: () = redis::cmd("DEL")
-        .arg(&jobs)
-        .query_async(&mut link)
-        .await
-        .unwrap();
+    evict_job_records(&q).await;
     let page = q.queue.dead(&q.route, None, 1).await.unwrap();
     assert!(page.jobs.is_empty());
     assert!(
@@ -631,4 +617,16 @@ async fn evicted_dead_letters_leave_the_list_on_redis() {
         .unwrap();
     assert!(page.jobs.is_empty() && page.next.is_none());
     assert_eq!(q.counts().await.dead, 0);
+}
+
+/// Evicts `q`'s route's job records as Redis does when full: the whole hash at once.
+async fn evict_job_records(q: &Queue) {
+    let client = redis::Client::open(support::REDIS_URL).unwrap();
+    let mut link = client.get_multiplexed_async_connection().await.unwrap();
+    let jobs = format!("dedupe-test:queue/{{{}}}/jobs", q.route);
+    let _: () = redis::cmd("DEL")
+        .arg(&jobs)
+        .query_async(&mut link)
+        .await
+        .unwrap();
 }

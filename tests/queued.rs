@@ -34,6 +34,16 @@ async fn wait_for_dead(proxy: &Proxy, count: usize) {
     .await;
 }
 
+async fn wait_for_no_dead(proxy: &Proxy, within: Duration) {
+    eventually(within, "no dead letters", || async {
+        dead_letters(proxy, "").await["jobs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn an_accepted_event_is_acknowledged_then_delivered_once() {
     let upstream = Upstream::start().await;
@@ -191,13 +201,7 @@ async fn dead_letters_past_their_retention_are_discarded() {
         metrics.contains(r#"dedupe_queue_dead_expired_total{route="hooks"} 1"#),
         "{metrics}"
     );
-    eventually(Duration::from_secs(10), "both discarded", || async {
-        dead_letters(&proxy, "").await["jobs"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    })
-    .await;
+    wait_for_no_dead(&proxy, Duration::from_secs(10)).await;
     proxy.shutdown().await;
 }
 
@@ -261,13 +265,7 @@ async fn a_refusal_goes_to_dead_letters_which_are_inspected_replayed_and_discard
             .status,
         404
     );
-    eventually(Duration::from_secs(5), "no dead letters", || async {
-        dead_letters(&proxy, "").await["jobs"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    })
-    .await;
+    wait_for_no_dead(&proxy, Duration::from_secs(5)).await;
     proxy.shutdown().await;
 }
 
