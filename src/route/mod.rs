@@ -464,12 +464,22 @@ pub struct RouteTable {
     routes: Vec<Arc<Route>>,
     /// Whether any route is limited to a host, so that forwarded hosts matter.
     limits_hosts: bool,
+    /// Whether any route takes a method other than POST, so that a POST's body could
+    /// name one (`_method`).
+    takes_other_than_post: bool,
 }
 
 impl RouteTable {
     pub fn new(routes: Vec<Route>) -> RouteTable {
         RouteTable {
             limits_hosts: routes.iter().any(|route| route.matcher.host.is_some()),
+            takes_other_than_post: routes.iter().any(|route| {
+                let methods = &route.matcher.methods;
+                methods.is_empty()
+                    || methods
+                        .iter()
+                        .any(|MethodValue(ours)| *ours != Method::POST)
+            }),
             routes: routes.into_iter().map(Arc::new).collect(),
         }
     }
@@ -508,7 +518,8 @@ impl RouteTable {
     /// route's request through a `_method` in its body: then its body is read for one
     /// ([`crate::method_override::body_methods`]). Most requests need not be.
     pub fn body_may_reroute(&self, target: &Addressed<'_>, found: Option<&Arc<Route>>) -> bool {
-        *target.method == Method::POST
+        self.takes_other_than_post
+            && *target.method == Method::POST
             && self.routes.iter().any(|route| {
                 found.is_none_or(|found| !Arc::ptr_eq(found, route))
                     && target.hosts().any(|host| {
