@@ -80,16 +80,31 @@ impl Value<'_> {
 
 fn write_value(writer: &mut impl Write, value: Value<'_>) -> fmt::Result {
     match value {
-        Value::Str(text) => write!(writer, "{text:?}"),
+        Value::Str(text) => quoted(writer, text),
         Value::Formatted(value) => {
             let text = format!("{value:?}");
             if is_bare(&text) {
                 writer.write_str(&text)
             } else {
-                write!(writer, "{text:?}")
+                quoted(writer, &text)
             }
         }
     }
+}
+
+/// `text` in quotes, escaped as `{:?}` escapes it, and every misleading character
+/// (some of which `{:?}` prints as they are) as `\u{..}` too.
+fn quoted(writer: &mut impl Write, text: &str) -> fmt::Result {
+    writer.write_char('"')?;
+    for c in text.chars() {
+        let printed_raw = c.escape_debug().nth(1).is_none();
+        if printed_raw && crate::misleading::is_misleading(c) {
+            write!(writer, "\\u{{{:x}}}", u32::from(c))?;
+        } else {
+            write!(writer, "{}", c.escape_debug())?;
+        }
+    }
+    writer.write_char('"')
 }
 
 /// Characters a value may hold and still be written unquoted: none of them ends a field
@@ -175,6 +190,9 @@ mod tests {
         assert_eq!(value(""), r#""""#);
         // A value that looks quoted is quoted again: `"evt_1"` is not `evt_1`.
         assert_eq!(value(r#""evt_1""#), r#""\"evt_1\"""#);
+        // Blanks `{:?}` prints as they are: escaped all the same.
+        assert_eq!(value("a b\u{3164}"), r#""a b\u{3164}""#);
+        assert_eq!(value("a b\u{2800}"), r#""a b\u{2800}""#);
         assert_eq!(value("\"a\\\u{200e}\""), r#""\"a\\\u{200e}\"""#);
     }
 
