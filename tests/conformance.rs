@@ -1470,3 +1470,130 @@ async fn redis_an_entity_value_of_another_form_is_replaced() {
     assert!(h.record("odd", "3", RETENTION).await);
     assert_eq!(h.newest("odd").await.as_deref(), Some("3"));
 }
+
+/// Claims `key` but stops waiting after 100 ms, while `stall` keeps the server from
+/// answering for longer; then the claim must be given back once the server answers: left
+/// in flight, it would turn the provider's retries away until its lease (a minute here,
+/// five by default) ended.
+async fn an_unanswered_claim_is_given_back(
+    store: &dyn ClaimStore,
+    key: &str,
+    stall: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let stalled = tokio::spawn(stall);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), store.claim(key, BODY, LEASE));
+    assert!(gave_up.await.is_err(), "the claim must still be waiting on the stalled server");
+    stalled.await.unwrap();
+    support::eventually(Duration::from_secs(5), "the unanswered claim given back", || async {
+        store.inspect(key).await.unwrap().is_none()
+    })
+    .await;
+    assert!(matches!(
+        store.claim(key, BODY, LEASE).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+}
+
+/// A redis-server of one test's own, on a free loopback port: pausing it holds up no other
+/// test.
+struct OwnRedis {
+    server: std::process::Child,
+    url: String,
+}
+
+impl OwnRedis {
+    async fn start() -> Option<OwnRedis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn();
+        let server = match server {
+            Ok(server) => server,
+            Err(error) if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+                panic!("redis-server must be installed in CI: {error}")
+            }
+            Err(error) => {
+                eprintln!("skipped: redis-server cannot be started ({error})");
+                return None;
+            }
+        };
+        let own = OwnRedis {
+            server,
+            url: format!("redis://127.0.0.1:{port}/0"),
+        };
+        support::eventually(Duration::from_secs(10), "redis-server listening", || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        Some(own)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_an_unanswered_claim_is_given_back() {
+    let Some(redis) = OwnRedis::start().await else {
+        return;
+    };
+    let config = dedupe_proxy::config::RedisConfig {
+        url: dedupe_proxy::config::ServerUrl::Written(dedupe_proxy::values::Secret::new(
+            redis.url.clone(),
+        )),
+        ..plain_redis_config()
+    };
+    let store = RedisStore::connect(&config, None).await.unwrap();
+    let url = redis.url.clone();
+    // Writes wait 500 ms: the claim's SET among them.
+    let stall = async move {
+        let client = redis::Client::open(url).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(500)
+            .arg("WRITE")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    an_unanswered_claim_is_given_back(&store, "unanswered", stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_unanswered_claim_is_given_back() {
+    let Some(locker) = postgres_client().await else {
+        return;
+    };
+    let table = "dedupe_unanswered";
+    support::drop_postgres_tables(table).await;
+    let config = PostgresConfig {
+        table: TableName(table.into()),
+        ..plain_postgres_config()
+    };
+    let store = PostgresStore::connect(&config, None).await.unwrap();
+    // Another session locks the table for 500 ms: the claim's insert waits behind it.
+    let stall = async move {
+        locker
+            .batch_execute(&format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        locker.batch_execute("COMMIT").await.unwrap();
+    };
+    an_unanswered_claim_is_given_back(&store, "unanswered", stall).await;
+}

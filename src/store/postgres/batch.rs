@@ -52,6 +52,10 @@ pub trait Batched: Send + Sync + 'static {
         client: &Object,
         requests: Vec<&Self::Request>,
     ) -> Result<Vec<Self::Answer>, StoreError>;
+
+    /// Told of an answer whose caller was gone when it came (it gave up waiting, or its
+    /// sender hung up): what the statement did for it stays done unless undone here.
+    async fn unanswered(&self, _client: &Object, _request: Self::Request, _answer: Self::Answer) {}
 }
 
 /// A queue of requests, run in batches by a [`Batched`] statement on connections of one
@@ -126,8 +130,10 @@ async fn run_rounds<B: Batched>(
         jobs = match statement.run(&connection, requests).await {
             Ok(answers) if answers.len() == round.len() => {
                 let later = settle_repeats::<B>(&round, &answers, later);
-                for (job, answer) in round.into_iter().zip(answers) {
-                    let _ = job.reply.send(Ok(answer));
+                for (Job { request, reply }, answer) in round.into_iter().zip(answers) {
+                    if let Err(Ok(answer)) = reply.send(Ok(answer)) {
+                        statement.unanswered(&connection, request, answer).await;
+                    }
                 }
                 later
             }

@@ -120,6 +120,20 @@ impl Batched for ClaimMany {
             })
             .collect())
     }
+
+    /// A claim made for a caller that is gone is given back at once: left, it would turn
+    /// the provider's retries away as in flight until its lease ended.
+    async fn unanswered(&self, client: &Object, request: ClaimRequest, answer: Found) {
+        if !matches!(answer, Found::Claimed { .. }) {
+            return;
+        }
+        let params: [&(dyn ToSql + Sync); 3] = [&request.key, &request.owner, &false];
+        if let Err(error) =
+            batch_query(client, &self.statements.release, &params, self.timeout).await
+        {
+            tracing::warn!(%error, "giving back a claim whose caller was gone failed; it ends with its lease");
+        }
+    }
 }
 
 /// A done mark waiting for its batch.
