@@ -72,4 +72,42 @@ mod tests {
         }
         assert_eq!(replaced("a\u{202e}b\u{1b}[0m"), "a\u{fffd}b\u{fffd}[0m");
     }
+
+    /// The console's script keeps its own copy of the set (`MISLEADING` in `app.js`): the
+    /// two agree on every code point.
+    #[test]
+    fn the_consoles_set_is_this_one() {
+        let script = include_str!("admin/console/app.js");
+        let class = script
+            .split("const MISLEADING = /[")
+            .nth(1)
+            .and_then(|rest| rest.split("]/gu;").next())
+            .expect("app.js defines MISLEADING as one character class");
+        let mut ranges = Vec::new();
+        let mut rest = class;
+        fn code_point(rest: &mut &str) -> u32 {
+            let text = rest.strip_prefix("\\u").expect("\\u escapes only");
+            let (digits, after) = match text.strip_prefix('{') {
+                Some(braced) => braced.split_once('}').unwrap(),
+                None => text.split_at(4),
+            };
+            *rest = after;
+            u32::from_str_radix(digits, 16).unwrap()
+        }
+        while !rest.is_empty() {
+            let start = code_point(&mut rest);
+            let end = match rest.strip_prefix('-') {
+                Some(after) => {
+                    rest = after;
+                    code_point(&mut rest)
+                }
+                None => start,
+            };
+            ranges.push(start..=end);
+        }
+        for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+            let in_script = ranges.iter().any(|range| range.contains(&(c as u32)));
+            assert_eq!(in_script, is_misleading(c), "U+{:04X}", c as u32);
+        }
+    }
 }

@@ -1475,19 +1475,42 @@ async fn redis_an_entity_value_of_another_form_is_replaced() {
 /// answering for longer; then the claim must be given back once the server answers: left
 /// in flight, it would turn the provider's retries away until its lease (a minute here,
 /// five by default) ended.
-async fn an_unanswered_claim_is_given_back(
-    store: &dyn ClaimStore,
+async fn an_unanswered_claim_is_given_back<Waits>(
+    store: Arc<dyn ClaimStore>,
     key: &str,
     stall: impl std::future::Future<Output = ()> + Send + 'static,
-) {
+    waiting: impl Fn() -> Waits,
+) where
+    Waits: std::future::Future<Output = bool>,
+{
+    // Connections opened first: a claim still waiting for one would never be sent.
+    store
+        .claim(&format!("{key}-warm"), BODY, LEASE)
+        .await
+        .unwrap();
     let stalled = tokio::spawn(stall);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let gave_up = tokio::time::timeout(Duration::from_millis(100), store.claim(key, BODY, LEASE));
-    assert!(gave_up.await.is_err(), "the claim must still be waiting on the stalled server");
+    let claiming = {
+        let (store, key) = (Arc::clone(&store), key.to_owned());
+        tokio::spawn(async move { store.claim(&key, BODY, LEASE).await })
+    };
+    support::eventually(
+        Duration::from_secs(5),
+        "the claim waiting on the server",
+        &waiting,
+    )
+    .await;
+    assert!(
+        !claiming.is_finished(),
+        "the claim must still be waiting on the stalled server"
+    );
+    claiming.abort();
     stalled.await.unwrap();
-    support::eventually(Duration::from_secs(5), "the unanswered claim given back", || async {
-        store.inspect(key).await.unwrap().is_none()
-    })
+    support::eventually(
+        Duration::from_secs(5),
+        "the unanswered claim given back",
+        || async { store.inspect(key).await.unwrap().is_none() },
+    )
     .await;
     assert!(matches!(
         store.claim(key, BODY, LEASE).await.unwrap(),
@@ -1528,11 +1551,15 @@ impl OwnRedis {
             server,
             url: format!("redis://127.0.0.1:{port}/0"),
         };
-        support::eventually(Duration::from_secs(10), "redis-server listening", || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-        })
+        support::eventually(
+            Duration::from_secs(10),
+            "redis-server listening",
+            || async {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+            },
+        )
         .await;
         Some(own)
     }
@@ -1556,7 +1583,7 @@ async fn redis_an_unanswered_claim_is_given_back() {
         )),
         ..plain_redis_config()
     };
-    let store = RedisStore::connect(&config, None).await.unwrap();
+    let store = Arc::new(RedisStore::connect(&config, None).await.unwrap());
     let url = redis.url.clone();
     // Writes wait 500 ms: the claim's SET among them.
     let stall = async move {
@@ -1571,7 +1598,9 @@ async fn redis_an_unanswered_claim_is_given_back() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    an_unanswered_claim_is_given_back(&store, "unanswered", stall).await;
+    // Sent at once on its open connection, and held by the pause.
+    let sent = || async { true };
+    an_unanswered_claim_is_given_back(store, "unanswered", stall, sent).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1585,7 +1614,8 @@ async fn postgres_an_unanswered_claim_is_given_back() {
         table: TableName(table.into()),
         ..plain_postgres_config()
     };
-    let store = PostgresStore::connect(&config, None).await.unwrap();
+    let store = Arc::new(PostgresStore::connect(&config, None).await.unwrap());
+    let observer = postgres_client().await.unwrap();
     // Another session locks the table for 500 ms: the claim's insert waits behind it.
     let stall = async move {
         locker
@@ -1595,5 +1625,12 @@ async fn postgres_an_unanswered_claim_is_given_back() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         locker.batch_execute("COMMIT").await.unwrap();
     };
-    an_unanswered_claim_is_given_back(&store, "unanswered", stall).await;
+    let blocked = || async {
+        let waiting = format!(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{table}'::regclass"
+        );
+        let row = observer.query_one(&waiting, &[]).await.unwrap();
+        row.get::<_, i64>(0) > 0
+    };
+    an_unanswered_claim_is_given_back(store, "unanswered", stall, blocked).await;
 }

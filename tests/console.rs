@@ -870,6 +870,60 @@ async fn hostile_keys_are_shown_as_text_and_quick_navigation_leaves_no_tail_behi
     }
 }
 
+/// A recorded header or body holding bidi overrides and terminal escapes is shown with each
+/// of them as an escape: a `User-Agent` cannot reverse what follows it on the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_headers_and_bodies_show_direction_marks_as_escapes() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    // Keyed on a header: the body is not JSON (a raw escape in a JSON string is invalid).
+    let route = "routes:\n  - name: hooks\n    match: { method: POST, path: /hooks }\n    \
+                 key: \"{header:X-Event-Id}\"\n    log: { bodies: true, headers: [user-agent] }\n";
+    let proxy = Proxy::start(upstream.addr, route).await;
+    let body = "pay \u{202e}01$ \u{1b}[2Jdone";
+    let request = format!(
+        "POST /hooks HTTP/1.1\r\nHost: {}\r\nUser-Agent: agent \u{202e}gpj.exe\r\n\
+         X-Event-Id: evt_marks\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        proxy.addr,
+        body.len()
+    );
+    let answer = raw(proxy.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The log stores its entries a moment after the answer.
+    let logged = || async {
+        let listed = send(proxy.admin, "GET", "/v1/deliveries?limit=1", &[], "").await;
+        listed.json()["deliveries"][0]["id"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    eventually(Duration::from_secs(5), "the delivery logged", || async {
+        logged().await.is_some()
+    })
+    .await;
+    let id = logged().await.unwrap();
+    browser
+        .open(&format!("http://{}/console/#/delivery/{id}", proxy.admin))
+        .await;
+    browser.wait_for_text("main", "gpj.exe").await;
+    let shown = browser
+        .script("return document.querySelector('main').innerText")
+        .await;
+    let shown = shown.as_str().unwrap();
+    assert!(
+        !shown.contains('\u{202e}'),
+        "a direction mark reached the page: {shown}"
+    );
+    assert!(
+        !shown.contains('\u{1b}'),
+        "an escape reached the page: {shown}"
+    );
+    assert!(shown.contains("agent \\u{202e}gpj.exe"), "{shown}");
+    assert!(shown.contains("pay \\u{202e}01$ \\u{1b}[2Jdone"), "{shown}");
+}
+
 async fn key_state_local(proxy: &Proxy, key: &str) -> u16 {
     let path = format!("/v1/keys/hooks/{}", percent(key));
     send(proxy.admin, "GET", &path, &[], "").await.status

@@ -10,6 +10,7 @@
 pub(crate) mod query;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
@@ -22,6 +23,10 @@ use crate::store::{Clock, SystemClock, millis};
 
 /// Entries waiting for the writer at most: about a second of a busy proxy's deliveries.
 const BUFFER: usize = 16_384;
+
+/// The most memory the waiting entries may hold ([`LoggedDelivery::weight`]): 16 384
+/// entries with 64 KiB bodies would hold a GiB.
+const BUFFER_BYTES: usize = 32 << 20;
 
 /// Entries stored in one batch at most, and the most body bytes one batch carries.
 const BATCH: usize = 512;
@@ -45,6 +50,8 @@ pub type Stored = Arc<(LogId, LoggedDelivery)>;
 pub struct Recorder {
     /// None when the log is off or the store keeps none.
     sender: Option<mpsc::Sender<LoggedDelivery>>,
+    /// What the entries waiting for the writer weigh.
+    waiting: Arc<AtomicUsize>,
     tail: broadcast::Sender<Stored>,
     log: Option<Arc<dyn DeliveryLog>>,
     unmatched: bool,
@@ -66,12 +73,16 @@ impl Recorder {
         let (tail, _) = broadcast::channel(TAIL_BUFFER);
         let log = log.filter(|_| config.enabled);
         let closing = CancellationToken::new();
+        let waiting = Arc::new(AtomicUsize::new(0));
         let mut writer = None;
         let (sender, trimming) = match &log {
             Some(log) => {
                 let (sender, receiver) = mpsc::channel(BUFFER);
                 writer = Some(tokio::spawn(write(
-                    receiver,
+                    Waiting {
+                        receiver,
+                        weight: Arc::clone(&waiting),
+                    },
                     Arc::clone(log),
                     tail.clone(),
                     Arc::clone(&metrics),
@@ -98,6 +109,7 @@ impl Recorder {
         };
         Recorder {
             sender,
+            waiting,
             tail,
             log,
             unmatched: config.unmatched,
@@ -118,12 +130,16 @@ impl Recorder {
         self.unmatched && self.enabled()
     }
 
-    /// Hands `entry` to the writer, or drops it (counted) if the writer is behind.
+    /// Hands `entry` to the writer, or drops it (counted) if the writer is behind by
+    /// [`BUFFER`] entries or [`BUFFER_BYTES`].
     pub fn record(&self, entry: LoggedDelivery) {
         let Some(sender) = &self.sender else {
             return;
         };
-        if sender.try_send(entry).is_err() {
+        let weight = entry.weight();
+        let before = self.waiting.fetch_add(weight, Ordering::Relaxed);
+        if before + weight > BUFFER_BYTES || sender.try_send(entry).is_err() {
+            self.waiting.fetch_sub(weight, Ordering::Relaxed);
             self.metrics.log.dropped(LogDrop::Full, 1);
         }
     }
@@ -161,7 +177,7 @@ fn replica_name() -> Option<String> {
 /// Stores what the recorder takes, a batch at a time and named after `replica`, until the
 /// recorder is gone or `closing`, and every entry taken is stored.
 async fn write(
-    mut receiver: mpsc::Receiver<LoggedDelivery>,
+    mut waiting: Waiting,
     log: Arc<dyn DeliveryLog>,
     tail: broadcast::Sender<Stored>,
     metrics: Arc<Metrics>,
@@ -173,7 +189,7 @@ async fn write(
     let mut ticks = tokio::time::interval(WRITE_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let closed = match take(&mut receiver, &mut taken) {
+        let closed = match take(&mut waiting, &mut taken) {
             Taken::Empty if closing.is_cancelled() => return,
             Taken::Empty => {
                 tokio::select! {
@@ -195,9 +211,10 @@ async fn write(
             match log.append(batch).await {
                 Ok(ids) => {
                     metrics.log.stored(batch.len());
+                    // Summaries: a tail shows no body, and its buffer holds none.
                     if tail.receiver_count() > 0 {
                         for (id, entry) in ids.into_iter().zip(batch) {
-                            let _ = tail.send(Arc::new((id, entry.clone())));
+                            let _ = tail.send(Arc::new((id, entry.summary())));
                         }
                     }
                 }
@@ -211,6 +228,9 @@ async fn write(
                 }
             }
         }
+        // Only now: until stored, the entries taken are still in memory.
+        let weight = taken.iter().map(LoggedDelivery::weight).sum();
+        waiting.weight.fetch_sub(weight, Ordering::Relaxed);
         taken.clear();
         if closed {
             return;
@@ -227,10 +247,16 @@ enum Taken {
     Closed,
 }
 
+/// The entries handed to the writer, and what those not yet taken weigh.
+struct Waiting {
+    receiver: mpsc::Receiver<LoggedDelivery>,
+    weight: Arc<AtomicUsize>,
+}
+
 /// Takes up to [`BATCH`] entries that wait, without waiting for any.
-fn take(receiver: &mut mpsc::Receiver<LoggedDelivery>, taken: &mut Vec<LoggedDelivery>) -> Taken {
+fn take(waiting: &mut Waiting, taken: &mut Vec<LoggedDelivery>) -> Taken {
     while taken.len() < BATCH {
-        match receiver.try_recv() {
+        match waiting.receiver.try_recv() {
             Ok(entry) => taken.push(entry),
             Err(mpsc::error::TryRecvError::Empty) if taken.is_empty() => return Taken::Empty,
             Err(mpsc::error::TryRecvError::Empty) => return Taken::Some,
@@ -380,6 +406,42 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn waiting_entries_hold_32_mib_at_most_whatever_their_bodies() {
+        let metrics = Arc::new(Metrics::new());
+        let config = DeliveryLogConfig::default();
+        let stuck = Recorder::start(&config, Some(Arc::new(Stalled(true))), Arc::clone(&metrics));
+        stuck.record(entry(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The first entry stays counted while the writer is stuck storing it.
+        let large = entry(64 << 10);
+        let fit = (BUFFER_BYTES - entry(0).weight()) / large.weight();
+        for _ in 0..fit + 100 {
+            stuck.record(large.clone());
+        }
+        assert_eq!(
+            dropped(&metrics, "full"),
+            100,
+            "{fit} entries of 64 KiB fit"
+        );
+        assert!(stuck.waiting.load(Ordering::Relaxed) <= BUFFER_BYTES);
+        // Small entries still get in up to the count, not pushed out by the bytes.
+        let small = Recorder::start(
+            &config,
+            Some(Arc::new(Stalled(true))),
+            Arc::new(Metrics::new()),
+        );
+        small.record(entry(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..BUFFER {
+            small.record(entry(16));
+        }
+        assert_eq!(
+            small.waiting.load(Ordering::Relaxed),
+            entry(0).weight() + BUFFER * entry(16).weight()
+        );
     }
 
     #[test]

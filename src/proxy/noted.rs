@@ -49,7 +49,9 @@ impl Captured {
             let length = body
                 .len()
                 .min(usize::try_from(policy.max_body_bytes).unwrap_or(0));
-            body.slice(..length)
+            // A copy (64 KiB at most): a slice would keep the buffer the body was read into
+            // alive, however large, while the entry waits to be stored.
+            Bytes::copy_from_slice(&body[..length])
         };
         Captured {
             key: key.to_owned(),

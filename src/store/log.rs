@@ -181,6 +181,37 @@ pub struct LoggedDelivery {
 const ENCODING: u8 = 1;
 
 impl LoggedDelivery {
+    /// About how many bytes of memory the entry holds: its body, headers and texts, and
+    /// the rest as a constant.
+    pub fn weight(&self) -> usize {
+        let texts = [
+            &self.key,
+            &self.request_id,
+            &self.trace_id,
+            &self.refusal,
+            &self.client,
+        ]
+        .iter()
+        .map(|text| text.as_ref().map_or(0, String::len))
+        .sum::<usize>();
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 48)
+            .sum();
+        256 + texts + self.path.len() + headers + self.body.as_ref().map_or(0, Bytes::len)
+    }
+
+    /// The entry without its headers and body, as a listing or a live tail shows it:
+    /// `body_recorded` still reads true when it had one.
+    pub fn summary(&self) -> LoggedDelivery {
+        LoggedDelivery {
+            headers: Vec::new(),
+            body: self.body.as_ref().map(|_| Bytes::new()),
+            ..self.clone()
+        }
+    }
+
     /// The entry as stored: its encoding's version, then postcard.
     pub fn encode(&self) -> Vec<u8> {
         self.encode_into(Vec::with_capacity(256))

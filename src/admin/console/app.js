@@ -74,7 +74,8 @@ function show(...nodes) {
 
 // Control, direction and invisible format characters (a sender chooses keys, paths,
 // headers and bodies) shown as escapes, so that text cannot reorder, hide or break what
-// a sentence around it says; with `lines`, line breaks and tabs are kept.
+// a sentence around it says; with `lines`, line breaks and tabs are kept. The same set as
+// src/misleading.rs, whose test `the_consoles_set_is_this_one` holds the two together.
 const MISLEADING = /[\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\u{e0000}-\u{e007f}\u{e0100}-\u{e01ef}]/gu;
 function visible(text, lines) {
   return String(text).replace(MISLEADING, (c) => (lines && (c === '\n' || c === '\t')

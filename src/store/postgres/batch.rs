@@ -53,9 +53,16 @@ pub trait Batched: Send + Sync + 'static {
         requests: Vec<&Self::Request>,
     ) -> Result<Vec<Self::Answer>, StoreError>;
 
-    /// Told of an answer whose caller was gone when it came (it gave up waiting, or its
-    /// sender hung up): what the statement did for it stays done unless undone here.
-    async fn unanswered(&self, _client: &Object, _request: Self::Request, _answer: Self::Answer) {}
+    /// Told of the requests whose callers will not act on what the statement did for them:
+    /// each with its answer when its caller was gone as it came (it gave up waiting, its
+    /// sender hung up), or with none when the statement failed (its timeout passed; it may
+    /// still commit). Runs after the round's callers are answered, before the next round.
+    async fn unanswered(
+        &self,
+        _client: &Object,
+        _requests: Vec<(Self::Request, Option<Self::Answer>)>,
+    ) {
+    }
 }
 
 /// A queue of requests, run in batches by a [`Batched`] statement on connections of one
@@ -127,12 +134,13 @@ async fn run_rounds<B: Batched>(
             }
         }
         let requests = round.iter().map(|job| &job.request).collect();
+        let mut unanswered = Vec::new();
         jobs = match statement.run(&connection, requests).await {
             Ok(answers) if answers.len() == round.len() => {
                 let later = settle_repeats::<B>(&round, &answers, later);
                 for (Job { request, reply }, answer) in round.into_iter().zip(answers) {
                     if let Err(Ok(answer)) = reply.send(Ok(answer)) {
-                        statement.unanswered(&connection, request, answer).await;
+                        unanswered.push((request, Some(answer)));
                     }
                 }
                 later
@@ -145,10 +153,17 @@ async fn run_rounds<B: Batched>(
                 later
             }
             Err(error) => {
-                fail(round, &error);
+                let error = &error;
+                for Job { request, reply } in round {
+                    let _ = reply.send(Err(error.clone()));
+                    unanswered.push((request, None));
+                }
                 later
             }
         };
+        if !unanswered.is_empty() {
+            statement.unanswered(&connection, unanswered).await;
+        }
     }
 }
 
@@ -166,9 +181,11 @@ fn settle_repeats<B: Batched>(
         while first < round.len() && B::key(&round[first].request) < B::key(&job.request) {
             first += 1;
         }
+        // Not from an answer its caller is gone for: that may be undone before the next round.
         let settled = round
             .get(first)
             .filter(|earlier| B::key(&earlier.request) == B::key(&job.request))
+            .filter(|earlier| !earlier.reply.is_closed())
             .and_then(|earlier| B::repeat(&earlier.request, &answers[first]));
         match settled {
             Some(answer) => {

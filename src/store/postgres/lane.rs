@@ -121,17 +121,24 @@ impl Batched for ClaimMany {
             .collect())
     }
 
-    /// A claim made for a caller that is gone is given back at once: left, it would turn
-    /// the provider's retries away as in flight until its lease ended.
-    async fn unanswered(&self, client: &Object, request: ClaimRequest, answer: Found) {
-        if !matches!(answer, Found::Claimed { .. }) {
+    /// Claims made, or perhaps made, for callers that will not use them are given back at
+    /// once, in one statement (a release matches the owner, so one never written releases
+    /// nothing): left, each would turn the provider's retries away as in flight until its
+    /// lease ended.
+    async fn unanswered(&self, client: &Object, requests: Vec<(ClaimRequest, Option<Found>)>) {
+        let (keys, owners): (Vec<&str>, Vec<&str>) = requests
+            .iter()
+            .filter(|(_, answer)| matches!(answer, None | Some(Found::Claimed { .. })))
+            .map(|(request, _)| (request.key.as_str(), request.owner.as_str()))
+            .unzip();
+        if keys.is_empty() {
             return;
         }
-        let params: [&(dyn ToSql + Sync); 3] = [&request.key, &request.owner, &false];
+        let params: [&(dyn ToSql + Sync); 2] = [&keys, &owners];
         if let Err(error) =
-            batch_query(client, &self.statements.release, &params, self.timeout).await
+            batch_query(client, &self.statements.release_many, &params, self.timeout).await
         {
-            tracing::warn!(%error, "giving back a claim whose caller was gone failed; it ends with its lease");
+            tracing::warn!(%error, claims = keys.len(), "giving back claims whose callers were gone failed; they end with their lease");
         }
     }
 }

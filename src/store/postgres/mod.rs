@@ -167,6 +167,25 @@ impl PostgresStore {
         within("postgres", self.timeout, work).await
     }
 
+    /// Releases, in a task of its own, the claim of `key` by `token` if there is one.
+    fn give_back_unread(&self, key: &str, token: u128) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, statements) = (self.lanes.get().pool.clone(), Arc::clone(&self.statements));
+        let (key, owner, timeout) = (key.to_owned(), token.to_string(), self.timeout);
+        runtime.spawn(async move {
+            let released = within("postgres", timeout, async {
+                let client = pool.get().await?;
+                let params: [&(dyn ToSql + Sync); 3] = [&key, &owner, &false];
+                Ok::<_, StoreError>(statements.release.query(&client, &params).await?)
+            });
+            if let Err(error) = released.await {
+                tracing::debug!(%error, "giving back a claim whose caller was gone failed; it ends with its lease");
+            }
+        });
+    }
+
     /// The live state of a key, read with the database's clock.
     async fn current(&self, key: &str) -> Result<Option<KeyState>, StoreError> {
         let rows = self.query(&self.statements.current, &[&key]).await?;
@@ -193,7 +212,13 @@ impl ClaimStore for PostgresStore {
                 lease_ms: lease,
                 fingerprint,
             };
-            match self.bounded(self.lanes.get().claims.call(request)).await? {
+            // Dropped between the batch's answer and this caller reading it (its sender hung
+            // up then), the claim is given back; the batch gives back those it could not
+            // answer.
+            let unread = scopeguard::guard((), |()| self.give_back_unread(key, token));
+            let found = self.bounded(self.lanes.get().claims.call(request)).await;
+            scopeguard::ScopeGuard::into_inner(unread);
+            match found? {
                 Found::Claimed { .. } => {
                     return Ok(ClaimOutcome::Claimed(Claim::new(key, token)));
                 }

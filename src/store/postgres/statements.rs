@@ -46,6 +46,7 @@ pub(super) struct Statements {
     pub(super) current: Sql,
     pub(super) finish_many: Sql,
     pub(super) release: Sql,
+    pub(super) release_many: Sql,
     pub(super) renew: Sql,
     pub(super) hold: Sql,
     pub(super) resolve_done: Sql,
@@ -84,6 +85,7 @@ impl Statements {
             list_in_flight: sql(list_in_state(table, "in_flight")),
             finish_many: sql(finish_many(table, &channel)),
             release: sql(release(table, &channel)),
+            release_many: sql(release_many(table)),
             renew: sql(renew(table)),
             forget_done: sql(forget_done(table)),
             set_expiry: sql(set_expiry(table)),
@@ -250,6 +252,18 @@ fn release(table: &str, channel: &str) -> (&'static [Type], String) {
     )
 }
 
+/// Releases the claims of these keys that these owners still hold, none announced.
+fn release_many(table: &str) -> (&'static [Type], String) {
+    (
+        &[Type::TEXT_ARRAY, Type::TEXT_ARRAY],
+        format!(
+            "DELETE FROM {table} t USING unnest($1::text[], $2::text[]) AS g(key, owner)
+         WHERE t.key = g.key AND t.owner = g.owner AND t.state = 'in_flight'
+         RETURNING t.key"
+        ),
+    )
+}
+
 fn renew(table: &str) -> (&'static [Type], String) {
     (
         &[Type::TEXT, Type::TEXT, Type::INT8],
@@ -347,12 +361,13 @@ mod tests {
 
     impl Statements {
         /// Every statement: the pattern names every field, so a new one must be added.
-        fn every(&self) -> [&Sql; 20] {
+        fn every(&self) -> [&Sql; 21] {
             let Statements {
                 claim_many,
                 current,
                 finish_many,
                 release,
+                release_many,
                 renew,
                 hold,
                 resolve_done,
@@ -375,6 +390,7 @@ mod tests {
                 current,
                 finish_many,
                 release,
+                release_many,
                 renew,
                 hold,
                 resolve_done,

@@ -7,7 +7,8 @@
 //! time) and then the entries, each its length and its encoding. An entry's [`LogId`] is
 //! its chunk's number and its place in the chunk. Trimming removes whole chunks, oldest
 //! first: those whose newest entry is older than the retention, then those whose every
-//! entry is beyond the newest `keep`.
+//! entry is beyond the newest `keep`; and at once, whenever a write takes the tree past
+//! [`MOST_BYTES`].
 
 use std::sync::Arc;
 
@@ -21,19 +22,44 @@ use crate::store::{Millis, StoreError};
 const CHUNK_VERSION: u8 = 1;
 const HEADER: usize = 1 + 4 + 8;
 
+/// The most bytes of chunks the tree keeps: the oldest go beyond it, whatever the
+/// retention and count. A tree node larger than a quarter of sled's segment is written
+/// apart as a blob, which sled's cache counts as a pointer's size, so the log's chunks
+/// (bodies included) stay in memory: this bounds that memory.
+const MOST_BYTES: u64 = 64 << 20;
+
 /// The sled store's log.
 pub(super) struct SledLog {
     database: Database,
-    /// How many entries the tree holds, counted from the chunks' headers the first time
-    /// it is needed.
-    count: Mutex<Option<u64>>,
+    /// What the tree holds, counted from the chunks the first time it is needed.
+    totals: Mutex<Option<Totals>>,
+}
+
+/// The entries the tree holds and the bytes of its chunks.
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    entries: u64,
+    bytes: u64,
+}
+
+impl Totals {
+    fn add(&mut self, chunk: &[u8]) {
+        self.entries += Header::read(chunk).map_or(0, |header| u64::from(header.entries));
+        self.bytes += chunk.len() as u64;
+    }
+
+    fn remove(&mut self, chunk: &[u8]) {
+        let entries = Header::read(chunk).map_or(0, |header| u64::from(header.entries));
+        self.entries = self.entries.saturating_sub(entries);
+        self.bytes = self.bytes.saturating_sub(chunk.len() as u64);
+    }
 }
 
 impl SledLog {
     pub(super) fn new(database: Database) -> SledLog {
         SledLog {
             database,
-            count: Mutex::new(None),
+            totals: Mutex::new(None),
         }
     }
 
@@ -50,17 +76,27 @@ impl SledLog {
         self.database.reopen_if_failed(database, result)
     }
 
-    fn counted(&self, tree: &sled::Tree) -> Result<u64, StoreError> {
-        let mut count = self.count.lock();
-        if let Some(count) = *count {
-            return Ok(count);
-        }
-        let mut total = 0;
-        for chunk in tree.iter().values() {
-            total += Header::read(&chunk?).map_or(0, |header| u64::from(header.entries));
-        }
-        *count = Some(total);
-        Ok(total)
+    /// The tree's totals, counted on first use; `change` applied to them and kept.
+    fn totals<T>(
+        &self,
+        tree: &sled::Tree,
+        change: impl FnOnce(&mut Totals) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut kept = self.totals.lock();
+        let mut totals = match *kept {
+            Some(totals) => totals,
+            None => {
+                let mut totals = Totals::default();
+                for chunk in tree.iter().values() {
+                    totals.add(&chunk?);
+                }
+                totals
+            }
+        };
+        let changed = change(&mut totals);
+        // After a failure they are counted again.
+        *kept = changed.is_ok().then_some(totals);
+        changed
     }
 }
 
@@ -134,20 +170,23 @@ impl DeliveryLog for SledLog {
             return Ok(Vec::new());
         }
         let database = self.open()?;
-        let written = (|| {
+        let written = self.totals(&database.log, |totals| {
             let number = database.db.generate_id()?;
-            database
-                .log
-                .insert(number.to_be_bytes(), encode_chunk(entries))?;
+            let chunk = encode_chunk(entries);
+            totals.add(&chunk);
+            database.log.insert(number.to_be_bytes(), chunk)?;
+            // The oldest chunks go as soon as the log holds too many bytes: a trim every
+            // few seconds would let a burst of large bodies past the bound meanwhile.
+            while totals.bytes > MOST_BYTES {
+                let Some((_, oldest)) = database.log.pop_min()? else {
+                    break;
+                };
+                totals.remove(&oldest);
+            }
             Ok((0..entries.len() as u64)
                 .map(|place| LogId(number, place))
                 .collect())
-        })();
-        if written.is_ok()
-            && let Some(count) = self.count.lock().as_mut()
-        {
-            *count += entries.len() as u64;
-        }
+        });
         self.checked(&database, written)
     }
 
@@ -200,8 +239,7 @@ impl DeliveryLog for SledLog {
 
     async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError> {
         let database = self.open()?;
-        let trimmed = (|| {
-            let mut count = self.counted(&database.log)?;
+        let trimmed = self.totals(&database.log, |totals| {
             let mut removed = 0;
             for chunk in database.log.iter() {
                 let (key, chunk) = chunk?;
@@ -211,16 +249,15 @@ impl DeliveryLog for SledLog {
                 });
                 // A chunk goes when it has aged, or when every entry of it is beyond the
                 // newest `keep`.
-                if newest_at >= older_than && count.saturating_sub(entries) < keep {
+                if newest_at >= older_than && totals.entries.saturating_sub(entries) < keep {
                     break;
                 }
                 database.log.remove(key)?;
-                count = count.saturating_sub(entries);
+                totals.remove(&chunk);
                 removed += entries;
             }
-            *self.count.lock() = Some(count);
             Ok(removed)
-        })();
+        });
         self.checked(&database, trimmed)
     }
 }
