@@ -16,6 +16,30 @@ use std::borrow::Cow;
 /// them.
 const PASSWORD_KEYS: [&str; 3] = ["password", "pass", "sslpassword"];
 
+/// The keys the PostgreSQL driver (tokio-postgres) reads in the `key=value` form; it
+/// refuses any other, quoting it.
+const DRIVER_KEYS: [&str; 19] = [
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
 /// What stands for a password in anything shown.
 pub(crate) const MASK: &str = "***";
 
@@ -48,7 +72,19 @@ fn check_key_value(text: &str) -> Result<(), String> {
                 .into(),
         );
     }
+    // The driver would quote an unknown key, which for `password=a b=c` is part of the
+    // password; so it is refused here, unquoted.
+    if key_value_words(text).any(|word| !is_driver_key(word.key)) {
+        return Err(format!(
+            "the connection string has a key the PostgreSQL driver does not read (it is not quoted here: it may be part of a password; write a value holding spaces in single quotes); the keys are {}",
+            DRIVER_KEYS.join(", ")
+        ));
+    }
     Ok(())
+}
+
+fn is_driver_key(name: &str) -> bool {
+    DRIVER_KEYS.contains(&name)
 }
 
 /// The connection string with every password replaced by [`MASK`].
@@ -230,15 +266,20 @@ fn key_value_words(text: &str) -> impl Iterator<Item = Word<'_>> {
 }
 
 /// The passwords' places in libpq's `key=value` form. An unquoted password is taken to
-/// run on over the bare words after it (`password=two words host=db`), which a driver
-/// would refuse, quoting them.
+/// run on over the bare words and unknown keys after it (`password=two words host=db`,
+/// `password=a b=c`), which a driver would refuse, quoting them.
 fn key_value_password_spans(text: &str) -> Vec<Span> {
     let mut spans: Vec<Span> = Vec::new();
     let mut open = false;
     for word in key_value_words(text) {
-        if word.bare {
+        let unknown = !is_driver_key(word.key) && !is_password_key(word.key);
+        if word.bare || (open && unknown) {
             if open && let Some(last) = spans.last_mut() {
-                last.end = word.key_end;
+                last.end = if word.bare {
+                    word.key_end
+                } else {
+                    word.value.end
+                };
             }
             continue;
         }
@@ -328,6 +369,17 @@ mod tests {
             masked(&forms[8]),
             "host=db.internal user=app password = *** dbname=app"
         );
+    }
+
+    /// `password=a b=c` meant `a b=c`: the driver would read `b` as a key and quote it.
+    #[test]
+    fn an_unquoted_password_running_into_a_key_is_masked_and_refused_unquoted() {
+        let text = "host=db password=secret half=other dbname=app";
+        assert_eq!(masked(text), "host=db password=*** dbname=app");
+        let refused = check(text).unwrap_err();
+        assert!(!refused.contains("half"), "{refused}");
+        assert!(!refused.contains("other"), "{refused}");
+        assert!(check("host=db user=app password='two words' dbname=app sslmode=require").is_ok());
     }
 
     #[test]

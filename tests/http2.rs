@@ -241,3 +241,27 @@ fn rss_kib(proxy: &Binary) -> u64 {
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }
+
+/// Each HTTP/2 connection may open 32 streams at once, on both ports (the server's
+/// SETTINGS say so; a peer opening more has them refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_may_open_32_streams_at_once() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), upstream.addr, &json_route(""));
+    let proxy = Binary::start(&config);
+    for addr in [proxy.addr, proxy.admin] {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut client, mut connection) = h2::client::handshake(tcp).await.unwrap();
+        let request = http::Request::get(format!("http://{addr}/healthz"))
+            .body(())
+            .unwrap();
+        let (answer, _) = client.send_request(request, true).unwrap();
+        let answer = tokio::select! {
+            answer = answer => answer.unwrap(),
+            ended = &mut connection => panic!("{addr}: the connection ended first: {ended:?}"),
+        };
+        assert_eq!(answer.status(), 200, "{addr}");
+        assert_eq!(connection.max_concurrent_send_streams(), 32, "{addr}");
+    }
+}

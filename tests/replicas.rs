@@ -389,3 +389,68 @@ async fn postgres_four_replicas_starting_together_all_become_ready() {
         assert!(valid, "round {round}: the held index is built and valid");
     }
 }
+
+/// A listing's cursor is marked with a key derived from the operator's token: a replica
+/// sharing the token goes on from another's cursor, one with another token refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_the_token_take_each_others_listing_cursors() {
+    let Some(store) = shared_store("redis", "replicas_cursor").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Vec::new();
+    for (name, token) in [
+        ("a", "shared-token-1"),
+        ("b", "shared-token-1"),
+        ("c", "other-token-2"),
+    ] {
+        let config = dir.path().join(format!("{name}.yaml"));
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://{}\nadmin: {{ listen: 127.0.0.1:0, token_env: DEDUPE_TEST_TOKEN }}\n{store}\n{}",
+            upstream.addr,
+            json_route("")
+        );
+        std::fs::write(&config, text).unwrap();
+        let env = [("DEDUPE_TEST_TOKEN", token)];
+        replicas.push(
+            tokio::task::spawn_blocking(move || Binary::start_with_env(&config, &env))
+                .await
+                .unwrap(),
+        );
+    }
+    for event in ["evt_c1", "evt_c2", "evt_c3"] {
+        assert_eq!(
+            post_event(replicas[0].addr, event).await.dedupe(),
+            "forwarded"
+        );
+    }
+    let list = |replica: usize, token: &'static str, after: Option<String>| {
+        let admin = replicas[replica].admin;
+        async move {
+            let path = match after {
+                Some(cursor) => format!("/v1/keys?route=hooks&limit=1&after={}", percent(&cursor)),
+                None => "/v1/keys?route=hooks&limit=1".to_owned(),
+            };
+            let bearer = format!("Bearer {token}");
+            send(
+                admin,
+                "GET",
+                &path,
+                &[("authorization", bearer.as_str())],
+                "",
+            )
+            .await
+        }
+    };
+    let first = list(0, "shared-token-1", None).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let cursor = first.json()["next"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let on_b = list(1, "shared-token-1", Some(cursor.clone())).await;
+    assert_eq!(on_b.status, 200, "{}", on_b.body);
+    let on_c = list(2, "other-token-2", Some(cursor)).await;
+    assert_eq!(on_c.status, 400, "{}", on_c.body);
+}

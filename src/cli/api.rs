@@ -196,7 +196,7 @@ fn admin_section(path: &Path) -> Result<AdminSection, Failure> {
             };
             // The proxy listens on an address of its own machine; a file naming another
             // would have the operator's token sent there.
-            if !ip.is_loopback() && std::net::UdpSocket::bind((ip, 0)).is_err() {
+            if !ip.is_loopback() && !is_own_address(ip) {
                 return Err(Failure::Usage(format!(
                     "{}: admin.listen names {ip}, which is not an address of this machine; the token is sent only there: pass --admin URL to reach an API elsewhere",
                     path.display()
@@ -210,6 +210,25 @@ fn admin_section(path: &Path) -> Result<AdminSection, Failure> {
         listen,
         token_env: admin["token_env"].as_str().map(str::to_owned),
     })
+}
+
+/// Whether `ip` is an address of one of this machine's interfaces. Asked of the interfaces
+/// rather than tried by binding it: `ip_nonlocal_bind` lets any address be bound.
+fn is_own_address(ip: std::net::IpAddr) -> bool {
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+        return false;
+    };
+    interfaces
+        .filter_map(|interface| interface.address)
+        .any(|address| {
+            let v4 = address
+                .as_sockaddr_in()
+                .map(|a| std::net::IpAddr::V4(a.ip()));
+            let v6 = address
+                .as_sockaddr_in6()
+                .map(|a| std::net::IpAddr::V6(a.ip()));
+            v4.or(v6) == Some(ip)
+        })
 }
 
 /// Prints `answer` as JSON with `--json`, else as `table` makes it.
