@@ -908,6 +908,7 @@ async fn recorded_headers_and_bodies_show_direction_marks_as_escapes() {
         .open(&format!("http://{}/console/#/delivery/{id}", proxy.admin))
         .await;
     browser.wait_for_text("main", "gpj.exe").await;
+    browser.screenshot("delivery-marks").await;
     let shown = browser
         .script("return document.querySelector('main').innerText")
         .await;
