@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use support::*;
 
@@ -147,7 +148,8 @@ async fn keys_are_managed_by_scope(store: &str) {
     }
 
     // A delivery in flight in the scope stops a clearing, unless forced.
-    upstream.script([Answer::ok().after(Duration::from_secs(2))]);
+    let answer_slow = CancellationToken::new();
+    upstream.script([Answer::ok().until(&answer_slow)]);
     let slow = {
         let addr = proxy.addr;
         tokio::spawn(async move { post_json(addr, "/a2", r#"{"id":"evt_slow"}"#).await })
@@ -176,6 +178,7 @@ async fn keys_are_managed_by_scope(store: &str) {
         all_keys(&proxy, "route=a", 1000).await,
         pairs(&[("evt_slow", "in_flight"), ("other_1", "done")])
     );
+    answer_slow.cancel();
     assert_eq!(slow.await.unwrap().dedupe(), "forwarded");
 
     // The whole scope, without a body; `a-b` keeps its key.

@@ -26,6 +26,8 @@ pub struct Answer {
     pub headers: Vec<(String, String)>,
     /// Drop the connection instead of answering.
     pub abort: bool,
+    /// Answer only once this is cancelled (after `delay`), so a test decides when.
+    pub gate: Option<CancellationToken>,
 }
 
 impl Answer {
@@ -36,6 +38,7 @@ impl Answer {
             body: format!("upstream answered {status}"),
             headers: Vec::new(),
             abort: false,
+            gate: None,
         }
     }
 
@@ -45,6 +48,13 @@ impl Answer {
 
     pub fn after(mut self, delay: Duration) -> Answer {
         self.delay = delay;
+        self
+    }
+
+    /// Holds the answer until `gate` is cancelled: for a test that must see the delivery in
+    /// flight however slowly the machine runs.
+    pub fn until(mut self, gate: &CancellationToken) -> Answer {
+        self.gate = Some(gate.clone());
         self
     }
 
@@ -207,6 +217,9 @@ async fn answer(
     let running = state.running.fetch_add(1, Ordering::SeqCst) + 1;
     state.most_running.fetch_max(running, Ordering::SeqCst);
     tokio::time::sleep(scripted.delay).await;
+    if let Some(gate) = &scripted.gate {
+        gate.cancelled().await;
+    }
     state.running.fetch_sub(1, Ordering::SeqCst);
     if scripted.abort {
         return Err(std::io::Error::other("scripted abort"));
