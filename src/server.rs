@@ -445,7 +445,14 @@ impl<H: Handler> Connection<H> {
                     true => place_for_request(&probes, &closing_token),
                     false => Err(refused),
                 })
-                .map(|permit| (handler.call(request, ends, permit.clone()), permit));
+                // Boxed: the handler's state is kilobytes, and hyper moves the service's
+                // future as it takes it (docs/performance.md, "Futures' sizes").
+                .map(|permit| {
+                    (
+                        Box::pin(handler.call(request, ends, permit.clone())),
+                        permit,
+                    )
+                });
             let watched = Arc::clone(&watched);
             async move {
                 let (response, permit) = match answer {

@@ -49,10 +49,10 @@ impl Proxy {
         let route = Arc::clone(route);
         self.forwards.spawn(
             async move {
-                let accepted = proxy
-                    .store_job(&route, open, outbound.request, outbound.body)
-                    .instrument(telemetry::step_span!("enqueue"))
-                    .await;
+                // Boxed, as a forward's is ([`Proxy::forward_claimed`]).
+                let storing =
+                    Box::pin(proxy.store_job(&route, open, outbound.request, outbound.body));
+                let accepted = storing.instrument(telemetry::step_span!("enqueue")).await;
                 let _ = answer.send(accepted);
                 drop(permit);
             }

@@ -300,21 +300,14 @@ impl Proxy {
             Ok(Checked::Keyed {
                 key,
                 fingerprint,
-                request,
-                guard,
-                body,
+                pending,
             }) => {
-                let captured = self
-                    .recorder
-                    .enabled()
-                    .then(|| Captured::of(&key, &route.policy.log, request.headers(), &body));
-                let request = Outbound {
-                    request,
-                    guard,
-                    body,
-                };
+                let captured = self.recorder.enabled().then(|| {
+                    let headers = &pending.forwardable.head().headers;
+                    Captured::of(&key, &route.policy.log, headers, &pending.body)
+                });
                 let (outcome, response) = self
-                    .claim_and_forward(route, &key, fingerprint, request, permit)
+                    .claim_and_forward(route, &key, fingerprint, pending, permit)
                     .await;
                 (outcome, mark::<Captured>(response, captured))
             }
@@ -380,21 +373,18 @@ impl Proxy {
             .map_or(Guard::Off, |order| order.read(&route.namespace, &delivery));
 
         let fingerprint = fingerprint(policy.fingerprint, &head, &body);
-        // Built before the claim, so that a request that cannot be forwarded claims nothing.
-        let key_header = policy.forward_key_header.then_some(key.as_str());
-        let request = upstream::outbound(
-            head,
-            body::full(body.clone()),
-            &route.upstream,
-            peer,
-            key_header,
-        )?;
+        // Checked before the claim, so that a request that cannot be forwarded claims
+        // nothing; built after it, so that a duplicate costs no request.
+        let forwardable = upstream::Forwardable::check(head, &route.upstream)?;
         Ok(Checked::Keyed {
             key,
             fingerprint,
-            request,
-            guard,
-            body,
+            pending: Pending {
+                forwardable,
+                guard,
+                body,
+                peer,
+            },
         })
     }
 
@@ -405,7 +395,7 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
-        request: Outbound,
+        pending: Pending,
         permit: RequestPermit,
     ) -> Answer {
         let policy = &route.policy;
@@ -414,19 +404,21 @@ impl Proxy {
             .instrument(telemetry::step_span!("claim"))
             .await;
         match claimed {
-            Ok(Claiming::Claimed(open)) => self.after_claim(route, open, request, permit).await,
+            Ok(Claiming::Claimed(open)) => {
+                self.after_claim(route, key, open, pending, permit).await
+            }
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
-                let (outcome, response) = self
-                    .wait_for_outcome(route, key, fingerprint, request, permit)
-                    .await;
+                let waiting = self.wait_for_outcome(route, key, fingerprint, pending, permit);
+                // Boxed: a wait is rare, and its state would make every delivery's larger.
+                let (outcome, response) = Box::pin(waiting).await;
                 (outcome, mark(response, Waited))
             }
             Ok(Claiming::InFlight) => in_flight(route),
             Ok(Claiming::Held) => held(route),
             Err(error) => {
-                self.store_failed(route, error, request.request, permit)
-                    .await
+                let request = pending.build(route, None).request;
+                Box::pin(self.store_failed(route, error, request, permit)).await
             }
         }
     }
@@ -440,7 +432,7 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
-        request: Outbound,
+        pending: Pending,
         permit: RequestPermit,
     ) -> Answer {
         let until = tokio::time::Instant::now() + route.policy.in_flight_wait;
@@ -459,7 +451,7 @@ impl Proxy {
                 Ok(Claiming::Claimed(open)) => {
                     // A forward may take long: its place among the waiters goes back now.
                     drop(waiter);
-                    return self.after_claim(route, open, request, permit).await;
+                    return self.after_claim(route, key, open, pending, permit).await;
                 }
                 Ok(Claiming::Done(record)) => {
                     return self.answer_duplicate(route, record, fingerprint);
@@ -499,7 +491,7 @@ impl Proxy {
         &self,
         route: &Route,
         error: StoreError,
-        mut request: Request<ProxyBody>,
+        request: Request<ProxyBody>,
         permit: RequestPermit,
     ) -> Answer {
         tracing::warn!(%error, "claim store failed");
@@ -507,7 +499,6 @@ impl Proxy {
         let policy = &route.policy;
         match policy.on_store_error {
             OnStoreError::Forward => {
-                request.headers_mut().remove(&upstream::DEDUPE_KEY);
                 let timeout = policy.upstream_timeout;
                 let response = self.relay(&route.upstream, request, timeout, permit).await;
                 (DedupeStatus::Unkeyed, response)
@@ -563,12 +554,15 @@ impl Proxy {
     async fn after_claim(
         self: &Arc<Self>,
         route: &Arc<Route>,
+        key: &str,
         open: OpenClaim,
-        request: Outbound,
+        pending: Pending,
         permit: RequestPermit,
     ) -> Answer {
+        let key_header = route.policy.forward_key_header.then_some(key);
+        let request = pending.build(route, key_header);
         if route.policy.queue.is_some() {
-            return self.accept_queued(route, open, request, permit).await;
+            return Box::pin(self.accept_queued(route, open, request, permit)).await;
         }
         self.forward_claimed(route, open, request, permit).await
     }
@@ -590,7 +584,9 @@ impl Proxy {
         self.forwards.spawn(
             async move {
                 let claims = open.claims().clone();
-                let handling = proxy.forward_in_order(&route, open, request);
+                // Boxed: the forward's state is kilobytes, and a task's future is moved as
+                // it is spawned and as it ends (docs/performance.md, "Futures' sizes").
+                let handling = Box::pin(proxy.forward_in_order(&route, open, request));
                 let lease = route.policy.lease;
                 let outcome = proxy.ledger.renewing(lease, &claims, handling).await;
                 // The sender may be gone; the outcome is recorded either way.
@@ -805,17 +801,40 @@ impl Proxy {
 
 /// A delivery that passed every step that needs no store.
 enum Checked {
-    /// Ready to claim its key, with the request for the application built.
+    /// Ready to claim its key, with the request for the application checked.
     Keyed {
         key: String,
         fingerprint: Fingerprint,
-        request: Request<ProxyBody>,
-        guard: Guard,
-        /// The body the request carries, for a queued route's job.
-        body: Bytes,
+        pending: Pending,
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),
+}
+
+/// A keyed delivery's request, checked and not yet built for the application.
+struct Pending {
+    forwardable: upstream::Forwardable,
+    guard: Guard,
+    body: Bytes,
+    peer: SocketAddr,
+}
+
+impl Pending {
+    /// The request for the route's application, telling it `key_header`.
+    fn build(self, route: &Route, key_header: Option<&str>) -> Outbound {
+        let Pending {
+            forwardable,
+            guard,
+            body,
+            peer,
+        } = self;
+        let full = body::full(body.clone());
+        Outbound {
+            request: forwardable.build(full, &route.upstream, peer, key_header),
+            guard,
+            body,
+        }
+    }
 }
 
 /// A keyed delivery's request for the application, and what it carries for the order

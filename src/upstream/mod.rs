@@ -100,41 +100,77 @@ pub struct UnforwardableTarget(String);
 /// upstream's base path. Fails only for a target that has no path of its own (the
 /// authority form of `CONNECT`, say).
 pub fn outbound(
-    mut head: http::request::Parts,
+    head: http::request::Parts,
     body: ProxyBody,
     upstream: &UpstreamUrl,
     peer: SocketAddr,
     dedupe_key: Option<&str>,
 ) -> Result<Request<ProxyBody>, UnforwardableTarget> {
-    let original_host = head.headers.get(HOST).cloned().or_else(|| {
-        head.uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
-    head.uri = origin_form(&head.uri, &upstream.base_path)?;
-    let headers = &mut head.headers;
-    strip_hop_by_hop(headers);
-    // Only the proxy may tell the upstream an event's key or staleness, under any spelling
-    // a server might read as its header.
-    remove_proxy_headers(headers);
-    if let Some(key) = dedupe_key.and_then(|key| HeaderValue::from_str(key).ok()) {
-        headers.insert(DEDUPE_KEY.clone(), key);
+    Ok(Forwardable::check(head, upstream)?.build(body, upstream, peer, dedupe_key))
+}
+
+/// A sender's request head whose target the upstream can be given, not yet rewritten:
+/// a delivery checks its target before the claim (what cannot be forwarded claims
+/// nothing) and builds the request only once claimed (a duplicate never needs it).
+pub struct Forwardable {
+    head: http::request::Parts,
+    target: Uri,
+}
+
+impl Forwardable {
+    /// Fails for a target that has no path of its own (see [`outbound`]).
+    pub fn check(
+        head: http::request::Parts,
+        upstream: &UpstreamUrl,
+    ) -> Result<Forwardable, UnforwardableTarget> {
+        let target = origin_form(&head.uri, &upstream.base_path)?;
+        Ok(Forwardable { head, target })
     }
-    append_forwarded_for(headers, peer);
-    if !headers.contains_key(&X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+
+    /// The request's head as the sender sent it.
+    pub fn head(&self) -> &http::request::Parts {
+        &self.head
     }
-    if let Some(host) = &original_host {
-        if !headers.contains_key(&X_FORWARDED_HOST) {
-            headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+
+    /// The request for the upstream at `upstream` (the one it was checked for).
+    pub fn build(
+        self,
+        body: ProxyBody,
+        upstream: &UpstreamUrl,
+        peer: SocketAddr,
+        dedupe_key: Option<&str>,
+    ) -> Request<ProxyBody> {
+        let Forwardable { mut head, target } = self;
+        let original_host = head.headers.get(HOST).cloned().or_else(|| {
+            head.uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        head.uri = target;
+        let headers = &mut head.headers;
+        strip_hop_by_hop(headers);
+        // Only the proxy may tell the upstream an event's key or staleness, under any
+        // spelling a server might read as its header.
+        remove_proxy_headers(headers);
+        if let Some(key) = dedupe_key.and_then(|key| HeaderValue::from_str(key).ok()) {
+            headers.insert(DEDUPE_KEY.clone(), key);
         }
-        // The application sees the Host the sender used (an HTTP/2 sender has none).
-        headers.entry(HOST).or_insert_with(|| host.clone());
-    } else if let Ok(upstream_host) = HeaderValue::from_str(&upstream.authority) {
-        headers.insert(HOST, upstream_host);
+        append_forwarded_for(headers, peer);
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        }
+        if let Some(host) = &original_host {
+            if !headers.contains_key(&X_FORWARDED_HOST) {
+                headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+            }
+            // The application sees the Host the sender used (an HTTP/2 sender has none).
+            headers.entry(HOST).or_insert_with(|| host.clone());
+        } else if let Ok(upstream_host) = HeaderValue::from_str(&upstream.authority) {
+            headers.insert(HOST, upstream_host);
+        }
+        head.version = Version::HTTP_11;
+        Request::from_parts(head, body)
     }
-    head.version = Version::HTTP_11;
-    Ok(Request::from_parts(head, body))
 }
 
 /// `target` as the upstream receives it: `base_path`, then the path (`/` for an absolute
@@ -207,6 +243,10 @@ pub(crate) fn inbound(response: Response<Incoming>) -> Response<ProxyBody> {
 /// Removes the hop-by-hop headers, and the headers `Connection` names: a proxy never
 /// passes them on (RFC 9110 section 7.6.1), so the app never reads them.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests carry none: one look at each name costs less than six removals.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
