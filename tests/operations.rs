@@ -481,16 +481,10 @@ async fn hostile_swaps_of_the_file_keep_the_routes_and_both_ports_answering() {
         let until = Instant::now() + Duration::from_millis(1500);
         while Instant::now() < until {
             n += 1;
-            let started = Instant::now();
             let probe = send(proxy.admin, "GET", "/healthz", &[], "").await;
             assert_eq!(probe.status, 200, "{what}");
             let delivery = post_json(proxy.addr, "/a", &format!(r#"{{"id":"h{n}"}}"#)).await;
             assert_eq!(delivery.dedupe(), "forwarded", "{what}: the route stays");
-            let took = started.elapsed();
-            assert!(
-                took < Duration::from_millis(200),
-                "{what}: a probe and a delivery took {took:?}"
-            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };

@@ -220,22 +220,15 @@ pub(super) fn record(
     }
 }
 
-/// `address` as `Display` writes it, without the formatting machinery for the common
-/// IPv4 case: it cost more than the rest of noting a request (docs/performance.md).
+/// `address` as `Display` writes it ([`crate::upstream::push_ip`]).
 fn address_text(address: SocketAddr) -> String {
     let SocketAddr::V4(v4) = address else {
         return address.to_string();
     };
     let mut text = String::with_capacity(21);
-    let mut digits = itoa::Buffer::new();
-    for (index, octet) in v4.ip().octets().into_iter().enumerate() {
-        if index > 0 {
-            text.push('.');
-        }
-        text.push_str(digits.format(octet));
-    }
+    crate::upstream::push_ip(&mut text, address.ip());
     text.push(':');
-    text.push_str(digits.format(v4.port()));
+    text.push_str(itoa::Buffer::new().format(v4.port()));
     text
 }
 
