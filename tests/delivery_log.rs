@@ -235,7 +235,7 @@ async fn pages_follow_their_cursor_and_a_cursor_is_refused_with_another_filter()
 async fn a_route_records_bodies_and_named_headers_only_when_told() {
     let upstream = Upstream::start().await;
     let routes = json_route(
-        "    log: { bodies: true, max_body_bytes: 16, headers: [x-github-event, x-request-id] }\n",
+        "    log: { bodies: true, max_body_bytes: 16, headers: [x-github-event, x-request-id, x-forwarded-for] }\n",
     );
     let proxy = Proxy::start(upstream.addr, &routes).await;
     let headers = [
@@ -243,6 +243,7 @@ async fn a_route_records_bodies_and_named_headers_only_when_told() {
         ("x-github-event", "push"),
         ("authorization", "Bearer secret-token"),
         ("x-request-id", "r1"),
+        ("x-forwarded-for", "203.0.113.9"),
     ];
     let body = r#"{"id":"evt_b","padding":"0123456789"}"#;
     send(proxy.addr, "POST", "/hooks", &headers, body).await;
@@ -254,9 +255,18 @@ async fn a_route_records_bodies_and_named_headers_only_when_told() {
     assert_eq!(whole["body"], &body[..16]);
     assert_eq!(whole["body_encoding"], "utf-8");
     assert_eq!(whole["body_truncated"], true);
+    // As the sender sent them: the app is told the sender's address too.
     assert_eq!(
         whole["headers"],
-        serde_json::json!([["x-github-event", "push"], ["x-request-id", "r1"]])
+        serde_json::json!([
+            ["x-github-event", "push"],
+            ["x-request-id", "r1"],
+            ["x-forwarded-for", "203.0.113.9"]
+        ])
+    );
+    assert_eq!(
+        upstream.received()[0].headers["x-forwarded-for"],
+        "203.0.113.9, 127.0.0.1"
     );
     assert!(!whole.to_string().contains("secret-token"));
 }

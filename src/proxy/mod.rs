@@ -31,7 +31,8 @@
 //! (renewed meanwhile; done, released or held as the forward ended, or at shutdown),
 //! `answers.rs` the answers to deliveries not forwarded and what a failed forward means,
 //! `replay.rs` the fingerprint and the kept answer a duplicate gets, `accept.rs` the
-//! accepting step of queued delivery, and `relay.rs` the requests forwarded without a
+//! accepting step of queued delivery, `outbound.rs` a keyed delivery's request (checked
+//! before the claim, built after it), and `relay.rs` the requests forwarded without a
 //! claim (no route, no key, or the store failing) and their places.
 
 mod accept;
@@ -39,6 +40,7 @@ mod answers;
 mod ledger;
 mod noted;
 pub(crate) mod operator;
+mod outbound;
 mod relay;
 mod replay;
 mod routing;
@@ -46,6 +48,7 @@ mod routing;
 use self::answers::{Answer, held, in_flight, unavailable};
 use self::ledger::{Ledger, OpenClaim};
 use self::noted::{Captured, Noted, Replayed, UpstreamAnswer, Waited, mark};
+use self::outbound::{Outbound, Pending};
 use self::replay::fingerprint;
 use self::routing::{body_stays_on, find_route};
 use std::net::SocketAddr;
@@ -53,7 +56,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::{Semaphore, oneshot};
@@ -800,6 +802,9 @@ impl Proxy {
 }
 
 /// A delivery that passed every step that needs no store.
+// Moved once per request: a box would cost an allocation to save a copy of a few hundred
+// bytes.
+#[allow(clippy::large_enum_variant)]
 enum Checked {
     /// Ready to claim its key, with the request for the application checked.
     Keyed {
@@ -809,40 +814,6 @@ enum Checked {
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),
-}
-
-/// A keyed delivery's request, checked and not yet built for the application.
-struct Pending {
-    forwardable: upstream::Forwardable,
-    guard: Guard,
-    body: Bytes,
-    peer: SocketAddr,
-}
-
-impl Pending {
-    /// The request for the route's application, telling it `key_header`.
-    fn build(self, route: &Route, key_header: Option<&str>) -> Outbound {
-        let Pending {
-            forwardable,
-            guard,
-            body,
-            peer,
-        } = self;
-        let full = body::full(body.clone());
-        Outbound {
-            request: forwardable.build(full, &route.upstream, peer, key_header),
-            guard,
-            body,
-        }
-    }
-}
-
-/// A keyed delivery's request for the application, and what it carries for the order
-/// guard.
-struct Outbound {
-    request: Request<ProxyBody>,
-    guard: Guard,
-    body: Bytes,
 }
 
 /// What the order guard found for a claimed delivery.

@@ -252,12 +252,12 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if doomed.is_empty() {
         return;
     }
+    // Read as bytes: one odd byte in a line must not hide the names beside it.
     let named = headers
         .get_all(CONNECTION)
         .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok());
+        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim_ascii()).ok());
     doomed.extend(named.collect::<Vec<_>>());
     for name in doomed {
         headers.remove(name);
@@ -341,6 +341,36 @@ mod tests {
         assert_eq!(h["stripe-signature"], "t=1,v1=abc");
         for gone in ["connection", "x-private", "keep-alive"] {
             assert!(!h.contains_key(gone), "{gone} should be dropped");
+        }
+    }
+
+    #[test]
+    fn every_name_connection_lists_is_dropped_even_beside_an_odd_byte() {
+        let mut headers = HeaderMap::new();
+        let odd = HeaderValue::from_bytes(b"x-private, \x80caf\xe9,  X-Other ").unwrap();
+        headers.append(CONNECTION, odd);
+        headers.append(CONNECTION, HeaderValue::from_static("upgrade"));
+        for name in ["x-private", "x-other", "upgrade", "te", "x-kept"] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn an_address_reads_as_display_writes_it() {
+        for ip in [
+            "0.0.0.0",
+            "10.20.3.4",
+            "255.255.255.255",
+            "::1",
+            "::ffff:1.2.3.4",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut text = String::new();
+            push_ip(&mut text, ip);
+            assert_eq!(text, ip.to_string());
         }
     }
 
