@@ -446,7 +446,8 @@ impl<H: Handler> Connection<H> {
                     false => Err(refused),
                 })
                 // Boxed: the handler's state is kilobytes, and hyper moves the service's
-                // future as it takes it (docs/performance.md, "Futures' sizes").
+                // future as it takes it (docs/performance.md, "The hot path, lean
+                // again").
                 .map(|permit| {
                     (
                         Box::pin(handler.call(request, ends, permit.clone())),

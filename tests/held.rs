@@ -266,8 +266,8 @@ async fn the_admin_api_refuses_malformed_listings_and_resolutions() {
 #[tokio::test]
 async fn keys_are_listed_a_page_at_a_time() {
     let upstream = Upstream::start().await;
-    let answer = tokio_util::sync::CancellationToken::new();
-    upstream.script(vec![Answer::ok().until(&answer); 3]);
+    let release = tokio_util::sync::CancellationToken::new();
+    upstream.script(vec![Answer::ok().until(&release); 3]);
     let route = json_route("    upstream_timeout: 5s\n");
     let proxy = Proxy::start(upstream.addr, &route).await;
     let mut deliveries = Vec::new();
@@ -298,7 +298,7 @@ async fn keys_are_listed_a_page_at_a_time() {
     assert_eq!(second.json()["keys"][0]["key"], "evt_c", "{}", second.body);
     assert_eq!(second.json()["keys"][0]["state"], "in_flight");
     assert_eq!(second.json()["next"], serde_json::Value::Null);
-    answer.cancel();
+    release.cancel();
     for delivery in deliveries {
         delivery.await.unwrap();
     }

@@ -48,7 +48,7 @@ mod routing;
 use self::answers::{Answer, held, in_flight, unavailable};
 use self::ledger::{Ledger, OpenClaim};
 use self::noted::{Captured, Noted, Replayed, UpstreamAnswer, Waited, mark};
-use self::outbound::{Outbound, Pending};
+use self::outbound::{CheckedRequest, Outbound};
 use self::replay::fingerprint;
 use self::routing::{body_stays_on, find_route};
 use std::net::SocketAddr;
@@ -302,23 +302,23 @@ impl Proxy {
             Ok(Checked::Keyed {
                 key,
                 fingerprint,
-                pending,
+                request,
             }) => {
                 let captured = self.recorder.enabled().then(|| {
-                    let headers = &pending.forwardable.head().headers;
-                    Captured::of(&key, &route.policy.log, headers, &pending.body)
+                    let headers = &request.forwardable.head().headers;
+                    Captured::of(&key, &route.policy.log, headers, &request.body)
                 });
                 let (outcome, response) = self
-                    .claim_and_forward(route, &key, fingerprint, pending, permit)
+                    .claim_and_forward(route, &key, fingerprint, request, permit)
                     .await;
                 (outcome, mark::<Captured>(response, captured))
             }
         }
     }
 
-    /// Reads the body (bounded), checks its signature, extracts its key and builds the
-    /// request for the application: every step that needs no store. A refusal here has
-    /// stored nothing.
+    /// Reads the body (bounded), checks its signature, extracts its key and checks that
+    /// the request can be forwarded (it is built once claimed): every step that needs no
+    /// store. A refusal here has stored nothing.
     async fn check(
         &self,
         route: &Route,
@@ -381,7 +381,7 @@ impl Proxy {
         Ok(Checked::Keyed {
             key,
             fingerprint,
-            pending: Pending {
+            request: CheckedRequest {
                 forwardable,
                 guard,
                 body,
@@ -397,7 +397,7 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
-        pending: Pending,
+        request: CheckedRequest,
         permit: RequestPermit,
     ) -> Answer {
         let policy = &route.policy;
@@ -407,11 +407,11 @@ impl Proxy {
             .await;
         match claimed {
             Ok(Claiming::Claimed(open)) => {
-                self.after_claim(route, key, open, pending, permit).await
+                self.after_claim(route, key, open, request, permit).await
             }
             Ok(Claiming::Done(record)) => self.answer_duplicate(route, record, fingerprint),
             Ok(Claiming::InFlight) if policy.on_in_flight == OnInFlight::Wait => {
-                let waiting = self.wait_for_outcome(route, key, fingerprint, pending, permit);
+                let waiting = self.wait_for_outcome(route, key, fingerprint, request, permit);
                 // Boxed: a wait is rare, and its state would make every delivery's larger.
                 let (outcome, response) = Box::pin(waiting).await;
                 (outcome, mark(response, Waited))
@@ -419,7 +419,7 @@ impl Proxy {
             Ok(Claiming::InFlight) => in_flight(route),
             Ok(Claiming::Held) => held(route),
             Err(error) => {
-                let request = pending.build(route, None).request;
+                let request = request.build(route, None).request;
                 Box::pin(self.store_failed(route, error, request, permit)).await
             }
         }
@@ -434,7 +434,7 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         fingerprint: Fingerprint,
-        pending: Pending,
+        request: CheckedRequest,
         permit: RequestPermit,
     ) -> Answer {
         let until = tokio::time::Instant::now() + route.policy.in_flight_wait;
@@ -453,7 +453,7 @@ impl Proxy {
                 Ok(Claiming::Claimed(open)) => {
                     // A forward may take long: its place among the waiters goes back now.
                     drop(waiter);
-                    return self.after_claim(route, key, open, pending, permit).await;
+                    return self.after_claim(route, key, open, request, permit).await;
                 }
                 Ok(Claiming::Done(record)) => {
                     return self.answer_duplicate(route, record, fingerprint);
@@ -558,11 +558,11 @@ impl Proxy {
         route: &Arc<Route>,
         key: &str,
         open: OpenClaim,
-        pending: Pending,
+        request: CheckedRequest,
         permit: RequestPermit,
     ) -> Answer {
         let key_header = route.policy.forward_key_header.then_some(key);
-        let request = pending.build(route, key_header);
+        let request = request.build(route, key_header);
         if route.policy.queue.is_some() {
             return Box::pin(self.accept_queued(route, open, request, permit)).await;
         }
@@ -587,7 +587,8 @@ impl Proxy {
             async move {
                 let claims = open.claims().clone();
                 // Boxed: the forward's state is kilobytes, and a task's future is moved as
-                // it is spawned and as it ends (docs/performance.md, "Futures' sizes").
+                // it is spawned and as it ends (docs/performance.md, "The hot path, lean
+                // again").
                 let handling = Box::pin(proxy.forward_in_order(&route, open, request));
                 let lease = route.policy.lease;
                 let outcome = proxy.ledger.renewing(lease, &claims, handling).await;
@@ -810,7 +811,7 @@ enum Checked {
     Keyed {
         key: String,
         fingerprint: Fingerprint,
-        pending: Pending,
+        request: CheckedRequest,
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),

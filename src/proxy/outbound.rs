@@ -13,17 +13,17 @@ use crate::route::Route;
 use crate::upstream;
 
 /// A keyed delivery's request, checked and not yet built for the application.
-pub(super) struct Pending {
+pub(super) struct CheckedRequest {
     pub(super) forwardable: upstream::Forwardable,
     pub(super) guard: Guard,
     pub(super) body: Bytes,
     pub(super) peer: SocketAddr,
 }
 
-impl Pending {
+impl CheckedRequest {
     /// The request for the route's application, telling it `key_header`.
     pub(super) fn build(self, route: &Route, key_header: Option<&str>) -> Outbound {
-        let Pending {
+        let CheckedRequest {
             forwardable,
             guard,
             body,

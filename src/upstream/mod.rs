@@ -286,7 +286,8 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
 }
 
 /// Appends `ip` as `Display` writes it, without the formatting machinery for the common
-/// IPv4 case: it cost more than the rest of the header's making (docs/performance.md).
+/// IPv4 case: it cost more than the rest of the header's making (docs/performance.md,
+/// "The hot path, lean again").
 pub(crate) fn push_ip(text: &mut String, ip: std::net::IpAddr) {
     let std::net::IpAddr::V4(v4) = ip else {
         text.push_str(&ip.to_string());
