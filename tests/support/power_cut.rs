@@ -721,6 +721,9 @@ impl PowerCutMount {
     fn unmount(&mut self) {
         if let Some(session) = self.session.take()
             && let Err(error) = session.umount_and_join()
+            // The kernel may end the connection with ECONNABORTED rather than ENODEV when
+            // a request was still under way: the unmount itself was done.
+            && self.mounted()
         {
             // Still busy (a process of its own left in it): detached, as a reboot would.
             let detached = std::process::Command::new("umount")
@@ -732,6 +735,17 @@ impl PowerCutMount {
                 "cannot unmount {}: {error}",
                 self.path.display()
             );
+        }
+    }
+
+    /// Whether a filesystem is still mounted at the path: one is while the path's device
+    /// differs from its parent's, or cannot be read (a connection ended, not unmounted).
+    fn mounted(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let parent = self.path.parent().expect("a mount point has a parent");
+        match (std::fs::metadata(&self.path), std::fs::metadata(parent)) {
+            (Ok(path), Ok(parent)) => path.dev() != parent.dev(),
+            _ => true,
         }
     }
 
