@@ -25,13 +25,19 @@ const PAUSE: Duration = Duration::from_millis(100);
 /// again a few times. Opened without blocking, so that a FIFO is refused, not waited on;
 /// a filesystem that hangs still holds the calling thread (the reload runs it apart).
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    read_file_while(path, &mut |_| {})
+}
+
+/// [`read_file`], calling `meanwhile` with the try's number between each read and the
+/// check that follows it: where a test changes the file.
+fn read_file_while(path: &Path, meanwhile: &mut dyn FnMut(u32)) -> Result<String, ConfigError> {
     let refused = |source: std::io::Error| ConfigError::Read {
         file: path.display().to_string(),
         source,
     };
     let mut tries = 1;
     loop {
-        match read_once(path) {
+        match read_once(path, &mut || meanwhile(tries)) {
             Err(Unread::Changed) if tries < TRIES => {
                 tries += 1;
                 std::thread::sleep(PAUSE);
@@ -58,7 +64,7 @@ impl From<std::io::Error> for Unread {
     }
 }
 
-fn read_once(path: &Path) -> Result<String, Unread> {
+fn read_once(path: &Path, meanwhile: &mut dyn FnMut()) -> Result<String, Unread> {
     let file: File = OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
@@ -76,6 +82,7 @@ fn read_once(path: &Path) -> Result<String, Unread> {
     }
     let mut bytes = Vec::with_capacity(before.len() as usize);
     (&file).take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    meanwhile();
     let after = file.metadata()?;
     // What the path names now: another file if the symlink was swapped meanwhile.
     let named = std::fs::metadata(path)?;
@@ -125,5 +132,73 @@ mod tests {
         std::fs::write(&large, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
         let error = read_file(&large).unwrap_err().to_string();
         assert!(error.contains("larger than"), "{error}");
+    }
+
+    /// A file changed between its read and the check after it: grown, cut short,
+    /// rewritten in place at the same size, or swapped through the `..data` symlink as
+    /// the kubelet does. Each is refused while it keeps happening, and the file read
+    /// once a try meets no change.
+    #[test]
+    fn a_file_changed_while_read_is_read_again_or_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("..2026_12_05_a");
+        let second = dir.path().join("..2026_12_05_b");
+        std::fs::create_dir(&first).unwrap();
+        std::fs::create_dir(&second).unwrap();
+        std::fs::write(first.join("config.yaml"), "routes: []\n").unwrap();
+        std::fs::write(second.join("config.yaml"), "routes: [] # b\n").unwrap();
+        let data = dir.path().join("..data");
+        std::os::unix::fs::symlink(&first, &data).unwrap();
+        let file = dir.path().join("config.yaml");
+        std::os::unix::fs::symlink(data.join("config.yaml"), &file).unwrap();
+        let swap = |to: &Path| {
+            let next = dir.path().join("..data_tmp");
+            std::os::unix::fs::symlink(to, &next).unwrap();
+            std::fs::rename(&next, &data).unwrap();
+        };
+        let target = || std::fs::read_link(&data).unwrap().join("config.yaml");
+        let changes: [(&str, &dyn Fn()); 4] = [
+            ("grown", &|| {
+                let mut grown = OpenOptions::new().append(true).open(target()).unwrap();
+                std::io::Write::write_all(&mut grown, b"# more\n").unwrap();
+            }),
+            ("cut short", &|| {
+                let text = std::fs::read(target()).unwrap();
+                std::fs::write(target(), &text[..text.len() / 2]).unwrap();
+            }),
+            ("rewritten", &|| {
+                let path = target();
+                let text = std::fs::read(&path).unwrap();
+                let file = OpenOptions::new().write(true).open(&path).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&file, &text, 0).unwrap();
+                // The kernel's clock for file times ticks every few milliseconds: a
+                // rewrite within the read's tick would show no change (nor can any check).
+                file.set_modified(std::time::SystemTime::now() + Duration::from_secs(1))
+                    .unwrap();
+            }),
+            ("swapped", &|| {
+                let now = std::fs::read_link(&data).unwrap();
+                swap(if now == first { &second } else { &first });
+            }),
+        ];
+        for (what, change) in changes {
+            let error = read_file_while(&file, &mut |_| change())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("changed while it was read"),
+                "{what}: {error}"
+            );
+            let mut tries = Vec::new();
+            let text = read_file_while(&file, &mut |tried| {
+                tries.push(tried);
+                if tried == 1 {
+                    change();
+                }
+            })
+            .unwrap();
+            assert_eq!(tries, [1, 2], "{what}");
+            assert_eq!(text, std::fs::read_to_string(target()).unwrap(), "{what}");
+        }
     }
 }
