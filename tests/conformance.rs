@@ -1279,6 +1279,66 @@ async fn postgres_a_table_from_before_held_keys_is_upgraded_and_keeps_its_record
     drop(PostgresStore::connect(&config, None).await.unwrap());
 }
 
+/// Keys in flight, a few among many done ones, are listed (as a clearing counts them
+/// first) through their partial index: the server's statistics show it scanned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keys_in_flight_are_listed_through_their_index() {
+    let Some(client) = postgres_client().await else {
+        return;
+    };
+    let table = "dedupe_in_flight_listing";
+    support::drop_postgres_tables(table).await;
+    let config = PostgresConfig {
+        table: TableName(table.into()),
+        ..plain_postgres_config()
+    };
+    let h = Harness::shared(Arc::new(
+        PostgresStore::connect(&config, None).await.unwrap(),
+    ));
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {table} (key, state, claimed_at, expires_at, body_sha256)
+             SELECT '{done}' || g, 'done', 0, 9000000000000000, '\\x00'::bytea
+             FROM generate_series(1, 20000) g;
+             ANALYZE {table}",
+            done = h.key("done-")
+        ))
+        .await
+        .unwrap();
+    for name in ["f1", "f2", "f3"] {
+        h.claimed(name).await;
+    }
+    let index = format!("{table}_in_flight");
+    let scans = || async {
+        client
+            .query_one(
+                "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes
+                 WHERE indexrelname = $1",
+                &[&index],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let before = scans().await;
+    let page = h
+        .store
+        .list("t", &h.run, Some(StateFilter::InFlight), None, 10)
+        .await
+        .unwrap();
+    let listed: Vec<&str> = page.keys.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(listed, [h.key("f1"), h.key("f2"), h.key("f3")]);
+    // A session reports its statistics when idle, within about ten seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while scans().await == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listing did not scan {index}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A batch of done marks locks its rows in the plan's order, which another transaction
 /// can cross: here one holds `b` while the batch (`a`, `b`) holds `a` and waits, then asks
 /// for `a`. The batch waited first, so the server aborts it as the deadlock's victim; it
