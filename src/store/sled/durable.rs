@@ -5,10 +5,10 @@
 //! towards the device but flushes neither the file's metadata nor the device's volatile
 //! cache, and promises nothing after a power loss. So every flush that an acknowledgment
 //! waits for is followed here by an `fdatasync` of the log file (`fsync` when its size
-//! changed), an `fsync` of each blob file sled wrote since the last sync (values too large
-//! for the log go to files of their own, which sled never syncs), and of the blob
-//! directory when it gained a file. At open, every file sled holds, its directories and
-//! the data directory's parent are synced once.
+//! changed). Values too large for the log go to blob files of their own, which the
+//! patched sled (`vendor/sled`) syncs, with their directory, before its log names them.
+//! At open, every file sled holds, its directories and the data directory's parent are
+//! synced once (also what an earlier, unpatched build wrote).
 //!
 //! One thread runs these syncs, because they block, and never `flush_async`, which
 //! deadlocks in sled 0.34.7 under concurrent callers. Every caller that arrives while a
@@ -18,10 +18,8 @@
 //! about them. The store reopens the directory instead, after [`forget_cached`] has
 //! dropped those pages from the page cache, so that it reads what the disk holds.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,11 +69,6 @@ struct StableFiles {
     /// The log file's size at its last sync. `fdatasync` keeps a new size on Linux too,
     /// but POSIX leaves that to the system: where the size changed, `fsync` asks for it.
     log_synced_len: u64,
-    /// Blob files synced whole: sled never changes a blob once written.
-    blobs_settled: BTreeSet<OsString>,
-    /// Blob files synced while sled may still have been writing them, with the size
-    /// synced: looked at again until whole.
-    blobs_partial: BTreeMap<OsString, u64>,
 }
 
 impl StableFiles {
@@ -87,8 +80,6 @@ impl StableFiles {
             dir: dir.to_path_buf(),
             log: File::open(dir.join(LOG_FILE))?,
             log_synced_len: 0,
-            blobs_settled: BTreeSet::new(),
-            blobs_partial: BTreeMap::new(),
         };
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
@@ -96,7 +87,7 @@ impl StableFiles {
                 File::open(entry.path())?.sync_all()?;
             }
         }
-        files.settle_blobs()?;
+        files.sync_blobs()?;
         sync_directory(dir)?;
         for made in created.iter().map(PathBuf::as_path).chain([dir]) {
             sync_directory(parent(made))?;
@@ -105,24 +96,20 @@ impl StableFiles {
         Ok(files)
     }
 
-    /// Syncs every blob file and their directory, as they are: at open, when sled writes
-    /// none.
-    fn settle_blobs(&mut self) -> io::Result<()> {
+    /// Syncs every blob file and their directory, as they are (at open).
+    fn sync_blobs(&self) -> io::Result<()> {
         let blob_dir = self.dir.join(BLOB_DIR);
         let Some(entries) = unless_gone(std::fs::read_dir(&blob_dir))? else {
             return Ok(());
         };
         for entry in entries {
-            let entry = entry?;
-            File::open(entry.path())?.sync_all()?;
-            self.blobs_settled.insert(entry.file_name());
+            File::open(entry?.path())?.sync_all()?;
         }
         sync_directory(&blob_dir)
     }
 
     /// Makes what sled has written so far stable (call after `Db::flush`).
     fn sync(&mut self) -> io::Result<()> {
-        self.sync_blobs()?;
         let len = self.log.metadata()?.len();
         if len == self.log_synced_len {
             self.log.sync_data()
@@ -132,59 +119,6 @@ impl StableFiles {
             Ok(())
         }
     }
-
-    /// Syncs each blob file that is new or was not whole at its last sync, then the blob
-    /// directory if it gained one. Blobs removed meanwhile are forgotten. Of the blobs
-    /// settled before, only the names are read.
-    fn sync_blobs(&mut self) -> io::Result<()> {
-        let blob_dir = self.dir.join(BLOB_DIR);
-        let Some(entries) = unless_gone(std::fs::read_dir(&blob_dir))? else {
-            return Ok(());
-        };
-        let mut listed = BTreeSet::new();
-        let mut named_anew = false;
-        for entry in entries {
-            let name = entry?.file_name();
-            listed.insert(name.clone());
-            if self.blobs_settled.contains(&name) {
-                continue;
-            }
-            // Removed by sled since it was listed: nothing of it to keep.
-            let Some((len, whole)) = unless_gone(read_blob(&blob_dir.join(&name)))? else {
-                continue;
-            };
-            let synced = self.blobs_partial.remove(&name);
-            if synced != Some(len)
-                && let Some(file) = unless_gone(File::open(blob_dir.join(&name)))?
-            {
-                file.sync_all()?;
-            }
-            named_anew |= synced.is_none();
-            if whole {
-                self.blobs_settled.insert(name);
-            } else {
-                self.blobs_partial.insert(name, len);
-            }
-        }
-        if named_anew {
-            sync_directory(&blob_dir)?;
-        }
-        self.blobs_settled.retain(|name| listed.contains(name));
-        self.blobs_partial.retain(|name, _| listed.contains(name));
-        Ok(())
-    }
-}
-
-/// A blob file's size, and whether it is whole: sled writes its checksum first, then the
-/// value's kind and bytes, which the checksum covers.
-fn read_blob(path: &Path) -> io::Result<(u64, bool)> {
-    let mut bytes = Vec::new();
-    File::open(path)?.read_to_end(&mut bytes)?;
-    let whole = bytes.len() > 4 && {
-        let stored = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        crc32fast::hash(&bytes[4..]) == stored
-    };
-    Ok((bytes.len() as u64, whole))
 }
 
 /// A path's directory: `.` for a relative path of one part.
@@ -359,39 +293,5 @@ mod tests {
         assert!(missing_directories(dir.path()).is_empty());
         assert_eq!(parent(Path::new("data")), Path::new("."));
         assert_eq!(parent(Path::new("a/data")), Path::new("a"));
-    }
-
-    /// A blob as sled writes it: its checksum, then the kind and the value it covers.
-    fn blob(value: &[u8]) -> Vec<u8> {
-        let mut covered = vec![1];
-        covered.extend_from_slice(value);
-        let mut bytes = crc32fast::hash(&covered).to_le_bytes().to_vec();
-        bytes.extend(covered);
-        bytes
-    }
-
-    #[test]
-    fn a_blob_is_looked_at_until_whole_and_forgotten_when_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(LOG_FILE), b"log").unwrap();
-        let blobs = dir.path().join(BLOB_DIR);
-        std::fs::create_dir(&blobs).unwrap();
-        std::fs::write(blobs.join("3"), blob(b"there at open")).unwrap();
-        let mut files = StableFiles::open(dir.path(), &[]).unwrap();
-        assert!(files.blobs_settled.contains(&OsString::from("3")));
-        let whole = blob(b"a large value");
-        std::fs::write(blobs.join("7"), &whole[..6]).unwrap();
-        files.sync().unwrap();
-        assert_eq!(files.blobs_partial.get(&OsString::from("7")), Some(&6));
-        std::fs::write(blobs.join("7"), &whole).unwrap();
-        std::fs::write(blobs.join("9"), blob(b"another")).unwrap();
-        files.sync().unwrap();
-        assert!(files.blobs_partial.is_empty());
-        assert_eq!(files.blobs_settled.len(), 3);
-        std::fs::remove_file(blobs.join("7")).unwrap();
-        std::fs::write(dir.path().join(LOG_FILE), b"longer log").unwrap();
-        files.sync().unwrap();
-        assert!(!files.blobs_settled.contains(&OsString::from("7")));
-        assert_eq!(files.log_synced_len, 10);
     }
 }
