@@ -2,7 +2,8 @@
 //! acknowledgment that promises durability (a done mark with `durability: fsync`, a queued
 //! job's `202`, an operator's change, a job's move to dead letters) leaves only after an
 //! `fsync` or `fdatasync` of the store's log, begun after the write it covers, has
-//! returned; one sync serves many acknowledgments; a failing sync acknowledges nothing.
+//! returned; a blob file (a large value) and its directory are synced before the log
+//! can name it; one sync serves many acknowledgments; a failing sync acknowledges nothing.
 //! The power-loss runs that show what this buys are in `faults.rs`.
 
 #[path = "support/power_cut.rs"]
@@ -52,6 +53,8 @@ routes:
 /// One system call as `strace -f -ttt -T -yy` wrote it.
 #[derive(Debug, Clone)]
 struct Call {
+    /// The thread that made it.
+    thread: String,
     name: String,
     /// The first argument's file descriptor as `-yy` describes it: a path, or
     /// `TCP:[local->remote]`.
@@ -114,6 +117,7 @@ fn parse_trace(trace: &str) -> Vec<Call> {
                 continue;
             };
             calls.push(Call {
+                thread: pid.to_owned(),
                 name: name.to_owned(),
                 fd,
                 start,
@@ -134,6 +138,7 @@ fn parse_trace(trace: &str) -> Vec<Call> {
                 pending.insert(pid, entry);
             } else if let Some((returned, duration)) = result(rest) {
                 calls.push(Call {
+                    thread: pid.to_owned(),
                     name: name.to_owned(),
                     fd: descriptor(arguments),
                     start: time,
@@ -378,13 +383,33 @@ async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
         "acknowledged before a sync:\n{}",
         failures.join("\n")
     );
-    let blob_synced = calls
-        .iter()
-        .any(|call| call.name == "fsync" && call.fd.starts_with(&format!("{data}/blobs/")));
-    assert!(
-        blob_synced,
-        "the large job's blob file was written and synced"
-    );
+    let blobs = format!("{data}/blobs");
+    let blob_writes: Vec<&Call> = (calls.iter())
+        .filter(|call| call.name == "write" && call.fd.starts_with(&format!("{blobs}/")))
+        .collect();
+    assert!(!blob_writes.is_empty(), "the large job went to a blob file");
+    for write in blob_writes {
+        let last = (calls.iter())
+            .filter(|call| call.fd == write.fd && call.name == "write")
+            .map(|call| call.end)
+            .fold(0.0, f64::max);
+        if write.end < last {
+            continue;
+        }
+        // Its file and its directory are synced before the thread goes on: the log
+        // message naming the blob cannot reach the disk before them.
+        let next: Vec<(&str, &str)> = (calls.iter())
+            .filter(|call| call.thread == write.thread && call.start >= write.end)
+            .take(2)
+            .map(|call| (call.name.as_str(), call.fd.as_str()))
+            .collect();
+        assert_eq!(
+            next,
+            [("fsync", write.fd.as_str()), ("fsync", blobs.as_str())],
+            "what followed the last write of {}",
+            write.fd
+        );
+    }
 }
 
 /// The routes' proxy with its data on the power-loss simulator, and what it runs with.
