@@ -718,6 +718,34 @@ async fn a_configured_name_reaches_the_admin_api() {
     }
 }
 
+/// A second `Host` line, or an absolute-form target naming another host, is refused on
+/// the admin port as on the provider port: the first `Host` alone is not what it is for.
+#[tokio::test]
+async fn two_hosts_or_a_target_naming_another_are_refused() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    for (what, head) in [
+        (
+            "two Host lines",
+            "GET /v1/routes HTTP/1.1\r\nhost: 127.0.0.1\r\nhost: attacker.example\r\n",
+        ),
+        (
+            "an absolute-form target",
+            "GET http://attacker.example/v1/routes HTTP/1.1\r\nhost: 127.0.0.1\r\n",
+        ),
+    ] {
+        let answer = raw(
+            proxy.admin,
+            format!("{head}connection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{what}: {answer}");
+    }
+    let plain = "GET /v1/routes HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n";
+    let answer = raw(proxy.admin, plain.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 /// A read whose sender holds its body back is answered at once: only a change's body is
 /// waited for, so that such senders cannot hold the port's places and starve its probes.
 #[tokio::test]
