@@ -397,7 +397,8 @@ async fn every_acknowledgment_leaves_after_a_sync_of_what_it_promises() {
             continue;
         }
         // Its file and its directory are synced before the thread goes on: the log
-        // message naming the blob cannot reach the disk before them.
+        // message naming the blob cannot reach the disk before them. (The trace leaves
+        // out `openat` and `close`, which come between the two.)
         let next: Vec<(&str, &str)> = (calls.iter())
             .filter(|call| call.thread == write.thread && call.start >= write.end)
             .take(2)

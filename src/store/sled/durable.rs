@@ -108,7 +108,8 @@ impl StableFiles {
         sync_directory(&blob_dir)
     }
 
-    /// Makes what sled has written so far stable (call after `Db::flush`).
+    /// Makes sled's log stable (call after `Db::flush`); the patched sled syncs its blob
+    /// files as it writes them.
     fn sync(&mut self) -> io::Result<()> {
         let len = self.log.metadata()?.len();
         if len == self.log_synced_len {
