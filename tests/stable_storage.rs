@@ -511,6 +511,16 @@ async fn a_sync_that_fails_acknowledges_nothing_and_the_store_recovers() {
     disk.fail_syncs(false);
     until_acknowledged(&proxy, "/queued", "job_1").await;
 
+    // A large job (sled keeps it in a blob file, synced as it is written) whose blob
+    // cannot be synced: refused, and the store recovers as from any failed sync, rather
+    // than every later write waiting for good on the log buffer the blob was named in.
+    disk.fail_syncs(true);
+    let large = format!(r#"{{"id":"job_large","pad":"{}"}}"#, "x".repeat(200 << 10));
+    let refused = post_json(proxy.addr, "/queued", &large).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    disk.fail_syncs(false);
+    until_acknowledged(&proxy, "/queued", "job_large").await;
+
     // An operator's change whose sync fails is not said saved.
     disk.fail_syncs(true);
     let change = send(proxy.admin, "DELETE", "/v1/keys/hooks/evt_0", &[], "").await;

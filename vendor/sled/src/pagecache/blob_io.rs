@@ -163,10 +163,21 @@ pub(crate) fn gc_blobs(config: &Config, stable_lsn: Lsn) -> Result<()> {
 /// stable first (an fsync of the log), so that a power cut cannot leave the older message,
 /// whose blob is gone, as the page's last.
 pub(crate) fn remove_replaced_blob(id: Lsn, config: &RunningConfig) -> Result<()> {
-    if !config.temporary {
-        config.file.sync_all()?;
-    }
+    sync_log(config)?;
     remove_blob(id, config)
+}
+
+/// An `fsync` of the log. One that fails fails the store, as a failed log write does:
+/// what it could not write may be gone.
+pub(crate) fn sync_log(config: &RunningConfig) -> Result<()> {
+    if config.temporary {
+        return Ok(());
+    }
+    config.file.sync_all().map_err(|error| {
+        let error = Error::from(error);
+        config.set_global_error(error.clone());
+        error
+    })
 }
 
 pub(crate) fn remove_blob(id: Lsn, config: &Config) -> Result<()> {

@@ -361,12 +361,33 @@ impl Log {
             let blob_id =
                 if over_blob_threshold { Some(reservation_lsn) } else { None };
 
-            self.iobufs.encapsulate(
+            if let Err(error) = self.iobufs.encapsulate(
                 item,
                 message_header,
                 destination,
                 blob_id,
-            )?;
+            ) {
+                // dedupe-proxy: a blob that could not be written or synced fails
+                // the store, as a failed log write does, and gives back this
+                // claim on the buffer, which could otherwise never be written
+                // (every flush would wait for it for good).
+                self.config.set_global_error(error.clone());
+                let cancelled = Reservation {
+                    iobuf,
+                    log: self,
+                    buf: destination,
+                    flushed: false,
+                    lsn: reservation_lsn,
+                    pointer: DiskPtr::new_inline(reservation_lid),
+                    is_blob_rewrite: false,
+                    header_len: usize::try_from(
+                        message_header.serialized_size(),
+                    )
+                    .unwrap(),
+                };
+                let _ = cancelled.abort();
+                return Err(error);
+            }
 
             M.log_reservation_success();
 

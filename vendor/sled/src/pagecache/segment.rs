@@ -265,8 +265,8 @@ impl Segment {
 
             // dedupe-proxy: the messages that replaced these blobs are stable before
             // any of them goes (see `remove_replaced_blob`).
-            if !active.deferred_rm_blob.is_empty() && !config.temporary {
-                config.file.sync_all()?;
+            if !active.deferred_rm_blob.is_empty() {
+                sync_log(config)?;
             }
 
             // now we can push any deferred blob removals to the removed set
