@@ -566,6 +566,8 @@ async fn a_full_queue_refuses_with_503_and_stores_nothing() {
             reply.body
         );
     }
+    // Paused all along: a pause is never undone by a read of the store begun before it.
+    assert_eq!(upstream.requests(), 0, "a paused route delivered");
     let refused = &refused[0];
     let job = admin(
         &proxy,

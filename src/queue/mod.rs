@@ -12,10 +12,12 @@
 
 mod attempt;
 mod fill;
+mod paused;
 
 use self::attempt::AttemptContext;
 use self::fill::Fill;
 pub(crate) use self::fill::Place;
+use self::paused::Paused;
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -173,7 +175,7 @@ pub struct Deliveries {
     running: Mutex<HashMap<String, Running>>,
     /// Whether the store's durability warning was looked for (once queued routes run).
     warned: AtomicBool,
-    paused: RwLock<HashSet<String>>,
+    paused: Paused,
     /// Set once the paused routes were first read from the store: no loop takes a job
     /// before, or a restart would deliver for a route an operator paused.
     paused_read: tokio::sync::OnceCell<()>,
@@ -206,7 +208,7 @@ impl Deliveries {
             clock,
             running: Mutex::new(HashMap::new()),
             warned: AtomicBool::new(false),
-            paused: RwLock::new(HashSet::new()),
+            paused: Paused::default(),
             paused_read: tokio::sync::OnceCell::new(),
             fill: Arc::default(),
             tasks: TaskTracker::new(),
@@ -401,7 +403,7 @@ impl Deliveries {
             () = stop.cancelled() => return,
         }
         loop {
-            if self.paused.read().contains(&route.name) {
+            if self.paused.contains(&route.name) {
                 if idle(&stop, &wake, REFRESH).await {
                     return;
                 }
@@ -492,13 +494,22 @@ impl Deliveries {
     /// the refresh's.
     async fn read_paused_once(&self) {
         self.paused_read
-            .get_or_init(|| async {
-                match self.queue.paused().await {
-                    Ok(paused) => *self.paused.write() = paused.into_iter().collect(),
-                    Err(error) => tracing::debug!(%error, "cannot read the paused routes"),
-                }
-            })
+            .get_or_init(|| async { while !self.read_paused().await {} })
             .await;
+    }
+
+    /// Reads the paused routes from the store: returns false when a pause or resume made
+    /// here meanwhile left the read behind (a store that cannot be read leaves them as
+    /// they were).
+    async fn read_paused(&self) -> bool {
+        let begun = self.paused.begin_read();
+        match self.queue.paused().await {
+            Ok(paused) => self.paused.read(begun, paused),
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the paused routes");
+                true
+            }
+        }
     }
 
     /// Reads the paused routes from the store and counts every queued route's jobs, every
@@ -511,10 +522,7 @@ impl Deliveries {
                     () = self.stop.cancelled() => return,
                 }
             }
-            match self.queue.paused().await {
-                Ok(paused) => *self.paused.write() = paused.into_iter().collect(),
-                Err(error) => tracing::debug!(%error, "cannot read the paused routes"),
-            }
+            self.read_paused().await;
             let before: HashMap<String, u64> = self
                 .running
                 .lock()
@@ -575,13 +583,12 @@ impl Deliveries {
             routes.into_iter().unzip()
         };
         let counts = self.queue.counts(&names).await?;
-        let paused = self.paused.read().clone();
         Ok(names
             .into_iter()
             .zip(in_flight)
             .zip(counts)
             .map(|((route, in_flight), counts)| RouteQueue {
-                paused: paused.contains(&route),
+                paused: self.paused.contains(&route),
                 route,
                 counts,
                 in_flight,
@@ -592,14 +599,7 @@ impl Deliveries {
     /// Pauses or resumes a route's deliveries, for every replica sharing the store.
     pub(crate) async fn set_paused(&self, route: &str, paused: bool) -> Result<(), StoreError> {
         self.queue.set_paused(route, paused).await?;
-        {
-            let mut set = self.paused.write();
-            if paused {
-                set.insert(route.to_owned());
-            } else {
-                set.remove(route);
-            }
-        }
+        self.paused.set(route, paused);
         self.accepted(route);
         Ok(())
     }
