@@ -179,6 +179,8 @@ pub struct Deliveries {
     /// Set once the paused routes were first read from the store: no loop takes a job
     /// before, or a restart would deliver for a route an operator paused.
     paused_read: tokio::sync::OnceCell<()>,
+    /// Held by a pause or resume made here, from the store's write to this replica's.
+    changing_pause: tokio::sync::Mutex<()>,
     /// Each route's jobs, dead letters included, as last counted (every [`REFRESH`]) and
     /// accepted here since.
     fill: Arc<Fill>,
@@ -210,6 +212,7 @@ impl Deliveries {
             warned: AtomicBool::new(false),
             paused: Paused::default(),
             paused_read: tokio::sync::OnceCell::new(),
+            changing_pause: tokio::sync::Mutex::new(()),
             fill: Arc::default(),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -413,19 +416,14 @@ impl Deliveries {
                 place = places.acquire() => place,
                 () = stop.cancelled() => return,
             };
-            // With a rate, a job is taken only once it may start: a job taken early
-            // could outlive its visibility waiting, and another replica take it too.
-            let wanted = match &limiter {
-                Some(limiter) => {
-                    tokio::select! {
-                        () = limiter.until_ready() => {}
-                        () = stop.cancelled() => return,
-                    }
-                    1
-                }
-                // Only this loop takes places: those free now stay free until it takes them.
-                None => (1 + places.available()).min(TAKE_BATCH),
+            let Some(wanted) = how_many(limiter.as_ref(), &places, &stop).await else {
+                return;
             };
+            // A pause may have come while this loop waited for a place or its rate.
+            if self.paused.contains(&route.name) {
+                drop(first);
+                continue;
+            }
             let taken = match self.queue.take(&route.name, wanted, visibility).await {
                 Ok(taken) => taken,
                 Err(error) => {
@@ -490,24 +488,31 @@ impl Deliveries {
         false
     }
 
-    /// Reads the paused routes from the store, the first time it is asked; later reads are
-    /// the refresh's.
+    /// Reads the paused routes from the store, the first time it is asked, until a read
+    /// succeeds (no loop takes a job before: a restart must not deliver for a route an
+    /// operator paused); later reads are the refresh's.
     async fn read_paused_once(&self) {
         self.paused_read
-            .get_or_init(|| async { while !self.read_paused().await {} })
+            .get_or_init(|| async {
+                while !self.read_paused().await {
+                    tokio::time::sleep(STORE_PAUSE).await;
+                }
+            })
             .await;
     }
 
-    /// Reads the paused routes from the store: returns false when a pause or resume made
-    /// here meanwhile left the read behind (a store that cannot be read leaves them as
-    /// they were).
+    /// Reads the paused routes from the store; false if it could not be read (what was
+    /// known stays).
     async fn read_paused(&self) -> bool {
         let begun = self.paused.begin_read();
         match self.queue.paused().await {
-            Ok(paused) => self.paused.read(begun, paused),
-            Err(error) => {
-                tracing::debug!(%error, "cannot read the paused routes");
+            Ok(paused) => {
+                self.paused.replace_from_store(begun, paused);
                 true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the paused routes");
+                false
             }
         }
     }
@@ -598,8 +603,10 @@ impl Deliveries {
 
     /// Pauses or resumes a route's deliveries, for every replica sharing the store.
     pub(crate) async fn set_paused(&self, route: &str, paused: bool) -> Result<(), StoreError> {
+        // One change at a time, so that the store and this replica end in the same order.
+        let _one = self.changing_pause.lock().await;
         self.queue.set_paused(route, paused).await?;
-        self.paused.set(route, paused);
+        self.paused.set_here(route, paused);
         self.accepted(route);
         Ok(())
     }
@@ -623,6 +630,24 @@ impl Deliveries {
 }
 
 /// Waits for a wake-up, `pause`, or the stop; true when stopped.
+/// How many jobs a route's loop, holding one place, takes now: with a rate, one once it
+/// may start (a job taken early could outlive its visibility waiting, and another replica
+/// take it too); without, one per free place (only this loop takes places: those free now
+/// stay free until it takes them). `None` once stopped.
+async fn how_many(
+    limiter: Option<&DefaultDirectRateLimiter>,
+    places: &Places,
+    stop: &CancellationToken,
+) -> Option<usize> {
+    let Some(limiter) = limiter else {
+        return Some((1 + places.available()).min(TAKE_BATCH));
+    };
+    tokio::select! {
+        () = limiter.until_ready() => Some(1),
+        () = stop.cancelled() => None,
+    }
+}
+
 async fn idle(stop: &CancellationToken, wake: &Notify, pause: Duration) -> bool {
     tokio::select! {
         () = stop.cancelled() => true,
