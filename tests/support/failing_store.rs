@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
+use dedupe_proxy::store::queue::{DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Expiry, Fingerprint,
@@ -34,6 +35,8 @@ pub struct FailingStore {
     /// Fails every forgetting after this many.
     pub fail_forgets_after: Option<usize>,
     pub forgets: AtomicUsize,
+    /// The delivery queue queued routes use (none unless set).
+    pub queue: Option<Arc<dyn DeliveryQueue>>,
 }
 
 impl FailingStore {
@@ -51,6 +54,7 @@ impl FailingStore {
             claims: Arc::default(),
             fail_forgets_after: None,
             forgets: AtomicUsize::new(0),
+            queue: None,
         }
     }
 }
@@ -165,6 +169,9 @@ impl ClaimStore for FailingStore {
     fn done_keys(&self) -> Option<u64> {
         self.inner.done_keys()
     }
+    fn queue(&self) -> Option<Arc<dyn DeliveryQueue>> {
+        self.queue.clone()
+    }
     fn delivery_log(&self) -> Option<Arc<dyn dedupe_proxy::store::log::DeliveryLog>> {
         self.inner.delivery_log()
     }
@@ -201,4 +208,68 @@ pub async fn proxy_on_store(
             .unwrap(),
         data,
     )
+}
+
+/// The real sled queue, whose first `fail_paused_reads` reads of the paused routes fail.
+pub struct FailingQueue {
+    pub inner: Arc<dyn DeliveryQueue>,
+    pub fail_paused_reads: AtomicUsize,
+}
+
+#[async_trait]
+impl DeliveryQueue for FailingQueue {
+    async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError> {
+        self.inner.enqueue(job).await
+    }
+    async fn take(
+        &self,
+        route: &str,
+        limit: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Taken>, StoreError> {
+        self.inner.take(route, limit, visibility).await
+    }
+    async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
+        self.inner.complete(taken).await
+    }
+    async fn retry(&self, taken: &Taken, job: &Job, due_at: u64) -> Result<(), StoreError> {
+        self.inner.retry(taken, job, due_at).await
+    }
+    async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
+        self.inner.bury(taken, job).await
+    }
+    async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
+        self.inner.job(route, key).await
+    }
+    async fn dead(
+        &self,
+        route: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadPage, StoreError> {
+        self.inner.dead(route, after, limit).await
+    }
+    async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
+        self.inner.revive(route, key).await
+    }
+    async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {
+        self.inner.discard(route, key).await
+    }
+    async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
+        self.inner.counts(routes).await
+    }
+    async fn set_paused(&self, route: &str, paused: bool) -> Result<(), StoreError> {
+        self.inner.set_paused(route, paused).await
+    }
+    async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        let failing =
+            self.fail_paused_reads
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                });
+        if failing.is_ok() {
+            return Err(StoreError::Backend("injected read failure".into()));
+        }
+        self.inner.paused().await
+    }
 }
