@@ -629,7 +629,6 @@ impl Deliveries {
     }
 }
 
-/// Waits for a wake-up, `pause`, or the stop; true when stopped.
 /// How many jobs a route's loop, holding one place, takes now: with a rate, one once it
 /// may start (a job taken early could outlive its visibility waiting, and another replica
 /// take it too); without, one per free place (only this loop takes places: those free now
@@ -648,6 +647,7 @@ async fn how_many(
     }
 }
 
+/// Waits for a wake-up, `pause`, or the stop; true when stopped.
 async fn idle(stop: &CancellationToken, wake: &Notify, pause: Duration) -> bool {
     tokio::select! {
         () = stop.cancelled() => true,
