@@ -663,8 +663,6 @@ async fn order_by_delivers_one_event_per_entity_at_a_time_in_arrival_order() {
     proxy.shutdown().await;
 }
 
-const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
-
 /// The proxy in process on the sled store in `data`, whose first `failing` reads of the
 /// paused routes fail.
 async fn start_reading_paused_badly(
@@ -676,15 +674,7 @@ async fn start_reading_paused_badly(
     let dedupe_proxy::config::StoreConfig::Sled(sled) = &config.store else {
         panic!("sled expected")
     };
-    // The store of a proxy shut down in this process is let go by its last task shortly.
-    let began = Instant::now();
-    let inner = loop {
-        match dedupe_proxy::store::sled::SledStore::open(sled) {
-            Ok(store) => break store,
-            Err(error) if began.elapsed() > Duration::from_secs(10) => panic!("{error}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    let inner = once_unlocked(|| dedupe_proxy::store::sled::SledStore::open(sled)).await;
     let queue = FailingQueue {
         inner: dedupe_proxy::store::ClaimStore::queue(&inner).unwrap(),
         fail_paused_reads: failing.into(),
@@ -707,7 +697,7 @@ async fn a_paused_route_stays_paused_across_a_restart_whose_first_reads_fail() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("db");
     let app = start_reading_paused_badly(&upstream, &data, 0).await;
-    let paused = send(app.admin_addr, "POST", "/v1/queue/hooks/pause", JSON, "").await;
+    let paused = admin_post(app.admin_addr, "/v1/queue/hooks/pause", "").await;
     assert_eq!(paused.status, 200, "{}", paused.body);
     assert_eq!(post_event(app.proxy_addr, "evt_1").await.status, 202);
     app.shutdown().await.unwrap();
@@ -720,7 +710,7 @@ async fn a_paused_route_stays_paused_across_a_restart_whose_first_reads_fail() {
         0,
         "a paused route delivered after a restart"
     );
-    let resumed = send(app.admin_addr, "POST", "/v1/queue/hooks/resume", JSON, "").await;
+    let resumed = admin_post(app.admin_addr, "/v1/queue/hooks/resume", "").await;
     assert_eq!(resumed.status, 200, "{}", resumed.body);
     upstream.wait_for_requests(1).await;
     app.shutdown().await.unwrap();

@@ -16,7 +16,7 @@ use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
 };
-use support::{done, open_sled};
+use support::{done, once_unlocked, open_sled};
 
 const START: u64 = 1_800_000_000_000;
 const LEASE: Duration = Duration::from_secs(60);
@@ -140,24 +140,6 @@ async fn abandoned_leases_are_swept_too() {
     f.clock.advance(LEASE);
     assert_eq!(f.store.sweep(100).await.unwrap().removed, 1);
     assert_eq!(f.store.inspect("orphan").await.unwrap(), None);
-}
-
-/// Opens the store again after a drop. sled's background flusher lets go of the directory
-/// lock a moment after the drop; a restarted process never sees this, its predecessor
-/// being gone.
-/// What `open` gives once the data directory's earlier user has let go of it (its lock is
-/// released a moment after it is dropped).
-async fn once_unlocked<T, E: std::fmt::Display>(open: impl Fn() -> Result<T, E>) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match open() {
-            Ok(opened) => return opened,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    }
 }
 
 async fn reopen(path: &Path, clock: &Arc<ManualClock>) -> SledStore {

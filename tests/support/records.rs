@@ -36,3 +36,19 @@ pub fn open_sled(path: &Path, clock: &Arc<ManualClock>) -> SledStore {
         }
     }
 }
+
+/// What `open` gives once the data directory's earlier user has let go of it: sled's
+/// threads release its lock a moment after the store is dropped (a restarted process
+/// never sees this, its predecessor being gone).
+pub async fn once_unlocked<T, E: std::fmt::Display>(open: impl Fn() -> Result<T, E>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match open() {
+            Ok(opened) => return opened,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
