@@ -305,30 +305,8 @@ mod tests {
 
     fn entry(body: usize) -> LoggedDelivery {
         LoggedDelivery {
-            at: 0,
-            route: None,
-            scope: None,
             key: None,
-            fate: Fate::Forwarded,
-            refusal: None,
-            waited: false,
-            replayed: false,
-            attempt: None,
-            status: 200,
-            upstream_status: None,
-            upstream_ms: None,
-            duration_ms: 0,
-            size: None,
-            method: "POST".into(),
-            path: "/".into(),
-            request_id: None,
-            trace_id: None,
-            client: None,
-            replica: None,
-            headers: Vec::new(),
-            body: Some(vec![0; body].into()),
-            body_truncated: false,
-            by: None,
+            ..LoggedDelivery::sample("", 0, body)
         }
     }
 

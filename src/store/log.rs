@@ -223,6 +223,38 @@ impl LoggedDelivery {
         postcard::to_extend(self, out).expect("an entry always serializes")
     }
 
+    /// A forwarded POST to `/` under `key`, at `at`, with a body of `body` zero bytes:
+    /// for the log's own tests.
+    #[cfg(test)]
+    pub(crate) fn sample(key: &str, at: Millis, body: usize) -> LoggedDelivery {
+        LoggedDelivery {
+            at,
+            route: None,
+            scope: None,
+            key: Some(key.to_owned()),
+            fate: Fate::Forwarded,
+            refusal: None,
+            waited: false,
+            replayed: false,
+            attempt: None,
+            status: 200,
+            upstream_status: None,
+            upstream_ms: None,
+            duration_ms: 0,
+            size: None,
+            method: "POST".into(),
+            path: "/".into(),
+            request_id: None,
+            trace_id: None,
+            client: None,
+            replica: None,
+            headers: Vec::new(),
+            body: Some(vec![0; body].into()),
+            body_truncated: false,
+            by: None,
+        }
+    }
+
     /// An entry as stored; `None` for one of another version or unreadable.
     pub fn decode(bytes: &[u8]) -> Option<LoggedDelivery> {
         match bytes.split_first() {

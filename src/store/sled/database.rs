@@ -58,8 +58,6 @@ pub(super) struct OpenDatabase {
     pub(super) entities: sled::Tree,
     pub(super) entity_expiry: sled::Tree,
     pub(super) queue: QueueTrees,
-    /// The delivery log's chunks (`log.rs`).
-    pub(super) log: sled::Tree,
     /// Makes queued jobs and operators' changes stable always, and settlements (done
     /// marks, holds, entities' versions) with `durability: fsync`.
     pub(super) syncs: SyncGroup,
@@ -101,7 +99,6 @@ impl OpenDatabase {
         let entities = db.open_tree("entities")?;
         let entity_expiry = db.open_tree("entity_expiry")?;
         let queue = QueueTrees::open(&db)?;
-        let log = db.open_tree("delivery_log")?;
         let syncs = SyncGroup::start(db.clone(), &config.path, &created, counters)
             .map_err(|error| error.context(&format!("data directory {path}")))?;
         Ok(OpenDatabase {
@@ -111,7 +108,6 @@ impl OpenDatabase {
             entities,
             entity_expiry,
             queue,
-            log,
             syncs,
             sync_settlements: config.durability == Durability::Fsync,
         })

@@ -57,6 +57,9 @@ use super::{
 };
 use crate::config::SledConfig;
 
+/// The delivery log's directory, inside the data directory.
+const LOG_DIRECTORY: &str = "delivery_log";
+
 /// A key that is neither absent nor done, as the map in memory holds it.
 #[derive(Debug, Clone)]
 enum OpenKey {
@@ -146,9 +149,10 @@ impl SledStore {
             syncs,
         };
         let queue = SledQueue::new(Arc::clone(&clock), database.clone())?;
+        let log = SledLog::open(&config.path.join(LOG_DIRECTORY), &opened.db)?;
         Ok(SledStore {
             queue: Arc::new(queue),
-            log: Arc::new(SledLog::new(database.clone())),
+            log: Arc::new(log),
             database,
             open_keys,
             next_token: AtomicU64::new(rand::random()),
