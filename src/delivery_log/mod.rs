@@ -301,7 +301,6 @@ async fn trim(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::log::Fate;
 
     fn entry(body: usize) -> LoggedDelivery {
         LoggedDelivery {

@@ -1,7 +1,7 @@
 //! The delivery log's contract: one entry per request a route took (and per queued
-//! attempt), kept beside the claims (sled in files of the data directory, Redis and
-//! PostgreSQL in the shared store, so that every replica's deliveries are in one log), newest first,
-//! until its retention ends or newer entries push it out.
+//! attempt), kept beside the claims (on sled in files of the data directory, on Redis
+//! and PostgreSQL in the shared store, so that every replica's deliveries are in one
+//! log), newest first, until its retention ends or newer entries push it out.
 //!
 //! An entry is named by a [`LogId`], two numbers the backend gives it when it stores it:
 //! ids grow in the order entries are stored, on every store.

@@ -46,7 +46,7 @@ use parking_lot::RwLock;
 use self::database::{Database, OpenDatabase};
 use self::durable::SyncCounters;
 use self::epochs::RecordKey;
-use self::log::SledLog;
+use self::log::FileLog;
 use self::queue::SledQueue;
 use super::queue::DeliveryQueue;
 use super::{
@@ -56,9 +56,6 @@ use super::{
     count_by_namespace, millis, store_key,
 };
 use crate::config::SledConfig;
-
-/// The delivery log's directory, inside the data directory.
-const LOG_DIRECTORY: &str = "delivery_log";
 
 /// A key that is neither absent nor done, as the map in memory holds it.
 #[derive(Debug, Clone)]
@@ -119,7 +116,7 @@ pub struct SledStore {
     next_token: AtomicU64,
     clock: Arc<dyn Clock>,
     queue: Arc<SledQueue>,
-    log: Arc<SledLog>,
+    log: Arc<FileLog>,
     /// One operator's change of a done key at a time: a move of its expiry writes the new
     /// copy before it removes the old, so two moves (or a move and a forget) interleaved
     /// could leave no copy, or bring a forgotten one back.
@@ -149,7 +146,7 @@ impl SledStore {
             syncs,
         };
         let queue = SledQueue::new(Arc::clone(&clock), database.clone())?;
-        let log = SledLog::open(&config.path.join(LOG_DIRECTORY), &opened.db)?;
+        let log = FileLog::open(&config.path, &opened.db)?;
         Ok(SledStore {
             queue: Arc::new(queue),
             log: Arc::new(log),

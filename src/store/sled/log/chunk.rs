@@ -1,0 +1,78 @@
+//! A chunk: one batch of the delivery log's entries, as the files keep it. Its header
+//! (the encoding's version, how many entries, the newest entry's time), then each entry,
+//! its length and its encoding. Earlier versions kept the same chunks in a sled tree.
+
+use crate::store::Millis;
+use crate::store::log::LoggedDelivery;
+
+const CHUNK_VERSION: u8 = 1;
+const HEADER: usize = 1 + 4 + 8;
+
+/// A chunk's header.
+pub(super) struct Header {
+    pub(super) entries: u32,
+    pub(super) newest_at: Millis,
+}
+
+impl Header {
+    pub(super) fn read(chunk: &[u8]) -> Option<Header> {
+        if chunk.len() < HEADER || chunk[0] != CHUNK_VERSION {
+            return None;
+        }
+        Some(Header {
+            entries: u32::from_le_bytes(chunk[1..5].try_into().ok()?),
+            newest_at: u64::from_le_bytes(chunk[5..13].try_into().ok()?),
+        })
+    }
+}
+
+/// `entries` as one chunk.
+pub(super) fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
+    let newest_at = entries.iter().map(|entry| entry.at).max().unwrap_or(0);
+    // About 200 bytes an entry without a body: one allocation for most chunks.
+    let bodies: usize = entries
+        .iter()
+        .filter_map(|entry| entry.body.as_ref())
+        .map(|body| body.len())
+        .sum();
+    let mut chunk = Vec::with_capacity(HEADER + entries.len() * 256 + bodies);
+    chunk.push(CHUNK_VERSION);
+    chunk.extend((entries.len() as u32).to_le_bytes());
+    chunk.extend(newest_at.to_le_bytes());
+    for entry in entries {
+        // The length goes before the entry, once the entry is written after it.
+        let at = chunk.len();
+        chunk.extend([0; 4]);
+        chunk = entry.encode_into(chunk);
+        let length = (chunk.len() - at - 4) as u32;
+        chunk[at..at + 4].copy_from_slice(&length.to_le_bytes());
+    }
+    chunk
+}
+
+/// A chunk's entries, each with its place; one that does not read is `None`.
+pub(super) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
+    let Some(header) = Header::read(chunk) else {
+        return Vec::new();
+    };
+    let mut rest = &chunk[HEADER..];
+    // The count as written, up to what the bytes can hold (each entry takes 5 or more).
+    let mut entries = Vec::with_capacity((header.entries as usize).min(rest.len() / 5));
+    while rest.len() >= 4 {
+        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let Some(encoded) = rest.get(4..4 + length) else {
+            break;
+        };
+        entries.push(LoggedDelivery::decode(encoded));
+        rest = &rest[4 + length..];
+    }
+    entries
+}
+
+/// How many entries a chunk holds and its newest entry's time; nothing for one that does
+/// not read.
+pub(super) fn summary(chunk: &[u8]) -> (u64, Millis) {
+    Header::read(chunk).map_or((0, 0), |header| {
+        (u64::from(header.entries), header.newest_at)
+    })
+}
