@@ -1,24 +1,38 @@
 //! The delivery log on Redis: the stream `{prefix}deliveries` (no `:` after the prefix, so
 //! no store key is it), one stream entry per logged delivery, its one field `e` the
 //! entry's encoding. The server names each entry (`XADD *`: its milliseconds and a
-//! sequence), so every replica's entries are in one order; a batch is one pipeline.
+//! sequence), so every replica's entries are in one order; a batch is one script call
+//! ([`APPEND`]): one command and one reply for the driver to encode and parse, where a
+//! pipeline of an `XADD` per entry cost the proxy about 4% of a delivery's CPU.
 //! Trimming is `XTRIM MINID` for the retention (by the server's time of each entry) and
 //! `XTRIM MAXLEN` for the count, both exact.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::Value;
+use redis::{Script, Value};
 
 use super::connection::Link;
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
+
+/// Appends each ARGV to the stream KEYS[1] as an entry whose field `e` is it; returns
+/// their ids, in order, joined by commas (one value for the driver to parse, not one
+/// per entry).
+const APPEND: &str = r"
+local ids = {}
+for i = 1, #ARGV do
+  ids[i] = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i])
+end
+return table.concat(ids, ',')
+";
 
 /// The Redis store's log.
 pub(super) struct RedisLog {
     connection: Link,
     stream: String,
     timeout: Duration,
+    append: Script,
 }
 
 impl RedisLog {
@@ -27,6 +41,7 @@ impl RedisLog {
             connection,
             stream: format!("{prefix}deliveries"),
             timeout,
+            append: Script::new(APPEND),
         }
     }
 
@@ -95,19 +110,18 @@ impl DeliveryLog for RedisLog {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipeline = redis::pipe();
+        let mut invocation = self.append.key(&self.stream);
         for entry in entries {
-            pipeline
-                .cmd("XADD")
-                .arg(&self.stream)
-                .arg("*")
-                .arg("e")
-                .arg(entry.encode());
+            invocation.arg(entry.encode());
         }
         let mut connection = self.connection.clone();
-        let ids: Vec<String> =
-            within("redis", self.timeout, pipeline.query_async(&mut connection)).await?;
-        ids.iter().map(|id| id.parse()).collect()
+        let ids: String = within(
+            "redis",
+            self.timeout,
+            invocation.invoke_async(&mut connection),
+        )
+        .await?;
+        ids.split(',').map(str::parse).collect()
     }
 
     async fn read(
