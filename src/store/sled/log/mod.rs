@@ -227,6 +227,11 @@ mod tests {
         let log = data.open();
         assert_eq!(keys(&log).await, ["c", "b", "a"]);
         assert_eq!(log.get(first[1]).await.unwrap().unwrap().key.unwrap(), "b");
+        // Ids an operator makes up name nothing, whatever their size.
+        for made_up in [LogId(0, 0), LogId(u64::MAX, u64::MAX), LogId(first[0].0, 2)] {
+            assert_eq!(log.get(made_up).await.unwrap(), None, "{made_up}");
+        }
+        assert!(log.read(Some(LogId(0, 0)), 10).await.unwrap().is_empty());
         let third = log.append(&[entry("d", 4)]).await.unwrap();
         assert!(third[0] > second[0], "{third:?} after {second:?}");
     }

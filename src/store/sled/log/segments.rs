@@ -26,6 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::chunk::summary;
 use crate::store::Millis;
+use crate::store::sled::durable::{sync_directory, unless_gone};
 
 /// A frame's header: the chunk's number, its length, and the CRC-32 of both and the chunk.
 const FRAME_HEADER: usize = 8 + 4 + 4;
@@ -329,7 +330,7 @@ impl Segments {
         for segment in &self.segments {
             segment.file.sync_data()?;
         }
-        File::open(&self.dir)?.sync_all()
+        sync_directory(&self.dir)
     }
 }
 
@@ -413,11 +414,8 @@ impl<'a> Iterator for Frames<'a> {
 /// The trim mark; 0 (nothing trimmed) when there is none or it does not read, so that at
 /// worst trimmed entries show again until the next trim.
 fn read_mark(dir: &Path) -> io::Result<u64> {
-    match fs::read(dir.join(TRIM_MARK_FILE)) {
-        Ok(bytes) => Ok(bytes.try_into().map_or(0, u64::from_le_bytes)),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(error) => Err(error),
-    }
+    let mark = unless_gone(fs::read(dir.join(TRIM_MARK_FILE)))?;
+    Ok((mark.and_then(|bytes| bytes.try_into().ok())).map_or(0, u64::from_le_bytes))
 }
 
 /// Replaces the mark whole (a new file renamed over it), so that it never reads half
@@ -429,8 +427,5 @@ fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
 }
 
 fn remove(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
-        _ => Ok(()),
-    }
+    unless_gone(fs::remove_file(path)).map(drop)
 }
