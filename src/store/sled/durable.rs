@@ -131,7 +131,7 @@ fn parent(path: &Path) -> &Path {
 }
 
 /// `Ok(None)` for a file that is not there (any more).
-pub(super) fn unless_gone<T>(result: io::Result<T>) -> io::Result<Option<T>> {
+fn unless_gone<T>(result: io::Result<T>) -> io::Result<Option<T>> {
     match result {
         Ok(value) => Ok(Some(value)),
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -140,7 +140,7 @@ pub(super) fn unless_gone<T>(result: io::Result<T>) -> io::Result<Option<T>> {
 }
 
 /// `fsync` of a directory: makes the names in it stable.
-pub(super) fn sync_directory(dir: &Path) -> io::Result<()> {
+fn sync_directory(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

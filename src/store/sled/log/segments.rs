@@ -26,7 +26,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::chunk::summary;
 use crate::store::Millis;
-use crate::store::sled::durable::{sync_directory, unless_gone};
 
 /// A frame's header: the chunk's number, its length, and the CRC-32 of both and the chunk.
 const FRAME_HEADER: usize = 8 + 4 + 4;
@@ -330,7 +329,7 @@ impl Segments {
         for segment in &self.segments {
             segment.file.sync_data()?;
         }
-        sync_directory(&self.dir)
+        File::open(&self.dir)?.sync_all()
     }
 }
 
@@ -414,8 +413,11 @@ impl<'a> Iterator for Frames<'a> {
 /// The trim mark; 0 (nothing trimmed) when there is none or it does not read, so that at
 /// worst trimmed entries show again until the next trim.
 fn read_mark(dir: &Path) -> io::Result<u64> {
-    let mark = unless_gone(fs::read(dir.join(TRIM_MARK_FILE)))?;
-    Ok((mark.and_then(|bytes| bytes.try_into().ok())).map_or(0, u64::from_le_bytes))
+    match fs::read(dir.join(TRIM_MARK_FILE)) {
+        Ok(bytes) => Ok(bytes.try_into().map_or(0, u64::from_le_bytes)),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(error) => Err(error),
+    }
 }
 
 /// Replaces the mark whole (a new file renamed over it), so that it never reads half
@@ -426,6 +428,11 @@ fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
     fs::rename(fresh, dir.join(TRIM_MARK_FILE))
 }
 
+/// Removes a file; one already gone is no error. (durable.rs has the same two lines: the
+/// log imports nothing of the store's folder, which imports it.)
 fn remove(path: &Path) -> io::Result<()> {
-    unless_gone(fs::remove_file(path)).map(drop)
+    match fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
 }
