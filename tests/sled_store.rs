@@ -2,7 +2,7 @@
 //! sweep that reads only what expired, in batches; recovery after a restart, across every
 //! expiry window; data directories it cannot read and the directory lock; group commit
 //! with `durability: fsync`; entity records (`order:`) swept by their expiry index; the
-//! delivery queue's lanes and index entries mended when a crash left them half changed.
+//! delivery queue's lanes mended when a crash left them half changed.
 
 mod support;
 
@@ -345,7 +345,7 @@ async fn open_raw(path: &Path) -> sled::Db {
 }
 
 #[tokio::test]
-async fn a_restart_mends_a_lane_and_drops_stale_index_entries() {
+async fn a_restart_mends_a_lane_and_drops_the_former_order_trees() {
     let f = fixture();
     let path = f.dir.path().join("db");
     let laned = |key: &str| {
@@ -367,11 +367,15 @@ async fn a_restart_mends_a_lane_and_drops_stale_index_entries() {
     assert_eq!(taken[0].job.key, "r:a1");
     drop((queue, f.store));
 
-    // A crash after a1's completion removed its record, before its index entries went
-    // and before a2 was made due.
+    // A crash after a1's completion removed its record, before a2 was made due; and the
+    // trees where an earlier version kept the orders.
+    let former = ["jobs_due", "jobs_received", "jobs_dead", "jobs_lanes"];
     {
         let db = open_raw(&path).await;
         db.open_tree("jobs").unwrap().remove("r:a1").unwrap();
+        for tree in former {
+            db.open_tree(tree).unwrap().insert("r\0stale", "").unwrap();
+        }
         db.flush().unwrap();
     }
     let store = reopen(&path, &f.clock).await;
@@ -382,11 +386,48 @@ async fn a_restart_mends_a_lane_and_drops_stale_index_entries() {
     drop((queue, store));
 
     let db = open_raw(&path).await;
-    for tree in ["jobs_due", "jobs_received", "jobs_lanes"] {
-        assert_eq!(
-            db.open_tree(tree).unwrap().len(),
-            1,
-            "{tree} keeps only a2's entry"
+    let names: Vec<String> = db
+        .tree_names()
+        .iter()
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .collect();
+    for tree in former {
+        assert!(
+            !names.iter().any(|name| name == tree),
+            "{tree} is gone: {names:?}"
         );
+    }
+    assert_eq!(db.open_tree("jobs").unwrap().len(), 1, "a2 alone is queued");
+}
+
+#[tokio::test]
+async fn an_accepted_job_is_one_record_and_nothing_else_on_disk() {
+    let f = fixture();
+    let path = f.dir.path().join("db");
+    let queue = f.store.queue().unwrap();
+    for n in 0..50 {
+        let request = QueuedRequest {
+            method: "POST".into(),
+            target: "/".into(),
+            headers: vec![],
+            body: bytes::Bytes::from_static(b"{}"),
+        };
+        let mut job = Job::new(format!("r:{n}"), "r".into(), START, request);
+        job.lane = (n % 2 == 0).then(|| "A".into());
+        queue.enqueue(&job).await.unwrap();
+    }
+    let taken = queue.take("r", 10, LEASE).await.unwrap();
+    assert_eq!(taken.len(), 10, "lane A's first and nine without a lane");
+    drop((queue, f.store));
+
+    let db = open_raw(&path).await;
+    for name in db.tree_names() {
+        let tree = db.open_tree(&name).unwrap();
+        let name = String::from_utf8_lossy(&name).into_owned();
+        match name.as_str() {
+            "jobs" => assert_eq!(tree.len(), 50, "one record a job"),
+            "__sled__default" => {}
+            _ => assert!(tree.is_empty(), "the queue wrote to {name}"),
+        }
     }
 }

@@ -16,29 +16,23 @@ use crate::store::{
     DoneRecord, EntityRecord, HeldRecord, Millis, StoreError, Swept, Version, millis,
 };
 
-/// The delivery queue's trees (see `queue.rs`).
+/// The delivery queue's trees (see `queue/mod.rs`).
 pub(super) struct QueueTrees {
     pub(super) jobs: Tree,
-    pub(super) due: Tree,
-    pub(super) received: Tree,
-    pub(super) dead: Tree,
     pub(super) paused: Tree,
-    pub(super) lanes: Tree,
-    /// Numbers the lanes' jobs in the order they were stored (sled's ids only grow, also
-    /// across restarts).
-    pub(super) ids: sled::Db,
 }
+
+/// The trees where an earlier version kept the queue's orders, now kept in memory.
+const FORMER_QUEUE_TREES: [&str; 4] = ["jobs_due", "jobs_received", "jobs_dead", "jobs_lanes"];
 
 impl QueueTrees {
     pub(super) fn open(db: &sled::Db) -> Result<QueueTrees, StoreError> {
+        for name in FORMER_QUEUE_TREES {
+            db.drop_tree(name)?;
+        }
         Ok(QueueTrees {
             jobs: db.open_tree("jobs")?,
-            due: db.open_tree("jobs_due")?,
-            received: db.open_tree("jobs_received")?,
-            dead: db.open_tree("jobs_dead")?,
             paused: db.open_tree("jobs_paused")?,
-            lanes: db.open_tree("jobs_lanes")?,
-            ids: db.clone(),
         })
     }
 }

@@ -1,0 +1,567 @@
+//! The delivery queue in the embedded store, in the claims' database.
+//!
+//! On disk, the tree `jobs` holds each job under its store key, with when it is due, the
+//! token of its take and its place in its lane; `jobs_paused` holds the routes paused.
+//! Every change of a job is one write of its record. What a take, a listing and the counts
+//! need in order (jobs by due time, the oldest received, dead letters by time of death,
+//! lanes) is kept in memory (`order.rs`) and rebuilt from `jobs` whenever the database
+//! opens, which reads every job anyway to mend what a crash left: a job taken when the
+//! process stopped is due again, and a lane whose first job went has its next made due.
+//! About 100 bytes of memory a job, against two more writes each (`docs/performance.md`).
+//!
+//! A job changes under its lock (one of [`KEY_LOCKS`] the keys share), from the read of
+//! its record to the change of the orders after the write, so that the orders follow the
+//! records change by change. Whether a job is its lane's first is decided under the lane's
+//! lock (one of [`LANE_LOCKS`]), taken before any key's. No other process opens the
+//! database, and no sled transaction is used: the first one a process runs turns on a
+//! lock around every sled operation of the process (`docs/performance.md`).
+//!
+//! An enqueue, a take and a bury wait for the sync that puts them on stable storage
+//! (shared with every caller that arrived meanwhile, `durable.rs`) whatever `durability`
+//! says; an operator's change is synced by the admin API before it answers; a retry or
+//! a completion is written by sled's own periodic sync: lost in a crash, the job is due
+//! again, and delivered again (the documented window).
+
+mod order;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
+use serde::{Deserialize, Serialize};
+
+use self::order::{Filing, Orders, State};
+use super::database::{Database, OpenDatabase, QueueTrees};
+use crate::store::queue::{
+    BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
+    parse_dead_cursor,
+};
+use crate::store::{Clock, Millis, StoreError, millis};
+
+/// A job as the `jobs` tree keeps it.
+#[derive(Clone, Serialize, Deserialize)]
+struct Entry {
+    due_at: Millis,
+    token: u64,
+    takes: u32,
+    /// Its place in its lane (`job.lane`), if it has one.
+    lane_seq: u64,
+    job: Job,
+}
+
+impl Entry {
+    fn encode(&self) -> Result<Vec<u8>, StoreError> {
+        postcard::to_stdvec(self).map_err(|error| StoreError::of("sled", error))
+    }
+
+    fn read(bytes: &[u8]) -> Result<Entry, StoreError> {
+        postcard::from_bytes(bytes)
+            .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
+    }
+
+    /// Where the orders file it.
+    fn filing(&self) -> Filing {
+        let job = &self.job;
+        let state = match job.dead {
+            Some((since, _)) => State::Dead { since },
+            None => State::Due {
+                at: self.due_at,
+                retrying: job.attempts_this_round() > 0,
+            },
+        };
+        Filing {
+            key: Arc::from(job.key.as_str()),
+            state,
+            received_at: job.received_at,
+            lane: job
+                .lane
+                .as_deref()
+                .map(|lane| (Arc::from(lane), self.lane_seq)),
+        }
+    }
+}
+
+/// How many locks the keys share.
+const KEY_LOCKS: usize = 256;
+/// How many locks the lanes share.
+const LANE_LOCKS: usize = 64;
+
+/// The embedded store's queue.
+pub(super) struct SledQueue {
+    database: Database,
+    clock: Arc<dyn Clock>,
+    orders: Mutex<Orders>,
+    key_locks: Vec<Mutex<()>>,
+    lane_locks: Vec<Mutex<()>>,
+    /// The next place in a lane: past every place the jobs on disk hold.
+    next_place: AtomicU64,
+    /// The database last mended: one opened since is mended before its first use. The
+    /// address is read without the lock on every operation; the `Weak` keeps it from
+    /// being reused by another database.
+    mended: Mutex<Weak<OpenDatabase>>,
+    mended_at: AtomicUsize,
+}
+
+/// A job's record as read, and the record written in its place (none: removed).
+type Swapped = (Entry, Option<Entry>);
+
+fn shard(locks: &[Mutex<()>], value: impl Hash) -> MutexGuard<'_, ()> {
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    locks[hasher.finish() as usize % locks.len()].lock()
+}
+
+impl SledQueue {
+    /// The queue of the store's database, mended (see [`SledQueue::mend`]). Blocks on
+    /// disk I/O.
+    pub(super) fn new(clock: Arc<dyn Clock>, database: Database) -> Result<SledQueue, StoreError> {
+        let queue = SledQueue {
+            database,
+            clock,
+            orders: Mutex::new(Orders::default()),
+            key_locks: (0..KEY_LOCKS).map(|_| Mutex::new(())).collect(),
+            lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
+            next_place: AtomicU64::new(1),
+            mended: Mutex::new(Weak::new()),
+            mended_at: AtomicUsize::new(0),
+        };
+        queue.open()?;
+        Ok(queue)
+    }
+
+    /// The open database, mended first if it is newly opened (at start, or reopened
+    /// from disk after a failure: either way, what a crash left).
+    fn open(&self) -> Result<Arc<OpenDatabase>, StoreError> {
+        let database = self.database.open()?;
+        let address = Arc::as_ptr(&database) as usize;
+        if self.mended_at.load(Ordering::Acquire) == address {
+            return Ok(database);
+        }
+        let mut mended = self.mended.lock();
+        if !std::ptr::eq(mended.as_ptr(), Arc::as_ptr(&database)) {
+            let result = self.mend(&database.queue);
+            self.database.reopen_if_failed(&database, result)?;
+            *mended = Arc::downgrade(&database);
+            self.mended_at.store(address, Ordering::Release);
+        }
+        Ok(database)
+    }
+
+    /// Reads every job into the orders, and mends what a crash left: the jobs taken when
+    /// it came made due now (their attempts were cut off), and each lane's first job made
+    /// due. Blocks on disk I/O, for every job.
+    fn mend(&self, trees: &QueueTrees) -> Result<(), StoreError> {
+        let mut orders = Orders::default();
+        let mut last_place = 0;
+        let now = self.clock.now();
+        for stored in trees.jobs.iter() {
+            let (key, bytes) = stored?;
+            let mut entry = match Entry::read(&bytes) {
+                Ok(entry) => entry,
+                Err(error) => {
+                    tracing::error!(%error, "an unreadable queued job is left alone");
+                    continue;
+                }
+            };
+            if entry.token != 0 && entry.job.dead.is_none() {
+                entry.token = 0;
+                entry.due_at = now;
+                trees.jobs.insert(key, entry.encode()?)?;
+            }
+            last_place = last_place.max(entry.lane_seq);
+            orders.refile(&entry.job.route, None, Some(&entry.filing()));
+        }
+        let lanes = orders.lanes();
+        *self.orders.lock() = orders;
+        self.next_place.fetch_max(last_place + 1, Ordering::Relaxed);
+        for (route, lane) in lanes {
+            let _lane = shard(&self.lane_locks, (route.as_str(), &*lane));
+            self.promote_first(trees, &route, &lane)?;
+        }
+        Ok(())
+    }
+
+    /// Where a job joining `lane` (at its end) goes: due now, or behind if the lane holds
+    /// a job that is not dead; and its place in the lane. Runs under the lane's lock.
+    fn place_in_lane(&self, route: &str, lane: Option<&str>, now: Millis) -> (Millis, u64) {
+        let Some(lane) = lane else {
+            return (now, 0);
+        };
+        let due_at = match self.orders.lock().lane_head(route, lane) {
+            Some(_) => BEHIND,
+            None => now,
+        };
+        (due_at, self.next_place.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Makes the first job of `job`'s lane due now if it waits behind one that went.
+    /// Runs under the lane's lock.
+    fn promote(&self, trees: &QueueTrees, job: &Job) -> Result<(), StoreError> {
+        match &job.lane {
+            Some(lane) => self.promote_first(trees, &job.route, lane),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the first job of `route`'s lane `lane` due now if it is behind.
+    fn promote_first(&self, trees: &QueueTrees, route: &str, lane: &str) -> Result<(), StoreError> {
+        let Some(first) = self.orders.lock().lane_head(route, lane) else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        self.swap(trees, &first, |entry| {
+            if entry.due_at != BEHIND || entry.token != 0 || entry.job.dead.is_some() {
+                return Err(());
+            }
+            Ok(Some(Entry {
+                due_at: now,
+                ..entry.clone()
+            }))
+        })?;
+        Ok(())
+    }
+
+    /// Runs `work` on the open database, reopening it if it fails.
+    fn on_database<T>(
+        &self,
+        work: impl FnOnce(&QueueTrees) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let database = self.open()?;
+        let result = work(&database.queue);
+        self.database.reopen_if_failed(&database, result)
+    }
+
+    /// Changes the job of `key` as `change` says (`None`: removed), if it is there and
+    /// `change` wants to (returns `Err(())` to leave it), under the key's lock: one
+    /// write, then the orders. Returns what was swapped, or none when the job was absent,
+    /// unreadable or left alone.
+    fn swap(
+        &self,
+        trees: &QueueTrees,
+        key: &str,
+        change: impl FnOnce(&Entry) -> Result<Option<Entry>, ()>,
+    ) -> Result<Option<Swapped>, StoreError> {
+        let _key = shard(&self.key_locks, key);
+        let Some(bytes) = trees.jobs.get(key.as_bytes())? else {
+            return Ok(None);
+        };
+        let Ok(before) = Entry::read(&bytes) else {
+            return Ok(None);
+        };
+        let Ok(after) = change(&before) else {
+            return Ok(None);
+        };
+        match &after {
+            Some(entry) => trees.jobs.insert(key.as_bytes(), entry.encode()?)?,
+            None => trees.jobs.remove(key.as_bytes())?,
+        };
+        let filed = after.as_ref().map(Entry::filing);
+        self.orders
+            .lock()
+            .refile(&before.job.route, Some(&before.filing()), filed.as_ref());
+        Ok(Some((before, after)))
+    }
+
+    /// Takes the due job of `key`, due again at `due_at`, unless it changed since it was
+    /// found due (taken by another take, say).
+    fn take_one(
+        &self,
+        trees: &QueueTrees,
+        key: &str,
+        now: Millis,
+        due_at: Millis,
+    ) -> Result<Option<Taken>, StoreError> {
+        let token: u64 = rand::random::<u64>() | 1;
+        let swapped = self.swap(trees, key, |entry| {
+            if entry.job.dead.is_some() || entry.due_at > now {
+                return Err(());
+            }
+            Ok(Some(Entry {
+                due_at,
+                token,
+                takes: entry.takes + 1,
+                lane_seq: entry.lane_seq,
+                job: entry.job.clone(),
+            }))
+        })?;
+        match swapped {
+            Some((_, Some(after))) => Ok(Some(Taken {
+                attempt: after.takes,
+                job: after.job,
+                token,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    /// Stores `job` in place of a taken one, if the take still owns it: due at `due_at`,
+    /// or in dead letters.
+    fn change_taken(
+        &self,
+        trees: &QueueTrees,
+        taken: &Taken,
+        job: &Job,
+        due_at: Option<Millis>,
+    ) -> Result<(), StoreError> {
+        let swapped = self.swap(trees, &taken.job.key, |stored| {
+            if stored.token != taken.token || stored.job.dead.is_some() {
+                return Err(());
+            }
+            Ok(Some(Entry {
+                due_at: due_at.unwrap_or(0),
+                token: 0,
+                takes: stored.takes,
+                lane_seq: stored.lane_seq,
+                job: job.clone(),
+            }))
+        })?;
+        swapped.map(drop).ok_or(StoreError::NotOwner)
+    }
+
+    /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs.
+    fn store_new(&self, trees: &QueueTrees, job: &Job) -> Result<Enqueued, StoreError> {
+        let _lane = job
+            .lane
+            .as_deref()
+            .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
+        let _key = shard(&self.key_locks, job.key.as_str());
+        let now = self.clock.now();
+        let (due_at, lane_seq) = self.place_in_lane(&job.route, job.lane.as_deref(), now);
+        let entry = Entry {
+            due_at,
+            token: 0,
+            takes: 0,
+            lane_seq,
+            job: job.clone(),
+        };
+        let inserted = trees.jobs.compare_and_swap(
+            job.key.as_bytes(),
+            None::<&[u8]>,
+            Some(entry.encode()?),
+        )?;
+        if inserted.is_err() {
+            return Ok(Enqueued::AlreadyQueued);
+        }
+        self.orders
+            .lock()
+            .refile(&job.route, None, Some(&entry.filing()));
+        Ok(Enqueued::Stored)
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for SledQueue {
+    async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError> {
+        let database = self.open()?;
+        let stored = self.store_new(&database.queue, job);
+        let stored = self.database.reopen_if_failed(&database, stored)?;
+        // Whether stored now or before: the acknowledgment waits for it to be on disk.
+        let flushed = database.syncs.sync().await;
+        self.database.reopen_if_failed(&database, flushed)?;
+        Ok(stored)
+    }
+
+    async fn take(
+        &self,
+        route: &str,
+        limit: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Taken>, StoreError> {
+        let database = self.open()?;
+        let taken = self.on_database(|trees| {
+            let now = self.clock.now();
+            let until = now.saturating_add(millis(visibility));
+            let due = self.orders.lock().due(route, now, limit);
+            let mut taken = Vec::with_capacity(due.len());
+            for key in due {
+                taken.extend(self.take_one(trees, &key, now, until)?);
+            }
+            Ok(taken)
+        })?;
+        if !taken.is_empty() {
+            let flushed = database.syncs.sync().await;
+            self.database.reopen_if_failed(&database, flushed)?;
+        }
+        Ok(taken)
+    }
+
+    async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
+        let job = &taken.job;
+        self.on_database(|trees| {
+            let _lane = job
+                .lane
+                .as_deref()
+                .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
+            let removed = self.swap(trees, &job.key, |stored| {
+                if stored.token != taken.token || stored.job.dead.is_some() {
+                    return Err(());
+                }
+                Ok(None)
+            })?;
+            if removed.is_none() {
+                return Err(StoreError::NotOwner);
+            }
+            self.promote(trees, job)
+        })
+    }
+
+    async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {
+        self.on_database(|trees| self.change_taken(trees, taken, job, Some(due_at)))
+    }
+
+    async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
+        if job.dead.is_none() {
+            return Err(StoreError::BadRequest(
+                "a job is buried with its time of death".into(),
+            ));
+        }
+        let database = self.open()?;
+        let buried = (|| {
+            let _lane = job
+                .lane
+                .as_deref()
+                .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
+            self.change_taken(&database.queue, taken, job, None)?;
+            self.promote(&database.queue, job)
+        })();
+        self.database.reopen_if_failed(&database, buried)?;
+        // A dead letter is reported (logged, counted, listed) as one: on disk first.
+        let flushed = database.syncs.sync().await;
+        self.database.reopen_if_failed(&database, flushed)
+    }
+
+    async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
+        self.on_database(|trees| match trees.jobs.get(key.as_bytes())? {
+            Some(bytes) => Ok(Some(Entry::read(&bytes)?.job).filter(|job| job.route == route)),
+            None => Ok(None),
+        })
+    }
+
+    async fn dead(
+        &self,
+        route: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadPage, StoreError> {
+        let mut after = after
+            .map(parse_dead_cursor)
+            .transpose()?
+            .map(|(died, key)| (died, Arc::<str>::from(key)));
+        self.on_database(|trees| {
+            let mut page = DeadPage::default();
+            loop {
+                let asked = limit.saturating_add(1);
+                let listed = after.as_ref().map(|(died, key)| (*died, &**key));
+                let batch = self.orders.lock().dead(route, listed, asked);
+                let last_batch = batch.len() < asked;
+                for (died, key) in batch {
+                    if page.jobs.len() == limit {
+                        page.next = page.jobs.last().map(dead_cursor);
+                        return Ok(page);
+                    }
+                    let job = match trees.jobs.get(key.as_bytes())? {
+                        Some(bytes) => Entry::read(&bytes).ok().map(|entry| entry.job),
+                        None => None,
+                    };
+                    // One revived, discarded or dead again since it was listed is passed
+                    // over here.
+                    page.jobs.extend(job.filter(|job| {
+                        job.route == route && job.dead.is_some_and(|(at, _)| at == died)
+                    }));
+                    after = Some((died, key));
+                }
+                if last_batch {
+                    return Ok(page);
+                }
+            }
+        })
+    }
+
+    async fn revive(&self, route: &str, key: &str) -> Result<bool, StoreError> {
+        let Some(dead) = self.job(route, key).await? else {
+            return Ok(false);
+        };
+        let revived = self.on_database(|trees| {
+            // A job of a lane goes to the end of it.
+            let _lane = dead
+                .lane
+                .as_deref()
+                .map(|lane| shard(&self.lane_locks, (route, lane)));
+            let now = self.clock.now();
+            let (due_at, lane_seq) = self.place_in_lane(route, dead.lane.as_deref(), now);
+            self.swap(trees, key, |stored| {
+                if stored.job.route != route
+                    || stored.job.dead.is_none()
+                    || stored.job.lane != dead.lane
+                {
+                    return Err(());
+                }
+                let mut job = stored.job.clone();
+                job.revive(now);
+                Ok(Some(Entry {
+                    due_at,
+                    token: 0,
+                    takes: stored.takes,
+                    lane_seq,
+                    job,
+                }))
+            })
+        })?;
+        Ok(revived.is_some())
+    }
+
+    async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {
+        let discarded = self.on_database(|trees| {
+            self.swap(trees, key, |stored| {
+                if stored.job.route != route || stored.job.dead.is_none() {
+                    return Err(());
+                }
+                Ok(None)
+            })
+        })?;
+        Ok(discarded.is_some())
+    }
+
+    async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
+        self.open()?;
+        let orders = self.orders.lock();
+        Ok(routes
+            .iter()
+            .map(|route| {
+                let (counts, oldest) = orders.counts(route);
+                QueueCounts {
+                    waiting: counts.waiting,
+                    retrying: counts.retrying,
+                    dead: counts.dead,
+                    oldest,
+                }
+            })
+            .collect())
+    }
+
+    async fn set_paused(&self, route: &str, paused: bool) -> Result<(), StoreError> {
+        self.on_database(|trees| {
+            if paused {
+                trees.paused.insert(route.as_bytes(), &[])?;
+            } else {
+                trees.paused.remove(route.as_bytes())?;
+            }
+            Ok(())
+        })
+    }
+
+    async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        self.on_database(|trees| {
+            trees
+                .paused
+                .iter()
+                .keys()
+                .map(|key| Ok(String::from_utf8_lossy(&key?).into_owned()))
+                .collect()
+        })
+    }
+}

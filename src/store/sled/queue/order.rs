@@ -1,0 +1,262 @@
+//! The orders of the embedded store's queue, kept in memory: for each route, its jobs by
+//! due time, the times they were received, its dead letters by time of death, and its
+//! lanes in the order stored, with the route's counts. Rebuilt from the jobs whenever the
+//! database opens; changed after each write of a job, under that job's lock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::store::Millis;
+
+/// Where a job is filed: what of a job the orders need.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(super) struct Filing {
+    pub(super) key: Arc<str>,
+    pub(super) state: State,
+    pub(super) received_at: Millis,
+    /// Its lane and place in it, if it has one.
+    pub(super) lane: Option<(Arc<str>, u64)>,
+}
+
+/// Where a job stands, for the orders and the counts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum State {
+    /// Due at that time; attempted this round or not (`retrying`).
+    Due { at: Millis, retrying: bool },
+    /// Dead since that time.
+    Dead { since: Millis },
+}
+
+/// What a route's queue holds, by count.
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Counts {
+    pub(super) waiting: u64,
+    pub(super) retrying: u64,
+    pub(super) dead: u64,
+}
+
+#[derive(Default)]
+struct RouteOrder {
+    due: BTreeSet<(Millis, Arc<str>)>,
+    /// How many jobs that are not dead were received at each time.
+    received: BTreeMap<Millis, u64>,
+    dead: BTreeSet<(Millis, Arc<str>)>,
+    /// The jobs of each lane that are not dead, by lane and place.
+    lanes: BTreeMap<(Arc<str>, u64), Arc<str>>,
+    counts: Counts,
+}
+
+impl RouteOrder {
+    fn is_empty(&self) -> bool {
+        self.due.is_empty() && self.dead.is_empty()
+    }
+
+    fn file(&mut self, filing: &Filing) {
+        let key = Arc::clone(&filing.key);
+        match filing.state {
+            State::Dead { since } => {
+                self.dead.insert((since, key));
+                self.counts.dead += 1;
+            }
+            State::Due { at, retrying } => {
+                self.due.insert((at, key));
+                *self.received.entry(filing.received_at).or_default() += 1;
+                if let Some(lane) = &filing.lane {
+                    self.lanes.insert(lane.clone(), Arc::clone(&filing.key));
+                }
+                match retrying {
+                    true => self.counts.retrying += 1,
+                    false => self.counts.waiting += 1,
+                }
+            }
+        }
+    }
+
+    fn unfile(&mut self, filing: &Filing) {
+        let key = Arc::clone(&filing.key);
+        match filing.state {
+            State::Dead { since } => {
+                self.dead.remove(&(since, key));
+                self.counts.dead = self.counts.dead.saturating_sub(1);
+            }
+            State::Due { at, retrying } => {
+                self.due.remove(&(at, key));
+                if let Some(count) = self.received.get_mut(&filing.received_at) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.received.remove(&filing.received_at);
+                    }
+                }
+                if let Some(lane) = &filing.lane {
+                    self.lanes.remove(lane);
+                }
+                let count = match retrying {
+                    true => &mut self.counts.retrying,
+                    false => &mut self.counts.waiting,
+                };
+                *count = count.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Every route's orders.
+#[derive(Default)]
+pub(super) struct Orders {
+    routes: HashMap<String, RouteOrder>,
+}
+
+impl Orders {
+    /// Files a job changed from `before` to `after` (either absent: stored or removed).
+    pub(super) fn refile(&mut self, route: &str, before: Option<&Filing>, after: Option<&Filing>) {
+        if before == after {
+            return;
+        }
+        if !self.routes.contains_key(route) {
+            self.routes.insert(route.to_owned(), RouteOrder::default());
+        }
+        let Some(order) = self.routes.get_mut(route) else {
+            return;
+        };
+        if let Some(before) = before {
+            order.unfile(before);
+        }
+        if let Some(after) = after {
+            order.file(after);
+        }
+        if order.is_empty() {
+            self.routes.remove(route);
+        }
+    }
+
+    /// Up to `limit` keys of `route`'s jobs due at `now` or before, the earliest first.
+    pub(super) fn due(&self, route: &str, now: Millis, limit: usize) -> Vec<Arc<str>> {
+        let Some(order) = self.routes.get(route) else {
+            return Vec::new();
+        };
+        order
+            .due
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(limit)
+            .map(|(_, key)| Arc::clone(key))
+            .collect()
+    }
+
+    /// Up to `limit` of `route`'s dead letters, when each died and its key, in the order
+    /// they died, after the one that died at `after` (its time and key).
+    pub(super) fn dead(
+        &self,
+        route: &str,
+        after: Option<(Millis, &str)>,
+        limit: usize,
+    ) -> Vec<(Millis, Arc<str>)> {
+        let Some(order) = self.routes.get(route) else {
+            return Vec::new();
+        };
+        let start = match after {
+            Some((died, key)) => Bound::Excluded((died, Arc::from(key))),
+            None => Bound::Unbounded,
+        };
+        order
+            .dead
+            .range((start, Bound::Unbounded))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// The key of the first job of `route`'s lane `lane` that is not dead.
+    pub(super) fn lane_head(&self, route: &str, lane: &str) -> Option<Arc<str>> {
+        let order = self.routes.get(route)?;
+        let lane: Arc<str> = Arc::from(lane);
+        let first = (Bound::Included((Arc::clone(&lane), 0)), Bound::Unbounded);
+        let ((head_lane, _), key) = order.lanes.range(first).next()?;
+        (*head_lane == lane).then(|| Arc::clone(key))
+    }
+
+    /// Every lane that holds a job that is not dead: its route and name.
+    pub(super) fn lanes(&self) -> Vec<(String, Arc<str>)> {
+        let mut lanes = Vec::new();
+        for (route, order) in &self.routes {
+            let mut last: Option<&Arc<str>> = None;
+            for (lane, _) in order.lanes.keys() {
+                if last != Some(lane) {
+                    lanes.push((route.clone(), Arc::clone(lane)));
+                    last = Some(lane);
+                }
+            }
+        }
+        lanes
+    }
+
+    /// `route`'s counts, and when its oldest job that is not dead was received.
+    pub(super) fn counts(&self, route: &str) -> (Counts, Option<Millis>) {
+        match self.routes.get(route) {
+            Some(order) => (order.counts, order.received.keys().next().copied()),
+            None => (Counts::default(), None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(key: &str, at: Millis, received_at: Millis) -> Filing {
+        Filing {
+            key: Arc::from(key),
+            state: State::Due {
+                at,
+                retrying: false,
+            },
+            received_at,
+            lane: None,
+        }
+    }
+
+    #[test]
+    fn a_job_moves_between_orders_and_leaves_nothing_behind() {
+        let mut orders = Orders::default();
+        let first = due("r:a", 10, 5);
+        let second = due("r:b", 20, 3);
+        orders.refile("r", None, Some(&first));
+        orders.refile("r", None, Some(&second));
+        assert_eq!(orders.due("r", 15, 10), [Arc::from("r:a")]);
+        assert_eq!(orders.due("r", 20, 10).len(), 2);
+        assert_eq!(orders.due("r", 20, 1), [Arc::from("r:a")]);
+        assert_eq!(orders.counts("r").1, Some(3));
+
+        let dead = Filing {
+            state: State::Dead { since: 30 },
+            ..second.clone()
+        };
+        orders.refile("r", Some(&second), Some(&dead));
+        let (counts, oldest) = orders.counts("r");
+        assert_eq!((counts.waiting, counts.dead, oldest), (1, 1, Some(5)));
+        assert_eq!(orders.dead("r", None, 10), [(30, Arc::from("r:b"))]);
+        assert!(orders.dead("r", Some((30, "r:b")), 10).is_empty());
+
+        orders.refile("r", Some(&first), None);
+        orders.refile("r", Some(&dead), None);
+        assert!(orders.routes.is_empty(), "an emptied route is forgotten");
+    }
+
+    #[test]
+    fn a_lane_head_is_its_first_place_and_no_other_lanes() {
+        let mut orders = Orders::default();
+        let laned = |key: &str, lane: &str, place: u64| Filing {
+            lane: Some((Arc::from(lane), place)),
+            ..due(key, 1, 1)
+        };
+        orders.refile("r", None, Some(&laned("r:2", "A", 7)));
+        orders.refile("r", None, Some(&laned("r:1", "A", 3)));
+        orders.refile("r", None, Some(&laned("r:3", "AB", 1)));
+        assert_eq!(orders.lane_head("r", "A"), Some(Arc::from("r:1")));
+        assert_eq!(orders.lane_head("r", "AB"), Some(Arc::from("r:3")));
+        assert_eq!(orders.lane_head("r", "B"), None);
+        assert_eq!(orders.lane_head("other", "A"), None);
+        assert_eq!(orders.lanes().len(), 2);
+    }
+}
