@@ -152,3 +152,65 @@ async fn every_store_keeps_the_log_contract() {
         the_log_keeps_its_contract(harness).await;
     }
 }
+
+/// A PostgreSQL log an earlier version wrote, a row per entry and no `entries` column,
+/// reads on beside the batches written after: in order, by id, trimmed by count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_log_of_an_earlier_version_reads_on() {
+    use dedupe_proxy::store::postgres::PostgresStore;
+    use dedupe_proxy::values::TableName;
+
+    if !support::service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let (client, connection) =
+        tokio_postgres::connect(support::POSTGRES_URL, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let table = "dedupe_log_upgrade";
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}, {table}_entities, {table}_jobs, {table}_paused,
+                                 {table}_deliveries CASCADE;
+             CREATE TABLE {table}_deliveries (id bigserial PRIMARY KEY, at bigint NOT NULL,
+                                              entry bytea NOT NULL);"
+        ))
+        .await
+        .unwrap();
+    for key in ["old-a", "old-b"] {
+        let old = entry(key);
+        client
+            .execute(
+                &format!("INSERT INTO {table}_deliveries (at, entry) VALUES ($1, $2)"),
+                &[&(old.at as i64), &old.encode()],
+            )
+            .await
+            .unwrap();
+    }
+
+    let config = dedupe_proxy::config::PostgresConfig {
+        table: TableName(table.into()),
+        ..support::plain_postgres_config()
+    };
+    let store = PostgresStore::connect(&config, None).await.unwrap();
+    let log = dedupe_proxy::store::ClaimStore::delivery_log(&store).unwrap();
+    let ids = log.append(&[entry("new-a"), entry("new-b")]).await.unwrap();
+    assert_eq!(ids[0].0, ids[1].0, "one row for the batch");
+    assert_eq!(
+        keys(&*log, None, 10).await,
+        ["new-b", "new-a", "old-b", "old-a"]
+    );
+    assert_eq!(keys(&*log, Some(ids[1]), 2).await, ["new-a", "old-b"]);
+    let read = log.read(None, 10).await.unwrap();
+    let old_b = read[2].0;
+    assert_eq!(
+        log.get(old_b).await.unwrap().unwrap().key.as_deref(),
+        Some("old-b")
+    );
+    assert_eq!(log.get(LogId(old_b.0, 1)).await.unwrap(), None);
+
+    // The batch's row holds the newest two; the old rows go, one entry each.
+    assert_eq!(log.trim(0, 2).await.unwrap(), 2);
+    assert_eq!(keys(&*log, None, 10).await, ["new-b", "new-a"]);
+}

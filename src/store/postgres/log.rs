@@ -1,9 +1,14 @@
-//! The delivery log on PostgreSQL: one row per logged delivery in `<table>_deliveries`,
-//! shared by every replica, named by its `bigserial` id (so the order is the order the
-//! rows were numbered). A batch is one `INSERT ... SELECT FROM unnest(...)`. Trimming
-//! deletes the rows logged before the retention (by an index on `at`), then those beyond
-//! the newest `keep` (by the primary key). The log has a connection of its own
-//! ([`LOG_POOL`]), so that neither claims nor queued deliveries wait behind it.
+//! The delivery log on PostgreSQL: one row per batch the writer stores, a [`chunk`] of
+//! its entries, in `<table>_deliveries`, shared by every replica, numbered by its
+//! `bigserial` id (so the order is the order the rows were numbered). An entry's id is
+//! its row's and its place in the chunk. A row per entry cost the writer an encoded
+//! parameter and a returned id per entry (`docs/performance.md`). Rows that earlier
+//! versions wrote hold one entry each (`entries` 0) and are read alike. Trimming deletes
+//! the rows whose newest entry is older than the retention (by an index on `at`), then
+//! those whose every entry is beyond the newest `keep`. The log has a connection of its
+//! own ([`LOG_POOL`]), so that neither claims nor queued deliveries wait behind it.
+//!
+//! [`chunk`]: crate::store::log::chunk
 
 use std::time::Duration;
 
@@ -14,10 +19,15 @@ use tokio_postgres::types::{ToSql, Type};
 use super::connection::{self, Sending, Sql};
 use super::statements::beside;
 use crate::config::{LOG_POOL, PostgresConfig};
+use crate::store::log::chunk::{decode_chunk, encode_chunk, summary};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
-/// The log's table and its index, beside the claims table.
+/// How many rows a read asks for at a time, at most: a row may hold a batch of bodies.
+const ROWS_READ: usize = 4;
+
+/// The log's table and its index, beside the claims table; a table of an earlier version
+/// gets its `entries` column.
 pub(super) fn create_table(table: &str) -> String {
     let deliveries = beside(table, "_deliveries");
     let by_time = beside(table, "_deliveries_at");
@@ -25,9 +35,18 @@ pub(super) fn create_table(table: &str) -> String {
         "CREATE TABLE IF NOT EXISTS {deliveries} (
            id bigserial PRIMARY KEY,
            at bigint NOT NULL,
-           entry bytea NOT NULL
+           entry bytea NOT NULL,
+           entries integer NOT NULL DEFAULT 0
          );
-         CREATE INDEX IF NOT EXISTS {by_time} ON {deliveries} (at);"
+         CREATE INDEX IF NOT EXISTS {by_time} ON {deliveries} (at);
+         DO $$
+         BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                          WHERE attrelid = '{deliveries}'::regclass
+                            AND attname = 'entries' AND NOT attisdropped) THEN
+             ALTER TABLE {deliveries} ADD COLUMN entries integer NOT NULL DEFAULT 0;
+           END IF;
+         END $$;"
     )
 }
 
@@ -51,35 +70,58 @@ impl Statements {
         use Type as T;
         Statements {
             append: sql(
-                &[T::INT8_ARRAY, T::BYTEA_ARRAY],
+                &[T::INT8, T::INT4, T::BYTEA],
                 format!(
-                    "INSERT INTO {deliveries} (at, entry)
-                     SELECT at, entry FROM unnest($1::bigint[], $2::bytea[]) AS given(at, entry)
+                    "INSERT INTO {deliveries} (at, entries, entry) VALUES ($1, $2, $3)
                      RETURNING id"
                 ),
             ),
             read: sql(
                 &[T::INT8, T::INT8],
                 format!(
-                    "SELECT id, entry FROM {deliveries} WHERE id < $1 ORDER BY id DESC LIMIT $2"
+                    "SELECT id, entries, entry FROM {deliveries} WHERE id <= $1
+                     ORDER BY id DESC LIMIT $2"
                 ),
             ),
             get: sql(
                 &[T::INT8],
-                format!("SELECT entry FROM {deliveries} WHERE id = $1"),
+                format!("SELECT entries, entry FROM {deliveries} WHERE id = $1"),
             ),
             trim_aged: sql(
                 &[T::INT8],
-                format!("DELETE FROM {deliveries} WHERE at < $1"),
+                format!(
+                    "WITH gone AS (DELETE FROM {deliveries} WHERE at < $1 RETURNING entries)
+                     SELECT coalesce(sum(greatest(entries, 1)), 0)::bigint FROM gone"
+                ),
             ),
+            // The newest row whose every entry is beyond the newest $1, found by a
+            // running count from the newest row down (it stops there), and every row
+            // up to it.
             trim_counted: sql(
                 &[T::INT8],
                 format!(
-                    "DELETE FROM {deliveries} WHERE id <= (SELECT id FROM {deliveries}
-                       ORDER BY id DESC OFFSET $1 LIMIT 1)"
+                    "WITH gone AS (
+                       DELETE FROM {deliveries} WHERE id <= (
+                         SELECT id FROM (
+                           SELECT id, sum(greatest(entries, 1)) OVER (ORDER BY id DESC)
+                                        - greatest(entries, 1) AS newer
+                           FROM {deliveries}) AS counted
+                         WHERE newer >= $1 ORDER BY id DESC LIMIT 1)
+                       RETURNING entries)
+                     SELECT coalesce(sum(greatest(entries, 1)), 0)::bigint FROM gone"
                 ),
             ),
         }
+    }
+}
+
+/// A row's entries, each with its place; one that does not read is `None`.
+fn entries_of(row: &tokio_postgres::Row) -> Vec<Option<LoggedDelivery>> {
+    let entries: i32 = row.get("entries");
+    let stored: &[u8] = row.get("entry");
+    match entries {
+        0 => vec![LoggedDelivery::decode(stored)],
+        _ => decode_chunk(stored),
     }
 }
 
@@ -114,18 +156,6 @@ impl PostgresLog {
         })
         .await
     }
-
-    async fn execute(
-        &self,
-        statement: &Sql,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
-        within("postgres", self.timeout, async {
-            let client = self.pool.get().await?;
-            Ok::<_, StoreError>(statement.execute(&client, params).await?)
-        })
-        .await
-    }
 }
 
 #[async_trait]
@@ -134,17 +164,22 @@ impl DeliveryLog for PostgresLog {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let times: Vec<i64> = entries.iter().map(|entry| signed(entry.at)).collect();
-        let encoded: Vec<Vec<u8>> = entries.iter().map(LoggedDelivery::encode).collect();
+        let chunk = encode_chunk(entries);
+        let (count, newest_at) = summary(&chunk);
+        let count = i32::try_from(count).unwrap_or(i32::MAX);
         let rows = self
-            .query(&self.statements.append, &[&times, &encoded])
+            .query(
+                &self.statements.append,
+                &[&signed(newest_at), &count, &chunk],
+            )
             .await?;
-        // Numbered in the order given; sorted, in case the rows come back in another.
-        let mut ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-        ids.sort_unstable();
-        Ok(ids
-            .into_iter()
-            .map(|id| LogId(u64::try_from(id).unwrap_or(0), 0))
+        let id: i64 = rows
+            .first()
+            .ok_or_else(|| StoreError::of("postgres", "the log's insert returned no id"))?
+            .get(0);
+        let id = u64::try_from(id).unwrap_or(0);
+        Ok((0..entries.len() as u64)
+            .map(|place| LogId(id, place))
             .collect())
     }
 
@@ -153,44 +188,56 @@ impl DeliveryLog for PostgresLog {
         before: Option<LogId>,
         limit: usize,
     ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
-        // A row's id is the first number; an id past it (`n-1`) reads from `n` on down.
-        let before = before.map_or(i64::MAX, |id| {
-            signed(id.0).saturating_add(i64::from(id.1 > 0))
-        });
-        let rows = self
-            .query(&self.statements.read, &[&before, &signed(limit as u64)])
-            .await?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| {
-                let id: i64 = row.get(0);
-                let entry: Vec<u8> = row.get(1);
-                Some((
-                    LogId(u64::try_from(id).ok()?, 0),
-                    LoggedDelivery::decode(&entry)?,
-                ))
-            })
-            .collect())
+        let mut end = before.map_or(i64::MAX, |id| signed(id.0));
+        let mut found = Vec::new();
+        while found.len() < limit && end > 0 {
+            let asked = (limit - found.len()).min(ROWS_READ);
+            let rows = self
+                .query(&self.statements.read, &[&end, &signed(asked as u64)])
+                .await?;
+            for row in &rows {
+                let id = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+                for (place, entry) in entries_of(row).into_iter().enumerate().rev() {
+                    let id = LogId(id, place as u64);
+                    if before.is_some_and(|before| id >= before) {
+                        continue;
+                    }
+                    if let Some(entry) = entry {
+                        found.push((id, entry));
+                        if found.len() == limit {
+                            return Ok(found);
+                        }
+                    }
+                }
+            }
+            match rows.last() {
+                Some(oldest) if rows.len() == asked => end = oldest.get::<_, i64>(0) - 1,
+                _ => break,
+            }
+        }
+        Ok(found)
     }
 
     async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError> {
-        if id.1 != 0 {
+        let Ok(place) = usize::try_from(id.1) else {
             return Ok(None);
-        }
+        };
         let rows = self.query(&self.statements.get, &[&signed(id.0)]).await?;
-        Ok(rows.first().and_then(|row| {
-            let entry: Vec<u8> = row.get(0);
-            LoggedDelivery::decode(&entry)
-        }))
+        Ok(rows
+            .first()
+            .and_then(|row| entries_of(row).into_iter().nth(place).flatten()))
     }
 
     async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError> {
-        let aged = self
-            .execute(&self.statements.trim_aged, &[&signed(older_than)])
-            .await?;
-        let counted = self
-            .execute(&self.statements.trim_counted, &[&signed(keep)])
-            .await?;
-        Ok(aged + counted)
+        let mut removed = 0;
+        for (statement, bound) in [
+            (&self.statements.trim_aged, older_than),
+            (&self.statements.trim_counted, keep),
+        ] {
+            let rows = self.query(statement, &[&signed(bound)]).await?;
+            let count: i64 = rows.first().map_or(0, |row| row.get(0));
+            removed += u64::try_from(count).unwrap_or(0);
+        }
+        Ok(removed)
     }
 }

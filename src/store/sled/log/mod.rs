@@ -4,7 +4,7 @@
 //! the done records need, splitting nodes, syncing large nodes as blobs); a file append
 //! pays one write. sled's lock on the data directory keeps other processes out of it.
 //!
-//! The recorder writes each batch as one [`chunk`]. An entry's [`LogId`] is its chunk's
+//! The recorder writes each batch as one [`chunk`](crate::store::log::chunk). An entry's [`LogId`] is its chunk's
 //! number and its place in the chunk. Trimming removes whole chunks, oldest first: those
 //! whose newest entry is older than the retention, then those whose every entry is beyond
 //! the newest `keep`; and the oldest files at once, whenever a write takes the files past
@@ -13,7 +13,6 @@
 //! Earlier versions kept the chunks in the sled tree `delivery_log`; the first open moves
 //! them to the files, under the same numbers, syncs the files and drops the tree.
 
-mod chunk;
 mod segments;
 
 use std::path::Path;
@@ -22,8 +21,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use self::chunk::{decode_chunk, encode_chunk};
 use self::segments::{Frames, SegmentView, Segments};
+use crate::store::log::chunk::{decode_chunk, encode_chunk};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError};
 

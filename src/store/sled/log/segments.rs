@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::chunk::summary;
 use crate::store::Millis;
+use crate::store::log::chunk::summary;
 
 /// A frame's header: the chunk's number, its length, and the CRC-32 of both and the chunk.
 const FRAME_HEADER: usize = 8 + 4 + 4;

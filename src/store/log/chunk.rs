@@ -1,22 +1,26 @@
-//! A chunk: one batch of the delivery log's entries, as the files keep it. Its header
-//! (the encoding's version, how many entries, the newest entry's time), then each entry,
-//! its length and its encoding. Earlier versions kept the same chunks in a sled tree.
+//! A chunk: one batch of the delivery log's entries as one value, as sled's files and
+//! PostgreSQL's rows keep it. Its header (the encoding's version, how many entries, the
+//! newest entry's time), then each entry, its length and its encoding.
 
 use crate::store::Millis;
 use crate::store::log::LoggedDelivery;
 
-const CHUNK_VERSION: u8 = 1;
+/// The first byte of a chunk this version writes. Chunks of 1, the same layout, were
+/// written before PostgreSQL kept chunks too: 2 is no entry's encoding, so a version
+/// that reads a row as one entry passes a chunk over.
+const CHUNK_VERSION: u8 = 2;
+const EARLIER_CHUNK_VERSION: u8 = 1;
 const HEADER: usize = 1 + 4 + 8;
 
 /// A chunk's header.
-pub(super) struct Header {
-    pub(super) entries: u32,
-    pub(super) newest_at: Millis,
+pub(crate) struct Header {
+    pub(crate) entries: u32,
+    pub(crate) newest_at: Millis,
 }
 
 impl Header {
-    pub(super) fn read(chunk: &[u8]) -> Option<Header> {
-        if chunk.len() < HEADER || chunk[0] != CHUNK_VERSION {
+    pub(crate) fn read(chunk: &[u8]) -> Option<Header> {
+        if chunk.len() < HEADER || ![CHUNK_VERSION, EARLIER_CHUNK_VERSION].contains(&chunk[0]) {
             return None;
         }
         Some(Header {
@@ -27,7 +31,7 @@ impl Header {
 }
 
 /// `entries` as one chunk.
-pub(super) fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
+pub(crate) fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
     let newest_at = entries.iter().map(|entry| entry.at).max().unwrap_or(0);
     // About 200 bytes an entry without a body: one allocation for most chunks.
     let bodies: usize = entries
@@ -51,7 +55,7 @@ pub(super) fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
 }
 
 /// A chunk's entries, each with its place; one that does not read is `None`.
-pub(super) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
+pub(crate) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
     let Some(header) = Header::read(chunk) else {
         return Vec::new();
     };
@@ -71,8 +75,37 @@ pub(super) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
 
 /// How many entries a chunk holds and its newest entry's time; nothing for one that does
 /// not read.
-pub(super) fn summary(chunk: &[u8]) -> (u64, Millis) {
+pub(crate) fn summary(chunk: &[u8]) -> (u64, Millis) {
     Header::read(chunk).map_or((0, 0), |header| {
         (u64::from(header.entries), header.newest_at)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_reads_back_and_never_as_one_entry() {
+        let entries = [
+            LoggedDelivery::sample("a", 10, 0),
+            LoggedDelivery::sample("b", 30, 3),
+        ];
+        let chunk = encode_chunk(&entries);
+        assert_eq!(summary(&chunk), (2, 30));
+        let read: Vec<_> = decode_chunk(&chunk).into_iter().flatten().collect();
+        assert_eq!(read, entries);
+        // A version that reads a PostgreSQL row as one entry passes a chunk over.
+        assert_eq!(LoggedDelivery::decode(&chunk), None);
+
+        // Chunks written before keep reading (sled's files, its earlier tree).
+        let mut earlier = chunk.clone();
+        earlier[0] = EARLIER_CHUNK_VERSION;
+        assert_eq!(decode_chunk(&earlier).len(), 2);
+        earlier[0] = 9;
+        assert!(
+            decode_chunk(&earlier).is_empty(),
+            "an unknown version reads as nothing"
+        );
+    }
 }

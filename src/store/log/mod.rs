@@ -6,6 +6,8 @@
 //! An entry is named by a [`LogId`], two numbers the backend gives it when it stores it:
 //! ids grow in the order entries are stored, on every store.
 
+pub(crate) mod chunk;
+
 use std::fmt;
 use std::str::FromStr;
 
