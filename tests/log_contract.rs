@@ -213,4 +213,21 @@ async fn a_postgres_log_of_an_earlier_version_reads_on() {
     // The batch's row holds the newest two; the old rows go, one entry each.
     assert_eq!(log.trim(0, 2).await.unwrap(), 2);
     assert_eq!(keys(&*log, None, 10).await, ["new-b", "new-a"]);
+
+    // Rows that do not read (a later version's, after a rollback) are passed over, and
+    // a read looks at no more rows than a row per entry would take.
+    for _ in 0..20 {
+        client
+            .execute(
+                &format!("INSERT INTO {table}_deliveries (at, entries, entry) VALUES (0, 1, $1)"),
+                &[&b"\x09not a chunk".to_vec()],
+            )
+            .await
+            .unwrap();
+    }
+    assert!(
+        log.read(None, 5).await.unwrap().is_empty(),
+        "six rows looked at"
+    );
+    assert_eq!(keys(&*log, None, 30).await, ["new-b", "new-a"]);
 }

@@ -5,22 +5,27 @@
 use crate::store::Millis;
 use crate::store::log::LoggedDelivery;
 
-/// The first byte of a chunk this version writes. Chunks of 1, the same layout, were
-/// written before PostgreSQL kept chunks too: 2 is no entry's encoding, so a version
-/// that reads a row as one entry passes a chunk over.
-const CHUNK_VERSION: u8 = 2;
-const EARLIER_CHUNK_VERSION: u8 = 1;
+/// A chunk's first byte, its version; both are read, in the same layout. sled's files
+/// keep writing 1, which an earlier version reads (and would remove, not reading it,
+/// after a rollback). PostgreSQL's rows are 2, no entry's encoding: an earlier version,
+/// which reads each row as one entry, passes a chunk over.
+#[derive(Clone, Copy)]
+pub(crate) enum ChunkVersion {
+    Files = 1,
+    Rows = 2,
+}
 const HEADER: usize = 1 + 4 + 8;
 
 /// A chunk's header.
-pub(crate) struct Header {
-    pub(crate) entries: u32,
-    pub(crate) newest_at: Millis,
+struct Header {
+    entries: u32,
+    newest_at: Millis,
 }
 
 impl Header {
-    pub(crate) fn read(chunk: &[u8]) -> Option<Header> {
-        if chunk.len() < HEADER || ![CHUNK_VERSION, EARLIER_CHUNK_VERSION].contains(&chunk[0]) {
+    fn read(chunk: &[u8]) -> Option<Header> {
+        let versions = [ChunkVersion::Files as u8, ChunkVersion::Rows as u8];
+        if chunk.len() < HEADER || !versions.contains(&chunk[0]) {
             return None;
         }
         Some(Header {
@@ -30,8 +35,8 @@ impl Header {
     }
 }
 
-/// `entries` as one chunk.
-pub(crate) fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
+/// `entries` as one chunk of `version`.
+pub(crate) fn encode_chunk(version: ChunkVersion, entries: &[LoggedDelivery]) -> Vec<u8> {
     let newest_at = entries.iter().map(|entry| entry.at).max().unwrap_or(0);
     // About 200 bytes an entry without a body: one allocation for most chunks.
     let bodies: usize = entries
@@ -40,7 +45,7 @@ pub(crate) fn encode_chunk(entries: &[LoggedDelivery]) -> Vec<u8> {
         .map(|body| body.len())
         .sum();
     let mut chunk = Vec::with_capacity(HEADER + entries.len() * 256 + bodies);
-    chunk.push(CHUNK_VERSION);
+    chunk.push(version as u8);
     chunk.extend((entries.len() as u32).to_le_bytes());
     chunk.extend(newest_at.to_le_bytes());
     for entry in entries {
@@ -91,20 +96,20 @@ mod tests {
             LoggedDelivery::sample("a", 10, 0),
             LoggedDelivery::sample("b", 30, 3),
         ];
-        let chunk = encode_chunk(&entries);
-        assert_eq!(summary(&chunk), (2, 30));
-        let read: Vec<_> = decode_chunk(&chunk).into_iter().flatten().collect();
-        assert_eq!(read, entries);
-        // A version that reads a PostgreSQL row as one entry passes a chunk over.
-        assert_eq!(LoggedDelivery::decode(&chunk), None);
-
-        // Chunks written before keep reading (sled's files, its earlier tree).
-        let mut earlier = chunk.clone();
-        earlier[0] = EARLIER_CHUNK_VERSION;
-        assert_eq!(decode_chunk(&earlier).len(), 2);
-        earlier[0] = 9;
+        for version in [ChunkVersion::Files, ChunkVersion::Rows] {
+            let chunk = encode_chunk(version, &entries);
+            assert_eq!(summary(&chunk), (2, 30));
+            let read: Vec<_> = decode_chunk(&chunk).into_iter().flatten().collect();
+            assert_eq!(read, entries);
+        }
+        // A version that reads a PostgreSQL row as one entry passes a chunk over: its
+        // first byte is no entry's.
+        let mut row = encode_chunk(ChunkVersion::Rows, &entries);
+        assert_ne!(row[0], entries[0].encode()[0]);
+        assert_eq!(LoggedDelivery::decode(&row), None);
+        row[0] = 9;
         assert!(
-            decode_chunk(&earlier).is_empty(),
+            decode_chunk(&row).is_empty(),
             "an unknown version reads as nothing"
         );
     }

@@ -5,8 +5,8 @@
 //! parameter and a returned id per entry (`docs/performance.md`). Rows that earlier
 //! versions wrote hold one entry each (`entries` 0) and are read alike. Trimming deletes
 //! the rows whose newest entry is older than the retention (by an index on `at`), then
-//! those whose every entry is beyond the newest `keep`. The log has a connection of its
-//! own ([`LOG_POOL`]), so that neither claims nor queued deliveries wait behind it.
+//! those whose every entry is beyond the newest `keep`. The log has a pool of its own
+//! ([`LOG_POOL`]), so that neither claims nor queued deliveries wait behind it.
 //!
 //! [`chunk`]: crate::store::log::chunk
 
@@ -19,7 +19,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::connection::{self, Sending, Sql};
 use super::statements::beside;
 use crate::config::{LOG_POOL, PostgresConfig};
-use crate::store::log::chunk::{decode_chunk, encode_chunk, summary};
+use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, summary};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
@@ -27,7 +27,8 @@ use crate::store::{Millis, StoreError, within};
 const ROWS_READ: usize = 4;
 
 /// The log's table and its index, beside the claims table; a table of an earlier version
-/// gets its `entries` column.
+/// gets its `entries` column. `entry` keeps its name though it holds a chunk now: an
+/// earlier version's inserts still work (their rows read as one entry each).
 pub(super) fn create_table(table: &str) -> String {
     let deliveries = beside(table, "_deliveries");
     let by_time = beside(table, "_deliveries_at");
@@ -164,7 +165,7 @@ impl DeliveryLog for PostgresLog {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let chunk = encode_chunk(entries);
+        let chunk = encode_chunk(ChunkVersion::Rows, entries);
         let (count, newest_at) = summary(&chunk);
         let count = i32::try_from(count).unwrap_or(i32::MAX);
         let rows = self
@@ -190,8 +191,13 @@ impl DeliveryLog for PostgresLog {
     ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
         let mut end = before.map_or(i64::MAX, |id| signed(id.0));
         let mut found = Vec::new();
-        while found.len() < limit && end > 0 {
-            let asked = (limit - found.len()).min(ROWS_READ);
+        // At most `limit` rows in all besides the one `before` is in, as many as a row per
+        // entry took: rows that do not read (a version from the future, after a rollback)
+        // end the page early.
+        let mut rows_left = limit.saturating_add(1);
+        while found.len() < limit && rows_left > 0 && end > 0 {
+            let asked = (limit - found.len()).min(ROWS_READ).min(rows_left);
+            rows_left -= asked;
             let rows = self
                 .query(&self.statements.read, &[&end, &signed(asked as u64)])
                 .await?;

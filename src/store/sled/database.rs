@@ -20,9 +20,12 @@ use crate::store::{
 pub(super) struct QueueTrees {
     pub(super) jobs: Tree,
     pub(super) paused: Tree,
+    /// Numbers the lanes' jobs in the order they were stored (sled's ids only grow, also
+    /// across restarts).
+    pub(super) ids: sled::Db,
 }
 
-/// The trees where an earlier version kept the queue's orders, now kept in memory.
+/// The trees where an earlier version indexed the queue, now indexed in memory.
 const FORMER_QUEUE_TREES: [&str; 4] = ["jobs_due", "jobs_received", "jobs_dead", "jobs_lanes"];
 
 impl QueueTrees {
@@ -33,6 +36,7 @@ impl QueueTrees {
         Ok(QueueTrees {
             jobs: db.open_tree("jobs")?,
             paused: db.open_tree("jobs_paused")?,
+            ids: db.clone(),
         })
     }
 }

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use self::segments::{Frames, SegmentView, Segments};
-use crate::store::log::chunk::{decode_chunk, encode_chunk};
+use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError};
 
@@ -100,7 +100,7 @@ impl DeliveryLog for FileLog {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let chunk = encode_chunk(entries);
+        let chunk = encode_chunk(ChunkVersion::Files, entries);
         let mut segments = self.segments.lock();
         let number = segments.append(&chunk).map_err(failed)?;
         // The oldest files go as soon as the log holds too many bytes: a trim every few
@@ -350,8 +350,11 @@ mod tests {
         let mut ids = Vec::new();
         for key in keys {
             let number = data.db.generate_id().unwrap();
-            tree.insert(number.to_be_bytes(), encode_chunk(&[entry(key, 1)]))
-                .unwrap();
+            tree.insert(
+                number.to_be_bytes(),
+                encode_chunk(ChunkVersion::Files, &[entry(key, 1)]),
+            )
+            .unwrap();
             ids.push(LogId(number, 0));
         }
         ids

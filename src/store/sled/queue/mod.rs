@@ -1,20 +1,22 @@
 //! The delivery queue in the embedded store, in the claims' database.
 //!
-//! On disk, the tree `jobs` holds each job under its store key, with when it is due, the
-//! token of its take and its place in its lane; `jobs_paused` holds the routes paused.
-//! Every change of a job is one write of its record. What a take, a listing and the counts
-//! need in order (jobs by due time, the oldest received, dead letters by time of death,
-//! lanes) is kept in memory (`order.rs`) and rebuilt from `jobs` whenever the database
-//! opens, which reads every job anyway to mend what a crash left: a job taken when the
-//! process stopped is due again, and a lane whose first job went has its next made due.
-//! About 100 bytes of memory a job, against two more writes each (`docs/performance.md`).
+//! On disk, the tree `jobs` holds each job's record under its store key: the job, when it
+//! is due, the token of its take and its place in its lane; `jobs_paused` holds the routes
+//! paused. Every change of a job is one write of its record. What a take, a listing and
+//! the counts need in order (jobs by due time, the oldest received, dead letters by time
+//! of death, lanes) is indexed in memory (`index.rs`), rebuilt from the records whenever
+//! the database opens, which reads every record anyway to mend what a crash left: a job
+//! taken when the process stopped is due again, and a lane whose first job went has its
+//! next made due. Index trees cost two more sled writes per change
+//! (`docs/performance.md`); the memory costs about 100 bytes a job queued or dead.
 //!
-//! A job changes under its lock (one of [`KEY_LOCKS`] the keys share), from the read of
-//! its record to the change of the orders after the write, so that the orders follow the
-//! records change by change. Whether a job is its lane's first is decided under the lane's
-//! lock (one of [`LANE_LOCKS`]), taken before any key's. No other process opens the
-//! database, and no sled transaction is used: the first one a process runs turns on a
-//! lock around every sled operation of the process (`docs/performance.md`).
+//! A job changes under its key's lock (one of [`KEY_LOCKS`] the keys share), from the
+//! read of its record to the change of the indexes after the write, so that the indexes
+//! follow the records change by change. Whether a job is its lane's first is decided
+//! under the lane's lock (one of [`LANE_LOCKS`]), taken before any key's. No other
+//! process opens the database, and no sled transaction is used: the first one a process
+//! runs turns on a lock around every sled operation of the process
+//! (`docs/performance.md`).
 //!
 //! An enqueue, a take and a bury wait for the sync that puts them on stable storage
 //! (shared with every caller that arrived meanwhile, `durable.rs`) whatever `durability`
@@ -22,11 +24,11 @@
 //! a completion is written by sled's own periodic sync: lost in a crash, the job is due
 //! again, and delivered again (the documented window).
 
-mod order;
+mod index;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -34,7 +36,7 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
-use self::order::{Filing, Orders, State};
+use self::index::{Filing, Indexes, State};
 use super::database::{Database, OpenDatabase, QueueTrees};
 use crate::store::queue::{
     BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
@@ -44,26 +46,26 @@ use crate::store::{Clock, Millis, StoreError, millis};
 
 /// A job as the `jobs` tree keeps it.
 #[derive(Clone, Serialize, Deserialize)]
-struct Entry {
+struct Record {
     due_at: Millis,
     token: u64,
     takes: u32,
     /// Its place in its lane (`job.lane`), if it has one.
-    lane_seq: u64,
+    lane_place: u64,
     job: Job,
 }
 
-impl Entry {
+impl Record {
     fn encode(&self) -> Result<Vec<u8>, StoreError> {
         postcard::to_stdvec(self).map_err(|error| StoreError::of("sled", error))
     }
 
-    fn read(bytes: &[u8]) -> Result<Entry, StoreError> {
+    fn read(bytes: &[u8]) -> Result<Record, StoreError> {
         postcard::from_bytes(bytes)
             .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
     }
 
-    /// Where the orders file it.
+    /// Where the indexes file it.
     fn filing(&self) -> Filing {
         let job = &self.job;
         let state = match job.dead {
@@ -80,9 +82,15 @@ impl Entry {
             lane: job
                 .lane
                 .as_deref()
-                .map(|lane| (Arc::from(lane), self.lane_seq)),
+                .map(|lane| (Arc::from(lane), self.lane_place)),
         }
     }
+}
+
+/// What a change did to a job's record.
+enum Changed {
+    Written(Box<Record>),
+    Removed,
 }
 
 /// How many locks the keys share.
@@ -94,20 +102,15 @@ const LANE_LOCKS: usize = 64;
 pub(super) struct SledQueue {
     database: Database,
     clock: Arc<dyn Clock>,
-    orders: Mutex<Orders>,
+    indexes: Mutex<Indexes>,
     key_locks: Vec<Mutex<()>>,
     lane_locks: Vec<Mutex<()>>,
-    /// The next place in a lane: past every place the jobs on disk hold.
-    next_place: AtomicU64,
     /// The database last mended: one opened since is mended before its first use. The
     /// address is read without the lock on every operation; the `Weak` keeps it from
     /// being reused by another database.
     mended: Mutex<Weak<OpenDatabase>>,
-    mended_at: AtomicUsize,
+    mended_address: AtomicUsize,
 }
-
-/// A job's record as read, and the record written in its place (none: removed).
-type Swapped = (Entry, Option<Entry>);
 
 fn shard(locks: &[Mutex<()>], value: impl Hash) -> MutexGuard<'_, ()> {
     let mut hasher = DefaultHasher::new();
@@ -122,12 +125,11 @@ impl SledQueue {
         let queue = SledQueue {
             database,
             clock,
-            orders: Mutex::new(Orders::default()),
+            indexes: Mutex::new(Indexes::default()),
             key_locks: (0..KEY_LOCKS).map(|_| Mutex::new(())).collect(),
             lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
-            next_place: AtomicU64::new(1),
             mended: Mutex::new(Weak::new()),
-            mended_at: AtomicUsize::new(0),
+            mended_address: AtomicUsize::new(0),
         };
         queue.open()?;
         Ok(queue)
@@ -138,7 +140,7 @@ impl SledQueue {
     fn open(&self) -> Result<Arc<OpenDatabase>, StoreError> {
         let database = self.database.open()?;
         let address = Arc::as_ptr(&database) as usize;
-        if self.mended_at.load(Ordering::Acquire) == address {
+        if self.mended_address.load(Ordering::Acquire) == address {
             return Ok(database);
         }
         let mut mended = self.mended.lock();
@@ -146,38 +148,35 @@ impl SledQueue {
             let result = self.mend(&database.queue);
             self.database.reopen_if_failed(&database, result)?;
             *mended = Arc::downgrade(&database);
-            self.mended_at.store(address, Ordering::Release);
+            self.mended_address.store(address, Ordering::Release);
         }
         Ok(database)
     }
 
-    /// Reads every job into the orders, and mends what a crash left: the jobs taken when
-    /// it came made due now (their attempts were cut off), and each lane's first job made
-    /// due. Blocks on disk I/O, for every job.
+    /// Reads every record into the indexes, and mends what a crash left: the jobs taken
+    /// when it came made due now (their attempts were cut off), and each lane's first job
+    /// made due. Blocks on disk I/O, for every job.
     fn mend(&self, trees: &QueueTrees) -> Result<(), StoreError> {
-        let mut orders = Orders::default();
-        let mut last_place = 0;
+        let mut indexes = Indexes::default();
         let now = self.clock.now();
         for stored in trees.jobs.iter() {
             let (key, bytes) = stored?;
-            let mut entry = match Entry::read(&bytes) {
-                Ok(entry) => entry,
+            let mut record = match Record::read(&bytes) {
+                Ok(record) => record,
                 Err(error) => {
                     tracing::error!(%error, "an unreadable queued job is left alone");
                     continue;
                 }
             };
-            if entry.token != 0 && entry.job.dead.is_none() {
-                entry.token = 0;
-                entry.due_at = now;
-                trees.jobs.insert(key, entry.encode()?)?;
+            if record.token != 0 && record.job.dead.is_none() {
+                record.token = 0;
+                record.due_at = now;
+                trees.jobs.insert(key, record.encode()?)?;
             }
-            last_place = last_place.max(entry.lane_seq);
-            orders.refile(&entry.job.route, None, Some(&entry.filing()));
+            indexes.refile(&record.job.route, None, Some(&record.filing()));
         }
-        let lanes = orders.lanes();
-        *self.orders.lock() = orders;
-        self.next_place.fetch_max(last_place + 1, Ordering::Relaxed);
+        let lanes = indexes.lanes();
+        *self.indexes.lock() = indexes;
         for (route, lane) in lanes {
             let _lane = shard(&self.lane_locks, (route.as_str(), &*lane));
             self.promote_first(trees, &route, &lane)?;
@@ -186,16 +185,24 @@ impl SledQueue {
     }
 
     /// Where a job joining `lane` (at its end) goes: due now, or behind if the lane holds
-    /// a job that is not dead; and its place in the lane. Runs under the lane's lock.
-    fn place_in_lane(&self, route: &str, lane: Option<&str>, now: Millis) -> (Millis, u64) {
+    /// a job that is not dead; and its place in the lane, from sled's ids (they only grow,
+    /// across restarts too, and an earlier version numbers its lanes' jobs alike). Runs
+    /// under the lane's lock.
+    fn place_in_lane(
+        &self,
+        trees: &QueueTrees,
+        route: &str,
+        lane: Option<&str>,
+        now: Millis,
+    ) -> Result<(Millis, u64), StoreError> {
         let Some(lane) = lane else {
-            return (now, 0);
+            return Ok((now, 0));
         };
-        let due_at = match self.orders.lock().lane_head(route, lane) {
+        let due_at = match self.indexes.lock().lane_head(route, lane) {
             Some(_) => BEHIND,
             None => now,
         };
-        (due_at, self.next_place.fetch_add(1, Ordering::Relaxed))
+        Ok((due_at, trees.ids.generate_id()?))
     }
 
     /// Makes the first job of `job`'s lane due now if it waits behind one that went.
@@ -207,19 +214,20 @@ impl SledQueue {
         }
     }
 
-    /// Makes the first job of `route`'s lane `lane` due now if it is behind.
+    /// Makes the first job of `route`'s lane `lane` due now if it is behind. Runs under
+    /// the lane's lock.
     fn promote_first(&self, trees: &QueueTrees, route: &str, lane: &str) -> Result<(), StoreError> {
-        let Some(first) = self.orders.lock().lane_head(route, lane) else {
+        let Some(first) = self.indexes.lock().lane_head(route, lane) else {
             return Ok(());
         };
         let now = self.clock.now();
-        self.swap(trees, &first, |entry| {
-            if entry.due_at != BEHIND || entry.token != 0 || entry.job.dead.is_some() {
+        self.swap(trees, &first, |record| {
+            if record.due_at != BEHIND || record.token != 0 || record.job.dead.is_some() {
                 return Err(());
             }
-            Ok(Some(Entry {
+            Ok(Some(Record {
                 due_at: now,
-                ..entry.clone()
+                ..record.clone()
             }))
         })?;
         Ok(())
@@ -237,33 +245,35 @@ impl SledQueue {
 
     /// Changes the job of `key` as `change` says (`None`: removed), if it is there and
     /// `change` wants to (returns `Err(())` to leave it), under the key's lock: one
-    /// write, then the orders. Returns what was swapped, or none when the job was absent,
+    /// write, then the indexes. Returns what it did, or none when the job was absent,
     /// unreadable or left alone.
     fn swap(
         &self,
         trees: &QueueTrees,
         key: &str,
-        change: impl FnOnce(&Entry) -> Result<Option<Entry>, ()>,
-    ) -> Result<Option<Swapped>, StoreError> {
+        change: impl FnOnce(&Record) -> Result<Option<Record>, ()>,
+    ) -> Result<Option<Changed>, StoreError> {
         let _key = shard(&self.key_locks, key);
         let Some(bytes) = trees.jobs.get(key.as_bytes())? else {
             return Ok(None);
         };
-        let Ok(before) = Entry::read(&bytes) else {
+        let Ok(before) = Record::read(&bytes) else {
             return Ok(None);
         };
         let Ok(after) = change(&before) else {
             return Ok(None);
         };
         match &after {
-            Some(entry) => trees.jobs.insert(key.as_bytes(), entry.encode()?)?,
+            Some(record) => trees.jobs.insert(key.as_bytes(), record.encode()?)?,
             None => trees.jobs.remove(key.as_bytes())?,
         };
-        let filed = after.as_ref().map(Entry::filing);
-        self.orders
+        let filed = after.as_ref().map(Record::filing);
+        self.indexes
             .lock()
             .refile(&before.job.route, Some(&before.filing()), filed.as_ref());
-        Ok(Some((before, after)))
+        Ok(Some(after.map_or(Changed::Removed, |record| {
+            Changed::Written(Box::new(record))
+        })))
     }
 
     /// Takes the due job of `key`, due again at `due_at`, unless it changed since it was
@@ -276,20 +286,20 @@ impl SledQueue {
         due_at: Millis,
     ) -> Result<Option<Taken>, StoreError> {
         let token: u64 = rand::random::<u64>() | 1;
-        let swapped = self.swap(trees, key, |entry| {
-            if entry.job.dead.is_some() || entry.due_at > now {
+        let changed = self.swap(trees, key, |record| {
+            if record.job.dead.is_some() || record.due_at > now {
                 return Err(());
             }
-            Ok(Some(Entry {
+            Ok(Some(Record {
                 due_at,
                 token,
-                takes: entry.takes + 1,
-                lane_seq: entry.lane_seq,
-                job: entry.job.clone(),
+                takes: record.takes + 1,
+                lane_place: record.lane_place,
+                job: record.job.clone(),
             }))
         })?;
-        match swapped {
-            Some((_, Some(after))) => Ok(Some(Taken {
+        match changed {
+            Some(Changed::Written(after)) => Ok(Some(Taken {
                 attempt: after.takes,
                 job: after.job,
                 token,
@@ -307,19 +317,19 @@ impl SledQueue {
         job: &Job,
         due_at: Option<Millis>,
     ) -> Result<(), StoreError> {
-        let swapped = self.swap(trees, &taken.job.key, |stored| {
+        let changed = self.swap(trees, &taken.job.key, |stored| {
             if stored.token != taken.token || stored.job.dead.is_some() {
                 return Err(());
             }
-            Ok(Some(Entry {
+            Ok(Some(Record {
                 due_at: due_at.unwrap_or(0),
                 token: 0,
                 takes: stored.takes,
-                lane_seq: stored.lane_seq,
+                lane_place: stored.lane_place,
                 job: job.clone(),
             }))
         })?;
-        swapped.map(drop).ok_or(StoreError::NotOwner)
+        changed.map(drop).ok_or(StoreError::NotOwner)
     }
 
     /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs.
@@ -330,25 +340,26 @@ impl SledQueue {
             .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
         let _key = shard(&self.key_locks, job.key.as_str());
         let now = self.clock.now();
-        let (due_at, lane_seq) = self.place_in_lane(&job.route, job.lane.as_deref(), now);
-        let entry = Entry {
+        let (due_at, lane_place) =
+            self.place_in_lane(trees, &job.route, job.lane.as_deref(), now)?;
+        let record = Record {
             due_at,
             token: 0,
             takes: 0,
-            lane_seq,
+            lane_place,
             job: job.clone(),
         };
         let inserted = trees.jobs.compare_and_swap(
             job.key.as_bytes(),
             None::<&[u8]>,
-            Some(entry.encode()?),
+            Some(record.encode()?),
         )?;
         if inserted.is_err() {
             return Ok(Enqueued::AlreadyQueued);
         }
-        self.orders
+        self.indexes
             .lock()
-            .refile(&job.route, None, Some(&entry.filing()));
+            .refile(&job.route, None, Some(&record.filing()));
         Ok(Enqueued::Stored)
     }
 }
@@ -375,7 +386,7 @@ impl DeliveryQueue for SledQueue {
         let taken = self.on_database(|trees| {
             let now = self.clock.now();
             let until = now.saturating_add(millis(visibility));
-            let due = self.orders.lock().due(route, now, limit);
+            let due = self.indexes.lock().due(route, now, limit);
             let mut taken = Vec::with_capacity(due.len());
             for key in due {
                 taken.extend(self.take_one(trees, &key, now, until)?);
@@ -436,7 +447,7 @@ impl DeliveryQueue for SledQueue {
 
     async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
         self.on_database(|trees| match trees.jobs.get(key.as_bytes())? {
-            Some(bytes) => Ok(Some(Entry::read(&bytes)?.job).filter(|job| job.route == route)),
+            Some(bytes) => Ok(Some(Record::read(&bytes)?.job).filter(|job| job.route == route)),
             None => Ok(None),
         })
     }
@@ -456,7 +467,7 @@ impl DeliveryQueue for SledQueue {
             loop {
                 let asked = limit.saturating_add(1);
                 let listed = after.as_ref().map(|(died, key)| (*died, &**key));
-                let batch = self.orders.lock().dead(route, listed, asked);
+                let batch = self.indexes.lock().dead(route, listed, asked);
                 let last_batch = batch.len() < asked;
                 for (died, key) in batch {
                     if page.jobs.len() == limit {
@@ -464,7 +475,7 @@ impl DeliveryQueue for SledQueue {
                         return Ok(page);
                     }
                     let job = match trees.jobs.get(key.as_bytes())? {
-                        Some(bytes) => Entry::read(&bytes).ok().map(|entry| entry.job),
+                        Some(bytes) => Record::read(&bytes).ok().map(|record| record.job),
                         None => None,
                     };
                     // One revived, discarded or dead again since it was listed is passed
@@ -492,7 +503,8 @@ impl DeliveryQueue for SledQueue {
                 .as_deref()
                 .map(|lane| shard(&self.lane_locks, (route, lane)));
             let now = self.clock.now();
-            let (due_at, lane_seq) = self.place_in_lane(route, dead.lane.as_deref(), now);
+            let (due_at, lane_place) =
+                self.place_in_lane(trees, route, dead.lane.as_deref(), now)?;
             self.swap(trees, key, |stored| {
                 if stored.job.route != route
                     || stored.job.dead.is_none()
@@ -502,11 +514,11 @@ impl DeliveryQueue for SledQueue {
                 }
                 let mut job = stored.job.clone();
                 job.revive(now);
-                Ok(Some(Entry {
+                Ok(Some(Record {
                     due_at,
                     token: 0,
                     takes: stored.takes,
-                    lane_seq,
+                    lane_place,
                     job,
                 }))
             })
@@ -528,11 +540,11 @@ impl DeliveryQueue for SledQueue {
 
     async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
         self.open()?;
-        let orders = self.orders.lock();
+        let indexes = self.indexes.lock();
         Ok(routes
             .iter()
             .map(|route| {
-                let (counts, oldest) = orders.counts(route);
+                let (counts, oldest) = indexes.counts(route);
                 QueueCounts {
                     waiting: counts.waiting,
                     retrying: counts.retrying,

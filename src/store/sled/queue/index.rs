@@ -1,7 +1,7 @@
-//! The orders of the embedded store's queue, kept in memory: for each route, its jobs by
-//! due time, the times they were received, its dead letters by time of death, and its
-//! lanes in the order stored, with the route's counts. Rebuilt from the jobs whenever the
-//! database opens; changed after each write of a job, under that job's lock.
+//! The embedded store's queue indexes, kept in memory: for each route, its jobs by due
+//! time, the times they were received, its dead letters by time of death, and its lanes
+//! in the order stored, with the route's counts. Rebuilt from the records whenever the
+//! database opens; changed after each write of a record, under that job's lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::store::Millis;
 
-/// Where a job is filed: what of a job the orders need.
+/// Where a job is filed: what of a job the indexes need.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(super) struct Filing {
     pub(super) key: Arc<str>,
@@ -19,7 +19,7 @@ pub(super) struct Filing {
     pub(super) lane: Option<(Arc<str>, u64)>,
 }
 
-/// Where a job stands, for the orders and the counts.
+/// Where a job stands, for the indexes and the counts.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum State {
     /// Due at that time; attempted this round or not (`retrying`).
@@ -37,17 +37,18 @@ pub(super) struct Counts {
 }
 
 #[derive(Default)]
-struct RouteOrder {
+struct RouteIndex {
     due: BTreeSet<(Millis, Arc<str>)>,
     /// How many jobs that are not dead were received at each time.
     received: BTreeMap<Millis, u64>,
     dead: BTreeSet<(Millis, Arc<str>)>,
-    /// The jobs of each lane that are not dead, by lane and place.
-    lanes: BTreeMap<(Arc<str>, u64), Arc<str>>,
+    /// The jobs of each lane that are not dead: lane, place, key. A lane's jobs share
+    /// one copy of its name.
+    lanes: BTreeSet<(Arc<str>, u64, Arc<str>)>,
     counts: Counts,
 }
 
-impl RouteOrder {
+impl RouteIndex {
     fn is_empty(&self) -> bool {
         self.due.is_empty() && self.dead.is_empty()
     }
@@ -62,8 +63,13 @@ impl RouteOrder {
             State::Due { at, retrying } => {
                 self.due.insert((at, key));
                 *self.received.entry(filing.received_at).or_default() += 1;
-                if let Some(lane) = &filing.lane {
-                    self.lanes.insert(lane.clone(), Arc::clone(&filing.key));
+                if let Some((lane, place)) = &filing.lane {
+                    let first = (Arc::clone(lane), 0, Arc::from(""));
+                    let name = match self.lanes.range(first..).next() {
+                        Some((name, _, _)) if name == lane => Arc::clone(name),
+                        _ => Arc::clone(lane),
+                    };
+                    self.lanes.insert((name, *place, Arc::clone(&filing.key)));
                 }
                 match retrying {
                     true => self.counts.retrying += 1,
@@ -88,8 +94,9 @@ impl RouteOrder {
                         self.received.remove(&filing.received_at);
                     }
                 }
-                if let Some(lane) = &filing.lane {
-                    self.lanes.remove(lane);
+                if let Some((lane, place)) = &filing.lane {
+                    let filed = (Arc::clone(lane), *place, Arc::clone(&filing.key));
+                    self.lanes.remove(&filed);
                 }
                 let count = match retrying {
                     true => &mut self.counts.retrying,
@@ -101,41 +108,39 @@ impl RouteOrder {
     }
 }
 
-/// Every route's orders.
+/// Every route's indexes.
 #[derive(Default)]
-pub(super) struct Orders {
-    routes: HashMap<String, RouteOrder>,
+pub(super) struct Indexes {
+    routes: HashMap<String, RouteIndex>,
 }
 
-impl Orders {
+impl Indexes {
     /// Files a job changed from `before` to `after` (either absent: stored or removed).
     pub(super) fn refile(&mut self, route: &str, before: Option<&Filing>, after: Option<&Filing>) {
         if before == after {
             return;
         }
         if !self.routes.contains_key(route) {
-            self.routes.insert(route.to_owned(), RouteOrder::default());
+            self.routes.insert(route.to_owned(), RouteIndex::default());
         }
-        let Some(order) = self.routes.get_mut(route) else {
-            return;
-        };
+        let index = self.routes.get_mut(route).expect("inserted above");
         if let Some(before) = before {
-            order.unfile(before);
+            index.unfile(before);
         }
         if let Some(after) = after {
-            order.file(after);
+            index.file(after);
         }
-        if order.is_empty() {
+        if index.is_empty() {
             self.routes.remove(route);
         }
     }
 
     /// Up to `limit` keys of `route`'s jobs due at `now` or before, the earliest first.
     pub(super) fn due(&self, route: &str, now: Millis, limit: usize) -> Vec<Arc<str>> {
-        let Some(order) = self.routes.get(route) else {
+        let Some(index) = self.routes.get(route) else {
             return Vec::new();
         };
-        order
+        index
             .due
             .iter()
             .take_while(|(at, _)| *at <= now)
@@ -152,14 +157,14 @@ impl Orders {
         after: Option<(Millis, &str)>,
         limit: usize,
     ) -> Vec<(Millis, Arc<str>)> {
-        let Some(order) = self.routes.get(route) else {
+        let Some(index) = self.routes.get(route) else {
             return Vec::new();
         };
         let start = match after {
             Some((died, key)) => Bound::Excluded((died, Arc::from(key))),
             None => Bound::Unbounded,
         };
-        order
+        index
             .dead
             .range((start, Bound::Unbounded))
             .take(limit)
@@ -169,19 +174,19 @@ impl Orders {
 
     /// The key of the first job of `route`'s lane `lane` that is not dead.
     pub(super) fn lane_head(&self, route: &str, lane: &str) -> Option<Arc<str>> {
-        let order = self.routes.get(route)?;
+        let index = self.routes.get(route)?;
         let lane: Arc<str> = Arc::from(lane);
-        let first = (Bound::Included((Arc::clone(&lane), 0)), Bound::Unbounded);
-        let ((head_lane, _), key) = order.lanes.range(first).next()?;
+        let first = (Arc::clone(&lane), 0, Arc::from(""));
+        let (head_lane, _, key) = index.lanes.range(first..).next()?;
         (*head_lane == lane).then(|| Arc::clone(key))
     }
 
     /// Every lane that holds a job that is not dead: its route and name.
     pub(super) fn lanes(&self) -> Vec<(String, Arc<str>)> {
         let mut lanes = Vec::new();
-        for (route, order) in &self.routes {
+        for (route, index) in &self.routes {
             let mut last: Option<&Arc<str>> = None;
-            for (lane, _) in order.lanes.keys() {
+            for (lane, _, _) in &index.lanes {
                 if last != Some(lane) {
                     lanes.push((route.clone(), Arc::clone(lane)));
                     last = Some(lane);
@@ -194,7 +199,7 @@ impl Orders {
     /// `route`'s counts, and when its oldest job that is not dead was received.
     pub(super) fn counts(&self, route: &str) -> (Counts, Option<Millis>) {
         match self.routes.get(route) {
-            Some(order) => (order.counts, order.received.keys().next().copied()),
+            Some(index) => (index.counts, index.received.keys().next().copied()),
             None => (Counts::default(), None),
         }
     }
@@ -217,46 +222,53 @@ mod tests {
     }
 
     #[test]
-    fn a_job_moves_between_orders_and_leaves_nothing_behind() {
-        let mut orders = Orders::default();
+    fn a_job_moves_between_indexes_and_leaves_nothing_behind() {
+        let mut indexes = Indexes::default();
         let first = due("r:a", 10, 5);
         let second = due("r:b", 20, 3);
-        orders.refile("r", None, Some(&first));
-        orders.refile("r", None, Some(&second));
-        assert_eq!(orders.due("r", 15, 10), [Arc::from("r:a")]);
-        assert_eq!(orders.due("r", 20, 10).len(), 2);
-        assert_eq!(orders.due("r", 20, 1), [Arc::from("r:a")]);
-        assert_eq!(orders.counts("r").1, Some(3));
+        indexes.refile("r", None, Some(&first));
+        indexes.refile("r", None, Some(&second));
+        assert_eq!(indexes.due("r", 15, 10), [Arc::from("r:a")]);
+        assert_eq!(indexes.due("r", 20, 10).len(), 2);
+        assert_eq!(indexes.due("r", 20, 1), [Arc::from("r:a")]);
+        assert_eq!(indexes.counts("r").1, Some(3));
 
         let dead = Filing {
             state: State::Dead { since: 30 },
             ..second.clone()
         };
-        orders.refile("r", Some(&second), Some(&dead));
-        let (counts, oldest) = orders.counts("r");
+        indexes.refile("r", Some(&second), Some(&dead));
+        let (counts, oldest) = indexes.counts("r");
         assert_eq!((counts.waiting, counts.dead, oldest), (1, 1, Some(5)));
-        assert_eq!(orders.dead("r", None, 10), [(30, Arc::from("r:b"))]);
-        assert!(orders.dead("r", Some((30, "r:b")), 10).is_empty());
+        assert_eq!(indexes.dead("r", None, 10), [(30, Arc::from("r:b"))]);
+        assert!(indexes.dead("r", Some((30, "r:b")), 10).is_empty());
 
-        orders.refile("r", Some(&first), None);
-        orders.refile("r", Some(&dead), None);
-        assert!(orders.routes.is_empty(), "an emptied route is forgotten");
+        indexes.refile("r", Some(&first), None);
+        indexes.refile("r", Some(&dead), None);
+        assert!(indexes.routes.is_empty(), "an emptied route is forgotten");
     }
 
     #[test]
     fn a_lane_head_is_its_first_place_and_no_other_lanes() {
-        let mut orders = Orders::default();
+        let mut indexes = Indexes::default();
         let laned = |key: &str, lane: &str, place: u64| Filing {
             lane: Some((Arc::from(lane), place)),
             ..due(key, 1, 1)
         };
-        orders.refile("r", None, Some(&laned("r:2", "A", 7)));
-        orders.refile("r", None, Some(&laned("r:1", "A", 3)));
-        orders.refile("r", None, Some(&laned("r:3", "AB", 1)));
-        assert_eq!(orders.lane_head("r", "A"), Some(Arc::from("r:1")));
-        assert_eq!(orders.lane_head("r", "AB"), Some(Arc::from("r:3")));
-        assert_eq!(orders.lane_head("r", "B"), None);
-        assert_eq!(orders.lane_head("other", "A"), None);
-        assert_eq!(orders.lanes().len(), 2);
+        indexes.refile("r", None, Some(&laned("r:2", "A", 7)));
+        indexes.refile("r", None, Some(&laned("r:1", "A", 3)));
+        indexes.refile("r", None, Some(&laned("r:3", "AB", 1)));
+        assert_eq!(indexes.lane_head("r", "A"), Some(Arc::from("r:1")));
+        assert_eq!(indexes.lane_head("r", "AB"), Some(Arc::from("r:3")));
+        assert_eq!(indexes.lane_head("r", "B"), None);
+        assert_eq!(indexes.lane_head("other", "A"), None);
+        assert_eq!(indexes.lanes().len(), 2);
+        let names: Vec<&Arc<str>> = indexes.routes["r"]
+            .lanes
+            .iter()
+            .filter(|(lane, _, _)| &**lane == "A")
+            .map(|(lane, _, _)| lane)
+            .collect();
+        assert!(Arc::ptr_eq(names[0], names[1]), "one copy of a lane's name");
     }
 }
