@@ -195,6 +195,19 @@ async fn a_postgres_log_of_an_earlier_version_reads_on() {
     };
     let store = PostgresStore::connect(&config, None).await.unwrap();
     let log = dedupe_proxy::store::ClaimStore::delivery_log(&store).unwrap();
+    // Batches are stored out of line, uncompressed.
+    let storage: i8 = client
+        .query_one(
+            &format!(
+                "SELECT attstorage FROM pg_attribute
+                 WHERE attrelid = '{table}_deliveries'::regclass AND attname = 'entry'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(storage as u8, b'e');
     let ids = log.append(&[entry("new-a"), entry("new-b")]).await.unwrap();
     assert_eq!(ids[0].0, ids[1].0, "one row for the batch");
     assert_eq!(

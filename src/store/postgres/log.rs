@@ -28,7 +28,9 @@ const ROWS_READ: usize = 4;
 
 /// The log's table and its index, beside the claims table; a table of an earlier version
 /// gets its `entries` column. `entry` keeps its name though it holds a chunk now: an
-/// earlier version's inserts still work (their rows read as one entry each).
+/// earlier version's inserts still work (their rows read as one entry each). A chunk is
+/// stored out of line without compression (`STORAGE EXTERNAL`): compressing each batch
+/// cost the server more than it saved (`docs/performance.md`).
 pub(super) fn create_table(table: &str) -> String {
     let deliveries = beside(table, "_deliveries");
     let by_time = beside(table, "_deliveries_at");
@@ -46,6 +48,10 @@ pub(super) fn create_table(table: &str) -> String {
                           WHERE attrelid = '{deliveries}'::regclass
                             AND attname = 'entries' AND NOT attisdropped) THEN
              ALTER TABLE {deliveries} ADD COLUMN entries integer NOT NULL DEFAULT 0;
+           END IF;
+           IF (SELECT attstorage FROM pg_attribute
+               WHERE attrelid = '{deliveries}'::regclass AND attname = 'entry') <> 'e' THEN
+             ALTER TABLE {deliveries} ALTER COLUMN entry SET STORAGE EXTERNAL;
            END IF;
          END $$;"
     )

@@ -8,7 +8,8 @@
 //! the database opens, which reads every record anyway to mend what a crash left: a job
 //! taken when the process stopped is due again, and a lane whose first job went has its
 //! next made due. Index trees cost two more sled writes per change
-//! (`docs/performance.md`); the memory costs about 100 bytes a job queued or dead.
+//! (`docs/performance.md`); the memory costs about 90 bytes a job queued or dead, plus
+//! its key.
 //!
 //! A job changes under its key's lock (one of [`KEY_LOCKS`] the keys share), from the
 //! read of its record to the change of the indexes after the write, so that the indexes
