@@ -3,7 +3,7 @@
 //! newest entry's time), then each entry, its length and its encoding.
 
 use crate::store::Millis;
-use crate::store::log::LoggedDelivery;
+use crate::store::log::{LogId, LoggedDelivery};
 
 /// A chunk's first byte, its version; both are read, in the same layout. sled's files
 /// keep writing 1, which an earlier version reads (and would remove, not reading it,
@@ -76,6 +76,31 @@ pub(crate) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
         rest = &rest[4 + length..];
     }
     entries
+}
+
+/// Adds the entries of the chunk numbered `number` (as [`decode_chunk`] reads them) that
+/// were stored before `before`, newest first, to `found` until it holds `limit`; returns
+/// whether it does. Entries that do not read are passed over.
+pub(crate) fn newest_first(
+    number: u64,
+    entries: Vec<Option<LoggedDelivery>>,
+    before: Option<LogId>,
+    limit: usize,
+    found: &mut Vec<(LogId, LoggedDelivery)>,
+) -> bool {
+    for (place, entry) in entries.into_iter().enumerate().rev() {
+        let id = LogId(number, place as u64);
+        if before.is_some_and(|before| id >= before) {
+            continue;
+        }
+        if let Some(entry) = entry {
+            found.push((id, entry));
+            if found.len() == limit {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// How many entries a chunk holds and its newest entry's time; nothing for one that does

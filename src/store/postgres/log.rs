@@ -19,7 +19,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::connection::{self, Sending, Sql};
 use super::statements::beside;
 use crate::config::{LOG_POOL, PostgresConfig};
-use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, summary};
+use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, newest_first, summary};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
@@ -209,17 +209,8 @@ impl DeliveryLog for PostgresLog {
                 .await?;
             for row in &rows {
                 let id = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-                for (place, entry) in entries_of(row).into_iter().enumerate().rev() {
-                    let id = LogId(id, place as u64);
-                    if before.is_some_and(|before| id >= before) {
-                        continue;
-                    }
-                    if let Some(entry) = entry {
-                        found.push((id, entry));
-                        if found.len() == limit {
-                            return Ok(found);
-                        }
-                    }
+                if newest_first(id, entries_of(row), before, limit, &mut found) {
+                    return Ok(found);
                 }
             }
             match rows.last() {

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use self::segments::{Frames, SegmentView, Segments};
-use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk};
+use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, newest_first};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError};
 
@@ -128,17 +128,8 @@ impl DeliveryLog for FileLog {
                 .filter(|&(number, _)| number >= views.trimmed_before && number <= end)
                 .collect();
             for (number, chunk) in frames.into_iter().rev() {
-                for (place, entry) in decode_chunk(chunk).into_iter().enumerate().rev() {
-                    let id = LogId(number, place as u64);
-                    if before.is_some_and(|before| id >= before) {
-                        continue;
-                    }
-                    if let Some(entry) = entry {
-                        found.push((id, entry));
-                        if found.len() == limit {
-                            return Ok(found);
-                        }
-                    }
+                if newest_first(number, decode_chunk(chunk), before, limit, &mut found) {
+                    return Ok(found);
                 }
             }
         }
