@@ -179,7 +179,7 @@ impl SledQueue {
         let lanes = indexes.lanes();
         *self.indexes.lock() = indexes;
         for (route, lane) in lanes {
-            let _lane = shard(&self.lane_locks, (route.as_str(), &*lane));
+            let _lane = self.lane_lock(&route, Some(&lane));
             self.promote_first(trees, &route, &lane)?;
         }
         Ok(())
@@ -204,6 +204,12 @@ impl SledQueue {
             None => now,
         };
         Ok((due_at, trees.ids.generate_id()?))
+    }
+
+    /// The lock of a lane's changes, held while whether a job is its lane's first is
+    /// decided; none for a job without a lane.
+    fn lane_lock(&self, route: &str, lane: Option<&str>) -> Option<MutexGuard<'_, ()>> {
+        Some(shard(&self.lane_locks, (route, lane?)))
     }
 
     /// Makes the first job of `job`'s lane due now if it waits behind one that went.
@@ -335,10 +341,7 @@ impl SledQueue {
 
     /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs.
     fn store_new(&self, trees: &QueueTrees, job: &Job) -> Result<Enqueued, StoreError> {
-        let _lane = job
-            .lane
-            .as_deref()
-            .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
+        let _lane = self.lane_lock(&job.route, job.lane.as_deref());
         let _key = shard(&self.key_locks, job.key.as_str());
         let now = self.clock.now();
         let (due_at, lane_place) =
@@ -404,10 +407,7 @@ impl DeliveryQueue for SledQueue {
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
         let job = &taken.job;
         self.on_database(|trees| {
-            let _lane = job
-                .lane
-                .as_deref()
-                .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
+            let _lane = self.lane_lock(&job.route, job.lane.as_deref());
             let removed = self.swap(trees, &job.key, |stored| {
                 if stored.token != taken.token || stored.job.dead.is_some() {
                     return Err(());
@@ -433,10 +433,7 @@ impl DeliveryQueue for SledQueue {
         }
         let database = self.open()?;
         let buried = (|| {
-            let _lane = job
-                .lane
-                .as_deref()
-                .map(|lane| shard(&self.lane_locks, (job.route.as_str(), lane)));
+            let _lane = self.lane_lock(&job.route, job.lane.as_deref());
             self.change_taken(&database.queue, taken, job, None)?;
             self.promote(&database.queue, job)
         })();
@@ -499,10 +496,7 @@ impl DeliveryQueue for SledQueue {
         };
         let revived = self.on_database(|trees| {
             // A job of a lane goes to the end of it.
-            let _lane = dead
-                .lane
-                .as_deref()
-                .map(|lane| shard(&self.lane_locks, (route, lane)));
+            let _lane = self.lane_lock(route, dead.lane.as_deref());
             let now = self.clock.now();
             let (due_at, lane_place) =
                 self.place_in_lane(trees, route, dead.lane.as_deref(), now)?;
