@@ -3,7 +3,8 @@
 //! job's `202`, an operator's change, a job's move to dead letters) leaves only after an
 //! `fsync` or `fdatasync` of the store's log, begun after the write it covers, has
 //! returned; a blob file (a large value) and its directory are synced before the log
-//! can name it; one sync serves many acknowledgments; a failing sync acknowledges nothing.
+//! can name it; one sync serves many acknowledgments; a failing sync acknowledges nothing;
+//! a log write wakes one of sled's I/O threads.
 //! The power-loss runs that show what this buys are in `faults.rs`.
 
 #[path = "support/power_cut.rs"]
@@ -613,5 +614,90 @@ fn the_trace_reader_joins_interrupted_calls_and_reads_descriptors() {
     assert!(
         uncovered(&calls, "/d", 100.0001, 100.0008).is_some(),
         "the sync had not returned"
+    );
+}
+
+/// How many times each of the process's threads named `sled-io-*` went to sleep and was
+/// woken (its voluntary context switches), by thread id.
+fn sled_io_wakeups(pid: u32) -> HashMap<String, u64> {
+    let mut wakeups = HashMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let Ok(name) = std::fs::read_to_string(task.join("comm")) else {
+            continue;
+        };
+        if !name.starts_with("sled-io-") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        let switches = (status.lines())
+            .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|count| count.trim().parse().ok());
+        if let Some(switches) = switches {
+            wakeups.insert(task.display().to_string(), switches);
+        }
+    }
+    wakeups
+}
+
+/// sled writes each sealed log buffer on one of its I/O threads, of which seven wait: a
+/// write wakes one of them (as published, it woke all seven, for a fifth of a queued
+/// acceptance's CPU on two cores in context switches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_buffer_write_wakes_one_of_sleds_io_threads() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dedupe.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:0
+upstream: http://{}
+admin: {{ listen: 127.0.0.1:0 }}
+store: {{ sled: {{ path: \"{}\" }} }}
+routes:
+  - name: queued
+    match: {{ method: POST, path: /queued }}
+    key: \"{{json:/id}}\"
+    delivery: queued
+",
+            upstream.addr,
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let proxy = tokio::task::spawn_blocking(move || Binary::start(&config))
+        .await
+        .unwrap();
+    let paused = admin_post(proxy.admin, "/v1/queue/queued/pause", "").await;
+    assert_eq!(paused.status / 100, 2, "{}", paused.body);
+    // The first acceptance starts sled's I/O threads; then each waits for work.
+    let first = post_json(proxy.addr, "/queued", r#"{"id":"job_first"}"#).await;
+    assert_eq!(first.status, 202, "{}", first.body);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = proxy.child.id();
+    let before = sled_io_wakeups(pid);
+    assert!(before.len() >= 7, "sled's I/O threads, by name: {before:?}");
+
+    // One at a time: each acceptance waits for a sync of its own, which seals and writes
+    // a log buffer.
+    const JOBS: u64 = 200;
+    for n in 0..JOBS {
+        let reply = post_json(proxy.addr, "/queued", &format!(r#"{{"id":"job_{n}"}}"#)).await;
+        assert_eq!(reply.status, 202, "{}", reply.body);
+    }
+    let after = sled_io_wakeups(pid);
+    let woken: u64 = (after.iter())
+        .map(|(task, count)| count - before.get(task).copied().unwrap_or(0))
+        .sum();
+    assert!(
+        woken >= JOBS / 4,
+        "{JOBS} acceptances woke sled's I/O threads {woken} times: the writes went elsewhere"
+    );
+    // About two wakeups an acceptance with one thread woken a write (its sync's and
+    // sled's own), about eight with every waiting thread woken.
+    assert!(
+        woken <= 4 * JOBS,
+        "{JOBS} acceptances woke sled's I/O threads {woken} times: more than one a write"
     );
 }
