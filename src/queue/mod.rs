@@ -248,8 +248,17 @@ impl Deliveries {
             .map_err(|_| Unplaced::Full)
     }
 
-    /// Tells a route's loop that a job was just accepted.
+    /// Tells a route's loop that a job was just accepted, unless the route is paused: its
+    /// loop would wake only to sleep again, a thread switch per acceptance (the resume
+    /// wakes it).
     pub(crate) fn accepted(&self, route: &str) {
+        if !self.paused.contains(route) {
+            self.wake(route);
+        }
+    }
+
+    /// Wakes a route's loop, to look at its jobs and whether it is paused.
+    fn wake(&self, route: &str) {
         if let Some(running) = self.running.lock().get(route) {
             running.wake.notify_one();
         }
@@ -607,7 +616,7 @@ impl Deliveries {
         let _one = self.changing_pause.lock().await;
         self.queue.set_paused(route, paused).await?;
         self.paused.set_here(route, paused);
-        self.accepted(route);
+        self.wake(route);
         Ok(())
     }
 
