@@ -640,13 +640,18 @@ fn sled_io_wakeups(pid: u32) -> HashMap<String, u64> {
     wakeups
 }
 
-/// sled writes each sealed log buffer on one of its I/O threads, of which seven wait: a
-/// write wakes one of them (as published, it woke all seven, for a fifth of a queued
-/// acceptance's CPU on two cores in context switches).
+/// A log buffer write wakes one of sled's waiting I/O threads, not all of them (the
+/// `notify_one` in `vendor/sled/src/threadpool.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_buffer_write_wakes_one_of_sleds_io_threads() {
     let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
+    // In memory where there is a tmpfs, so that no thread sleeps on the disk (a switch
+    // that is not a wakeup), and sled's own flush put off: each write is an acceptance's.
+    let dir = if Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
     let config = dir.path().join("dedupe.yaml");
     std::fs::write(
         &config,
@@ -654,7 +659,7 @@ async fn a_log_buffer_write_wakes_one_of_sleds_io_threads() {
             "listen: 127.0.0.1:0
 upstream: http://{}
 admin: {{ listen: 127.0.0.1:0 }}
-store: {{ sled: {{ path: \"{}\" }} }}
+store: {{ sled: {{ path: \"{}\", flush_every: 1h }} }}
 routes:
   - name: queued
     match: {{ method: POST, path: /queued }}
@@ -688,16 +693,18 @@ routes:
     }
     let after = sled_io_wakeups(pid);
     let woken: u64 = (after.iter())
-        .map(|(task, count)| count - before.get(task).copied().unwrap_or(0))
+        .map(|(task, count)| count.saturating_sub(before.get(task).copied().unwrap_or(0)))
         .sum();
+    // Counting the wrong threads would pass the bound below for nothing.
     assert!(
         woken >= JOBS / 4,
         "{JOBS} acceptances woke sled's I/O threads {woken} times: the writes went elsewhere"
     );
-    // About two wakeups an acceptance with one thread woken a write (its sync's and
-    // sled's own), about eight with every waiting thread woken.
+    // About two wakeups an acceptance with one thread woken a write, about eight with
+    // every waiting thread woken (docs/performance.md): four sits between, with room for
+    // the scheduler either way.
     assert!(
         woken <= 4 * JOBS,
-        "{JOBS} acceptances woke sled's I/O threads {woken} times: more than one a write"
+        "{JOBS} acceptances woke sled's I/O threads {woken} times: as if every waiting thread were woken for each write"
     );
 }

@@ -249,8 +249,8 @@ impl Deliveries {
     }
 
     /// Tells a route's loop that a job was just accepted, unless the route is paused: its
-    /// loop would wake only to sleep again, a thread switch per acceptance (the resume
-    /// wakes it).
+    /// loop would wake only to sleep again, a thread switch per acceptance (a resume here
+    /// wakes it; one made by another replica, at the next read of the paused routes).
     pub(crate) fn accepted(&self, route: &str) {
         if !self.paused.contains(route) {
             self.wake(route);
@@ -516,7 +516,9 @@ impl Deliveries {
         let begun = self.paused.begin_read();
         match self.queue.paused().await {
             Ok(paused) => {
-                self.paused.replace_from_store(begun, paused);
+                for route in self.paused.replace_from_store(begun, paused) {
+                    self.wake(&route);
+                }
                 true
             }
             Err(error) => {

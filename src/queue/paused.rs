@@ -41,8 +41,9 @@ impl Paused {
 
     /// The store says `routes` are paused, in a read that began at `begun`: they replace
     /// what was known, with this replica's changes made since the read began applied over
-    /// them.
-    pub(crate) fn replace_from_store(&self, begun: ReadBegun, routes: Vec<String>) {
+    /// them. Returns the routes this made resumed (another replica resumed them), whose
+    /// loops sleep until woken.
+    pub(crate) fn replace_from_store(&self, begun: ReadBegun, routes: Vec<String>) -> Vec<String> {
         let mut state = self.state.write();
         let mut paused: HashSet<String> = routes.into_iter().collect();
         state.made_here.retain(|route, (change, pauses)| {
@@ -54,7 +55,12 @@ impl Paused {
             }
             later
         });
+        let resumed = (state.routes.iter())
+            .filter(|route| !paused.contains(*route))
+            .cloned()
+            .collect();
         state.routes = paused;
+        resumed
     }
 
     /// This replica paused or resumed `route`. Called only once the store says so: a
@@ -118,8 +124,13 @@ mod tests {
         assert!(paused.contains("other"), "paused by another replica");
         assert!(paused.contains("hooks"), "the latest change made here");
         let begun = paused.begin_read();
-        paused.replace_from_store(begun, vec!["hooks".into()]);
+        let resumed = paused.replace_from_store(begun, vec!["hooks".into()]);
         assert!(!paused.contains("other"), "resumed by another replica");
+        assert_eq!(
+            resumed,
+            ["other"],
+            "said resumed, so that its loop is woken"
+        );
         assert!(
             paused.state.read().made_here.is_empty(),
             "nothing kept once read"
