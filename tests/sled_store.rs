@@ -339,6 +339,32 @@ async fn entity_records_are_swept_by_expiry_and_survive_a_restart() {
     assert_eq!(store.newest_version("t#entity:1").await.unwrap(), None);
 }
 
+/// The tree of the queue's records, each under its place.
+const JOBS: &str = "jobs_in_order";
+
+/// Where `tree` holds the record of the job `key` (the only record that names it).
+fn place_of(tree: &sled::Tree, key: &str) -> Option<sled::IVec> {
+    tree.iter()
+        .map(Result::unwrap)
+        .find(|(_, record)| names(record, key))
+        .map(|(place, _)| place)
+}
+
+fn names(record: &[u8], key: &str) -> bool {
+    record.windows(key.len()).any(|part| part == key.as_bytes())
+}
+
+/// A job of route `r` named `key`, received at the start.
+fn queued(key: &str) -> Job {
+    let request = QueuedRequest {
+        method: "POST".into(),
+        target: "/".into(),
+        headers: vec![],
+        body: bytes::Bytes::from_static(b"{}"),
+    };
+    Job::new(key.into(), "r".into(), START, request)
+}
+
 /// The database under `path`, opened as sled itself, once the store has let go of it.
 async fn open_raw(path: &Path) -> sled::Db {
     once_unlocked(|| sled::open(path)).await
@@ -372,7 +398,8 @@ async fn a_restart_mends_a_lane_and_drops_the_former_order_trees() {
     let former = ["jobs_due", "jobs_received", "jobs_dead", "jobs_lanes"];
     {
         let db = open_raw(&path).await;
-        db.open_tree("jobs").unwrap().remove("r:a1").unwrap();
+        let jobs = db.open_tree(JOBS).unwrap();
+        jobs.remove(place_of(&jobs, "r:a1").unwrap()).unwrap();
         for tree in former {
             db.open_tree(tree).unwrap().insert("r\0stale", "").unwrap();
         }
@@ -397,7 +424,7 @@ async fn a_restart_mends_a_lane_and_drops_the_former_order_trees() {
             "{tree} is gone: {names:?}"
         );
     }
-    assert_eq!(db.open_tree("jobs").unwrap().len(), 1, "a2 alone is queued");
+    assert_eq!(db.open_tree(JOBS).unwrap().len(), 1, "a2 alone is queued");
 }
 
 #[tokio::test]
@@ -425,7 +452,7 @@ async fn an_accepted_job_is_one_record_and_nothing_else_on_disk() {
         let tree = db.open_tree(&name).unwrap();
         let name = String::from_utf8_lossy(&name).into_owned();
         match name.as_str() {
-            "jobs" => assert_eq!(tree.len(), 50, "one record a job"),
+            JOBS => assert_eq!(tree.len(), 50, "one record a job"),
             // sled's own tree, where the store keeps its record-key salt.
             "__sled__default" => assert_eq!(tree.len(), 1, "the salt alone"),
             _ => assert!(tree.is_empty(), "the queue wrote to {name}"),
@@ -504,4 +531,125 @@ async fn a_restart_rebuilds_the_queue_indexes_as_they_were() {
     let store = reopen(&path, &f.clock).await;
     let queue = store.queue().unwrap();
     assert_eq!(counts(&queue).await, before);
+}
+
+/// Jobs are stored in the order they came, whatever their keys: each after the last, so
+/// that acceptances, takes and completions work at the ends of the tree; and of jobs due
+/// at once the first stored is taken first.
+#[tokio::test]
+async fn queued_jobs_are_stored_and_taken_in_the_order_they_came() {
+    let f = fixture();
+    let path = f.dir.path().join("db");
+    let queue = f.store.queue().unwrap();
+    let keys = ["r:evt_m", "r:evt_z", "r:evt_a", "r:evt_q", "r:evt_b"];
+    for key in keys {
+        queue.enqueue(&queued(key)).await.unwrap();
+    }
+    let taken = queue.take("r", 10, LEASE).await.unwrap();
+    let taken: Vec<&str> = taken.iter().map(|taken| taken.job.key.as_str()).collect();
+    assert_eq!(taken, keys, "due at the same time, taken as they came");
+    drop((queue, f.store));
+
+    let db = open_raw(&path).await;
+    let stored: Vec<&str> = db
+        .open_tree(JOBS)
+        .unwrap()
+        .iter()
+        .values()
+        .map(|record| {
+            let record = record.unwrap();
+            *keys.iter().find(|key| names(&record, key)).unwrap()
+        })
+        .collect();
+    assert_eq!(stored, keys);
+}
+
+/// A job record as an earlier version stored it, in the tree `jobs` under its store key.
+#[derive(serde::Serialize)]
+struct FormerRecord<'a> {
+    due_at: u64,
+    token: u64,
+    takes: u32,
+    lane_place: u64,
+    job: &'a Job,
+}
+
+fn former_record(job: &Job, token: u64) -> Vec<u8> {
+    // A taken job is due again when its take's lease ends.
+    let record = FormerRecord {
+        due_at: if token == 0 { START } else { START + 3_600_000 },
+        token,
+        takes: u32::from(token != 0),
+        lane_place: 0,
+        job,
+    };
+    postcard::to_stdvec(&record).unwrap()
+}
+
+/// An earlier version's queue (records under their store keys) is moved into place when
+/// the database opens: every job there once, a taken one due again, the old tree gone;
+/// and a move cut short (a record in both trees) is finished without a second copy.
+#[tokio::test]
+async fn an_earlier_versions_queue_is_moved_into_place() {
+    let f = fixture();
+    let path = f.dir.path().join("db");
+    drop(f.store);
+    let mut dead = queued("r:dead");
+    dead.dead = Some((START, DeadReason::Refused));
+    {
+        let db = open_raw(&path).await;
+        let former = db.open_tree("jobs").unwrap();
+        former
+            .insert("r:waiting", former_record(&queued("r:waiting"), 0))
+            .unwrap();
+        former
+            .insert("r:taken", former_record(&queued("r:taken"), 7))
+            .unwrap();
+        former.insert("r:dead", former_record(&dead, 0)).unwrap();
+        db.flush().unwrap();
+    }
+    let routes = ["r".to_owned()];
+    let store = reopen(&path, &f.clock).await;
+    let queue = store.queue().unwrap();
+    let counts = queue.counts(&routes).await.unwrap().pop().unwrap();
+    assert_eq!((counts.waiting + counts.retrying, counts.dead), (2, 1));
+    assert!(queue.job("r", "r:dead").await.unwrap().is_some());
+    let again = queue.enqueue(&queued("r:waiting")).await.unwrap();
+    assert!(matches!(
+        again,
+        dedupe_proxy::store::queue::Enqueued::AlreadyQueued
+    ));
+    let taken = queue.take("r", 10, LEASE).await.unwrap();
+    let mut keys: Vec<&str> = taken.iter().map(|taken| taken.job.key.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["r:taken", "r:waiting"], "the taken job is due again");
+    drop((taken, queue, store));
+
+    {
+        let db = open_raw(&path).await;
+        let names: Vec<sled::IVec> = db.tree_names();
+        assert!(
+            !names.iter().any(|name| &**name == b"jobs"),
+            "the old tree is gone"
+        );
+        assert_eq!(db.open_tree(JOBS).unwrap().len(), 3);
+        // As if the process stopped in the middle of a move: one record in both trees.
+        let former = db.open_tree("jobs").unwrap();
+        former.insert("r:dead", former_record(&dead, 0)).unwrap();
+        former
+            .insert("r:late", former_record(&queued("r:late"), 0))
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let store = reopen(&path, &f.clock).await;
+    let queue = store.queue().unwrap();
+    let counts = queue.counts(&routes).await.unwrap().pop().unwrap();
+    assert_eq!((counts.waiting + counts.retrying, counts.dead), (3, 1));
+    drop((queue, store));
+    let db = open_raw(&path).await;
+    assert_eq!(
+        db.open_tree(JOBS).unwrap().len(),
+        4,
+        "no second record of r:dead"
+    );
 }

@@ -18,23 +18,35 @@ use crate::store::{
 
 /// The delivery queue's trees (see `queue/mod.rs`).
 pub(super) struct QueueTrees {
+    /// The jobs' records, each under its place (a number from `ids`).
     pub(super) jobs: Tree,
+    /// Where an earlier version kept the records, under their store keys, if it is there:
+    /// moved into `jobs` when the queue mends the database.
+    pub(super) jobs_by_key: Option<Tree>,
     pub(super) paused: Tree,
-    /// Numbers the lanes' jobs in the order they were stored (sled's ids only grow, also
-    /// across restarts).
+    /// Numbers the jobs, and the lanes' jobs, in the order they were stored (sled's ids
+    /// only grow, also across restarts).
     pub(super) ids: sled::Db,
 }
 
 /// The trees where an earlier version indexed the queue, now indexed in memory.
 const FORMER_QUEUE_TREES: [&str; 4] = ["jobs_due", "jobs_received", "jobs_dead", "jobs_lanes"];
 
+/// The tree where an earlier version kept the jobs' records under their store keys.
+pub(super) const FORMER_JOBS_TREE: &str = "jobs";
+
 impl QueueTrees {
     pub(super) fn open(db: &sled::Db) -> Result<QueueTrees, StoreError> {
         for name in FORMER_QUEUE_TREES {
             db.drop_tree(name)?;
         }
+        let by_key = db
+            .tree_names()
+            .iter()
+            .any(|name| &**name == FORMER_JOBS_TREE.as_bytes());
         Ok(QueueTrees {
-            jobs: db.open_tree("jobs")?,
+            jobs: db.open_tree("jobs_in_order")?,
+            jobs_by_key: by_key.then(|| db.open_tree(FORMER_JOBS_TREE)).transpose()?,
             paused: db.open_tree("jobs_paused")?,
             ids: db.clone(),
         })

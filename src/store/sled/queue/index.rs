@@ -1,7 +1,8 @@
-//! The embedded store's queue indexes, kept in memory: for each route, its jobs by due
-//! time, the times they were received, its dead letters by time of death, and its lanes
-//! in the order stored, with the route's counts. Rebuilt from the records whenever the
-//! database opens; changed after each write of a record, under that job's lock.
+//! The embedded store's queue indexes, kept in memory: where each job's record is (its
+//! place), and for each route its jobs by due time, the times they were received, its
+//! dead letters by time of death, and its lanes in the order stored, with the route's
+//! counts. Rebuilt from the records whenever the database opens; changed after each
+//! write of a record, under that job's lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -13,6 +14,8 @@ use crate::store::Millis;
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(super) struct Filing {
     pub(super) key: Arc<str>,
+    /// Its record's key in the `jobs_in_order` tree.
+    pub(super) place: u64,
     pub(super) state: State,
     pub(super) received_at: Millis,
     /// Its lane and place in it, if it has one.
@@ -38,7 +41,8 @@ pub(super) struct Counts {
 
 #[derive(Default)]
 struct RouteIndex {
-    due: BTreeSet<(Millis, Arc<str>)>,
+    /// Due time, place, key: jobs due at one time are taken in the order stored.
+    due: BTreeSet<(Millis, u64, Arc<str>)>,
     /// How many jobs that are not dead were received at each time.
     received: BTreeMap<Millis, u64>,
     dead: BTreeSet<(Millis, Arc<str>)>,
@@ -61,7 +65,7 @@ impl RouteIndex {
                 self.counts.dead += 1;
             }
             State::Due { at, retrying } => {
-                self.due.insert((at, key));
+                self.due.insert((at, filing.place, key));
                 *self.received.entry(filing.received_at).or_default() += 1;
                 if let Some((lane, place)) = &filing.lane {
                     let first = (Arc::clone(lane), 0, Arc::from(""));
@@ -87,7 +91,7 @@ impl RouteIndex {
                 self.counts.dead = self.counts.dead.saturating_sub(1);
             }
             State::Due { at, retrying } => {
-                self.due.remove(&(at, key));
+                self.due.remove(&(at, filing.place, key));
                 if let Some(count) = self.received.get_mut(&filing.received_at) {
                     *count -= 1;
                     if *count == 0 {
@@ -108,10 +112,11 @@ impl RouteIndex {
     }
 }
 
-/// Every route's indexes.
+/// Every route's indexes, and each job's place.
 #[derive(Default)]
 pub(super) struct Indexes {
     routes: HashMap<String, RouteIndex>,
+    places: HashMap<Arc<str>, u64>,
 }
 
 impl Indexes {
@@ -126,16 +131,24 @@ impl Indexes {
         let index = self.routes.get_mut(route).expect("inserted above");
         if let Some(before) = before {
             index.unfile(before);
+            self.places.remove(&before.key);
         }
         if let Some(after) = after {
             index.file(after);
+            self.places.insert(Arc::clone(&after.key), after.place);
         }
         if index.is_empty() {
             self.routes.remove(route);
         }
     }
 
-    /// Up to `limit` keys of `route`'s jobs due at `now` or before, the earliest first.
+    /// Where the record of the job of `key` is, if one is stored.
+    pub(super) fn place(&self, key: &str) -> Option<u64> {
+        self.places.get(key).copied()
+    }
+
+    /// Up to `limit` keys of `route`'s jobs due at `now` or before, the earliest first
+    /// (and of those due at once, the first stored).
     pub(super) fn due(&self, route: &str, now: Millis, limit: usize) -> Vec<Arc<str>> {
         let Some(index) = self.routes.get(route) else {
             return Vec::new();
@@ -143,9 +156,9 @@ impl Indexes {
         index
             .due
             .iter()
-            .take_while(|(at, _)| *at <= now)
+            .take_while(|(at, _, _)| *at <= now)
             .take(limit)
-            .map(|(_, key)| Arc::clone(key))
+            .map(|(_, _, key)| Arc::clone(key))
             .collect()
     }
 
@@ -212,6 +225,7 @@ mod tests {
     fn due(key: &str, at: Millis, received_at: Millis) -> Filing {
         Filing {
             key: Arc::from(key),
+            place: at,
             state: State::Due {
                 at,
                 retrying: false,
@@ -226,11 +240,20 @@ mod tests {
         let mut indexes = Indexes::default();
         let first = due("r:a", 10, 5);
         let second = due("r:b", 20, 3);
+        let third = Filing {
+            place: 9,
+            ..due("r:z", 20, 3)
+        };
         indexes.refile("r", None, Some(&first));
         indexes.refile("r", None, Some(&second));
         assert_eq!(indexes.due("r", 15, 10), [Arc::from("r:a")]);
+        assert_eq!(indexes.place("r:b"), Some(20));
         assert_eq!(indexes.due("r", 20, 10).len(), 2);
         assert_eq!(indexes.due("r", 20, 1), [Arc::from("r:a")]);
+        indexes.refile("r", None, Some(&third));
+        let due_at_once = indexes.due("r", 20, 10);
+        assert_eq!(due_at_once[1..], [Arc::from("r:z"), Arc::from("r:b")]);
+        indexes.refile("r", Some(&third), None);
         assert_eq!(indexes.counts("r").1, Some(3));
 
         let dead = Filing {
@@ -245,7 +268,9 @@ mod tests {
 
         indexes.refile("r", Some(&first), None);
         indexes.refile("r", Some(&dead), None);
+        assert_eq!(indexes.place("r:a"), None);
         assert!(indexes.routes.is_empty(), "an emptied route is forgotten");
+        assert!(indexes.places.is_empty(), "no place is left behind");
     }
 
     #[test]

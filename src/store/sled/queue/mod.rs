@@ -1,15 +1,22 @@
 //! The delivery queue in the embedded store, in the claims' database.
 //!
-//! On disk, the tree `jobs` holds each job's record under its store key: the job, when it
-//! is due, the token of its take and its place in its lane; `jobs_paused` holds the routes
-//! paused. Every change of a job is one write of its record. What a take, a listing and
-//! the counts need in order (jobs by due time, the oldest received, dead letters by time
-//! of death, lanes) is indexed in memory (`index.rs`), rebuilt from the records whenever
-//! the database opens, which reads every record anyway to mend what a crash left: a job
-//! taken when the process stopped is due again, and a lane whose first job went has its
-//! next made due. Index trees cost two more sled writes per change
-//! (`docs/performance.md`); the memory costs about 90 bytes a job queued or dead, plus
-//! its key.
+//! On disk, the tree `jobs_in_order` holds each job's record under its place: a number
+//! sled gives the job when it is stored (they only grow, also across restarts). So jobs
+//! stored one after another sit side by side, and an acceptance, a take (which follows
+//! the due order) and a completion touch the tree at its ends, in pages that stay in the
+//! cache, rather than anywhere in a tree of a million records; under their store keys,
+//! a queue of random event IDs read and wrote a page from disk for most changes
+//! (`docs/performance.md`). The record holds the job, when it is due, the token of its
+//! take and its place in its lane; `jobs_paused` holds the routes paused. Every change of
+//! a job is one write of its record. Where each key's record is, and what a take, a
+//! listing and the counts need in order (jobs by due time, the oldest received, dead
+//! letters by time of death, lanes), is indexed in memory (`index.rs`), rebuilt from the
+//! records whenever the database opens, which reads every record anyway to mend what a
+//! crash left: a job taken when the process stopped is due again, and a lane whose first
+//! job went has its next made due. The records an earlier version kept under their store
+//! keys (the tree `jobs`) are moved then, each to a new place. Index trees cost two more
+//! sled writes per change (`docs/performance.md`); the memory costs about 120 bytes a job
+//! queued or dead, plus its key.
 //!
 //! A job changes under its key's lock (one of [`KEY_LOCKS`] the keys share), from the
 //! read of its record to the change of the indexes after the write, so that the indexes
@@ -38,7 +45,7 @@ use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use self::index::{Filing, Indexes, State};
-use super::database::{Database, OpenDatabase, QueueTrees};
+use super::database::{Database, FORMER_JOBS_TREE, OpenDatabase, QueueTrees};
 use crate::store::queue::{
     BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
     parse_dead_cursor,
@@ -58,7 +65,16 @@ struct Record {
 
 impl Record {
     fn encode(&self) -> Result<Vec<u8>, StoreError> {
-        postcard::to_stdvec(self).map_err(|error| StoreError::of("sled", error))
+        // Sized for the request once, rather than grown by doubling as it is written.
+        let request = &self.job.request;
+        let headers: usize = request
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 4)
+            .sum();
+        let capacity = 256 + request.target.len() + headers + request.body.len();
+        postcard::to_extend(self, Vec::with_capacity(capacity))
+            .map_err(|error| StoreError::of("sled", error))
     }
 
     fn read(bytes: &[u8]) -> Result<Record, StoreError> {
@@ -66,8 +82,8 @@ impl Record {
             .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
     }
 
-    /// Where the indexes file it.
-    fn filing(&self) -> Filing {
+    /// Where the indexes file it, stored at `place`.
+    fn filing(&self, place: u64) -> Filing {
         let job = &self.job;
         let state = match job.dead {
             Some((since, _)) => State::Dead { since },
@@ -78,6 +94,7 @@ impl Record {
         };
         Filing {
             key: Arc::from(job.key.as_str()),
+            place,
             state,
             received_at: job.received_at,
             lane: job
@@ -92,6 +109,25 @@ impl Record {
 enum Changed {
     Written(Box<Record>),
     Removed,
+}
+
+/// A stored record as the queue mends it at open: a job taken when the process stopped
+/// is due now (its attempt was cut off); whether that changed it. `None` for a record
+/// that does not read, which is left alone.
+fn mended(bytes: &[u8], now: Millis) -> Option<(Record, bool)> {
+    let mut record = match Record::read(bytes) {
+        Ok(record) => record,
+        Err(error) => {
+            tracing::error!(%error, "an unreadable queued job is left alone");
+            return None;
+        }
+    };
+    let taken = record.token != 0 && record.job.dead.is_none();
+    if taken {
+        record.token = 0;
+        record.due_at = now;
+    }
+    Some((record, taken))
 }
 
 /// How many locks the keys share.
@@ -156,25 +192,31 @@ impl SledQueue {
 
     /// Reads every record into the indexes, and mends what a crash left: the jobs taken
     /// when it came made due now (their attempts were cut off), and each lane's first job
-    /// made due. Blocks on disk I/O, for every job.
+    /// made due. Moves the records an earlier version kept under their store keys. Blocks
+    /// on disk I/O, for every job.
     fn mend(&self, trees: &QueueTrees) -> Result<(), StoreError> {
         let mut indexes = Indexes::default();
         let now = self.clock.now();
         for stored in trees.jobs.iter() {
             let (key, bytes) = stored?;
-            let mut record = match Record::read(&bytes) {
-                Ok(record) => record,
-                Err(error) => {
-                    tracing::error!(%error, "an unreadable queued job is left alone");
-                    continue;
-                }
+            let Some(place) = <[u8; 8]>::try_from(&*key).ok().map(u64::from_be_bytes) else {
+                tracing::error!("a queued job under a key that is no place is left alone");
+                continue;
             };
-            if record.token != 0 && record.job.dead.is_none() {
-                record.token = 0;
-                record.due_at = now;
+            let Some((record, changed)) = mended(&bytes, now) else {
+                continue;
+            };
+            if indexes.place(&record.job.key).is_some() {
+                tracing::error!("a second queued record of one key is left alone");
+                continue;
+            }
+            if changed {
                 trees.jobs.insert(key, record.encode()?)?;
             }
-            indexes.refile(&record.job.route, None, Some(&record.filing()));
+            indexes.refile(&record.job.route, None, Some(&record.filing(place)));
+        }
+        if let Some(by_key) = &trees.jobs_by_key {
+            self.move_records_by_key(trees, by_key, &mut indexes, now)?;
         }
         let lanes = indexes.lanes();
         *self.indexes.lock() = indexes;
@@ -185,25 +227,40 @@ impl SledQueue {
         Ok(())
     }
 
-    /// Where a job joining `lane` (at its end) goes: due now, or behind if the lane holds
-    /// a job that is not dead; and its place in the lane, from sled's ids (they only grow,
-    /// across restarts too, and an earlier version numbers its lanes' jobs alike). Runs
-    /// under the lane's lock.
-    fn place_in_lane(
+    /// Moves each record an earlier version kept under its store key to a place of its
+    /// own, mended as [`SledQueue::mend`] does, then drops the tree, synced. A record
+    /// already moved (the process stopped in the middle) is only removed.
+    fn move_records_by_key(
         &self,
         trees: &QueueTrees,
-        route: &str,
-        lane: Option<&str>,
+        by_key: &sled::Tree,
+        indexes: &mut Indexes,
         now: Millis,
-    ) -> Result<(Millis, u64), StoreError> {
-        let Some(lane) = lane else {
-            return Ok((now, 0));
-        };
-        let due_at = match self.indexes.lock().lane_head(route, lane) {
+    ) -> Result<(), StoreError> {
+        for stored in by_key.iter() {
+            let (key, bytes) = stored?;
+            if let Some((record, _)) = mended(&bytes, now)
+                && indexes.place(&record.job.key).is_none()
+            {
+                let place = trees.ids.generate_id()?;
+                trees.jobs.insert(place.to_be_bytes(), record.encode()?)?;
+                indexes.refile(&record.job.route, None, Some(&record.filing(place)));
+            }
+            by_key.remove(key)?;
+        }
+        trees.ids.flush()?;
+        trees.ids.drop_tree(FORMER_JOBS_TREE)?;
+        trees.ids.flush()?;
+        Ok(())
+    }
+
+    /// When a job joining `lane` (at its end) is due: now, or behind if the lane holds a
+    /// job that is not dead. Runs under the lane's lock.
+    fn due_in_lane(&self, route: &str, lane: Option<&str>, now: Millis) -> Millis {
+        match lane.and_then(|lane| self.indexes.lock().lane_head(route, lane)) {
             Some(_) => BEHIND,
             None => now,
-        };
-        Ok((due_at, trees.ids.generate_id()?))
+        }
     }
 
     /// The lock of a lane's changes, held while whether a job is its lane's first is
@@ -234,7 +291,7 @@ impl SledQueue {
             }
             Ok(Some(Record {
                 due_at: now,
-                ..record.clone()
+                ..record
             }))
         })?;
         Ok(())
@@ -258,29 +315,44 @@ impl SledQueue {
         &self,
         trees: &QueueTrees,
         key: &str,
-        change: impl FnOnce(&Record) -> Result<Option<Record>, ()>,
+        change: impl FnOnce(Record) -> Result<Option<Record>, ()>,
     ) -> Result<Option<Changed>, StoreError> {
         let _key = shard(&self.key_locks, key);
-        let Some(bytes) = trees.jobs.get(key.as_bytes())? else {
+        let Some(place) = self.indexes.lock().place(key) else {
+            return Ok(None);
+        };
+        let Some(bytes) = trees.jobs.get(place.to_be_bytes())? else {
             return Ok(None);
         };
         let Ok(before) = Record::read(&bytes) else {
             return Ok(None);
         };
-        let Ok(after) = change(&before) else {
+        let (route, filed) = (before.job.route.clone(), before.filing(place));
+        let Ok(after) = change(before) else {
             return Ok(None);
         };
         match &after {
-            Some(record) => trees.jobs.insert(key.as_bytes(), record.encode()?)?,
-            None => trees.jobs.remove(key.as_bytes())?,
+            Some(record) => trees.jobs.insert(place.to_be_bytes(), record.encode()?)?,
+            None => trees.jobs.remove(place.to_be_bytes())?,
         };
-        let filed = after.as_ref().map(Record::filing);
+        let refiled = after.as_ref().map(|record| record.filing(place));
         self.indexes
             .lock()
-            .refile(&before.job.route, Some(&before.filing()), filed.as_ref());
+            .refile(&route, Some(&filed), refiled.as_ref());
         Ok(Some(after.map_or(Changed::Removed, |record| {
             Changed::Written(Box::new(record))
         })))
+    }
+
+    /// The record of the job of `key`, if one is stored and reads.
+    fn record(&self, trees: &QueueTrees, key: &str) -> Result<Option<Record>, StoreError> {
+        let Some(place) = self.indexes.lock().place(key) else {
+            return Ok(None);
+        };
+        Ok(match trees.jobs.get(place.to_be_bytes())? {
+            Some(bytes) => Record::read(&bytes).ok(),
+            None => None,
+        })
     }
 
     /// Takes the due job of `key`, due again at `due_at`, unless it changed since it was
@@ -301,8 +373,7 @@ impl SledQueue {
                 due_at,
                 token,
                 takes: record.takes + 1,
-                lane_place: record.lane_place,
-                job: record.job.clone(),
+                ..record
             }))
         })?;
         match changed {
@@ -331,39 +402,33 @@ impl SledQueue {
             Ok(Some(Record {
                 due_at: due_at.unwrap_or(0),
                 token: 0,
-                takes: stored.takes,
-                lane_place: stored.lane_place,
                 job: job.clone(),
+                ..stored
             }))
         })?;
         changed.map(drop).ok_or(StoreError::NotOwner)
     }
 
-    /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs.
+    /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs,
+    /// at the next place (also its place in its lane).
     fn store_new(&self, trees: &QueueTrees, job: &Job) -> Result<Enqueued, StoreError> {
         let _lane = self.lane_lock(&job.route, job.lane.as_deref());
         let _key = shard(&self.key_locks, job.key.as_str());
-        let now = self.clock.now();
-        let (due_at, lane_place) =
-            self.place_in_lane(trees, &job.route, job.lane.as_deref(), now)?;
-        let record = Record {
-            due_at,
-            token: 0,
-            takes: 0,
-            lane_place,
-            job: job.clone(),
-        };
-        let inserted = trees.jobs.compare_and_swap(
-            job.key.as_bytes(),
-            None::<&[u8]>,
-            Some(record.encode()?),
-        )?;
-        if inserted.is_err() {
+        if self.indexes.lock().place(&job.key).is_some() {
             return Ok(Enqueued::AlreadyQueued);
         }
+        let place = trees.ids.generate_id()?;
+        let record = Record {
+            due_at: self.due_in_lane(&job.route, job.lane.as_deref(), self.clock.now()),
+            token: 0,
+            takes: 0,
+            lane_place: if job.lane.is_some() { place } else { 0 },
+            job: job.clone(),
+        };
+        trees.jobs.insert(place.to_be_bytes(), record.encode()?)?;
         self.indexes
             .lock()
-            .refile(&job.route, None, Some(&record.filing()));
+            .refile(&job.route, None, Some(&record.filing(place)));
         Ok(Enqueued::Stored)
     }
 }
@@ -444,9 +509,11 @@ impl DeliveryQueue for SledQueue {
     }
 
     async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
-        self.on_database(|trees| match trees.jobs.get(key.as_bytes())? {
-            Some(bytes) => Ok(Some(Record::read(&bytes)?.job).filter(|job| job.route == route)),
-            None => Ok(None),
+        self.on_database(|trees| {
+            let record = self.record(trees, key)?;
+            Ok(record
+                .map(|record| record.job)
+                .filter(|job| job.route == route))
         })
     }
 
@@ -472,10 +539,7 @@ impl DeliveryQueue for SledQueue {
                         page.next = page.jobs.last().map(dead_cursor);
                         return Ok(page);
                     }
-                    let job = match trees.jobs.get(key.as_bytes())? {
-                        Some(bytes) => Record::read(&bytes).ok().map(|record| record.job),
-                        None => None,
-                    };
+                    let job = self.record(trees, &key)?.map(|record| record.job);
                     // One revived, discarded or dead again since it was listed is passed
                     // over here.
                     page.jobs.extend(job.filter(|job| {
@@ -498,8 +562,11 @@ impl DeliveryQueue for SledQueue {
             // A job of a lane goes to the end of it.
             let _lane = self.lane_lock(route, dead.lane.as_deref());
             let now = self.clock.now();
-            let (due_at, lane_place) =
-                self.place_in_lane(trees, route, dead.lane.as_deref(), now)?;
+            let due_at = self.due_in_lane(route, dead.lane.as_deref(), now);
+            let lane_place = match dead.lane {
+                Some(_) => trees.ids.generate_id()?,
+                None => 0,
+            };
             self.swap(trees, key, |stored| {
                 if stored.job.route != route
                     || stored.job.dead.is_none()
@@ -507,7 +574,7 @@ impl DeliveryQueue for SledQueue {
                 {
                     return Err(());
                 }
-                let mut job = stored.job.clone();
+                let mut job = stored.job;
                 job.revive(now);
                 Ok(Some(Record {
                     due_at,
