@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe_proxy::config::{Durability, SledConfig};
-use dedupe_proxy::store::queue::{Attempt, DeadReason, Job, QueuedRequest};
+use dedupe_proxy::store::queue::{Attempt, BEHIND, DeadReason, Enqueued, Job, QueuedRequest};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, StoreError,
@@ -339,18 +339,19 @@ async fn entity_records_are_swept_by_expiry_and_survive_a_restart() {
     assert_eq!(store.newest_version("t#entity:1").await.unwrap(), None);
 }
 
-/// The tree of the queue's records, each under its place.
-const JOBS: &str = "jobs_in_order";
+/// The tree of the queue's records, each under its seq.
+const JOBS: &str = "jobs_by_seq";
 
-/// Where `tree` holds the record of the job `key` (the only record that names it).
-fn place_of(tree: &sled::Tree, key: &str) -> Option<sled::IVec> {
+/// Where `tree` holds the record of the job `key`: the first record that mentions it (no
+/// key of these tests is part of another).
+fn seq_of(tree: &sled::Tree, key: &str) -> Option<sled::IVec> {
     tree.iter()
         .map(Result::unwrap)
-        .find(|(_, record)| names(record, key))
-        .map(|(place, _)| place)
+        .find(|(_, record)| mentions(record, key))
+        .map(|(seq, _)| seq)
 }
 
-fn names(record: &[u8], key: &str) -> bool {
+fn mentions(record: &[u8], key: &str) -> bool {
     record.windows(key.len()).any(|part| part == key.as_bytes())
 }
 
@@ -399,7 +400,7 @@ async fn a_restart_mends_a_lane_and_drops_the_former_order_trees() {
     {
         let db = open_raw(&path).await;
         let jobs = db.open_tree(JOBS).unwrap();
-        jobs.remove(place_of(&jobs, "r:a1").unwrap()).unwrap();
+        jobs.remove(seq_of(&jobs, "r:a1").unwrap()).unwrap();
         for tree in former {
             db.open_tree(tree).unwrap().insert("r\0stale", "").unwrap();
         }
@@ -533,9 +534,8 @@ async fn a_restart_rebuilds_the_queue_indexes_as_they_were() {
     assert_eq!(counts(&queue).await, before);
 }
 
-/// Jobs are stored in the order they came, whatever their keys: each after the last, so
-/// that acceptances, takes and completions work at the ends of the tree; and of jobs due
-/// at once the first stored is taken first.
+/// Jobs are stored in the order they came, whatever their keys, and of jobs due at once
+/// the first stored is taken first.
 #[tokio::test]
 async fn queued_jobs_are_stored_and_taken_in_the_order_they_came() {
     let f = fixture();
@@ -558,7 +558,7 @@ async fn queued_jobs_are_stored_and_taken_in_the_order_they_came() {
         .values()
         .map(|record| {
             let record = record.unwrap();
-            *keys.iter().find(|key| names(&record, key)).unwrap()
+            *keys.iter().find(|key| mentions(&record, key)).unwrap()
         })
         .collect();
     assert_eq!(stored, keys);
@@ -574,55 +574,72 @@ struct FormerRecord<'a> {
     job: &'a Job,
 }
 
-fn former_record(job: &Job, token: u64) -> Vec<u8> {
-    // A taken job is due again when its take's lease ends.
+/// `job`'s record as an earlier version wrote it, due at `due_at`, taken if `token` is
+/// not 0, and at `lane_place` in its lane.
+fn former_record(job: &Job, due_at: u64, token: u64, lane_place: u64) -> Vec<u8> {
     let record = FormerRecord {
-        due_at: if token == 0 { START } else { START + 3_600_000 },
+        due_at,
         token,
         takes: u32::from(token != 0),
-        lane_place: 0,
+        lane_place,
         job,
     };
     postcard::to_stdvec(&record).unwrap()
 }
 
-/// An earlier version's queue (records under their store keys) is moved into place when
-/// the database opens: every job there once, a taken one due again, the old tree gone;
-/// and a move cut short (a record in both trees) is finished without a second copy.
+/// An earlier version's queue (records under their store keys, in the tree `jobs`) is
+/// moved when the database opens: every job there once, a taken one due again, a lane's
+/// order kept, the old tree gone. A move cut short is made again whole, and the second
+/// record of a key it leaves is removed.
 #[tokio::test]
-async fn an_earlier_versions_queue_is_moved_into_place() {
+async fn an_earlier_versions_queue_is_moved_when_it_opens() {
     let f = fixture();
     let path = f.dir.path().join("db");
     drop(f.store);
     let mut dead = queued("r:dead");
     dead.dead = Some((START, DeadReason::Refused));
+    let laned = |key: &str| {
+        let mut job = queued(key);
+        job.lane = Some("A".into());
+        job
+    };
+    // A taken job is due again when its take's lease ends; a lane's second job (which
+    // sorts first by key) waits behind its first.
+    let leased = START + 3_600_000;
+    let former = [
+        (
+            "r:waiting",
+            former_record(&queued("r:waiting"), START, 0, 0),
+        ),
+        ("r:taken", former_record(&queued("r:taken"), leased, 7, 0)),
+        ("r:dead", former_record(&dead, 0, 0, 0)),
+        ("r:lane-1", former_record(&laned("r:lane-1"), BEHIND, 0, 6)),
+        ("r:lane-2", former_record(&laned("r:lane-2"), START, 0, 5)),
+    ];
     {
         let db = open_raw(&path).await;
-        let former = db.open_tree("jobs").unwrap();
-        former
-            .insert("r:waiting", former_record(&queued("r:waiting"), 0))
-            .unwrap();
-        former
-            .insert("r:taken", former_record(&queued("r:taken"), 7))
-            .unwrap();
-        former.insert("r:dead", former_record(&dead, 0)).unwrap();
+        let tree = db.open_tree("jobs").unwrap();
+        for (key, record) in &former {
+            tree.insert(key, record.clone()).unwrap();
+        }
         db.flush().unwrap();
     }
     let routes = ["r".to_owned()];
     let store = reopen(&path, &f.clock).await;
     let queue = store.queue().unwrap();
     let counts = queue.counts(&routes).await.unwrap().pop().unwrap();
-    assert_eq!((counts.waiting + counts.retrying, counts.dead), (2, 1));
+    assert_eq!((counts.waiting + counts.retrying, counts.dead), (4, 1));
     assert!(queue.job("r", "r:dead").await.unwrap().is_some());
     let again = queue.enqueue(&queued("r:waiting")).await.unwrap();
-    assert!(matches!(
-        again,
-        dedupe_proxy::store::queue::Enqueued::AlreadyQueued
-    ));
+    assert!(matches!(again, Enqueued::AlreadyQueued));
     let taken = queue.take("r", 10, LEASE).await.unwrap();
     let mut keys: Vec<&str> = taken.iter().map(|taken| taken.job.key.as_str()).collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["r:taken", "r:waiting"], "the taken job is due again");
+    assert_eq!(
+        keys,
+        ["r:lane-2", "r:taken", "r:waiting"],
+        "the taken job is due again, the lane's first alone"
+    );
     drop((taken, queue, store));
 
     {
@@ -632,24 +649,27 @@ async fn an_earlier_versions_queue_is_moved_into_place() {
             !names.iter().any(|name| &**name == b"jobs"),
             "the old tree is gone"
         );
-        assert_eq!(db.open_tree(JOBS).unwrap().len(), 3);
-        // As if the process stopped in the middle of a move: one record in both trees.
-        let former = db.open_tree("jobs").unwrap();
-        former.insert("r:dead", former_record(&dead, 0)).unwrap();
-        former
-            .insert("r:late", former_record(&queued("r:late"), 0))
+        assert_eq!(db.open_tree(JOBS).unwrap().len(), 5);
+        // As if the process stopped in the middle of a move, once it had copied r:dead,
+        // and had not yet copied r:late.
+        let tree = db.open_tree("jobs").unwrap();
+        tree.insert("r:dead", former_record(&dead, 0, 0, 0))
             .unwrap();
+        let late = former_record(&queued("r:late"), START, 0, 0);
+        tree.insert("r:late", late).unwrap();
         db.flush().unwrap();
     }
     let store = reopen(&path, &f.clock).await;
     let queue = store.queue().unwrap();
     let counts = queue.counts(&routes).await.unwrap().pop().unwrap();
-    assert_eq!((counts.waiting + counts.retrying, counts.dead), (3, 1));
+    assert_eq!((counts.waiting + counts.retrying, counts.dead), (5, 1));
     drop((queue, store));
     let db = open_raw(&path).await;
-    assert_eq!(
-        db.open_tree(JOBS).unwrap().len(),
-        4,
-        "no second record of r:dead"
-    );
+    let jobs = db.open_tree(JOBS).unwrap();
+    let dead_records = jobs
+        .iter()
+        .values()
+        .filter(|record| mentions(record.as_ref().unwrap(), "r:dead"))
+        .count();
+    assert_eq!((jobs.len(), dead_records), (6, 1), "one record of r:dead");
 }

@@ -18,11 +18,8 @@ use crate::store::{
 
 /// The delivery queue's trees (see `queue/mod.rs`).
 pub(super) struct QueueTrees {
-    /// The jobs' records, each under its place (a number from `ids`).
+    /// The jobs' records, each under its seq: a number from `ids`, big-endian.
     pub(super) jobs: Tree,
-    /// Where an earlier version kept the records, under their store keys, if it is there:
-    /// moved into `jobs` when the queue mends the database.
-    pub(super) jobs_by_key: Option<Tree>,
     pub(super) paused: Tree,
     /// Numbers the jobs, and the lanes' jobs, in the order they were stored (sled's ids
     /// only grow, also across restarts).
@@ -32,24 +29,58 @@ pub(super) struct QueueTrees {
 /// The trees where an earlier version indexed the queue, now indexed in memory.
 const FORMER_QUEUE_TREES: [&str; 4] = ["jobs_due", "jobs_received", "jobs_dead", "jobs_lanes"];
 
-/// The tree where an earlier version kept the jobs' records under their store keys.
-pub(super) const FORMER_JOBS_TREE: &str = "jobs";
+/// The tree where an earlier version kept the jobs' records, under their store keys.
+const FORMER_JOBS_TREE: &str = "jobs";
 
 impl QueueTrees {
+    /// The queue's trees, with the records of an earlier version's tree `jobs` copied
+    /// over (see [`QueueTrees::copy_former_jobs`]).
     pub(super) fn open(db: &sled::Db) -> Result<QueueTrees, StoreError> {
         for name in FORMER_QUEUE_TREES {
             db.drop_tree(name)?;
         }
-        let by_key = db
-            .tree_names()
-            .iter()
-            .any(|name| &**name == FORMER_JOBS_TREE.as_bytes());
-        Ok(QueueTrees {
-            jobs: db.open_tree("jobs_in_order")?,
-            jobs_by_key: by_key.then(|| db.open_tree(FORMER_JOBS_TREE)).transpose()?,
+        let trees = QueueTrees {
+            jobs: db.open_tree("jobs_by_seq")?,
             paused: db.open_tree("jobs_paused")?,
             ids: db.clone(),
-        })
+        };
+        trees.copy_former_jobs()?;
+        Ok(trees)
+    }
+
+    fn former_jobs(&self) -> Result<Option<Tree>, StoreError> {
+        let names = self.ids.tree_names();
+        if !names
+            .iter()
+            .any(|name| &**name == FORMER_JOBS_TREE.as_bytes())
+        {
+            return Ok(None);
+        }
+        Ok(Some(self.ids.open_tree(FORMER_JOBS_TREE)?))
+    }
+
+    /// Copies each record of an earlier version's tree `jobs` byte for byte to the next
+    /// seq, in the order of their keys. Runs as the database opens, before the sync that
+    /// makes what opening wrote stable; [`QueueTrees::drop_former_jobs`] drops the tree
+    /// after it. A copy cut short is made again whole at the next open, and the queue
+    /// keeps the first record of each key it finds (`queue/mod.rs`).
+    fn copy_former_jobs(&self) -> Result<(), StoreError> {
+        let Some(former) = self.former_jobs()? else {
+            return Ok(());
+        };
+        for stored in former.iter().values() {
+            self.jobs
+                .insert(self.ids.generate_id()?.to_be_bytes(), stored?)?;
+        }
+        Ok(())
+    }
+
+    /// Drops an earlier version's tree `jobs`, once its records' copies are stable.
+    fn drop_former_jobs(&self) -> Result<(), StoreError> {
+        if self.former_jobs()?.is_some() {
+            self.ids.drop_tree(FORMER_JOBS_TREE)?;
+        }
+        Ok(())
     }
 }
 
@@ -111,6 +142,7 @@ impl OpenDatabase {
         let queue = QueueTrees::open(&db)?;
         let syncs = SyncGroup::start(db.clone(), &config.path, &created, counters)
             .map_err(|error| error.context(&format!("data directory {path}")))?;
+        queue.drop_former_jobs()?;
         Ok(OpenDatabase {
             db,
             epochs,

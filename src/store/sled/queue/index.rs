@@ -1,5 +1,5 @@
 //! The embedded store's queue indexes, kept in memory: where each job's record is (its
-//! place), and for each route its jobs by due time, the times they were received, its
+//! seq), and for each route its jobs by due time, the times they were received, its
 //! dead letters by time of death, and its lanes in the order stored, with the route's
 //! counts. Rebuilt from the records whenever the database opens; changed after each
 //! write of a record, under that job's lock.
@@ -14,8 +14,8 @@ use crate::store::Millis;
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(super) struct Filing {
     pub(super) key: Arc<str>,
-    /// Its record's key in the `jobs_in_order` tree.
-    pub(super) place: u64,
+    /// Its record's key in the tree `jobs_by_seq`.
+    pub(super) seq: u64,
     pub(super) state: State,
     pub(super) received_at: Millis,
     /// Its lane and place in it, if it has one.
@@ -41,7 +41,7 @@ pub(super) struct Counts {
 
 #[derive(Default)]
 struct RouteIndex {
-    /// Due time, place, key: jobs due at one time are taken in the order stored.
+    /// Due time, seq, key: of the jobs due at one time, the first stored comes first.
     due: BTreeSet<(Millis, u64, Arc<str>)>,
     /// How many jobs that are not dead were received at each time.
     received: BTreeMap<Millis, u64>,
@@ -65,7 +65,7 @@ impl RouteIndex {
                 self.counts.dead += 1;
             }
             State::Due { at, retrying } => {
-                self.due.insert((at, filing.place, key));
+                self.due.insert((at, filing.seq, key));
                 *self.received.entry(filing.received_at).or_default() += 1;
                 if let Some((lane, place)) = &filing.lane {
                     let first = (Arc::clone(lane), 0, Arc::from(""));
@@ -91,7 +91,7 @@ impl RouteIndex {
                 self.counts.dead = self.counts.dead.saturating_sub(1);
             }
             State::Due { at, retrying } => {
-                self.due.remove(&(at, filing.place, key));
+                self.due.remove(&(at, filing.seq, key));
                 if let Some(count) = self.received.get_mut(&filing.received_at) {
                     *count -= 1;
                     if *count == 0 {
@@ -112,11 +112,11 @@ impl RouteIndex {
     }
 }
 
-/// Every route's indexes, and each job's place.
+/// Every route's indexes, and each job's seq.
 #[derive(Default)]
 pub(super) struct Indexes {
     routes: HashMap<String, RouteIndex>,
-    places: HashMap<Arc<str>, u64>,
+    seqs: HashMap<Arc<str>, u64>,
 }
 
 impl Indexes {
@@ -131,20 +131,20 @@ impl Indexes {
         let index = self.routes.get_mut(route).expect("inserted above");
         if let Some(before) = before {
             index.unfile(before);
-            self.places.remove(&before.key);
+            self.seqs.remove(&before.key);
         }
         if let Some(after) = after {
             index.file(after);
-            self.places.insert(Arc::clone(&after.key), after.place);
+            self.seqs.insert(Arc::clone(&after.key), after.seq);
         }
         if index.is_empty() {
             self.routes.remove(route);
         }
     }
 
-    /// Where the record of the job of `key` is, if one is stored.
-    pub(super) fn place(&self, key: &str) -> Option<u64> {
-        self.places.get(key).copied()
+    /// The seq of the record of the job of `key`, if one is stored.
+    pub(super) fn seq(&self, key: &str) -> Option<u64> {
+        self.seqs.get(key).copied()
     }
 
     /// Up to `limit` keys of `route`'s jobs due at `now` or before, the earliest first
@@ -222,10 +222,11 @@ impl Indexes {
 mod tests {
     use super::*;
 
+    /// A job due at `at`, stored under the seq `at` (the order of most of these tests).
     fn due(key: &str, at: Millis, received_at: Millis) -> Filing {
         Filing {
             key: Arc::from(key),
-            place: at,
+            seq: at,
             state: State::Due {
                 at,
                 retrying: false,
@@ -240,20 +241,12 @@ mod tests {
         let mut indexes = Indexes::default();
         let first = due("r:a", 10, 5);
         let second = due("r:b", 20, 3);
-        let third = Filing {
-            place: 9,
-            ..due("r:z", 20, 3)
-        };
         indexes.refile("r", None, Some(&first));
         indexes.refile("r", None, Some(&second));
         assert_eq!(indexes.due("r", 15, 10), [Arc::from("r:a")]);
-        assert_eq!(indexes.place("r:b"), Some(20));
+        assert_eq!(indexes.seq("r:b"), Some(20));
         assert_eq!(indexes.due("r", 20, 10).len(), 2);
         assert_eq!(indexes.due("r", 20, 1), [Arc::from("r:a")]);
-        indexes.refile("r", None, Some(&third));
-        let due_at_once = indexes.due("r", 20, 10);
-        assert_eq!(due_at_once[1..], [Arc::from("r:z"), Arc::from("r:b")]);
-        indexes.refile("r", Some(&third), None);
         assert_eq!(indexes.counts("r").1, Some(3));
 
         let dead = Filing {
@@ -268,9 +261,27 @@ mod tests {
 
         indexes.refile("r", Some(&first), None);
         indexes.refile("r", Some(&dead), None);
-        assert_eq!(indexes.place("r:a"), None);
+        assert_eq!(indexes.seq("r:a"), None);
         assert!(indexes.routes.is_empty(), "an emptied route is forgotten");
-        assert!(indexes.places.is_empty(), "no place is left behind");
+        assert!(indexes.seqs.is_empty(), "no seq is left behind");
+    }
+
+    #[test]
+    fn of_jobs_due_at_once_the_first_stored_comes_first() {
+        let mut indexes = Indexes::default();
+        let later = Filing {
+            seq: 9,
+            ..due("r:a", 20, 3)
+        };
+        let earlier = Filing {
+            seq: 4,
+            ..due("r:z", 20, 3)
+        };
+        indexes.refile("r", None, Some(&later));
+        indexes.refile("r", None, Some(&earlier));
+        indexes.refile("r", None, Some(&due("r:m", 10, 3)));
+        let keys = [Arc::from("r:m"), Arc::from("r:z"), Arc::from("r:a")];
+        assert_eq!(indexes.due("r", 20, 10), keys);
     }
 
     #[test]

@@ -1,22 +1,19 @@
 //! The delivery queue in the embedded store, in the claims' database.
 //!
-//! On disk, the tree `jobs_in_order` holds each job's record under its place: a number
-//! sled gives the job when it is stored (they only grow, also across restarts). So jobs
-//! stored one after another sit side by side, and an acceptance, a take (which follows
-//! the due order) and a completion touch the tree at its ends, in pages that stay in the
-//! cache, rather than anywhere in a tree of a million records; under their store keys,
-//! a queue of random event IDs read and wrote a page from disk for most changes
-//! (`docs/performance.md`). The record holds the job, when it is due, the token of its
-//! take and its place in its lane; `jobs_paused` holds the routes paused. Every change of
-//! a job is one write of its record. Where each key's record is, and what a take, a
-//! listing and the counts need in order (jobs by due time, the oldest received, dead
-//! letters by time of death, lanes), is indexed in memory (`index.rs`), rebuilt from the
-//! records whenever the database opens, which reads every record anyway to mend what a
-//! crash left: a job taken when the process stopped is due again, and a lane whose first
-//! job went has its next made due. The records an earlier version kept under their store
-//! keys (the tree `jobs`) are moved then, each to a new place. Index trees cost two more
-//! sled writes per change (`docs/performance.md`); the memory costs about 120 bytes a job
-//! queued or dead, plus its key.
+//! On disk, the tree `jobs_by_seq` holds each job's record under its seq: a number sled
+//! gives the job as it is stored (they only grow, also across restarts). So an
+//! acceptance writes at the tree's end, and takes and completions, which mostly follow
+//! the order stored, work near its front, in pages that stay in sled's cache. The record
+//! holds the job, when it is due, the token of its take and its place in its lane;
+//! `jobs_paused` holds the routes paused. Every change of a job is one write of its
+//! record.
+//!
+//! Each key's seq, and what a take, a listing and the counts need in order (jobs by due
+//! time, the oldest received, dead letters by time of death, lanes), is indexed in
+//! memory (`index.rs`; index trees cost two more sled writes per change,
+//! `docs/performance.md`), rebuilt from the records whenever the database opens, which
+//! reads every record anyway to mend what a crash left: a job taken when the process
+//! stopped is due again, and a lane whose first job went has its next made due.
 //!
 //! A job changes under its key's lock (one of [`KEY_LOCKS`] the keys share), from the
 //! read of its record to the change of the indexes after the write, so that the indexes
@@ -45,14 +42,20 @@ use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use self::index::{Filing, Indexes, State};
-use super::database::{Database, FORMER_JOBS_TREE, OpenDatabase, QueueTrees};
+use super::database::{Database, OpenDatabase, QueueTrees};
 use crate::store::queue::{
     BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
     parse_dead_cursor,
 };
 use crate::store::{Clock, Millis, StoreError, millis};
 
-/// A job as the `jobs` tree keeps it.
+/// The most bytes postcard writes for a length (a varint of up to 2^28).
+const LENGTH_BYTES: usize = 4;
+/// Room for a record's fields besides its request's, as most are: the key, route and
+/// lane, the times, counts, a few attempts.
+const OTHER_FIELDS_BYTES: usize = 512;
+
+/// A job as the tree `jobs_by_seq` keeps it, under its seq.
 #[derive(Clone, Serialize, Deserialize)]
 struct Record {
     due_at: Millis,
@@ -65,14 +68,15 @@ struct Record {
 
 impl Record {
     fn encode(&self) -> Result<Vec<u8>, StoreError> {
-        // Sized for the request once, rather than grown by doubling as it is written.
+        // Sized once for the request, its bytes with room for each length written before
+        // them and for the other fields, rather than grown by doubling as it is written.
         let request = &self.job.request;
         let headers: usize = request
             .headers
             .iter()
-            .map(|(name, value)| name.len() + value.len() + 4)
+            .map(|(name, value)| name.len() + value.len() + 2 * LENGTH_BYTES)
             .sum();
-        let capacity = 256 + request.target.len() + headers + request.body.len();
+        let capacity = OTHER_FIELDS_BYTES + request.target.len() + headers + request.body.len();
         postcard::to_extend(self, Vec::with_capacity(capacity))
             .map_err(|error| StoreError::of("sled", error))
     }
@@ -82,8 +86,8 @@ impl Record {
             .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
     }
 
-    /// Where the indexes file it, stored at `place`.
-    fn filing(&self, place: u64) -> Filing {
+    /// Where the indexes file it, stored under `seq`.
+    fn filing(&self, seq: u64) -> Filing {
         let job = &self.job;
         let state = match job.dead {
             Some((since, _)) => State::Dead { since },
@@ -94,7 +98,7 @@ impl Record {
         };
         Filing {
             key: Arc::from(job.key.as_str()),
-            place,
+            seq,
             state,
             received_at: job.received_at,
             lane: job
@@ -111,10 +115,10 @@ enum Changed {
     Removed,
 }
 
-/// A stored record as the queue mends it at open: a job taken when the process stopped
-/// is due now (its attempt was cut off); whether that changed it. `None` for a record
+/// A stored record as the queue reads it at open: a job taken when the process stopped
+/// is due now (its attempt was cut off); and whether it was taken. `None` for a record
 /// that does not read, which is left alone.
-fn mended(bytes: &[u8], now: Millis) -> Option<(Record, bool)> {
+fn read_at_open(bytes: &[u8], now: Millis) -> Option<(Record, bool)> {
     let mut record = match Record::read(bytes) {
         Ok(record) => record,
         Err(error) => {
@@ -191,32 +195,32 @@ impl SledQueue {
     }
 
     /// Reads every record into the indexes, and mends what a crash left: the jobs taken
-    /// when it came made due now (their attempts were cut off), and each lane's first job
-    /// made due. Moves the records an earlier version kept under their store keys. Blocks
-    /// on disk I/O, for every job.
+    /// when it came made due now (their attempts were cut off), each lane's first job
+    /// made due, and a second record of a key removed (the first stored is kept): a copy
+    /// of an earlier version's records cut short and made again leaves one
+    /// (`database.rs`), and two would deliver the job twice. Blocks on disk I/O, for
+    /// every job.
     fn mend(&self, trees: &QueueTrees) -> Result<(), StoreError> {
         let mut indexes = Indexes::default();
         let now = self.clock.now();
         for stored in trees.jobs.iter() {
             let (key, bytes) = stored?;
-            let Some(place) = <[u8; 8]>::try_from(&*key).ok().map(u64::from_be_bytes) else {
-                tracing::error!("a queued job under a key that is no place is left alone");
+            let Some(seq) = <[u8; 8]>::try_from(&*key).ok().map(u64::from_be_bytes) else {
+                tracing::error!("a queued job under a key that is no seq is left alone");
                 continue;
             };
-            let Some((record, changed)) = mended(&bytes, now) else {
+            let Some((record, was_taken)) = read_at_open(&bytes, now) else {
                 continue;
             };
-            if indexes.place(&record.job.key).is_some() {
-                tracing::error!("a second queued record of one key is left alone");
+            if indexes.seq(&record.job.key).is_some() {
+                tracing::warn!("a second record of a queued job is removed");
+                trees.jobs.remove(key)?;
                 continue;
             }
-            if changed {
+            if was_taken {
                 trees.jobs.insert(key, record.encode()?)?;
             }
-            indexes.refile(&record.job.route, None, Some(&record.filing(place)));
-        }
-        if let Some(by_key) = &trees.jobs_by_key {
-            self.move_records_by_key(trees, by_key, &mut indexes, now)?;
+            indexes.refile(&record.job.route, None, Some(&record.filing(seq)));
         }
         let lanes = indexes.lanes();
         *self.indexes.lock() = indexes;
@@ -224,33 +228,6 @@ impl SledQueue {
             let _lane = self.lane_lock(&route, Some(&lane));
             self.promote_first(trees, &route, &lane)?;
         }
-        Ok(())
-    }
-
-    /// Moves each record an earlier version kept under its store key to a place of its
-    /// own, mended as [`SledQueue::mend`] does, then drops the tree, synced. A record
-    /// already moved (the process stopped in the middle) is only removed.
-    fn move_records_by_key(
-        &self,
-        trees: &QueueTrees,
-        by_key: &sled::Tree,
-        indexes: &mut Indexes,
-        now: Millis,
-    ) -> Result<(), StoreError> {
-        for stored in by_key.iter() {
-            let (key, bytes) = stored?;
-            if let Some((record, _)) = mended(&bytes, now)
-                && indexes.place(&record.job.key).is_none()
-            {
-                let place = trees.ids.generate_id()?;
-                trees.jobs.insert(place.to_be_bytes(), record.encode()?)?;
-                indexes.refile(&record.job.route, None, Some(&record.filing(place)));
-            }
-            by_key.remove(key)?;
-        }
-        trees.ids.flush()?;
-        trees.ids.drop_tree(FORMER_JOBS_TREE)?;
-        trees.ids.flush()?;
         Ok(())
     }
 
@@ -318,24 +295,24 @@ impl SledQueue {
         change: impl FnOnce(Record) -> Result<Option<Record>, ()>,
     ) -> Result<Option<Changed>, StoreError> {
         let _key = shard(&self.key_locks, key);
-        let Some(place) = self.indexes.lock().place(key) else {
+        let Some(seq) = self.indexes.lock().seq(key) else {
             return Ok(None);
         };
-        let Some(bytes) = trees.jobs.get(place.to_be_bytes())? else {
+        let Some(bytes) = trees.jobs.get(seq.to_be_bytes())? else {
             return Ok(None);
         };
         let Ok(before) = Record::read(&bytes) else {
             return Ok(None);
         };
-        let (route, filed) = (before.job.route.clone(), before.filing(place));
+        let (route, filed) = (before.job.route.clone(), before.filing(seq));
         let Ok(after) = change(before) else {
             return Ok(None);
         };
         match &after {
-            Some(record) => trees.jobs.insert(place.to_be_bytes(), record.encode()?)?,
-            None => trees.jobs.remove(place.to_be_bytes())?,
+            Some(record) => trees.jobs.insert(seq.to_be_bytes(), record.encode()?)?,
+            None => trees.jobs.remove(seq.to_be_bytes())?,
         };
-        let refiled = after.as_ref().map(|record| record.filing(place));
+        let refiled = after.as_ref().map(|record| record.filing(seq));
         self.indexes
             .lock()
             .refile(&route, Some(&filed), refiled.as_ref());
@@ -346,10 +323,10 @@ impl SledQueue {
 
     /// The record of the job of `key`, if one is stored and reads.
     fn record(&self, trees: &QueueTrees, key: &str) -> Result<Option<Record>, StoreError> {
-        let Some(place) = self.indexes.lock().place(key) else {
+        let Some(seq) = self.indexes.lock().seq(key) else {
             return Ok(None);
         };
-        Ok(match trees.jobs.get(place.to_be_bytes())? {
+        Ok(match trees.jobs.get(seq.to_be_bytes())? {
             Some(bytes) => Record::read(&bytes).ok(),
             None => None,
         })
@@ -410,25 +387,29 @@ impl SledQueue {
     }
 
     /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs,
-    /// at the next place (also its place in its lane).
+    /// under the next seq (also its place in its lane). Whether one is there is read from
+    /// the disk when the indexes say so: they are not trusted to refuse a job.
     fn store_new(&self, trees: &QueueTrees, job: &Job) -> Result<Enqueued, StoreError> {
         let _lane = self.lane_lock(&job.route, job.lane.as_deref());
         let _key = shard(&self.key_locks, job.key.as_str());
-        if self.indexes.lock().place(&job.key).is_some() {
+        let indexed = self.indexes.lock().seq(&job.key);
+        if let Some(seq) = indexed
+            && trees.jobs.contains_key(seq.to_be_bytes())?
+        {
             return Ok(Enqueued::AlreadyQueued);
         }
-        let place = trees.ids.generate_id()?;
+        let seq = trees.ids.generate_id()?;
         let record = Record {
             due_at: self.due_in_lane(&job.route, job.lane.as_deref(), self.clock.now()),
             token: 0,
             takes: 0,
-            lane_place: if job.lane.is_some() { place } else { 0 },
+            lane_place: if job.lane.is_some() { seq } else { 0 },
             job: job.clone(),
         };
-        trees.jobs.insert(place.to_be_bytes(), record.encode()?)?;
+        trees.jobs.insert(seq.to_be_bytes(), record.encode()?)?;
         self.indexes
             .lock()
-            .refile(&job.route, None, Some(&record.filing(place)));
+            .refile(&job.route, None, Some(&record.filing(seq)));
         Ok(Enqueued::Stored)
     }
 }
@@ -559,7 +540,7 @@ impl DeliveryQueue for SledQueue {
             return Ok(false);
         };
         let revived = self.on_database(|trees| {
-            // A job of a lane goes to the end of it.
+            // A job of a lane goes to the end of it; its record keeps its seq.
             let _lane = self.lane_lock(route, dead.lane.as_deref());
             let now = self.clock.now();
             let due_at = self.due_in_lane(route, dead.lane.as_deref(), now);
