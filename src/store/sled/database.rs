@@ -3,10 +3,12 @@
 //! failure (sled keeps its first I/O error), and synced to stable storage in groups
 //! (`durable.rs`).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::RwLock;
+use sha2::{Digest, Sha256};
 use sled::Tree;
 
 use super::durable::{SyncCounters, SyncGroup, forget_cached, missing_directories};
@@ -60,17 +62,25 @@ impl QueueTrees {
     }
 
     /// Copies each record of an earlier version's tree `jobs` byte for byte to the next
-    /// seq, in the order of their keys. Runs as the database opens, before the sync that
+    /// seq, in the order of their keys, unless a record of the same bytes is there (a
+    /// copy cut short by a failed open). Runs as the database opens, before the sync that
     /// makes what opening wrote stable; [`QueueTrees::drop_former_jobs`] drops the tree
-    /// after it. A copy cut short is made again whole at the next open, and the queue
-    /// keeps the first record of each key it finds (`queue/mod.rs`).
+    /// after it. Byte for byte, so that a record this version does not read is kept too.
     fn copy_former_jobs(&self) -> Result<(), StoreError> {
         let Some(former) = self.former_jobs()? else {
             return Ok(());
         };
+        let digest = |bytes: &[u8]| <[u8; 32]>::from(Sha256::digest(bytes));
+        let mut copied = HashSet::new();
+        for stored in self.jobs.iter().values() {
+            copied.insert(digest(&stored?));
+        }
         for stored in former.iter().values() {
-            self.jobs
-                .insert(self.ids.generate_id()?.to_be_bytes(), stored?)?;
+            let stored = stored?;
+            if copied.insert(digest(&stored)) {
+                self.jobs
+                    .insert(self.ids.generate_id()?.to_be_bytes(), stored)?;
+            }
         }
         Ok(())
     }
@@ -361,5 +371,32 @@ pub(super) fn reopen_in_background(
         });
     if let Err(error) = spawned {
         tracing::error!(%error, "cannot start the thread that reopens the store");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_versions_records_are_copied_once_however_often_the_copy_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::open(dir.path()).unwrap();
+        let former = db.open_tree(FORMER_JOBS_TREE).unwrap();
+        for key in ["r:b", "r:a"] {
+            former
+                .insert(key, format!("the record of {key}").as_bytes())
+                .unwrap();
+        }
+        // An open that stopped after the copy, before the drop, and the next one.
+        QueueTrees::open(&db).unwrap();
+        let trees = QueueTrees::open(&db).unwrap();
+        let copied: Vec<sled::IVec> = trees.jobs.iter().values().map(Result::unwrap).collect();
+        assert_eq!(
+            copied,
+            [&b"the record of r:a"[..], &b"the record of r:b"[..]]
+        );
+        trees.drop_former_jobs().unwrap();
+        assert!(trees.former_jobs().unwrap().is_none());
     }
 }

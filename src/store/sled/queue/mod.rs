@@ -195,11 +195,11 @@ impl SledQueue {
     }
 
     /// Reads every record into the indexes, and mends what a crash left: the jobs taken
-    /// when it came made due now (their attempts were cut off), each lane's first job
-    /// made due, and a second record of a key removed (the first stored is kept): a copy
-    /// of an earlier version's records cut short and made again leaves one
-    /// (`database.rs`), and two would deliver the job twice. Blocks on disk I/O, for
-    /// every job.
+    /// when it came made due now (their attempts were cut off), and each lane's first job
+    /// made due. Of two records of a key, the first stored is the job: a second the same
+    /// is removed (two would deliver the job twice), one that differs is left alone and
+    /// reported (neither is known to be the right one). Blocks on disk I/O, for every
+    /// job.
     fn mend(&self, trees: &QueueTrees) -> Result<(), StoreError> {
         let mut indexes = Indexes::default();
         let now = self.clock.now();
@@ -212,9 +212,17 @@ impl SledQueue {
             let Some((record, was_taken)) = read_at_open(&bytes, now) else {
                 continue;
             };
-            if indexes.seq(&record.job.key).is_some() {
-                tracing::warn!("a second record of a queued job is removed");
-                trees.jobs.remove(key)?;
+            if let Some(first) = indexes.seq(&record.job.key) {
+                let first = trees.jobs.get(first.to_be_bytes())?;
+                let encoded = record.encode()?;
+                if first.is_some_and(|first| *first == *encoded) {
+                    tracing::warn!("a second copy of a queued job's record is removed");
+                    trees.jobs.remove(key)?;
+                } else {
+                    tracing::error!(
+                        "a queued job has two records that differ: the second is left alone, undelivered"
+                    );
+                }
                 continue;
             }
             if was_taken {
@@ -387,16 +395,20 @@ impl SledQueue {
     }
 
     /// Stores `job` unless a job of its key is there, due now or behind the lane's jobs,
-    /// under the next seq (also its place in its lane). Whether one is there is read from
-    /// the disk when the indexes say so: they are not trusted to refuse a job.
+    /// under the next seq (also its place in its lane). A job is refused as queued only
+    /// once its record is found on disk: indexes that name a record the disk does not
+    /// hold fail the call, which reopens the database and rebuilds them.
     fn store_new(&self, trees: &QueueTrees, job: &Job) -> Result<Enqueued, StoreError> {
         let _lane = self.lane_lock(&job.route, job.lane.as_deref());
         let _key = shard(&self.key_locks, job.key.as_str());
         let indexed = self.indexes.lock().seq(&job.key);
-        if let Some(seq) = indexed
-            && trees.jobs.contains_key(seq.to_be_bytes())?
-        {
-            return Ok(Enqueued::AlreadyQueued);
+        if let Some(seq) = indexed {
+            if trees.jobs.contains_key(seq.to_be_bytes())? {
+                return Ok(Enqueued::AlreadyQueued);
+            }
+            return Err(StoreError::Backend(
+                "the queue's indexes name a job that is not on disk".into(),
+            ));
         }
         let seq = trees.ids.generate_id()?;
         let record = Record {
