@@ -56,7 +56,7 @@ const LENGTH_BYTES: usize = 4;
 const OTHER_FIELDS_BYTES: usize = 512;
 
 /// A job as the tree `jobs_by_seq` keeps it, under its seq.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct Record {
     due_at: Millis,
     token: u64,
@@ -303,13 +303,7 @@ impl SledQueue {
         change: impl FnOnce(Record) -> Result<Option<Record>, ()>,
     ) -> Result<Option<Changed>, StoreError> {
         let _key = shard(&self.key_locks, key);
-        let Some(seq) = self.indexes.lock().seq(key) else {
-            return Ok(None);
-        };
-        let Some(bytes) = trees.jobs.get(seq.to_be_bytes())? else {
-            return Ok(None);
-        };
-        let Ok(before) = Record::read(&bytes) else {
+        let Some((seq, before)) = self.stored(trees, key)? else {
             return Ok(None);
         };
         let (route, filed) = (before.job.route.clone(), before.filing(seq));
@@ -329,13 +323,13 @@ impl SledQueue {
         })))
     }
 
-    /// The record of the job of `key`, if one is stored and reads.
-    fn record(&self, trees: &QueueTrees, key: &str) -> Result<Option<Record>, StoreError> {
+    /// The record of the job of `key` and its seq, if one is stored and reads.
+    fn stored(&self, trees: &QueueTrees, key: &str) -> Result<Option<(u64, Record)>, StoreError> {
         let Some(seq) = self.indexes.lock().seq(key) else {
             return Ok(None);
         };
         Ok(match trees.jobs.get(seq.to_be_bytes())? {
-            Some(bytes) => Record::read(&bytes).ok(),
+            Some(bytes) => Record::read(&bytes).ok().map(|record| (seq, record)),
             None => None,
         })
     }
@@ -503,7 +497,7 @@ impl DeliveryQueue for SledQueue {
 
     async fn job(&self, route: &str, key: &str) -> Result<Option<Job>, StoreError> {
         self.on_database(|trees| {
-            let record = self.record(trees, key)?;
+            let record = self.stored(trees, key)?.map(|(_, record)| record);
             Ok(record
                 .map(|record| record.job)
                 .filter(|job| job.route == route))
@@ -532,7 +526,7 @@ impl DeliveryQueue for SledQueue {
                         page.next = page.jobs.last().map(dead_cursor);
                         return Ok(page);
                     }
-                    let job = self.record(trees, &key)?.map(|record| record.job);
+                    let job = self.stored(trees, &key)?.map(|(_, record)| record.job);
                     // One revived, discarded or dead again since it was listed is passed
                     // over here.
                     page.jobs.extend(job.filter(|job| {
