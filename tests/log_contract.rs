@@ -244,3 +244,102 @@ async fn a_postgres_log_of_an_earlier_version_reads_on() {
     );
     assert_eq!(keys(&*log, None, 30).await, ["new-b", "new-a"]);
 }
+
+/// A Redis log an earlier version wrote, a stream entry per delivery, reads on beside the
+/// batches written after; trimming by count counts a batch's entries, and leaves the
+/// earlier entries until the batches after them hold the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_log_of_an_earlier_version_reads_on() {
+    use dedupe_proxy::store::redis::RedisStore;
+
+    if !support::service_available("Redis", 6379).await {
+        return;
+    }
+    let prefix = "dedupe-log-upgrade:";
+    let stream = format!("{prefix}deliveries");
+    let client = redis::Client::open(support::REDIS_URL).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let batches = format!("{prefix}deliveries_batches{{{stream}}}");
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(&batches)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    for key in ["old-a", "old-b"] {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("e")
+            .arg(entry(key).encode())
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    let config = dedupe_proxy::config::RedisConfig {
+        prefix: prefix.into(),
+        ..support::plain_redis_config()
+    };
+    let store = RedisStore::connect(&config, None).await.unwrap();
+    let log = dedupe_proxy::store::ClaimStore::delivery_log(&store).unwrap();
+    let first = log
+        .append(&[entry("new-a"), entry("new-b"), entry("new-c")])
+        .await
+        .unwrap();
+    assert_eq!(first[0].0, first[2].0, "one stream entry for the batch");
+    let stream_length: u64 = redis::cmd("XLEN")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(stream_length, 3, "two entries of before, one batch");
+    let second = log.append(&[entry("new-d")]).await.unwrap();
+    assert_eq!(
+        keys(&*log, None, 10).await,
+        ["new-d", "new-c", "new-b", "new-a", "old-b", "old-a"]
+    );
+    assert_eq!(keys(&*log, Some(first[1]), 2).await, ["new-a", "old-b"]);
+    let read = log.read(None, 10).await.unwrap();
+    let old_b = read[4].0;
+    assert_eq!(
+        log.get(old_b).await.unwrap().unwrap().key.as_deref(),
+        Some("old-b")
+    );
+    assert_eq!(log.get(LogId(old_b.0, old_b.1 + 1)).await.unwrap(), None);
+    assert_eq!(
+        log.get(first[2]).await.unwrap().unwrap().key.as_deref(),
+        Some("new-c")
+    );
+
+    // Batches go whole: the newest two are in the last two batches, so all stay.
+    assert_eq!(log.trim(0, 6).await.unwrap(), 0);
+    assert_eq!(log.trim(0, 2).await.unwrap(), 0);
+    assert_eq!(keys(&*log, None, 10).await.len(), 6);
+    // The newest one: the batch of three goes with what came before it (five entries).
+    assert_eq!(log.trim(0, 1).await.unwrap(), 5);
+    assert_eq!(keys(&*log, None, 10).await, ["new-d"]);
+    assert_eq!(
+        log.get(second[0]).await.unwrap().unwrap().key.as_deref(),
+        Some("new-d")
+    );
+
+    // By age, a batch's entries are counted, and its member goes with it.
+    log.append(&[entry("late-a"), entry("late-b")])
+        .await
+        .unwrap();
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(&batches)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(members, 2);
+    assert_eq!(log.trim(u64::MAX, 100).await.unwrap(), 3);
+    assert!(log.read(None, 10).await.unwrap().is_empty());
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(&batches)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(members, 0);
+}

@@ -1,5 +1,5 @@
-//! A chunk: one batch of the delivery log's entries as one value, as sled's files and
-//! PostgreSQL's rows keep it. Its header (the encoding's version, how many entries, the
+//! A chunk: one batch of the delivery log's entries as one value, as sled's files,
+//! PostgreSQL's rows and Redis's stream entries keep it. Its header (the encoding's version, how many entries, the
 //! newest entry's time), then each entry, its length and its encoding.
 
 use crate::store::Millis;
@@ -7,12 +7,12 @@ use crate::store::log::{LogId, LoggedDelivery};
 
 /// A chunk's first byte, its version; both are read, in the same layout. sled's files
 /// keep writing 1, which an earlier version reads (and would remove, not reading it,
-/// after a rollback). PostgreSQL's rows are 2, no entry's encoding: an earlier version,
-/// which reads each row as one entry, passes a chunk over.
+/// after a rollback). PostgreSQL's rows and Redis's stream entries are 2, no entry's
+/// encoding: an earlier version, which read each row as one entry, passes a chunk over.
 #[derive(Clone, Copy)]
 pub(crate) enum ChunkVersion {
     Files = 1,
-    Rows = 2,
+    Batches = 2,
 }
 const HEADER: usize = 1 + 4 + 8;
 
@@ -24,7 +24,7 @@ struct Header {
 
 impl Header {
     fn read(chunk: &[u8]) -> Option<Header> {
-        let versions = [ChunkVersion::Files as u8, ChunkVersion::Rows as u8];
+        let versions = [ChunkVersion::Files as u8, ChunkVersion::Batches as u8];
         if chunk.len() < HEADER || !versions.contains(&chunk[0]) {
             return None;
         }
@@ -78,18 +78,19 @@ pub(crate) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
     entries
 }
 
-/// Adds the entries of the chunk numbered `number` (as [`decode_chunk`] reads them) that
-/// were stored before `before`, newest first, to `found` until it holds `limit`; returns
-/// whether it does. Entries that do not read are passed over.
+/// Adds the entries of a chunk (as [`decode_chunk`] reads them), the first of which is
+/// `first` and each next one more, that were stored before `before`, newest first, to
+/// `found` until it holds `limit`; returns whether it does. Entries that do not read are
+/// passed over.
 pub(crate) fn newest_first(
-    number: u64,
+    first: LogId,
     entries: Vec<Option<LoggedDelivery>>,
     before: Option<LogId>,
     limit: usize,
     found: &mut Vec<(LogId, LoggedDelivery)>,
 ) -> bool {
     for (place, entry) in entries.into_iter().enumerate().rev() {
-        let id = LogId(number, place as u64);
+        let id = LogId(first.0, first.1 + place as u64);
         if before.is_some_and(|before| id >= before) {
             continue;
         }
@@ -121,7 +122,7 @@ mod tests {
             LoggedDelivery::sample("a", 10, 0),
             LoggedDelivery::sample("b", 30, 3),
         ];
-        for version in [ChunkVersion::Files, ChunkVersion::Rows] {
+        for version in [ChunkVersion::Files, ChunkVersion::Batches] {
             let chunk = encode_chunk(version, &entries);
             assert_eq!(summary(&chunk), (2, 30));
             let read: Vec<_> = decode_chunk(&chunk).into_iter().flatten().collect();
@@ -129,7 +130,7 @@ mod tests {
         }
         // A version that reads a PostgreSQL row as one entry passes a chunk over: its
         // first byte is no entry's.
-        let mut row = encode_chunk(ChunkVersion::Rows, &entries);
+        let mut row = encode_chunk(ChunkVersion::Batches, &entries);
         assert_ne!(row[0], entries[0].encode()[0]);
         assert_eq!(LoggedDelivery::decode(&row), None);
         row[0] = 9;

@@ -19,8 +19,8 @@ use super::error::StoreError;
 use super::time::Millis;
 
 /// Where an entry stands in its log: sled's chunk and place in it, Redis's stream ID
-/// (milliseconds and sequence), PostgreSQL's row and place in its chunk (0 for a row of an
-/// earlier version). Ordered as stored.
+/// (milliseconds, and sequence and place in its batch), PostgreSQL's row and place in its
+/// chunk (0 for a row of an earlier version). Ordered as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LogId(pub u64, pub u64);
 
@@ -285,8 +285,8 @@ pub trait DeliveryLog: Send + Sync + 'static {
     async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError>;
 
     /// Removes the entries stored before `older_than`, then the oldest beyond the newest
-    /// `keep` (sled and PostgreSQL remove whole batches, so a few more may stay; Redis is
-    /// exact). Returns how many were removed, where the store tells.
+    /// `keep` (whole batches, so a few more may stay). Returns how many were removed,
+    /// where the store tells.
     async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError>;
 }
 

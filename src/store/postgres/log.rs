@@ -171,7 +171,7 @@ impl DeliveryLog for PostgresLog {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let chunk = encode_chunk(ChunkVersion::Rows, entries);
+        let chunk = encode_chunk(ChunkVersion::Batches, entries);
         let (count, newest_at) = summary(&chunk);
         let count = i32::try_from(count).unwrap_or(i32::MAX);
         let rows = self
@@ -209,7 +209,7 @@ impl DeliveryLog for PostgresLog {
                 .await?;
             for row in &rows {
                 let id = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-                if newest_first(id, entries_of(row), before, limit, &mut found) {
+                if newest_first(LogId(id, 0), entries_of(row), before, limit, &mut found) {
                     return Ok(found);
                 }
             }

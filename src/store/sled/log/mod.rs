@@ -128,7 +128,13 @@ impl DeliveryLog for FileLog {
                 .filter(|&(number, _)| number >= views.trimmed_before && number <= end)
                 .collect();
             for (number, chunk) in frames.into_iter().rev() {
-                if newest_first(number, decode_chunk(chunk), before, limit, &mut found) {
+                if newest_first(
+                    LogId(number, 0),
+                    decode_chunk(chunk),
+                    before,
+                    limit,
+                    &mut found,
+                ) {
                     return Ok(found);
                 }
             }
