@@ -246,8 +246,8 @@ async fn a_postgres_log_of_an_earlier_version_reads_on() {
 }
 
 /// A Redis log an earlier version wrote, a stream entry per delivery, reads on beside the
-/// batches written after; trimming by count counts a batch's entries, and leaves the
-/// earlier entries until the batches after them hold the count.
+/// batches written after; trimming counts a batch's entries, removes their members from
+/// the sorted set, and by count leaves the earlier entries until a batch after them goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_log_of_an_earlier_version_reads_on() {
     use dedupe_proxy::store::redis::RedisStore;
@@ -267,14 +267,7 @@ async fn a_redis_log_of_an_earlier_version_reads_on() {
         .await
         .unwrap();
     for key in ["old-a", "old-b"] {
-        let _: String = redis::cmd("XADD")
-            .arg(&stream)
-            .arg("*")
-            .arg("e")
-            .arg(entry(key).encode())
-            .query_async(&mut redis)
-            .await
-            .unwrap();
+        old_entry(&mut redis, &stream, key).await;
     }
 
     let config = dedupe_proxy::config::RedisConfig {
@@ -324,22 +317,75 @@ async fn a_redis_log_of_an_earlier_version_reads_on() {
         Some("new-d")
     );
 
-    // By age, a batch's entries are counted, and its member goes with it.
+    // An earlier version's replica still logging between batches (a rolling upgrade):
+    // read in the order stored, and trimmed by age, counted one each.
     log.append(&[entry("late-a"), entry("late-b")])
         .await
         .unwrap();
-    let members: u64 = redis::cmd("ZCARD")
-        .arg(&batches)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(members, 2);
-    assert_eq!(log.trim(u64::MAX, 100).await.unwrap(), 3);
+    old_entry(&mut redis, &stream, "old-c").await;
+    log.append(&[entry("late-c")]).await.unwrap();
+    assert_eq!(
+        keys(&*log, None, 10).await,
+        ["late-c", "old-c", "late-b", "late-a", "new-d"]
+    );
+    assert_eq!(members(&mut redis, &batches).await, 3);
+    // Half way by time: what was stored before goes, counted, members too.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let cutoff = now();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    log.append(&[entry("later")]).await.unwrap();
+    assert_eq!(log.trim(cutoff, 100).await.unwrap(), 5);
+    assert_eq!(keys(&*log, None, 10).await, ["later"]);
+    assert_eq!(members(&mut redis, &batches).await, 1);
+    assert_eq!(log.trim(cutoff, 100).await.unwrap(), 0, "nothing twice");
+
+    // Many batches, trimmed by age at any point of them: the count is exact.
+    let mut ids = Vec::new();
+    for n in 0..150 {
+        ids.push(log.append(&[entry(&format!("m{n}"))]).await.unwrap()[0]);
+    }
+    let cutoff = ids[117].0;
+    let stored_before = ids.iter().filter(|id| id.0 < cutoff).count() as u64;
+    assert_eq!(log.trim(cutoff, 1000).await.unwrap(), 1 + stored_before);
+    assert_eq!(members(&mut redis, &batches).await, 150 - stored_before);
+
+    // Stream entries that do not read (a later version's, after a rollback) are passed
+    // over, and a read looks at no more of them than an entry each would take.
+    for _ in 0..20 {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("x")
+            .arg("not a batch")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    assert!(log.read(None, 5).await.unwrap().is_empty(), "six looked at");
+    assert_eq!(keys(&*log, None, 22).await, ["m149", "m148", "m147"]);
+
+    let left = 150 - stored_before + 20;
+    assert_eq!(log.trim(u64::MAX, 100).await.unwrap(), left);
     assert!(log.read(None, 10).await.unwrap().is_empty());
-    let members: u64 = redis::cmd("ZCARD")
-        .arg(&batches)
-        .query_async(&mut redis)
+    assert_eq!(members(&mut redis, &batches).await, 0);
+}
+
+/// Logs `key` as an earlier version did: a stream entry of its own, field `e`.
+async fn old_entry(redis: &mut redis::aio::MultiplexedConnection, stream: &str, key: &str) {
+    let _: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("e")
+        .arg(entry(key).encode())
+        .query_async(redis)
         .await
         .unwrap();
-    assert_eq!(members, 0);
+}
+
+async fn members(redis: &mut redis::aio::MultiplexedConnection, batches: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(batches)
+        .query_async(redis)
+        .await
+        .unwrap()
 }

@@ -1,14 +1,18 @@
 //! A chunk: one batch of the delivery log's entries as one value, as sled's files,
-//! PostgreSQL's rows and Redis's stream entries keep it. Its header (the encoding's version, how many entries, the
+//! PostgreSQL's rows and Redis's stream entries keep it, and the reading of batches
+//! newest first that the shared stores do alike. Its header (the encoding's version, how many entries, the
 //! newest entry's time), then each entry, its length and its encoding.
 
-use crate::store::Millis;
+use std::future::Future;
+
 use crate::store::log::{LogId, LoggedDelivery};
+use crate::store::{Millis, StoreError};
 
 /// A chunk's first byte, its version; both are read, in the same layout. sled's files
 /// keep writing 1, which an earlier version reads (and would remove, not reading it,
 /// after a rollback). PostgreSQL's rows and Redis's stream entries are 2, no entry's
-/// encoding: an earlier version, which read each row as one entry, passes a chunk over.
+/// encoding: an earlier version, which read each row as one entry, passes a chunk over
+/// (an earlier Redis version reads only the field `e`, which a batch does not have).
 #[derive(Clone, Copy)]
 pub(crate) enum ChunkVersion {
     Files = 1,
@@ -59,23 +63,78 @@ pub(crate) fn encode_chunk(version: ChunkVersion, entries: &[LoggedDelivery]) ->
     chunk
 }
 
+/// The encodings of a chunk's entries, in order, up to the first whose length the bytes
+/// do not hold.
+fn encodings(chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = chunk.get(HEADER..).unwrap_or_default();
+    std::iter::from_fn(move || {
+        let length = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let encoded = rest.get(4..4 + length)?;
+        rest = &rest[4 + length..];
+        Some(encoded)
+    })
+}
+
 /// A chunk's entries, each with its place; one that does not read is `None`.
 pub(crate) fn decode_chunk(chunk: &[u8]) -> Vec<Option<LoggedDelivery>> {
     let Some(header) = Header::read(chunk) else {
         return Vec::new();
     };
-    let mut rest = &chunk[HEADER..];
     // The count as written, up to what the bytes can hold (each entry takes 5 or more).
-    let mut entries = Vec::with_capacity((header.entries as usize).min(rest.len() / 5));
-    while rest.len() >= 4 {
-        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let Some(encoded) = rest.get(4..4 + length) else {
+    let mut entries = Vec::with_capacity((header.entries as usize).min(chunk.len() / 5));
+    entries.extend(encodings(chunk).map(LoggedDelivery::decode));
+    entries
+}
+
+/// The entry at `place` in a chunk, decoding no other.
+pub(crate) fn entry_at(chunk: &[u8], place: u64) -> Option<LoggedDelivery> {
+    Header::read(chunk)?;
+    let place = usize::try_from(place).ok()?;
+    encodings(chunk).nth(place).and_then(LoggedDelivery::decode)
+}
+
+/// A batch as a store read it: its first entry's id (each next entry's is one more) and
+/// its entries, `None` for one that does not read.
+pub(crate) type Batch = (LogId, Vec<Option<LoggedDelivery>>);
+
+/// Up to `limit` entries stored before `before` (from the newest when none), newest
+/// first, from the batches `fetch(after, most)` reads, newest first, at most `most` at a
+/// time: with `after` none, from the one `before` is in (which may hold entries stored
+/// before it); else those stored before the batch whose first entry is `after`. At most
+/// `limit` batches are looked at besides the one `before` is in, as many as an entry per
+/// batch would take: batches that do not read end the page early.
+pub(crate) async fn read_batches<F, Reading>(
+    before: Option<LogId>,
+    limit: usize,
+    most_at_once: usize,
+    mut fetch: F,
+) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError>
+where
+    F: FnMut(Option<LogId>, usize) -> Reading,
+    Reading: Future<Output = Result<Vec<Batch>, StoreError>>,
+{
+    let mut found = Vec::new();
+    let mut after = None;
+    let mut batches_left = limit.saturating_add(1);
+    while found.len() < limit && batches_left > 0 {
+        let asked = (limit - found.len()).min(most_at_once).min(batches_left);
+        batches_left -= asked;
+        let batches = fetch(after, asked).await?;
+        let Some(&(oldest, _)) = batches.last() else {
             break;
         };
-        entries.push(LoggedDelivery::decode(encoded));
-        rest = &rest[4 + length..];
+        let full = batches.len() == asked;
+        for (first, entries) in batches {
+            if newest_first(first, entries, before, limit, &mut found) {
+                return Ok(found);
+            }
+        }
+        if !full {
+            break;
+        }
+        after = Some(oldest);
     }
-    entries
+    Ok(found)
 }
 
 /// Adds the entries of a chunk (as [`decode_chunk`] reads them), the first of which is
@@ -133,7 +192,11 @@ mod tests {
         let mut row = encode_chunk(ChunkVersion::Batches, &entries);
         assert_ne!(row[0], entries[0].encode()[0]);
         assert_eq!(LoggedDelivery::decode(&row), None);
+        assert_eq!(entry_at(&row, 1), Some(entries[1].clone()));
+        assert_eq!(entry_at(&row, 2), None);
+        assert_eq!(entry_at(&row[..row.len() - 1], 1), None, "a cut entry");
         row[0] = 9;
+        assert_eq!(entry_at(&row, 0), None);
         assert!(
             decode_chunk(&row).is_empty(),
             "an unknown version reads as nothing"

@@ -19,7 +19,9 @@ use tokio_postgres::types::{ToSql, Type};
 use super::connection::{self, Sending, Sql};
 use super::statements::beside;
 use crate::config::{LOG_POOL, PostgresConfig};
-use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, newest_first, summary};
+use crate::store::log::chunk::{
+    ChunkVersion, decode_chunk, encode_chunk, entry_at, read_batches, summary,
+};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
@@ -195,40 +197,36 @@ impl DeliveryLog for PostgresLog {
         before: Option<LogId>,
         limit: usize,
     ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
-        let mut end = before.map_or(i64::MAX, |id| signed(id.0));
-        let mut found = Vec::new();
-        // At most `limit` rows in all besides the one `before` is in, as many as a row per
-        // entry took: rows that do not read (a version from the future, after a rollback)
-        // end the page early.
-        let mut rows_left = limit.saturating_add(1);
-        while found.len() < limit && rows_left > 0 && end > 0 {
-            let asked = (limit - found.len()).min(ROWS_READ).min(rows_left);
-            rows_left -= asked;
+        read_batches(before, limit, ROWS_READ, |after, asked| async move {
+            let end = match after {
+                None => before.map_or(i64::MAX, |id| signed(id.0)),
+                Some(first) => signed(first.0) - 1,
+            };
             let rows = self
                 .query(&self.statements.read, &[&end, &signed(asked as u64)])
                 .await?;
-            for row in &rows {
-                let id = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-                if newest_first(LogId(id, 0), entries_of(row), before, limit, &mut found) {
-                    return Ok(found);
-                }
-            }
-            match rows.last() {
-                Some(oldest) if rows.len() == asked => end = oldest.get::<_, i64>(0) - 1,
-                _ => break,
-            }
-        }
-        Ok(found)
+            Ok(rows
+                .iter()
+                .map(|row| {
+                    let id = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+                    (LogId(id, 0), entries_of(row))
+                })
+                .collect())
+        })
+        .await
     }
 
     async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError> {
-        let Ok(place) = usize::try_from(id.1) else {
-            return Ok(None);
-        };
         let rows = self.query(&self.statements.get, &[&signed(id.0)]).await?;
-        Ok(rows
-            .first()
-            .and_then(|row| entries_of(row).into_iter().nth(place).flatten()))
+        Ok(rows.first().and_then(|row| {
+            let stored: &[u8] = row.get("entry");
+            match row.get::<_, i32>("entries") {
+                0 => (id.1 == 0)
+                    .then(|| LoggedDelivery::decode(stored))
+                    .flatten(),
+                _ => entry_at(stored, id.1),
+            }
+        }))
     }
 
     async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError> {

@@ -1,19 +1,20 @@
-//! The delivery log on Redis: the stream `{prefix}deliveries` (no `:` after the prefix, so
-//! no store key is it), one stream entry per batch the writer stores, its fields `n` (how
-//! many entries) and `c` (their [`chunk`]). The server names each stream entry (`XADD *`:
-//! its milliseconds and a sequence), so every replica's batches are in one order; an
-//! entry's [`LogId`] is that name with its place in the chunk added to the sequence
-//! shifted left by [`PLACE_BITS`]. A stream entry per logged delivery cost the server an
-//! `XADD` each, on the cores the proxy runs on (`docs/performance.md`).
+//! The delivery log on Redis: the stream `<prefix>deliveries` (no `:` after the prefix,
+//! so no store key is it), one stream entry per batch the writer stores, its field `c`
+//! the batch's [`chunk`]. The server names each stream entry (`XADD *`: its milliseconds
+//! and a sequence), so every replica's batches are in one order; an entry's id is
+//! `LogId(milliseconds, (sequence << PLACE_BITS) + place in the batch)`. A stream entry
+//! per logged delivery cost the server an `XADD` each, on the cores the proxy runs on
+//! (`docs/performance.md`).
 //!
-//! Beside the stream, the sorted set `{prefix}deliveries_batches{{prefix}deliveries}` (in
-//! the stream's hash slot) counts: each batch's member is its stream id and entry count
-//! (`<ms>-<seq>/<n>`), scored by how many entries were stored up to and including it, so
-//! that trimming to the newest `keep` finds its bound without reading the chunks.
-//! Trimming is `XTRIM MINID` for the retention (by the server's time of each batch), then
-//! for the count, both in one script with the sorted set's members. Stream entries of
-//! earlier versions (one delivery each, field `e`) read on, and are trimmed by age, and
-//! by count once the batches after them hold `keep` entries.
+//! Beside the stream, the sorted set `<prefix>deliveries_batches{<prefix>deliveries}`
+//! (the stream's name as its hash tag: the same slot on a cluster) has a member per
+//! batch, `<stream id>/<entry count>`, scored by how many entries were stored up to and
+//! including it; its order by rank is the stream's. Trimming (one script) finds its
+//! bounds there without reading a chunk: by age, `XTRIM MINID` at the retention and the
+//! members stored before it (found by halving the ranks); by count, the batches whose
+//! every entry is beyond the newest `keep`, by `XTRIM MINID` at the first batch kept.
+//! Stream entries of earlier versions (one delivery each, field `e`) read on; they go by
+//! age, and by count once a batch stored after them goes.
 //!
 //! [`chunk`]: crate::store::log::chunk
 
@@ -23,7 +24,7 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::connection::Link;
-use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, newest_first};
+use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, entry_at, read_batches};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
@@ -36,14 +37,14 @@ const PLACE_BITS: u32 = 16;
 const BATCHES_READ: usize = 4;
 
 /// Adds each pair of ARGV (an entry count, a chunk) to the stream KEYS[1] as an entry
-/// whose fields `n` and `c` they are, and its member to the sorted set KEYS[2]; returns
-/// their ids, in order, joined by commas (one value for the driver to parse).
+/// whose field `c` is the chunk, and its member to the sorted set KEYS[2]; returns their
+/// stream ids, in order, joined by commas (one value for the driver to parse).
 const APPEND: &str = r"
 local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local total = tonumber(newest[2]) or 0
 local ids = {}
 for i = 1, #ARGV, 2 do
-  local id = redis.call('XADD', KEYS[1], '*', 'n', ARGV[i], 'c', ARGV[i + 1])
+  local id = redis.call('XADD', KEYS[1], '*', 'c', ARGV[i + 1])
   total = total + tonumber(ARGV[i])
   redis.call('ZADD', KEYS[2], string.format('%.0f', total), id .. '/' .. ARGV[i])
   ids[#ids + 1] = id
@@ -51,52 +52,90 @@ end
 return table.concat(ids, ',')
 ";
 
-/// Removes from the stream KEYS[1] the entries older than ARGV[1] milliseconds, then
-/// the batches whose every entry is beyond the newest ARGV[2] (and whatever is older),
-/// and their members from the sorted set KEYS[2]; returns how many logged deliveries
-/// went (a batch its count, an earlier version's entry one).
+/// Removes from the stream KEYS[1] the entries stored before the time ARGV[1] (Unix
+/// milliseconds), then the batches whose every entry is beyond the newest ARGV[2] (and
+/// whatever is older), and their members from the sorted set KEYS[2]; returns how many
+/// logged deliveries went (a batch its count, an earlier version's entry one).
 const TRIM: &str = r"
+local function count(member)
+  return tonumber(string.match(member, '/(%d+)$')) or 0
+end
+-- The entries of the members of ranks 0 to last.
+local function entries(last)
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local final = redis.call('ZRANGE', KEYS[2], last, last, 'WITHSCORES')
+  return tonumber(final[2]) - tonumber(first[2]) + count(first[1])
+end
 local older = tonumber(ARGV[1])
 local removed = 0
--- By age: the stream's ids are the server's times; its batches' members go alike.
+-- By age: the stream's ids are the server's times, and the members' order is the stream's.
 local trimmed = redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1] .. '-0')
-local batches = 0
-while true do
-  local first = redis.call('ZRANGE', KEYS[2], 0, 99)
-  local gone = {}
-  for _, member in ipairs(first) do
-    local ms, n = string.match(member, '^(%d+)%-%d+/(%d+)$')
-    if ms and tonumber(ms) >= older then break end
-    gone[#gone + 1] = member
-    removed = removed + (tonumber(n) or 0)
-  end
-  if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
-  batches = batches + #gone
-  if #gone < 100 then break end
+local low, high = 0, redis.call('ZCARD', KEYS[2])
+while low < high do
+  local middle = math.floor((low + high) / 2)
+  local member = redis.call('ZRANGE', KEYS[2], middle, middle)[1]
+  local ms = string.match(member, '^(%d+)%-%d+/%d+$')
+  if not ms or tonumber(ms) < older then low = middle + 1 else high = middle end
 end
-removed = removed + math.max(trimmed - batches, 0)
--- By count: the first batch that holds one of the newest ARGV[2] stays, and all after it.
+if low > 0 then
+  removed = entries(low - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, low - 1)
+end
+removed = removed + math.max(trimmed - low, 0)
+-- By count: the first batch holding one of the newest ARGV[2] stays, and all after it.
 local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-if newest[2] then
-  local bound = string.format('%.0f', tonumber(newest[2]) - tonumber(ARGV[2]))
-  local beyond = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', bound, 'WITHSCORES', 'LIMIT', 0, 1)
-  if beyond[1] then
-    local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], bound, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-    local kept = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. bound, '+inf', 'LIMIT', 0, 1)
-    local first_count = tonumber(string.match(beyond[1], '/(%d+)$')) or 0
-    local count = redis.call('ZCOUNT', KEYS[2], '-inf', bound)
-    if kept[1] then
-      trimmed = redis.call('XTRIM', KEYS[1], 'MINID', string.match(kept[1], '^[^/]+'))
-    else
-      trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
-    end
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', bound)
-    removed = removed + tonumber(last[2]) - tonumber(beyond[2]) + first_count
-      + math.max(trimmed - count, 0)
-  end
+if not newest[2] then
+  return removed
 end
+local bound = string.format('%.0f', tonumber(newest[2]) - tonumber(ARGV[2]))
+local beyond = redis.call('ZCOUNT', KEYS[2], '-inf', bound)
+if beyond == 0 then
+  return removed
+end
+local kept = redis.call('ZRANGE', KEYS[2], beyond, beyond)[1]
+local kept_id = kept and string.match(kept, '^(%d+%-%d+)/%d+$')
+if kept and not kept_id then
+  -- Not a member this log wrote: dropped, and the count trimmed at the next call.
+  redis.call('ZREM', KEYS[2], kept)
+  return removed
+end
+if kept_id then
+  trimmed = redis.call('XTRIM', KEYS[1], 'MINID', kept_id)
+else
+  trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
+end
+removed = removed + entries(beyond - 1) + math.max(trimmed - beyond, 0)
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, beyond - 1)
 return removed
 ";
+
+/// A stream entry's value: a batch's chunk, or an earlier version's one entry.
+enum Stored {
+    Batch(Vec<u8>),
+    Single(Vec<u8>),
+    Unknown,
+}
+
+impl Stored {
+    fn entries(&self) -> Vec<Option<LoggedDelivery>> {
+        let mut entries = match self {
+            Stored::Batch(chunk) => decode_chunk(chunk),
+            Stored::Single(entry) => vec![LoggedDelivery::decode(entry)],
+            Stored::Unknown => Vec::new(),
+        };
+        // Places beyond what an id holds would name the next sequence's entries.
+        entries.truncate(1 << PLACE_BITS);
+        entries
+    }
+
+    fn entry_at(&self, place: u64) -> Option<LoggedDelivery> {
+        match self {
+            Stored::Batch(chunk) => entry_at(chunk, place),
+            Stored::Single(entry) => (place == 0).then(|| LoggedDelivery::decode(entry))?,
+            Stored::Unknown => None,
+        }
+    }
+}
 
 /// The Redis store's log.
 pub(super) struct RedisLog {
@@ -113,7 +152,6 @@ impl RedisLog {
         let stream = format!("{prefix}deliveries");
         RedisLog {
             connection,
-            // The stream's whole name as the hash tag: the same slot on a cluster.
             batches: format!("{prefix}deliveries_batches{{{stream}}}"),
             stream,
             timeout,
@@ -122,14 +160,15 @@ impl RedisLog {
         }
     }
 
-    /// `XRANGE` or `XREVRANGE` from `start` to `end`, up to `count`.
+    /// `XRANGE` or `XREVRANGE` from `start` to `end`, up to `count`: each stream entry
+    /// with its first entry's id.
     async fn range(
         &self,
         command: &str,
         start: &str,
         end: &str,
         count: usize,
-    ) -> Result<Vec<(LogId, Vec<Option<LoggedDelivery>>)>, StoreError> {
+    ) -> Result<Vec<(LogId, Stored)>, StoreError> {
         let mut range = redis::cmd(command);
         range
             .arg(&self.stream)
@@ -140,7 +179,7 @@ impl RedisLog {
         let mut connection = self.connection.clone();
         let reply: Value =
             within("redis", self.timeout, range.query_async(&mut connection)).await?;
-        Ok(batches(reply))
+        Ok(stream_entries(reply))
     }
 }
 
@@ -157,9 +196,8 @@ fn first_id(text: &str) -> Option<LogId> {
     (seq < 1 << (64 - PLACE_BITS)).then_some(LogId(ms.parse().ok()?, seq << PLACE_BITS))
 }
 
-/// The stream entries of an `XRANGE` reply, each with its first entry's id and its
-/// entries (`None` for one that does not read); an earlier version's holds one.
-fn batches(reply: Value) -> Vec<(LogId, Vec<Option<LoggedDelivery>>)> {
+/// The stream entries of an `XRANGE` reply, each with its first entry's id.
+fn stream_entries(reply: Value) -> Vec<(LogId, Stored)> {
     let Value::Array(items) = reply else {
         return Vec::new();
     };
@@ -178,22 +216,19 @@ fn batches(reply: Value) -> Vec<(LogId, Vec<Option<LoggedDelivery>>)> {
             _ => None,
         };
         let Some(id) = id else { continue };
-        let Some(Value::Array(fields)) = fields else {
-            continue;
-        };
-        let mut entries = Vec::new();
-        for pair in fields.chunks(2) {
-            match pair {
-                [Value::BulkString(name), Value::BulkString(value)] if name == b"c" => {
-                    entries = decode_chunk(value);
+        let mut stored = Stored::Unknown;
+        if let Some(Value::Array(fields)) = fields {
+            for pair in fields.chunks_exact(2) {
+                if let [Value::BulkString(name), Value::BulkString(value)] = pair {
+                    match name.as_slice() {
+                        b"c" => stored = Stored::Batch(value.clone()),
+                        b"e" => stored = Stored::Single(value.clone()),
+                        _ => {}
+                    }
                 }
-                [Value::BulkString(name), Value::BulkString(value)] if name == b"e" => {
-                    entries = vec![LoggedDelivery::decode(value)];
-                }
-                _ => {}
             }
         }
-        found.push((id, entries));
+        found.push((id, stored));
     }
     found
 }
@@ -219,10 +254,17 @@ impl DeliveryLog for RedisLog {
             invocation.invoke_async(&mut connection),
         )
         .await?;
+        let firsts: Vec<_> = ids.split(',').map(first_id).collect();
+        if firsts.len() != batches.len() {
+            return Err(StoreError::of(
+                "redis",
+                "the log's append returned other ids",
+            ));
+        }
         let mut stored = Vec::with_capacity(entries.len());
-        for (id, batch) in ids.split(',').zip(&batches) {
-            let first = first_id(id)
-                .ok_or_else(|| StoreError::of("redis", "the log's append returned no id"))?;
+        for (first, batch) in firsts.into_iter().zip(&batches) {
+            let first =
+                first.ok_or_else(|| StoreError::of("redis", "the log's append returned no id"))?;
             stored.extend((0..batch.len() as u64).map(|place| LogId(first.0, first.1 + place)));
         }
         Ok(stored)
@@ -233,42 +275,27 @@ impl DeliveryLog for RedisLog {
         before: Option<LogId>,
         limit: usize,
     ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
-        // From the batch `before` is in, which may hold entries stored before it.
-        let mut end = before.map_or("+".to_owned(), |id| stream_id(id).0);
-        let mut found = Vec::new();
-        // At most `limit` batches in all besides the one `before` is in, as many as an
-        // entry per batch took: batches that do not read end the page early.
-        let mut batches_left = limit.saturating_add(1);
-        while found.len() < limit && batches_left > 0 {
-            let asked = (limit - found.len()).min(BATCHES_READ).min(batches_left);
-            batches_left -= asked;
-            let batches = self.range("XREVRANGE", &end, "-", asked).await?;
-            let Some(&(oldest, _)) = batches.last() else {
-                break;
+        read_batches(before, limit, BATCHES_READ, |after, asked| async move {
+            let end = match after {
+                None => before.map_or_else(|| "+".to_owned(), |id| stream_id(id).0),
+                Some(first) => format!("({}", stream_id(first).0),
             };
-            let full = batches.len() == asked;
-            for (first, entries) in batches {
-                if newest_first(first, entries, before, limit, &mut found) {
-                    return Ok(found);
-                }
-            }
-            if !full {
-                break;
-            }
-            end = format!("({}", stream_id(oldest).0);
-        }
-        Ok(found)
+            let found = self.range("XREVRANGE", &end, "-", asked).await?;
+            Ok(found
+                .into_iter()
+                .map(|(first, stored)| (first, stored.entries()))
+                .collect())
+        })
+        .await
     }
 
     async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError> {
         let (stream_id, place) = stream_id(id);
         let found = self.range("XRANGE", &stream_id, &stream_id, 1).await?;
-        Ok(found.into_iter().next().and_then(|(_, entries)| {
-            entries
-                .into_iter()
-                .nth(usize::try_from(place).ok()?)
-                .flatten()
-        }))
+        Ok(found
+            .into_iter()
+            .next()
+            .and_then(|(_, stored)| stored.entry_at(place)))
     }
 
     async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError> {

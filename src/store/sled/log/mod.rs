@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use self::segments::{Frames, SegmentView, Segments};
-use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, newest_first};
+use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, entry_at, newest_first};
 use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
 use crate::store::{Millis, StoreError};
 
@@ -149,11 +149,7 @@ impl DeliveryLog for FileLog {
         };
         let bytes = self.bytes(view)?;
         let chunk = Frames::new(&bytes, view.first).find(|&(number, _)| number == id.0);
-        Ok(chunk.and_then(|(_, chunk)| {
-            usize::try_from(id.1)
-                .ok()
-                .and_then(|place| decode_chunk(chunk).into_iter().nth(place).flatten())
-        }))
+        Ok(chunk.and_then(|(_, chunk)| entry_at(chunk, id.1)))
     }
 
     async fn trim(&self, older_than: Millis, keep: u64) -> Result<u64, StoreError> {
