@@ -462,7 +462,7 @@ async fn entries_answered_before_a_shutdown_are_stored() {
     let clock = dedupe_proxy::store::ManualClock::new(0);
     let store = open_sled(&proxy.data.path().join("db"), &clock);
     let log = dedupe_proxy::store::ClaimStore::delivery_log(&store).unwrap();
-    let entries = log.read(None, 10).await.unwrap();
+    let entries = log.read(None, 10).await.unwrap().entries;
     let keys: Vec<_> = entries
         .iter()
         .map(|(_, entry)| entry.key.as_deref().unwrap())

@@ -56,6 +56,7 @@ async fn keys(log: &dyn DeliveryLog, before: Option<LogId>, limit: usize) -> Vec
     log.read(before, limit)
         .await
         .unwrap()
+        .entries
         .into_iter()
         .map(|(_, entry)| entry.key.unwrap())
         .collect()
@@ -64,7 +65,10 @@ async fn keys(log: &dyn DeliveryLog, before: Option<LogId>, limit: usize) -> Vec
 async fn the_log_keeps_its_contract(h: Harness) {
     let log = h.store.delivery_log().expect("every store keeps a log");
     log.trim(u64::MAX, 0).await.unwrap();
-    assert!(log.read(None, 10).await.unwrap().is_empty(), "an empty log");
+    assert!(
+        log.read(None, 10).await.unwrap().entries.is_empty(),
+        "an empty log"
+    );
 
     let mut ids = Vec::new();
     for key in ["a", "b", "c"] {
@@ -77,8 +81,15 @@ async fn the_log_keeps_its_contract(h: Harness) {
     assert_eq!(keys(&*log, None, 10).await, ["e", "d", "c", "b", "a"]);
     assert_eq!(keys(&*log, Some(ids[2]), 10).await, ["b", "a"]);
     assert_eq!(keys(&*log, None, 2).await, ["e", "d"]);
+    // A read says where the next goes on from, and nothing once it read the oldest.
+    assert_eq!(log.read(None, 2).await.unwrap().more_before, Some(ids[3]));
+    assert_eq!(log.read(None, 10).await.unwrap().more_before, None);
+    assert_eq!(
+        log.read(Some(ids[1]), 1).await.unwrap().more_before,
+        Some(ids[0])
+    );
     assert_eq!(keys(&*log, Some(ids[3]), 2).await, ["c", "b"]);
-    let read = log.read(Some(ids[1]), 5).await.unwrap();
+    let read = log.read(Some(ids[1]), 5).await.unwrap().entries;
     assert_eq!(read, vec![(ids[0], entry_at("a", &read[0].1))]);
 
     let whole = log.get(ids[2]).await.unwrap().unwrap();
@@ -113,7 +124,7 @@ async fn the_log_keeps_its_contract(h: Harness) {
         written.extend(writer.await.unwrap());
     }
     assert_eq!(written.len(), 80);
-    assert_eq!(log.read(None, 500).await.unwrap().len(), 85);
+    assert_eq!(log.read(None, 500).await.unwrap().entries.len(), 85);
 
     // By count: the newest three stay.
     let newest = keys(&*log, None, 3).await;
@@ -215,7 +226,7 @@ async fn a_postgres_log_of_an_earlier_version_reads_on() {
         ["new-b", "new-a", "old-b", "old-a"]
     );
     assert_eq!(keys(&*log, Some(ids[1]), 2).await, ["new-a", "old-b"]);
-    let read = log.read(None, 10).await.unwrap();
+    let read = log.read(None, 10).await.unwrap().entries;
     let old_b = read[2].0;
     assert_eq!(
         log.get(old_b).await.unwrap().unwrap().key.as_deref(),
@@ -238,10 +249,10 @@ async fn a_postgres_log_of_an_earlier_version_reads_on() {
             .await
             .unwrap();
     }
-    assert!(
-        log.read(None, 5).await.unwrap().is_empty(),
-        "six rows looked at"
-    );
+    let short = log.read(None, 5).await.unwrap();
+    assert!(short.entries.is_empty(), "six rows looked at");
+    let more_before = short.more_before.expect("older rows are kept");
+    assert_eq!(keys(&*log, Some(more_before), 30).await, ["new-b", "new-a"]);
     assert_eq!(keys(&*log, None, 30).await, ["new-b", "new-a"]);
 }
 
@@ -293,7 +304,7 @@ async fn a_redis_log_of_an_earlier_version_reads_on() {
         ["new-d", "new-c", "new-b", "new-a", "old-b", "old-a"]
     );
     assert_eq!(keys(&*log, Some(first[1]), 2).await, ["new-a", "old-b"]);
-    let read = log.read(None, 10).await.unwrap();
+    let read = log.read(None, 10).await.unwrap().entries;
     let old_b = read[4].0;
     assert_eq!(
         log.get(old_b).await.unwrap().unwrap().key.as_deref(),
@@ -361,12 +372,28 @@ async fn a_redis_log_of_an_earlier_version_reads_on() {
             .await
             .unwrap();
     }
-    assert!(log.read(None, 5).await.unwrap().is_empty(), "six looked at");
+    let short = log.read(None, 5).await.unwrap();
+    assert!(short.entries.is_empty(), "six looked at");
+    // Each read says where the next goes on from, until the entries past them.
+    let (mut before, mut reads) = (short.more_before, 1);
+    let found = loop {
+        let read = log.read(before, 2).await.unwrap();
+        reads += 1;
+        if !read.entries.is_empty() {
+            break read.entries;
+        }
+        before = Some(read.more_before.expect("older batches are kept"));
+    };
+    let found: Vec<_> = found.into_iter().map(|(_, e)| e.key.unwrap()).collect();
+    assert_eq!(found, ["m149", "m148"]);
+    // The first read passes 6 of the 20; each next looks again at the one it starts
+    // from and passes 2 more.
+    assert_eq!(reads, 9);
     assert_eq!(keys(&*log, None, 22).await, ["m149", "m148", "m147"]);
 
     let left = 150 - stored_before + 20;
     assert_eq!(log.trim(u64::MAX, 100).await.unwrap(), left);
-    assert!(log.read(None, 10).await.unwrap().is_empty());
+    assert!(log.read(None, 10).await.unwrap().entries.is_empty());
     assert_eq!(members(&mut redis, &batches).await, 0);
 }
 

@@ -327,8 +327,8 @@ mod tests {
             &self,
             _: Option<LogId>,
             _: usize,
-        ) -> Result<Vec<(LogId, LoggedDelivery)>, crate::store::StoreError> {
-            Ok(Vec::new())
+        ) -> Result<crate::store::log::LogRead, crate::store::StoreError> {
+            Ok(Default::default())
         }
         async fn get(&self, _: LogId) -> Result<Option<LoggedDelivery>, crate::store::StoreError> {
             Ok(None)

@@ -1,8 +1,10 @@
 //! Reading the delivery log back: a [`Filter`] from a query string, pages newest first
 //! with a cursor bound to their filter, and each entry as the admin API shows it.
 //!
-//! A page reads at most [`EXAMINED_MAX`] entries: one whose filter matches few of a large
-//! log ends early, with a cursor to go on from (as Redis's key listing does).
+//! A page reads at most about [`EXAMINED_MAX`] entries (each read of the store counts as
+//! [`READ_BATCH`], whatever it found): one whose filter matches few of a large log, or
+//! that meets a run of entries that do not read, ends early, with a cursor to go on from
+//! (as Redis's key listing does).
 
 use base64::Engine;
 use serde_json::{Value, json};
@@ -209,29 +211,34 @@ pub async fn page(log: &dyn DeliveryLog, listing: &Listing) -> Result<Page, Stor
     let mut entries = Vec::new();
     let (mut before, mut examined) = (listing.before, 0);
     loop {
-        let batch = log.read(before, READ_BATCH).await?;
-        let exhausted = batch.len() < READ_BATCH;
-        for (id, entry) in batch {
-            examined += 1;
+        let read = log.read(before, READ_BATCH).await?;
+        // A read counts as its share whatever it found: one past entries that do not
+        // read finds fewer.
+        examined += READ_BATCH;
+        for (id, entry) in read.entries {
             before = Some(id);
             if listing.filter.admits(&entry) {
                 entries.push((id, entry));
                 if entries.len() == listing.limit {
-                    break;
+                    return Ok(Page {
+                        entries,
+                        next: before.map(|id| listing.filter.cursor(id)),
+                    });
                 }
             }
         }
-        // A full page, or one that read its share: more may follow.
-        if entries.len() == listing.limit || examined >= EXAMINED_MAX {
-            return Ok(Page {
-                entries,
-                next: before.map(|id| listing.filter.cursor(id)),
-            });
-        }
-        if exhausted {
+        let Some(more_before) = read.more_before else {
             return Ok(Page {
                 entries,
                 next: None,
+            });
+        };
+        before = Some(more_before);
+        // A page that read its share: more may follow.
+        if examined >= EXAMINED_MAX {
+            return Ok(Page {
+                entries,
+                next: before.map(|id| listing.filter.cursor(id)),
             });
         }
     }
@@ -291,7 +298,96 @@ pub fn describe(id: LogId, entry: &LoggedDelivery, whole: bool) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::Range;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    /// A log of `count` entries with ids `n-0`, of which those in `unreadable` do not
+    /// read; a read looks at `limit + 1` ids at most, as the stores' reads do.
+    struct Numbered {
+        count: u64,
+        unreadable: Range<u64>,
+        reads: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl DeliveryLog for Numbered {
+        async fn append(&self, _: &[LoggedDelivery]) -> Result<Vec<LogId>, StoreError> {
+            unreachable!("a listing writes nothing")
+        }
+
+        async fn read(
+            &self,
+            before: Option<LogId>,
+            limit: usize,
+        ) -> Result<crate::store::log::LogRead, StoreError> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            let (mut next, mut looked) = (before.map_or(self.count, |id| id.0), 0);
+            let mut entries = Vec::new();
+            while next > 0 && entries.len() < limit && looked <= limit {
+                next -= 1;
+                looked += 1;
+                if !self.unreadable.contains(&next) {
+                    let entry = LoggedDelivery::sample(&next.to_string(), next, 0);
+                    entries.push((LogId(next, 0), entry));
+                }
+            }
+            let more_before = (next > 0).then_some(LogId(next, 0));
+            Ok(crate::store::log::LogRead {
+                entries,
+                more_before,
+            })
+        }
+
+        async fn get(&self, _: LogId) -> Result<Option<LoggedDelivery>, StoreError> {
+            Ok(None)
+        }
+
+        async fn trim(&self, _: Millis, _: u64) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_page_reads_on_past_entries_that_do_not_read() {
+        let log = Numbered {
+            count: 5_000,
+            unreadable: 4_000..5_000,
+            reads: AtomicUsize::new(0),
+        };
+        let listing = Filter::parse(Some("limit=3"), true).unwrap();
+        let found = page(&log, &listing).await.unwrap();
+        let ids: Vec<_> = found.entries.iter().map(|(id, _)| id.0).collect();
+        assert_eq!(ids, [3_999, 3_998, 3_997]);
+        assert!(found.next.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_page_whose_filter_matches_nothing_reads_its_share_and_says_where_to_go_on() {
+        let log = Numbered {
+            count: 1_000_000,
+            unreadable: 0..0,
+            reads: AtomicUsize::new(0),
+        };
+        let listing = Filter::parse(Some("route=nowhere"), true).unwrap();
+        let found = page(&log, &listing).await.unwrap();
+        assert!(found.entries.is_empty());
+        let reads = log.reads.load(Ordering::Relaxed);
+        assert_eq!(reads, EXAMINED_MAX.div_ceil(READ_BATCH));
+        let next = Filter::parse(
+            Some(&format!("route=nowhere&cursor={}", found.next.unwrap())),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            next.before,
+            Some(LogId(1_000_000 - (reads * READ_BATCH) as u64, 0))
+        );
+        // The end of the log: no cursor.
+        let short = Numbered { count: 700, ..log };
+        assert_eq!(page(&short, &listing).await.unwrap().next, None);
+    }
 
     #[test]
     fn statuses_and_classes_read_and_nothing_else() {

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 
-use crate::store::log::{LogId, LoggedDelivery};
+use crate::store::log::{LogId, LogRead, LoggedDelivery};
 use crate::store::{Millis, StoreError};
 
 /// A chunk's first byte, its version; both are read, in the same layout. sled's files
@@ -102,39 +102,53 @@ pub(crate) type Batch = (LogId, Vec<Option<LoggedDelivery>>);
 /// time: with `after` none, from the one `before` is in (which may hold entries stored
 /// before it); else those stored before the batch whose first entry is `after`. At most
 /// `limit` batches are looked at besides the one `before` is in, as many as an entry per
-/// batch would take: batches that do not read end the page early.
+/// batch would take: past batches that do not read, the read ends early and says where
+/// to go on from.
 pub(crate) async fn read_batches<F, Reading>(
     before: Option<LogId>,
     limit: usize,
     most_at_once: usize,
     mut fetch: F,
-) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError>
+) -> Result<LogRead, StoreError>
 where
     F: FnMut(Option<LogId>, usize) -> Reading,
     Reading: Future<Output = Result<Vec<Batch>, StoreError>>,
 {
-    let mut found = Vec::new();
+    let mut entries = Vec::new();
     let mut after = None;
     let mut batches_left = limit.saturating_add(1);
-    while found.len() < limit && batches_left > 0 {
-        let asked = (limit - found.len()).min(most_at_once).min(batches_left);
+    while entries.len() < limit && batches_left > 0 {
+        let asked = (limit - entries.len()).min(most_at_once).min(batches_left);
         batches_left -= asked;
         let batches = fetch(after, asked).await?;
-        let Some(&(oldest, _)) = batches.last() else {
-            break;
-        };
         let full = batches.len() == asked;
-        for (first, entries) in batches {
-            if newest_first(first, entries, before, limit, &mut found) {
-                return Ok(found);
+        let Some(&(oldest, _)) = batches.last() else {
+            return Ok(LogRead {
+                entries,
+                more_before: None,
+            });
+        };
+        for (first, batch) in batches {
+            if newest_first(first, batch, before, limit, &mut entries) {
+                let more_before = entries.last().map(|&(id, _)| id);
+                return Ok(LogRead {
+                    entries,
+                    more_before,
+                });
             }
         }
-        if !full {
-            break;
-        }
         after = Some(oldest);
+        if !full {
+            return Ok(LogRead {
+                entries,
+                more_before: None,
+            });
+        }
     }
-    Ok(found)
+    Ok(LogRead {
+        entries,
+        more_before: after,
+    })
 }
 
 /// Adds the entries of a chunk (as [`decode_chunk`] reads them), the first of which is

@@ -267,6 +267,16 @@ impl LoggedDelivery {
     }
 }
 
+/// What one read of the log found: entries, newest first, and the `before` of the next
+/// read. A read looks at a bounded number of batches, so it may hold fewer entries than
+/// asked (past batches that do not read) while older ones are still kept.
+#[derive(Debug, Default, PartialEq)]
+pub struct LogRead {
+    pub entries: Vec<(LogId, LoggedDelivery)>,
+    /// None once nothing older is kept.
+    pub more_before: Option<LogId>,
+}
+
 /// The log kept by a store.
 #[async_trait]
 pub trait DeliveryLog: Send + Sync + 'static {
@@ -274,12 +284,8 @@ pub trait DeliveryLog: Send + Sync + 'static {
     async fn append(&self, entries: &[LoggedDelivery]) -> Result<Vec<LogId>, StoreError>;
 
     /// Up to `limit` entries stored before `before` (from the newest when none), newest
-    /// first. Entries that do not read are passed over.
-    async fn read(
-        &self,
-        before: Option<LogId>,
-        limit: usize,
-    ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError>;
+    /// first, and where to read on from. Entries that do not read are passed over.
+    async fn read(&self, before: Option<LogId>, limit: usize) -> Result<LogRead, StoreError>;
 
     /// The entry `id`, if it is still kept.
     async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError>;

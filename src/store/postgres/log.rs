@@ -22,7 +22,7 @@ use crate::config::{LOG_POOL, PostgresConfig};
 use crate::store::log::chunk::{
     ChunkVersion, decode_chunk, encode_chunk, entry_at, read_batches, summary,
 };
-use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
+use crate::store::log::{DeliveryLog, LogId, LogRead, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
 /// How many rows a read asks for at a time, at most: a row may hold a batch of bodies.
@@ -192,11 +192,7 @@ impl DeliveryLog for PostgresLog {
             .collect())
     }
 
-    async fn read(
-        &self,
-        before: Option<LogId>,
-        limit: usize,
-    ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
+    async fn read(&self, before: Option<LogId>, limit: usize) -> Result<LogRead, StoreError> {
         read_batches(before, limit, ROWS_READ, |after, asked| async move {
             let end = match after {
                 None => before.map_or(i64::MAX, |id| signed(id.0)),

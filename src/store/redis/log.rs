@@ -25,7 +25,7 @@ use redis::{Script, Value};
 
 use super::connection::Link;
 use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, entry_at, read_batches};
-use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
+use crate::store::log::{DeliveryLog, LogId, LogRead, LoggedDelivery};
 use crate::store::{Millis, StoreError, within};
 
 /// Bits of an entry's id that hold its place in its batch; a batch holds at most
@@ -270,11 +270,7 @@ impl DeliveryLog for RedisLog {
         Ok(stored)
     }
 
-    async fn read(
-        &self,
-        before: Option<LogId>,
-        limit: usize,
-    ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
+    async fn read(&self, before: Option<LogId>, limit: usize) -> Result<LogRead, StoreError> {
         read_batches(before, limit, BATCHES_READ, |after, asked| async move {
             let end = match after {
                 None => before.map_or_else(|| "+".to_owned(), |id| stream_id(id).0),

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 
 use self::segments::{Frames, SegmentView, Segments};
 use crate::store::log::chunk::{ChunkVersion, decode_chunk, encode_chunk, entry_at, newest_first};
-use crate::store::log::{DeliveryLog, LogId, LoggedDelivery};
+use crate::store::log::{DeliveryLog, LogId, LogRead, LoggedDelivery};
 use crate::store::{Millis, StoreError};
 
 /// The log's directory, inside the data directory.
@@ -114,11 +114,7 @@ impl DeliveryLog for FileLog {
             .collect())
     }
 
-    async fn read(
-        &self,
-        before: Option<LogId>,
-        limit: usize,
-    ) -> Result<Vec<(LogId, LoggedDelivery)>, StoreError> {
+    async fn read(&self, before: Option<LogId>, limit: usize) -> Result<LogRead, StoreError> {
         let end = before.map_or(u64::MAX, |id| id.0);
         let views = self.segments.lock().views(end);
         let mut found = Vec::new();
@@ -135,11 +131,19 @@ impl DeliveryLog for FileLog {
                     limit,
                     &mut found,
                 ) {
-                    return Ok(found);
+                    let more_before = found.last().map(|&(id, _)| id);
+                    return Ok(LogRead {
+                        entries: found,
+                        more_before,
+                    });
                 }
             }
         }
-        Ok(found)
+        // Every kept chunk was looked at.
+        Ok(LogRead {
+            entries: found,
+            more_before: None,
+        })
     }
 
     async fn get(&self, id: LogId) -> Result<Option<LoggedDelivery>, StoreError> {
@@ -203,7 +207,7 @@ mod tests {
     }
 
     async fn keys(log: &FileLog) -> Vec<String> {
-        (log.read(None, 1000).await.unwrap().into_iter())
+        (log.read(None, 1000).await.unwrap().entries.into_iter())
             .map(|(_, entry)| entry.key.unwrap())
             .collect()
     }
@@ -223,7 +227,10 @@ mod tests {
         for made_up in [LogId(0, 0), LogId(u64::MAX, u64::MAX), LogId(first[0].0, 2)] {
             assert_eq!(log.get(made_up).await.unwrap(), None, "{made_up}");
         }
-        assert!(log.read(Some(LogId(0, 0)), 10).await.unwrap().is_empty());
+        assert_eq!(
+            log.read(Some(LogId(0, 0)), 10).await.unwrap(),
+            LogRead::default()
+        );
         let third = log.append(&[entry("d", 4)]).await.unwrap();
         assert!(third[0] > second[0], "{third:?} after {second:?}");
     }
