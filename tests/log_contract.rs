@@ -391,6 +391,23 @@ async fn a_redis_log_of_an_earlier_version_reads_on() {
     assert_eq!(reads, 9);
     assert_eq!(keys(&*log, None, 22).await, ["m149", "m148", "m147"]);
 
+    // A member the log did not write is dropped, and trimming goes on.
+    let _: () = redis::cmd("ZADD")
+        .arg(&batches)
+        .arg(0)
+        .arg("not ours")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    log.trim(0, 1000).await.unwrap();
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&batches)
+        .arg("not ours")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(score, None);
+
     let left = 150 - stored_before + 20;
     assert_eq!(log.trim(u64::MAX, 100).await.unwrap(), left);
     assert!(log.read(None, 10).await.unwrap().entries.is_empty());

@@ -304,7 +304,8 @@ mod tests {
     use super::*;
 
     /// A log of `count` entries with ids `n-0`, of which those in `unreadable` do not
-    /// read; a read looks at `limit + 1` ids at most, as the stores' reads do.
+    /// read; a read looks at `limit + 1` entries at most, as the shared stores' reads
+    /// look at `limit + 1` batches.
     struct Numbered {
         count: u64,
         unreadable: Range<u64>,

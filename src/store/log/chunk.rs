@@ -100,10 +100,11 @@ pub(crate) type Batch = (LogId, Vec<Option<LoggedDelivery>>);
 /// Up to `limit` entries stored before `before` (from the newest when none), newest
 /// first, from the batches `fetch(after, most)` reads, newest first, at most `most` at a
 /// time: with `after` none, from the one `before` is in (which may hold entries stored
-/// before it); else those stored before the batch whose first entry is `after`. At most
-/// `limit` batches are looked at besides the one `before` is in, as many as an entry per
-/// batch would take: past batches that do not read, the read ends early and says where
-/// to go on from.
+/// before it); else those stored before the batch whose first entry is `after`. It asks
+/// for one batch first and twice as many each time after, up to `most_at_once` (a batch
+/// may hold hundreds of entries), and looks at `limit + 1` batches at most, as many as an
+/// entry per batch would take: past batches that do not read, the read ends early and
+/// says where to go on from.
 pub(crate) async fn read_batches<F, Reading>(
     before: Option<LogId>,
     limit: usize,
@@ -114,11 +115,18 @@ where
     F: FnMut(Option<LogId>, usize) -> Reading,
     Reading: Future<Output = Result<Vec<Batch>, StoreError>>,
 {
+    if limit == 0 {
+        return Ok(LogRead {
+            entries: Vec::new(),
+            more_before: before,
+        });
+    }
     let mut entries = Vec::new();
     let mut after = None;
-    let mut batches_left = limit.saturating_add(1);
+    let (mut batches_left, mut at_once) = (limit.saturating_add(1), 1);
     while entries.len() < limit && batches_left > 0 {
-        let asked = (limit - entries.len()).min(most_at_once).min(batches_left);
+        let asked = at_once.min(limit - entries.len()).min(batches_left);
+        at_once = (at_once * 2).min(most_at_once);
         batches_left -= asked;
         let batches = fetch(after, asked).await?;
         let full = batches.len() == asked;

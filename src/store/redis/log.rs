@@ -57,28 +57,43 @@ return table.concat(ids, ',')
 /// whatever is older), and their members from the sorted set KEYS[2]; returns how many
 /// logged deliveries went (a batch its count, an earlier version's entry one).
 const TRIM: &str = r"
-local function count(member)
-  return tonumber(string.match(member, '/(%d+)$')) or 0
+-- A member this log wrote: its stream id and entry count. One it did not write is
+-- dropped, and the trim goes on at the next call.
+local function own(member)
+  local id, count = string.match(member, '^(%d+%-%d+)/(%d+)$')
+  if not id then
+    redis.call('ZREM', KEYS[2], member)
+  end
+  return id, tonumber(count)
 end
--- The entries of the members of ranks 0 to last.
+-- The entries of the members of ranks 0 to last; nil when either end was not this log's.
 local function entries(last)
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   local final = redis.call('ZRANGE', KEYS[2], last, last, 'WITHSCORES')
-  return tonumber(final[2]) - tonumber(first[2]) + count(first[1])
+  local _, count = own(first[1])
+  if not count or not own(final[1]) then
+    return nil
+  end
+  return tonumber(final[2]) - tonumber(first[2]) + count
 end
 local older = tonumber(ARGV[1])
-local removed = 0
 -- By age: the stream's ids are the server's times, and the members' order is the stream's.
 local trimmed = redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1] .. '-0')
 local low, high = 0, redis.call('ZCARD', KEYS[2])
 while low < high do
   local middle = math.floor((low + high) / 2)
-  local member = redis.call('ZRANGE', KEYS[2], middle, middle)[1]
-  local ms = string.match(member, '^(%d+)%-%d+/%d+$')
-  if not ms or tonumber(ms) < older then low = middle + 1 else high = middle end
+  local id = own(redis.call('ZRANGE', KEYS[2], middle, middle)[1])
+  if not id then
+    return trimmed
+  end
+  if tonumber(string.match(id, '^%d+')) < older then low = middle + 1 else high = middle end
 end
+local removed = 0
 if low > 0 then
   removed = entries(low - 1)
+  if not removed then
+    return trimmed
+  end
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, low - 1)
 end
 removed = removed + math.max(trimmed - low, 0)
@@ -93,10 +108,9 @@ if beyond == 0 then
   return removed
 end
 local kept = redis.call('ZRANGE', KEYS[2], beyond, beyond)[1]
-local kept_id = kept and string.match(kept, '^(%d+%-%d+)/%d+$')
-if kept and not kept_id then
-  -- Not a member this log wrote: dropped, and the count trimmed at the next call.
-  redis.call('ZREM', KEYS[2], kept)
+local kept_id = kept and own(kept)
+local counted = entries(beyond - 1)
+if (kept and not kept_id) or not counted then
   return removed
 end
 if kept_id then
@@ -104,9 +118,8 @@ if kept_id then
 else
   trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
 end
-removed = removed + entries(beyond - 1) + math.max(trimmed - beyond, 0)
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, beyond - 1)
-return removed
+return removed + counted + math.max(trimmed - beyond, 0)
 ";
 
 /// A stream entry's value: a batch's chunk, or an earlier version's one entry.
