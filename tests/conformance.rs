@@ -944,31 +944,55 @@ async fn concurrent_versions_leave_the_largest(h: Harness) {
 }
 
 /// Runs each contract test against one backend, in a module of its own.
-macro_rules! backend {
-    ($module:ident, $harness:ident, $($test:ident),*) => {
-        mod $module {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    if let Some(harness) = super::Harness::$harness().await {
-                        super::$test(harness).await;
-                    }
-                }
-            )*
+/// Runs `test` on every backend at once, each on a harness of its own (most of their time
+/// is spent waiting for the servers' clocks, so one after another took a minute); a
+/// failure names the backends it failed on.
+async fn on_every_backend<Test, Running>(name: &str, test: Test)
+where
+    Test: Fn(Harness) -> Running,
+    Running: std::future::Future<Output = ()> + Send + 'static,
+{
+    let backends = [
+        ("sled", Harness::sled().await),
+        ("redis", Harness::redis().await),
+        ("postgres", Harness::postgres().await),
+        ("redis_tls", Harness::redis_tls().await),
+        ("redis_cluster", Harness::redis_cluster().await),
+        ("postgres_tls", Harness::postgres_tls().await),
+        ("postgres_pooled", Harness::postgres_pooled().await),
+    ];
+    let runs: Vec<_> = backends
+        .into_iter()
+        .filter_map(|(backend, harness)| Some((backend, tokio::spawn(test(harness?)))))
+        .collect();
+    let mut failed = Vec::new();
+    for (backend, run) in runs {
+        if let Err(error) = run.await {
+            let payload = error.into_panic();
+            let message = (payload.downcast_ref::<String>().cloned())
+                .or_else(|| {
+                    payload
+                        .downcast_ref::<&str>()
+                        .map(|text| (*text).to_owned())
+                })
+                .unwrap_or_default();
+            failed.push(format!("{backend}: {message}"));
         }
-    };
+    }
+    assert!(failed.is_empty(), "{name} failed on {}", failed.join("\n"));
 }
 
 /// Runs each contract test against each backend.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
-        backend!(sled_backend, sled, $($test),*);
-        backend!(redis_backend, redis, $($test),*);
-        backend!(postgres_backend, postgres, $($test),*);
-        backend!(redis_tls_backend, redis_tls, $($test),*);
-        backend!(redis_cluster_backend, redis_cluster, $($test),*);
-        backend!(postgres_tls_backend, postgres_tls, $($test),*);
-        backend!(postgres_pooled_backend, postgres_pooled, $($test),*);
+        mod every_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::on_every_backend(stringify!($test), super::$test).await;
+                }
+            )*
+        }
     };
 }
 
