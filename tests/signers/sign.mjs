@@ -1,6 +1,7 @@
 // Signs a test delivery the way each provider's own SDK does, for tests/signatures.rs.
-// Input (argv[2]): {"scheme", "secret", "body", "timestamp" (Unix seconds), "id"}.
-// Output: the headers to send, as a JSON object.
+// Input (argv[2]): {"scheme", "secret", "body", "timestamp" (Unix seconds), "id"}, or an
+// array of them (one process signs them all: loading the SDKs takes most of a run).
+// Output: the headers to send, as a JSON object, or an array of them.
 //
 // Stripe, GitHub, Standard Webhooks and Svix are signed by their SDKs. Paddle's and
 // Shopify's SDKs only verify: the signature is made as their documentation describes,
@@ -13,10 +14,8 @@ import { Webhook as StandardWebhook } from "standardwebhooks";
 import { Webhook as SvixWebhook } from "svix";
 import { Paddle } from "@paddle/paddle-node-sdk";
 
-const { scheme, secret, body, timestamp, id } = JSON.parse(process.argv[2]);
-const when = new Date(timestamp * 1000);
-
-async function sign() {
+async function sign({ scheme, secret, body, timestamp, id }) {
+  const when = new Date(timestamp * 1000);
   switch (scheme) {
     case "stripe": {
       const stripe = new Stripe("sk_test_unused");
@@ -65,4 +64,10 @@ async function sign() {
   }
 }
 
-process.stdout.write(JSON.stringify(await sign()));
+const input = JSON.parse(process.argv[2]);
+const requests = Array.isArray(input) ? input : [input];
+const signed = [];
+for (const request of requests) {
+  signed.push(await sign(request));
+}
+process.stdout.write(JSON.stringify(Array.isArray(input) ? signed : signed[0]));
