@@ -171,6 +171,7 @@ fn values_the_readers_take_the_schema_takes() {
     for (value, path) in &files {
         assert!(!refused.contains(path), "the schema refused {value}");
     }
+    assert!(refused.is_empty(), "{refused:?}");
 }
 
 #[test]
@@ -201,6 +202,7 @@ fn typos_that_check_refuses_the_schema_refuses_too() {
     for (what, path) in &files {
         assert!(refused.contains(path), "the schema took {what}");
     }
+    assert_eq!(refused.len(), files.len(), "{refused:?}");
 }
 
 /// A route-level typo goes inside the route; a top-level one (no indent) at the top.
@@ -251,7 +253,12 @@ fn refused_by_schema(paths: &[&Path]) -> std::collections::HashSet<PathBuf> {
         .args(paths)
         .output()
         .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+        panic!(
+            "check-jsonschema answered no report: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
     let unread = report
         .get("parse_errors")
         .and_then(|errors| errors.as_array());

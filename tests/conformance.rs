@@ -943,7 +943,6 @@ async fn concurrent_versions_leave_the_largest(h: Harness) {
     }
 }
 
-/// Runs each contract test against one backend, in a module of its own.
 /// Runs `test` on every backend at once, each on a harness of its own (most of their time
 /// is spent waiting for the servers' clocks, so one after another took a minute); a
 /// failure names the backends it failed on.
@@ -979,7 +978,11 @@ where
             failed.push(format!("{backend}: {message}"));
         }
     }
-    assert!(failed.is_empty(), "{name} failed on {}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{name} failed on:\n{}",
+        failed.join("\n")
+    );
 }
 
 /// Runs each contract test against each backend.
@@ -987,7 +990,9 @@ macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod every_backend {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                // A thread a backend and one more: sled's calls hold their thread while
+                // they run, and the other backends' timings must not wait behind them.
+                #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
                 async fn $test() {
                     super::on_every_backend(stringify!($test), super::$test).await;
                 }

@@ -323,28 +323,22 @@ async fn each_scheme_accepts_its_sdk_signature_and_refuses_the_rest() {
         return;
     }
     let (proxy, upstream, _dir) = proxy().await;
-    // Every scheme's signatures, made at once: signed, with the wrong secret, an hour
-    // early and an hour late.
-    let ids: Vec<_> = (SCHEMES.iter())
-        .map(|scheme| format!("evt_{}_{:x}", scheme.name, rand::random::<u32>()))
-        .collect();
-    let bodies: Vec<_> = ids.iter().map(|id| event_body(id)).collect();
-    let now = now();
-    let mut requests = Vec::new();
-    for ((scheme, id), body) in SCHEMES.iter().zip(&ids).zip(&bodies) {
-        let (name, secret) = (scheme.name, scheme.secret);
-        requests.extend([
-            (name, secret, body.as_str(), now, id.as_str()),
-            (name, WRONG_SECRET, body, now, id),
-            (name, secret, body, now - 3600, id),
-            (name, secret, body, now + 3600, id),
-        ]);
-    }
-    let mut signatures = sign_each(&requests).into_iter();
-    for ((scheme, id), body) in SCHEMES.iter().zip(ids).zip(bodies) {
+    for scheme in SCHEMES {
         let what = scheme.name;
-        let mut next = || signatures.next().unwrap();
-        let (signed, forged, early, late) = (next(), next(), next(), next());
+        let id = format!("evt_{what}_{:x}", rand::random::<u32>());
+        let body = event_body(&id);
+        // The scheme's signatures, made at once just before its deliveries (Paddle's
+        // timestamps are good for 5 s): signed, with the wrong secret, an hour early and
+        // an hour late.
+        let (name, secret, now) = (scheme.name, scheme.secret, now());
+        let [signed, forged, early, late]: [_; 4] = sign_each(&[
+            (name, secret, &body, now, &id),
+            (name, WRONG_SECRET, &body, now, &id),
+            (name, secret, &body, now - 3600, &id),
+            (name, secret, &body, now + 3600, &id),
+        ])
+        .try_into()
+        .unwrap();
         let before = upstream.requests();
 
         // Refusals first: none of them may claim the key.
