@@ -100,6 +100,24 @@ async fn the_log_keeps_its_contract(h: Harness) {
     );
     assert_eq!(whole.body.as_deref(), Some(&b"\xff\x00binary"[..]));
     assert_eq!(log.get(LogId(ids[4].0 + 1_000_000, 0)).await.unwrap(), None);
+    // Ids a caller makes up, at either end of what an id holds, name nothing and read
+    // from the newest or from nothing.
+    for made_up in [
+        LogId(0, 0),
+        LogId(u64::MAX, u64::MAX),
+        LogId(ids[4].0, u64::MAX),
+    ] {
+        assert_eq!(log.get(made_up).await.unwrap(), None, "{made_up}");
+    }
+    assert_eq!(
+        keys(&*log, Some(LogId(u64::MAX, u64::MAX)), 2).await,
+        ["e", "d"]
+    );
+    assert_eq!(
+        log.read(Some(LogId(0, 0)), 10).await.unwrap(),
+        Default::default()
+    );
+    assert!(log.read(None, 0).await.unwrap().entries.is_empty());
     assert_eq!(log.get(LogId(ids[4].0, 999)).await.unwrap(), None);
 
     // Two writers at once: every entry stored, each under an id of its own.

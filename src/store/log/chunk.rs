@@ -1,7 +1,7 @@
 //! A chunk: one batch of the delivery log's entries as one value, as sled's files,
-//! PostgreSQL's rows and Redis's stream entries keep it, and the reading of batches
-//! newest first that the shared stores do alike. Its header (the encoding's version, how many entries, the
-//! newest entry's time), then each entry, its length and its encoding.
+//! PostgreSQL's rows and Redis's stream entries keep it: its header (the encoding's
+//! version, how many entries, the newest entry's time), then each entry, its length and
+//! its encoding. Also the reading of batches newest first that the shared stores share.
 
 use std::future::Future;
 
@@ -171,18 +171,18 @@ pub(crate) fn newest_first(
     found: &mut Vec<(LogId, LoggedDelivery)>,
 ) -> bool {
     for (place, entry) in entries.into_iter().enumerate().rev() {
+        if found.len() >= limit {
+            return true;
+        }
         let id = LogId(first.0, first.1 + place as u64);
         if before.is_some_and(|before| id >= before) {
             continue;
         }
         if let Some(entry) = entry {
             found.push((id, entry));
-            if found.len() == limit {
-                return true;
-            }
         }
     }
-    false
+    found.len() >= limit
 }
 
 /// How many entries a chunk holds and its newest entry's time; nothing for one that does

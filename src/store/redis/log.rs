@@ -231,11 +231,12 @@ fn stream_entries(reply: Value) -> Vec<(LogId, Stored)> {
         let Some(id) = id else { continue };
         let mut stored = Stored::Unknown;
         if let Some(Value::Array(fields)) = fields {
-            for pair in fields.chunks_exact(2) {
-                if let [Value::BulkString(name), Value::BulkString(value)] = pair {
+            let mut fields = fields.into_iter();
+            while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+                if let (Value::BulkString(name), Value::BulkString(value)) = (name, value) {
                     match name.as_slice() {
-                        b"c" => stored = Stored::Batch(value.clone()),
-                        b"e" => stored = Stored::Single(value.clone()),
+                        b"c" => stored = Stored::Batch(value),
+                        b"e" => stored = Stored::Single(value),
                         _ => {}
                     }
                 }
