@@ -211,6 +211,24 @@ async fn a_retry_is_due_at_its_time_and_not_before(h: Harness) {
     assert_eq!(q.take(1, VISIBLE).await.len(), 1);
 }
 
+/// A job put back unsent (a retry that records no attempt: taken ahead of a free place,
+/// then paused) still counts as waiting; one retried after an attempt, as retrying.
+async fn a_job_put_back_unsent_still_counts_as_waiting(h: Harness) {
+    let q = Queue::of(h);
+    q.enqueue("back").await;
+    let taken = q.take(1, VISIBLE).await.pop().unwrap();
+    q.queue.retry(&taken, &taken.job, q.now()).await.unwrap();
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.retrying), (1, 0));
+    let again = q.take(1, VISIBLE).await.pop().expect("due at once");
+    assert_eq!(again.attempt, 2, "the first take still counts");
+    let mut job = again.job.clone();
+    job.record(q.attempt(503));
+    q.queue.retry(&again, &job, q.now()).await.unwrap();
+    let counts = q.counts().await;
+    assert_eq!((counts.waiting, counts.retrying), (0, 1));
+}
+
 async fn dead_letters_are_listed_in_order_revived_and_discarded(h: Harness) {
     let q = Queue::of(h);
     let mut dead = Vec::new();
@@ -559,6 +577,7 @@ contract!(
     enqueue_is_idempotent_and_a_take_hides_the_job,
     a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused,
     a_retry_is_due_at_its_time_and_not_before,
+    a_job_put_back_unsent_still_counts_as_waiting,
     dead_letters_are_listed_in_order_revived_and_discarded,
     concurrent_takers_never_share_a_job,
     pausing_is_kept_in_the_store,

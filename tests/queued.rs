@@ -1,7 +1,7 @@
 //! Queued delivery (`delivery: queued`) on the embedded store, through a real proxy and a
 //! real upstream: acknowledged once stored, delivered in the background with retries,
-//! dead letters listed, inspected, replayed and discarded, pause and resume, and the
-//! limits on concurrency and rate.
+//! dead letters listed, inspected, replayed and discarded, pause and resume, the limits
+//! on concurrency and rate, and jobs taken ahead of a place.
 
 mod support;
 
@@ -374,6 +374,86 @@ async fn max_concurrency_bounds_the_deliveries_in_flight() {
     })
     .await;
     assert_eq!(upstream.most_running(), 3);
+    proxy.shutdown().await;
+}
+
+/// The `Dedupe-Attempt` of each request the app got, by event ID.
+fn attempts_by_key(upstream: &Upstream) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut attempts = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for received in upstream.received() {
+        let key = received.headers["dedupe-key"].to_str().unwrap().to_owned();
+        let attempt = received.headers["dedupe-attempt"].to_str().unwrap();
+        attempts.entry(key).or_default().push(attempt.to_owned());
+    }
+    attempts
+}
+
+#[tokio::test]
+async fn jobs_taken_ahead_of_a_place_are_put_back_unsent_by_a_pause() {
+    let upstream = Upstream::start().await;
+    let gate = tokio_util::sync::CancellationToken::new();
+    upstream.script([Answer::ok().until(&gate), Answer::ok().until(&gate)]);
+    let mut proxy = Proxy::start(upstream.addr, &queued("      max_concurrency: 2\n")).await;
+    for id in 0..6 {
+        assert_eq!(
+            post_event(proxy.addr, &format!("evt_{id}")).await.status,
+            202
+        );
+    }
+    // Two attempts held by the app; two more jobs taken ahead, waiting for their places.
+    upstream.wait_for_requests(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let paused = admin(&proxy, "POST", "/v1/queue/hooks/pause", "").await;
+    assert_eq!(paused.status, 200);
+    gate.cancel();
+    eventually(
+        Duration::from_secs(5),
+        "the attempts under way ended",
+        || async {
+            let overview = admin(&proxy, "GET", "/v1/queue", "").await.json();
+            overview["routes"][0]["in_flight"] == 0 && overview["routes"][0]["waiting"] == 4
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(upstream.requests(), 2, "nothing sent after the pause");
+
+    let resumed = admin(&proxy, "POST", "/v1/queue/hooks/resume", "").await;
+    assert_eq!(resumed.status, 200);
+    upstream.wait_for_requests(6).await;
+    let attempts = attempts_by_key(&upstream);
+    assert_eq!(attempts.len(), 6, "{attempts:?}");
+    // The two put back were taken twice: their one request says so.
+    let second: Vec<_> = attempts.values().filter(|a| *a == &["2"]).collect();
+    let first: Vec<_> = attempts.values().filter(|a| *a == &["1"]).collect();
+    assert_eq!((first.len(), second.len()), (4, 2), "{attempts:?}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_job_that_waited_too_long_for_a_place_is_put_back_unsent() {
+    let upstream = Upstream::start().await;
+    // Longer than a job taken ahead may wait (2 s) and still be sent, within the timeout.
+    upstream.script([Answer::ok().after(Duration::from_millis(3000))]);
+    let route = json_route(
+        "    delivery: queued\n    upstream_timeout: 10s\n    queue:\n      max_concurrency: 1\n",
+    );
+    let mut proxy = Proxy::start(upstream.addr, &route).await;
+    assert_eq!(post_event(proxy.addr, "evt_a").await.status, 202);
+    upstream.wait_for_requests(1).await;
+    // Taken ahead while evt_a's attempt runs; it waits for the one place.
+    assert_eq!(post_event(proxy.addr, "evt_b").await.status, 202);
+    upstream.wait_for_requests(2).await;
+    eventually(Duration::from_secs(5), "an empty queue", || async {
+        let overview = admin(&proxy, "GET", "/v1/queue", "").await.json();
+        overview["routes"][0]["waiting"] == 0 && overview["routes"][0]["in_flight"] == 0
+    })
+    .await;
+    let attempts = attempts_by_key(&upstream);
+    assert_eq!(attempts["evt_a"], ["1"]);
+    // Its first take was put back, unsent: the app's one request is its second take.
+    assert_eq!(attempts["evt_b"], ["2"]);
+    assert_eq!(upstream.most_running(), 1);
     proxy.shutdown().await;
 }
 

@@ -13,33 +13,39 @@
 mod attempt;
 mod fill;
 mod paused;
+mod places;
 
 use self::attempt::AttemptContext;
 use self::fill::Fill;
 pub(crate) use self::fill::Place;
 use self::paused::Paused;
+use self::places::{Places, Waiting};
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use parking_lot::Mutex;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::delivery_log::Recorder;
 use crate::metrics::{Metrics, QueueGauges};
 use crate::route::Route;
-use crate::store::queue::{DeliveryQueue, Enqueued, Job, QueueCounts};
+use crate::store::queue::{DeliveryQueue, Enqueued, Job, QueueCounts, Taken};
 use crate::store::{Clock, Millis, StoreError, SystemClock};
 use crate::upstream::Upstream;
 
 /// How long a take hides a job beyond twice the route's `upstream_timeout` (the answer's
 /// head, then its body): time to record the outcome.
 const VISIBILITY_MARGIN: Duration = Duration::from_secs(5);
+
+/// The longest a job taken ahead of a free place waits for one and still starts: its
+/// attempt then keeps most of [`VISIBILITY_MARGIN`] to record its outcome.
+const LONGEST_WAIT: Duration = Duration::from_secs(2);
 
 /// How often an idle route looks for due jobs (this replica's own acceptances wake it
 /// at once; another replica's are found on this beat).
@@ -95,59 +101,6 @@ struct Handles {
     wake: Arc<Notify>,
     places: Arc<Places>,
     draining: Arc<AtomicBool>,
-}
-
-/// A route's places for attempts in flight (`max_concurrency`), kept across reloads so
-/// that attempts under way still count after the settings change.
-struct Places {
-    semaphore: Arc<Semaphore>,
-    size: AtomicUsize,
-}
-
-impl Places {
-    fn new(size: usize) -> Places {
-        Places {
-            semaphore: Arc::new(Semaphore::new(size)),
-            size: AtomicUsize::new(size),
-        }
-    }
-
-    async fn acquire(&self) -> OwnedSemaphorePermit {
-        Arc::clone(&self.semaphore)
-            .acquire_owned()
-            .await
-            .expect("never closed")
-    }
-
-    fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.semaphore).try_acquire_owned().ok()
-    }
-
-    fn available(&self) -> usize {
-        self.semaphore.available_permits()
-    }
-
-    fn in_use(&self) -> usize {
-        self.size
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.semaphore.available_permits())
-    }
-
-    /// Grows at once; shrinks as places come back (by taking the surplus and keeping it).
-    fn resize(&self, size: usize) {
-        let old = self.size.swap(size, Ordering::Relaxed);
-        if size > old {
-            self.semaphore.add_permits(size - old);
-        } else if old > size {
-            let semaphore = Arc::clone(&self.semaphore);
-            let surplus = u32::try_from(old - size).unwrap_or(u32::MAX);
-            tokio::spawn(async move {
-                if let Ok(taken) = semaphore.acquire_many_owned(surplus).await {
-                    taken.forget();
-                }
-            });
-        }
-    }
 }
 
 /// Whether two versions of a route deliver alike: the loop of one serves the other.
@@ -421,16 +374,15 @@ impl Deliveries {
                 }
                 continue;
             }
-            let first = tokio::select! {
-                place = places.acquire() => place,
+            let room = tokio::select! {
+                room = places.room(limiter.is_none()) => room,
                 () = stop.cancelled() => return,
             };
-            let Some(wanted) = how_many(limiter.as_ref(), &places, &stop).await else {
+            let Some(wanted) = how_many(limiter.as_ref(), room, &stop).await else {
                 return;
             };
-            // A pause may have come while this loop waited for a place or its rate.
+            // A pause may have come while this loop waited for room or its rate.
             if self.paused.contains(&route.name) {
-                drop(first);
                 continue;
             }
             let taken = match self.queue.take(&route.name, wanted, visibility).await {
@@ -438,7 +390,6 @@ impl Deliveries {
                 Err(error) => {
                     tracing::warn!(route = %route.name, %error, "cannot take queued jobs");
                     self.metrics.queue.store_error(&route.name);
-                    drop(first);
                     if idle(&stop, &wake, STORE_PAUSE).await {
                         return;
                     }
@@ -446,7 +397,6 @@ impl Deliveries {
                 }
             };
             if taken.is_empty() {
-                drop(first);
                 if draining.load(Ordering::Relaxed) && self.drained(&route.name, &stop).await {
                     return;
                 }
@@ -455,20 +405,46 @@ impl Deliveries {
                 }
                 continue;
             }
-            let mut place = Some(first);
             for job in taken {
-                let place = match place.take() {
-                    Some(place) => place,
-                    None => places.try_acquire().expect("counted free before the take"),
-                };
-                let attempts = Arc::clone(&self.attempts);
+                let waiting = places.wait();
+                let deliveries = Arc::clone(&self);
                 let route = Arc::clone(&route);
-                self.tasks.spawn(async move {
-                    if let Some(policy) = &route.policy.queue {
-                        attempt::deliver(&attempts, &route, policy, job).await;
-                    }
-                    drop(place);
-                });
+                let stop = stop.clone();
+                self.tasks
+                    .spawn(async move { deliveries.attempt(&route, job, waiting, &stop).await });
+            }
+        }
+    }
+
+    /// Delivers a job once it has a place; puts it back, due at once, if meanwhile its
+    /// loop stopped or its route was paused, or if it waited so long that its visibility
+    /// might not cover the attempt (its take still counts in `Dedupe-Attempt`).
+    async fn attempt(&self, route: &Route, job: Taken, waiting: Waiting, stop: &CancellationToken) {
+        let Some(policy) = &route.policy.queue else {
+            return;
+        };
+        let (place, waited) = tokio::select! {
+            placed = waiting.place() => placed,
+            () = stop.cancelled() => {
+                self.put_back(route, &job).await;
+                return;
+            }
+        };
+        if stop.is_cancelled() || self.paused.contains(&route.name) || waited > LONGEST_WAIT {
+            drop(place);
+            self.put_back(route, &job).await;
+            return;
+        }
+        attempt::deliver(&self.attempts, route, policy, job).await;
+        place.ended();
+    }
+
+    async fn put_back(&self, route: &Route, taken: &Taken) {
+        let now = self.clock.now();
+        match self.queue.retry(taken, &taken.job, now).await {
+            Ok(()) => self.wake(&route.name),
+            Err(error) => {
+                tracing::debug!(route = %route.name, key = %taken.job.key, %error, "a job taken ahead is due again when its visibility ends");
             }
         }
     }
@@ -640,17 +616,16 @@ impl Deliveries {
     }
 }
 
-/// How many jobs a route's loop, holding one place, takes now: with a rate, one once it
+/// How many jobs a route's loop takes now, given `room` for them: with a rate, one once it
 /// may start (a job taken early could outlive its visibility waiting, and another replica
-/// take it too); without, one per free place (only this loop takes places: those free now
-/// stay free until it takes them). `None` once stopped.
+/// take it too); without, as many as there is room for. `None` once stopped.
 async fn how_many(
     limiter: Option<&DefaultDirectRateLimiter>,
-    places: &Places,
+    room: usize,
     stop: &CancellationToken,
 ) -> Option<usize> {
     let Some(limiter) = limiter else {
-        return Some((1 + places.available()).min(TAKE_BATCH));
+        return Some(room.min(TAKE_BATCH));
     };
     tokio::select! {
         () = limiter.until_ready() => Some(1),

@@ -133,16 +133,16 @@ impl Statements {
                 format!("DELETE FROM {jobs} WHERE key = $1 AND token = $2 AND dead_at IS NULL"),
             ),
             retry: sql(
-                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA, T::BOOL],
                 format!(
-                    "UPDATE {jobs} SET due_at = $3, token = 0, waiting = false, job = $4
+                    "UPDATE {jobs} SET due_at = $3, token = 0, waiting = $5, job = $4
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
             bury: sql(
-                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA, T::BOOL],
                 format!(
-                    "UPDATE {jobs} SET dead_at = $3, token = 0, waiting = false, job = $4
+                    "UPDATE {jobs} SET dead_at = $3, token = 0, waiting = $5, job = $4
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
@@ -356,7 +356,9 @@ impl PostgresQueue {
         at: Millis,
     ) -> Result<(), StoreError> {
         let (token, at, encoded) = (signed(taken.token), signed(at), job.encode()?);
-        let params: [&(dyn ToSql + Sync); 4] = [&job.key, &token, &at, &encoded];
+        // A job put back unsent (not tried in its round) is still counted as waiting.
+        let waiting = job.dead.is_none() && job.attempts_this_round() == 0;
+        let params: [&(dyn ToSql + Sync); 5] = [&job.key, &token, &at, &encoded, &waiting];
         // A retry leaves the lane as it is: its job stays first.
         let changed = match &job.lane {
             Some(lane) if job.dead.is_some() => {

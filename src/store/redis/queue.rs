@@ -137,7 +137,8 @@ return 1
 ";
 
 /// Stores a taken job's record and makes it due at ARGV[3], if its take's token is ARGV[2].
-/// KEYS: jobs, due, tokens, waiting; ARGV: key, token, due at, record.
+/// KEYS: jobs, due, tokens, waiting; ARGV: key, token, due at, record, and `1` for a job
+/// not tried in its round (put back unsent), which stays counted as waiting.
 const RETRY: &str = r"
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] or not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
@@ -145,7 +146,11 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('SREM', KEYS[4], ARGV[1])
+if ARGV[5] == '1' then
+  redis.call('SADD', KEYS[4], ARGV[1])
+else
+  redis.call('SREM', KEYS[4], ARGV[1])
+end
 return 1
 ";
 
@@ -419,7 +424,8 @@ impl DeliveryQueue for RedisQueue {
             .arg(&job.key)
             .arg(taken.token)
             .arg(due_at)
-            .arg(job.encode()?);
+            .arg(job.encode()?)
+            .arg(u8::from(job.attempts_this_round() == 0));
         let changed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         crate::store::owned(changed == 1)
     }

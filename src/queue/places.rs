@@ -1,0 +1,178 @@
+//! A queued route's places for attempts in flight (`max_concurrency`), and the jobs taken
+//! ahead of them.
+//!
+//! A take returns once it is on stable storage (it counts in `Dedupe-Attempt`, which must
+//! not repeat after a crash), and on the embedded store that sync is most of a fast
+//! attempt's time. A loop that took only for the places free would leave every place idle
+//! through each take's sync. So while the route's attempts end quickly, its loop takes up
+//! to `max_concurrency` jobs more than it has free places, and each waits, in the order
+//! taken, for a place ([`Waiting`]). Once an attempt takes longer than [`QUICK`], the
+//! loop takes only for free places for [`SLOW_FOR`]: a job taken ahead then waits as long
+//! as the attempt before it, which its visibility (counted from the take) does not cover.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// The longest attempt after which the loop still takes jobs ahead of free places.
+const QUICK: Duration = Duration::from_millis(500);
+
+/// How long after an attempt slower than [`QUICK`] the loop takes only for free places.
+const SLOW_FOR: Duration = Duration::from_secs(30);
+
+/// A route's places, kept across reloads so that attempts under way still count after
+/// the settings change.
+pub(super) struct Places {
+    semaphore: Arc<Semaphore>,
+    size: AtomicUsize,
+    /// Jobs taken and not yet holding a place.
+    waiting: AtomicUsize,
+    /// Until when (milliseconds after `since`) jobs are taken only for free places.
+    slow_until: AtomicU64,
+    since: Instant,
+    /// Wakes the loop when a place is freed or a waiting job stops waiting.
+    changed: Notify,
+}
+
+impl Places {
+    pub(super) fn new(size: usize) -> Places {
+        Places {
+            semaphore: Arc::new(Semaphore::new(size)),
+            size: AtomicUsize::new(size),
+            waiting: AtomicUsize::new(0),
+            slow_until: AtomicU64::new(0),
+            since: Instant::now(),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Waits until the loop may take jobs, and answers how many: the places free that no
+    /// waiting job will take, and, while attempts are quick and `ahead` is allowed,
+    /// `max_concurrency` more.
+    pub(super) async fn room(&self, ahead: bool) -> usize {
+        loop {
+            let changed = self.changed.notified();
+            let room = self.room_now(ahead && !self.slow());
+            if room > 0 {
+                return room;
+            }
+            changed.await;
+        }
+    }
+
+    fn room_now(&self, ahead: bool) -> usize {
+        let ahead = if ahead {
+            self.size.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        (self.semaphore.available_permits() + ahead)
+            .saturating_sub(self.waiting.load(Ordering::Relaxed))
+    }
+
+    /// Counts a job just taken as waiting for a place, until it has one or gives up.
+    pub(super) fn wait(self: &Arc<Self>) -> Waiting {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting {
+            places: Arc::clone(self),
+            taken: Instant::now(),
+        }
+    }
+
+    /// Notes how long an attempt took: a slow one stops taking ahead for a while.
+    fn attempted(&self, took: Duration) {
+        if took > QUICK {
+            let until = self.now_ms().saturating_add(millis(SLOW_FOR));
+            self.slow_until.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    fn slow(&self) -> bool {
+        self.now_ms() < self.slow_until.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        millis(self.since.elapsed())
+    }
+
+    pub(super) fn in_use(&self) -> usize {
+        self.size
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.semaphore.available_permits())
+    }
+
+    /// Grows at once; shrinks as places come back (by taking the surplus and keeping it).
+    pub(super) fn resize(&self, size: usize) {
+        let old = self.size.swap(size, Ordering::Relaxed);
+        if size > old {
+            self.semaphore.add_permits(size - old);
+            self.changed.notify_one();
+        } else if old > size {
+            let semaphore = Arc::clone(&self.semaphore);
+            let surplus = u32::try_from(old - size).unwrap_or(u32::MAX);
+            tokio::spawn(async move {
+                if let Ok(taken) = semaphore.acquire_many_owned(surplus).await {
+                    taken.forget();
+                }
+            });
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A taken job waiting for a place; dropped, it waits no more.
+pub(super) struct Waiting {
+    places: Arc<Places>,
+    taken: Instant,
+}
+
+impl Waiting {
+    /// Waits for a place, in the order the jobs were taken. Answers the place and how
+    /// long the job waited since its take.
+    pub(super) async fn place(self) -> (InFlight, Duration) {
+        let permit = Arc::clone(&self.places.semaphore)
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let in_flight = InFlight {
+            places: Arc::clone(&self.places),
+            started: Instant::now(),
+            permit: Some(permit),
+        };
+        (in_flight, self.taken.elapsed())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.places.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.places.changed.notify_one();
+    }
+}
+
+/// A place held by an attempt; dropped, it is free again.
+pub(super) struct InFlight {
+    places: Arc<Places>,
+    started: Instant,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl InFlight {
+    /// Notes that the attempt ended (how long it took decides whether to take ahead).
+    pub(super) fn ended(&self) {
+        self.places.attempted(self.started.elapsed());
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // Freed first, so that the loop woken finds it free.
+        drop(self.permit.take());
+        self.places.changed.notify_one();
+    }
+}
