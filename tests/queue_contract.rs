@@ -211,22 +211,40 @@ async fn a_retry_is_due_at_its_time_and_not_before(h: Harness) {
     assert_eq!(q.take(1, VISIBLE).await.len(), 1);
 }
 
-/// A job put back unsent (a retry that records no attempt: taken ahead of a free place,
-/// then paused) still counts as waiting; one retried after an attempt, as retrying.
-async fn a_job_put_back_unsent_still_counts_as_waiting(h: Harness) {
+/// A job released unsent (taken ahead of a free place, then paused) is as it was before
+/// its take: due, waiting, and its next take counted as its first; released twice, or
+/// after its visibility ended and another took it, it is not its taker's to release.
+async fn a_job_released_unsent_is_as_it_was_before_its_take(h: Harness) {
     let q = Queue::of(h);
     q.enqueue("back").await;
     let taken = q.take(1, VISIBLE).await.pop().unwrap();
-    q.queue.retry(&taken, &taken.job, q.now()).await.unwrap();
+    assert_eq!(taken.attempt, 1);
+    q.queue.release(&taken, q.now()).await.unwrap();
     let counts = q.counts().await;
     assert_eq!((counts.waiting, counts.retrying), (1, 0));
+    assert!(matches!(
+        q.queue.release(&taken, q.now()).await,
+        Err(StoreError::NotOwner)
+    ));
     let again = q.take(1, VISIBLE).await.pop().expect("due at once");
-    assert_eq!(again.attempt, 2, "the first take still counts");
-    let mut job = again.job.clone();
+    assert_eq!(again.attempt, 1, "the released take does not count");
+    // Released once more after a real attempt: the attempt's own take still counts.
+    q.queue.release(&again, q.now()).await.unwrap();
+    let third = q.take(1, VISIBLE).await.pop().expect("due at once");
+    let mut job = third.job.clone();
     job.record(q.attempt(503));
-    q.queue.retry(&again, &job, q.now()).await.unwrap();
-    let counts = q.counts().await;
-    assert_eq!((counts.waiting, counts.retrying), (0, 1));
+    q.queue.retry(&third, &job, q.now()).await.unwrap();
+    let fourth = q.take(1, VISIBLE).await.pop().expect("due at once");
+    assert_eq!(fourth.attempt, 2);
+    assert!(matches!(
+        q.queue.release(&third, q.now()).await,
+        Err(StoreError::NotOwner)
+    ));
+    q.queue.release(&fourth, q.now() + 60_000).await.unwrap();
+    assert!(
+        q.take(1, VISIBLE).await.is_empty(),
+        "due when released to be"
+    );
 }
 
 async fn dead_letters_are_listed_in_order_revived_and_discarded(h: Harness) {
@@ -577,7 +595,7 @@ contract!(
     enqueue_is_idempotent_and_a_take_hides_the_job,
     a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused,
     a_retry_is_due_at_its_time_and_not_before,
-    a_job_put_back_unsent_still_counts_as_waiting,
+    a_job_released_unsent_is_as_it_was_before_its_take,
     dead_letters_are_listed_in_order_revived_and_discarded,
     concurrent_takers_never_share_a_job,
     pausing_is_kept_in_the_store,

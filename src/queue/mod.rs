@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use parking_lot::Mutex;
@@ -375,16 +375,22 @@ impl Deliveries {
                 continue;
             }
             let room = tokio::select! {
-                room = places.room(limiter.is_none()) => room,
+                biased;
                 () = stop.cancelled() => return,
+                room = places.room(limiter.is_none()) => room,
             };
             let Some(wanted) = how_many(limiter.as_ref(), room, &stop).await else {
                 return;
             };
-            // A pause may have come while this loop waited for room or its rate.
+            // A pause or a stop may have come while this loop waited for room or its rate.
+            if stop.is_cancelled() {
+                return;
+            }
             if self.paused.contains(&route.name) {
                 continue;
             }
+            // Before the take: its visibility counts from there.
+            let asked = Instant::now();
             let taken = match self.queue.take(&route.name, wanted, visibility).await {
                 Ok(taken) => taken,
                 Err(error) => {
@@ -406,45 +412,63 @@ impl Deliveries {
                 continue;
             }
             for job in taken {
-                let waiting = places.wait();
+                let waiting = places.wait(asked);
                 let deliveries = Arc::clone(&self);
                 let route = Arc::clone(&route);
                 let stop = stop.clone();
-                self.tasks
-                    .spawn(async move { deliveries.attempt(&route, job, waiting, &stop).await });
+                self.tasks.spawn(async move {
+                    deliveries
+                        .deliver_when_placed(&route, job, waiting, &stop)
+                        .await;
+                });
             }
         }
     }
 
-    /// Delivers a job once it has a place; puts it back, due at once, if meanwhile its
-    /// loop stopped or its route was paused, or if it waited so long that its visibility
-    /// might not cover the attempt (its take still counts in `Dedupe-Attempt`).
-    async fn attempt(&self, route: &Route, job: Taken, waiting: Waiting, stop: &CancellationToken) {
-        let Some(policy) = &route.policy.queue else {
-            return;
-        };
+    /// Delivers a job once it has a place. Puts it back, due at once, if meanwhile its
+    /// loop stopped (a reload or the shutdown) or its route was paused, or if no place
+    /// came within [`LONGEST_WAIT`] of its take: its visibility, counted from the take,
+    /// must still cover the attempt.
+    async fn deliver_when_placed(
+        &self,
+        route: &Route,
+        job: Taken,
+        waiting: Waiting,
+        stop: &CancellationToken,
+    ) {
+        let places = Arc::clone(waiting.places());
+        let deadline = tokio::time::Instant::from_std(waiting.since() + LONGEST_WAIT);
         let (place, waited) = tokio::select! {
-            placed = waiting.place() => placed,
-            () = stop.cancelled() => {
-                self.put_back(route, &job).await;
-                return;
+            biased;
+            () = stop.cancelled() => return self.put_back(route, &job).await,
+            () = tokio::time::sleep_until(deadline) => {
+                // Attempts this slow leave no time to wait behind them.
+                places.slow_for_a_while();
+                return self.put_back(route, &job).await;
             }
+            placed = waiting.place() => placed,
         };
-        if stop.is_cancelled() || self.paused.contains(&route.name) || waited > LONGEST_WAIT {
+        // A job waits about as long as the attempt before it took.
+        places.note_duration(waited);
+        let Some(policy) = route.policy.queue.as_ref().filter(|_| {
+            !stop.is_cancelled() && !self.paused.contains(&route.name) && waited <= LONGEST_WAIT
+        }) else {
             drop(place);
-            self.put_back(route, &job).await;
-            return;
-        }
+            return self.put_back(route, &job).await;
+        };
         attempt::deliver(&self.attempts, route, policy, job).await;
         place.ended();
     }
 
+    /// Gives a job taken ahead back unsent, due at once, its take uncounted. If the store
+    /// fails, the job is due again when its visibility ends.
     async fn put_back(&self, route: &Route, taken: &Taken) {
         let now = self.clock.now();
-        match self.queue.retry(taken, &taken.job, now).await {
+        match self.queue.release(taken, now).await {
             Ok(()) => self.wake(&route.name),
             Err(error) => {
-                tracing::debug!(route = %route.name, key = %taken.job.key, %error, "a job taken ahead is due again when its visibility ends");
+                self.metrics.queue.store_error(&route.name);
+                tracing::warn!(route = %route.name, key = %taken.job.key, %error, "a job taken ahead cannot be put back; it is due again when its visibility ends");
             }
         }
     }

@@ -5,10 +5,11 @@
 //! not repeat after a crash), and on the embedded store that sync is most of a fast
 //! attempt's time. A loop that took only for the places free would leave every place idle
 //! through each take's sync. So while the route's attempts end quickly, its loop takes up
-//! to `max_concurrency` jobs more than it has free places, and each waits, in the order
-//! taken, for a place ([`Waiting`]). Once an attempt takes longer than [`QUICK`], the
-//! loop takes only for free places for [`SLOW_FOR`]: a job taken ahead then waits as long
-//! as the attempt before it, which its visibility (counted from the take) does not cover.
+//! to `max_concurrency` jobs more than it has free places, and each waits for a place
+//! ([`Waiting`]). Once an attempt, or a job's wait for its place, takes longer than
+//! [`QUICK`], the loop takes only for free places for [`SLOW_FOR`]: a job taken ahead
+//! waits about as long as the attempt before it, which its visibility (counted from the
+//! take) does not cover for long.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -68,25 +69,34 @@ impl Places {
         } else {
             0
         };
-        (self.semaphore.available_permits() + ahead)
-            .saturating_sub(self.waiting.load(Ordering::Relaxed))
+        // Waiting first: a job that takes a place between the two reads is then counted
+        // twice (too little room, and its drop wakes the loop), never missed.
+        let waiting = self.waiting.load(Ordering::Relaxed);
+        (self.semaphore.available_permits() + ahead).saturating_sub(waiting)
     }
 
-    /// Counts a job just taken as waiting for a place, until it has one or gives up.
-    pub(super) fn wait(self: &Arc<Self>) -> Waiting {
+    /// Counts a job taken (its take asked for at `asked`) as waiting for a place, until it
+    /// has one or gives up.
+    pub(super) fn wait(self: &Arc<Self>, asked: Instant) -> Waiting {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         Waiting {
             places: Arc::clone(self),
-            taken: Instant::now(),
+            asked,
         }
     }
 
-    /// Notes how long an attempt took: a slow one stops taking ahead for a while.
-    fn attempted(&self, took: Duration) {
+    /// Notes how long an attempt took, or a job waited for its place: longer than
+    /// [`QUICK`] stops taking ahead for a while.
+    pub(super) fn note_duration(&self, took: Duration) {
         if took > QUICK {
-            let until = self.now_ms().saturating_add(millis(SLOW_FOR));
-            self.slow_until.fetch_max(until, Ordering::Relaxed);
+            self.slow_for_a_while();
         }
+    }
+
+    /// Takes only for free places for [`SLOW_FOR`].
+    pub(super) fn slow_for_a_while(&self) {
+        let until = self.now_ms().saturating_add(millis(SLOW_FOR));
+        self.slow_until.fetch_max(until, Ordering::Relaxed);
     }
 
     fn slow(&self) -> bool {
@@ -128,12 +138,21 @@ fn millis(duration: Duration) -> u64 {
 /// A taken job waiting for a place; dropped, it waits no more.
 pub(super) struct Waiting {
     places: Arc<Places>,
-    taken: Instant,
+    asked: Instant,
 }
 
 impl Waiting {
-    /// Waits for a place, in the order the jobs were taken. Answers the place and how
-    /// long the job waited since its take.
+    pub(super) fn places(&self) -> &Arc<Places> {
+        &self.places
+    }
+
+    /// When its take was asked for.
+    pub(super) fn since(&self) -> Instant {
+        self.asked
+    }
+
+    /// Waits for a place (the semaphore serves its waiters first come, first served).
+    /// Answers the place and how long it was since the take was asked for.
     pub(super) async fn place(self) -> (InFlight, Duration) {
         let permit = Arc::clone(&self.places.semaphore)
             .acquire_owned()
@@ -144,7 +163,7 @@ impl Waiting {
             started: Instant::now(),
             permit: Some(permit),
         };
-        (in_flight, self.taken.elapsed())
+        (in_flight, self.asked.elapsed())
     }
 }
 
@@ -165,7 +184,7 @@ pub(super) struct InFlight {
 impl InFlight {
     /// Notes that the attempt ended (how long it took decides whether to take ahead).
     pub(super) fn ended(&self) {
-        self.places.attempted(self.started.elapsed());
+        self.places.note_duration(self.started.elapsed());
     }
 }
 

@@ -235,6 +235,11 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     /// take's visibility ended and the job was taken again or settled.
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError>;
 
+    /// Gives a taken job back unsent, due at `due_at`, as it was before the take: the take
+    /// no longer counts toward `Dedupe-Attempt` (the number it gave was never sent).
+    /// `NotOwner` as for retry.
+    async fn release(&self, taken: &Taken, due_at: Millis) -> Result<(), StoreError>;
+
     /// Stores `job` in dead letters, as dying when its `dead` says (which must be set),
     /// and makes the next job of its lane due. `NotOwner` as for retry.
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError>;

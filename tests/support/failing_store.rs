@@ -210,10 +210,13 @@ pub async fn proxy_on_store(
     )
 }
 
-/// The real sled queue, whose first `fail_paused_reads` reads of the paused routes fail.
+/// The real sled queue, whose first `fail_paused_reads` reads of the paused routes fail,
+/// counting the jobs taken and released.
 pub struct FailingQueue {
     pub inner: Arc<dyn DeliveryQueue>,
     pub fail_paused_reads: AtomicUsize,
+    pub taken: AtomicUsize,
+    pub released: AtomicUsize,
 }
 
 #[async_trait]
@@ -227,13 +230,20 @@ impl DeliveryQueue for FailingQueue {
         limit: usize,
         visibility: Duration,
     ) -> Result<Vec<Taken>, StoreError> {
-        self.inner.take(route, limit, visibility).await
+        let taken = self.inner.take(route, limit, visibility).await?;
+        self.taken.fetch_add(taken.len(), Ordering::SeqCst);
+        Ok(taken)
     }
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
         self.inner.complete(taken).await
     }
     async fn retry(&self, taken: &Taken, job: &Job, due_at: u64) -> Result<(), StoreError> {
         self.inner.retry(taken, job, due_at).await
+    }
+    async fn release(&self, taken: &Taken, due_at: u64) -> Result<(), StoreError> {
+        self.inner.release(taken, due_at).await?;
+        self.released.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
         self.inner.bury(taken, job).await

@@ -75,6 +75,7 @@ struct Statements {
     take: Sql,
     complete: Sql,
     retry: Sql,
+    release: Sql,
     bury: Sql,
     lanes: LaneStatements,
     operations: Operations,
@@ -133,16 +134,23 @@ impl Statements {
                 format!("DELETE FROM {jobs} WHERE key = $1 AND token = $2 AND dead_at IS NULL"),
             ),
             retry: sql(
-                &[T::TEXT, T::INT8, T::INT8, T::BYTEA, T::BOOL],
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
                 format!(
-                    "UPDATE {jobs} SET due_at = $3, token = 0, waiting = $5, job = $4
+                    "UPDATE {jobs} SET due_at = $3, token = 0, waiting = false, job = $4
+                     WHERE key = $1 AND token = $2 AND dead_at IS NULL"
+                ),
+            ),
+            release: sql(
+                &[T::TEXT, T::INT8, T::INT8],
+                format!(
+                    "UPDATE {jobs} SET due_at = $3, token = 0, takes = GREATEST(takes - 1, 0)
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
             bury: sql(
-                &[T::TEXT, T::INT8, T::INT8, T::BYTEA, T::BOOL],
+                &[T::TEXT, T::INT8, T::INT8, T::BYTEA],
                 format!(
-                    "UPDATE {jobs} SET dead_at = $3, token = 0, waiting = $5, job = $4
+                    "UPDATE {jobs} SET dead_at = $3, token = 0, waiting = false, job = $4
                      WHERE key = $1 AND token = $2 AND dead_at IS NULL"
                 ),
             ),
@@ -356,9 +364,7 @@ impl PostgresQueue {
         at: Millis,
     ) -> Result<(), StoreError> {
         let (token, at, encoded) = (signed(taken.token), signed(at), job.encode()?);
-        // A job put back unsent (not tried in its round) is still counted as waiting.
-        let waiting = job.dead.is_none() && job.attempts_this_round() == 0;
-        let params: [&(dyn ToSql + Sync); 5] = [&job.key, &token, &at, &encoded, &waiting];
+        let params: [&(dyn ToSql + Sync); 4] = [&job.key, &token, &at, &encoded];
         // A retry leaves the lane as it is: its job stays first.
         let changed = match &job.lane {
             Some(lane) if job.dead.is_some() => {
@@ -440,6 +446,13 @@ impl DeliveryQueue for PostgresQueue {
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {
         self.change_taken(&self.statements.retry, taken, job, due_at)
             .await
+    }
+
+    async fn release(&self, taken: &Taken, due_at: Millis) -> Result<(), StoreError> {
+        let (token, due_at) = (signed(taken.token), signed(due_at));
+        let params: [&(dyn ToSql + Sync); 3] = [&taken.job.key, &token, &due_at];
+        let changed = self.execute(&self.statements.release, &params).await?;
+        crate::store::owned(changed == 1)
     }
 
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {

@@ -136,9 +136,22 @@ end
 return 1
 ";
 
+/// Gives a taken job back unsent, due at ARGV[3], its take uncounted, if its take's token
+/// is ARGV[2]. KEYS: due, tokens, takes; ARGV: key, token, due at.
+const RELEASE: &str = r"
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') > 0 then
+  redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
+end
+return 1
+";
+
 /// Stores a taken job's record and makes it due at ARGV[3], if its take's token is ARGV[2].
-/// KEYS: jobs, due, tokens, waiting; ARGV: key, token, due at, record, and `1` for a job
-/// not tried in its round (put back unsent), which stays counted as waiting.
+/// KEYS: jobs, due, tokens, waiting; ARGV: key, token, due at, record.
 const RETRY: &str = r"
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] or not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
@@ -146,11 +159,7 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
-if ARGV[5] == '1' then
-  redis.call('SADD', KEYS[4], ARGV[1])
-else
-  redis.call('SREM', KEYS[4], ARGV[1])
-end
+redis.call('SREM', KEYS[4], ARGV[1])
 return 1
 ";
 
@@ -222,7 +231,7 @@ pub(super) struct RedisQueue {
     prefix: String,
     timeout: Duration,
     clock: Box<dyn Clock>,
-    scripts: [Script; 7],
+    scripts: [Script; 8],
 }
 
 impl RedisQueue {
@@ -240,6 +249,7 @@ impl RedisQueue {
                 format!("{OUT_OF_LANE}{BURY}"),
                 REVIVE.to_owned(),
                 DISCARD.to_owned(),
+                RELEASE.to_owned(),
             ]
             .map(|code| Script::new(&code)),
         }
@@ -424,8 +434,22 @@ impl DeliveryQueue for RedisQueue {
             .arg(&job.key)
             .arg(taken.token)
             .arg(due_at)
-            .arg(job.encode()?)
-            .arg(u8::from(job.attempts_this_round() == 0));
+            .arg(job.encode()?);
+        let changed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
+        crate::store::owned(changed == 1)
+    }
+
+    async fn release(&self, taken: &Taken, due_at: Millis) -> Result<(), StoreError> {
+        let keys = self.keys(&taken.job.route);
+        let mut link = self.link.clone();
+        let mut invocation = self.scripts[7].prepare_invoke();
+        invocation
+            .key(&keys.due)
+            .key(&keys.tokens)
+            .key(&keys.takes)
+            .arg(&taken.job.key)
+            .arg(taken.token)
+            .arg(due_at);
         let changed: i64 = self.bounded(invocation.invoke_async(&mut link)).await?;
         crate::store::owned(changed == 1)
     }

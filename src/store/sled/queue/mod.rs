@@ -477,6 +477,23 @@ impl DeliveryQueue for SledQueue {
         self.on_database(|trees| self.change_taken(trees, taken, job, Some(due_at)))
     }
 
+    async fn release(&self, taken: &Taken, due_at: Millis) -> Result<(), StoreError> {
+        self.on_database(|trees| {
+            let changed = self.swap(trees, &taken.job.key, |stored| {
+                if stored.token != taken.token || stored.job.dead.is_some() {
+                    return Err(());
+                }
+                Ok(Some(Record {
+                    due_at,
+                    token: 0,
+                    takes: stored.takes.saturating_sub(1),
+                    ..stored
+                }))
+            })?;
+            changed.map(drop).ok_or(StoreError::NotOwner)
+        })
+    }
+
     async fn bury(&self, taken: &Taken, job: &Job) -> Result<(), StoreError> {
         if job.dead.is_none() {
             return Err(StoreError::BadRequest(
