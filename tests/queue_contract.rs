@@ -177,6 +177,11 @@ async fn a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused(h
     job.record(q.attempt(500));
     let late = q.queue.retry(&first, &job, q.now()).await;
     assert!(matches!(late, Err(StoreError::NotOwner)), "{late:?}");
+    // Nor may it give the job back: the second take's number was sent, or will be.
+    assert!(matches!(
+        q.queue.release(&first, q.now()).await,
+        Err(StoreError::NotOwner)
+    ));
     job.dead = Some((q.now(), DeadReason::Refused));
     assert!(matches!(
         q.queue.bury(&first, &job).await,
@@ -213,7 +218,8 @@ async fn a_retry_is_due_at_its_time_and_not_before(h: Harness) {
 
 /// A job released unsent (taken ahead of a free place, then paused) is as it was before
 /// its take: due, waiting, and its next take counted as its first; released twice, or
-/// after its visibility ended and another took it, it is not its taker's to release.
+/// once settled, it is not its taker's to release (a release after another took it:
+/// `a_job_whose_visibility_ends_is_taken_again_and_its_late_owner_refused`).
 async fn a_job_released_unsent_is_as_it_was_before_its_take(h: Harness) {
     let q = Queue::of(h);
     q.enqueue("back").await;

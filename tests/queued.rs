@@ -395,7 +395,10 @@ async fn jobs_taken_ahead_of_a_place_are_put_back_unsent_by_a_pause() {
     let gate = tokio_util::sync::CancellationToken::new();
     upstream.script([Answer::ok().until(&gate), Answer::ok().until(&gate)]);
     let dir = tempfile::tempdir().unwrap();
-    let routes = queued("      max_concurrency: 2\n");
+    // A timeout no slow machine reaches while the two attempts are held.
+    let routes = json_route(
+        "    delivery: queued\n    upstream_timeout: 30s\n    queue:\n      max_concurrency: 2\n",
+    );
     let (app, queue) = start_counting(&upstream, &dir.path().join("db"), &routes, 0).await;
     for id in 0..6 {
         assert_eq!(
@@ -434,9 +437,11 @@ async fn jobs_taken_ahead_of_a_place_are_put_back_unsent_by_a_pause() {
 #[tokio::test]
 async fn a_job_without_a_place_within_2_s_of_its_take_is_put_back_unsent() {
     let upstream = Upstream::start().await;
-    // Longer than a job taken ahead waits for its place, within the timeout.
-    let slow = || Answer::ok().after(Duration::from_millis(3000));
-    upstream.script([slow(), slow()]);
+    // Far longer than a job taken ahead waits for its place, within the timeout.
+    upstream.script([
+        Answer::ok().after(Duration::from_millis(6000)),
+        Answer::ok().after(Duration::from_millis(4000)),
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let routes = json_route(
         "    delivery: queued\n    upstream_timeout: 10s\n    queue:\n      max_concurrency: 1\n",
@@ -462,13 +467,13 @@ async fn a_job_without_a_place_within_2_s_of_its_take_is_put_back_unsent() {
     assert_eq!(queue.taken.load(Ordering::SeqCst), 3);
     // After attempts that slow, nothing is taken ahead while evt_b's runs.
     assert_eq!(post_event(app.proxy_addr, "evt_c").await.status, 202);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        queue.taken.load(Ordering::SeqCst),
-        3,
-        "evt_c not taken ahead"
-    );
+    // (The app counts evt_b done before it answers, so before evt_c can be taken.)
+    while upstream.total_executions() < 2 {
+        assert_eq!(queue.taken.load(Ordering::SeqCst), 3, "evt_c taken ahead");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     upstream.wait_for_requests(3).await;
+    assert_eq!(attempts_by_key(&upstream)["evt_c"], ["1"]);
     assert_eq!(queue.released.load(Ordering::SeqCst), 1);
     assert_eq!(upstream.most_running(), 1);
     app.shutdown().await.unwrap();

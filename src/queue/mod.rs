@@ -426,9 +426,10 @@ impl Deliveries {
     }
 
     /// Delivers a job once it has a place. Puts it back, due at once, if meanwhile its
-    /// loop stopped (a reload or the shutdown) or its route was paused, or if no place
-    /// came within [`LONGEST_WAIT`] of its take: its visibility, counted from the take,
-    /// must still cover the attempt.
+    /// loop stopped (a reload or the shutdown) or its route was paused, or if it had to
+    /// wait and no place came within [`LONGEST_WAIT`] of its take: its visibility, counted
+    /// from the take, must still cover the attempt. A job with a place free at once goes,
+    /// however long its take took, as it did before jobs were taken ahead.
     async fn deliver_when_placed(
         &self,
         route: &Route,
@@ -437,22 +438,31 @@ impl Deliveries {
         stop: &CancellationToken,
     ) {
         let places = Arc::clone(waiting.places());
-        let deadline = tokio::time::Instant::from_std(waiting.since() + LONGEST_WAIT);
-        let (place, waited) = tokio::select! {
-            biased;
-            () = stop.cancelled() => return self.put_back(route, &job).await,
-            () = tokio::time::sleep_until(deadline) => {
-                // Attempts this slow leave no time to wait behind them.
-                places.slow_for_a_while();
-                return self.put_back(route, &job).await;
+        let place = match waiting.place_now() {
+            Ok(place) => place,
+            Err(waiting) => {
+                let deadline = tokio::time::Instant::from_std(waiting.asked() + LONGEST_WAIT);
+                let (place, waited) = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return self.put_back(route, &job).await,
+                    () = tokio::time::sleep_until(deadline) => {
+                        // Attempts this slow leave no time to wait behind them.
+                        places.slow_for_a_while();
+                        return self.put_back(route, &job).await;
+                    }
+                    placed = waiting.place() => placed,
+                };
+                // A job waits about as long as the attempt before it took.
+                places.note_duration(waited);
+                place
             }
-            placed = waiting.place() => placed,
         };
-        // A job waits about as long as the attempt before it took.
-        places.note_duration(waited);
-        let Some(policy) = route.policy.queue.as_ref().filter(|_| {
-            !stop.is_cancelled() && !self.paused.contains(&route.name) && waited <= LONGEST_WAIT
-        }) else {
+        let Some(policy) = route
+            .policy
+            .queue
+            .as_ref()
+            .filter(|_| !stop.is_cancelled() && !self.paused.contains(&route.name))
+        else {
             drop(place);
             return self.put_back(route, &job).await;
         };
@@ -466,6 +476,8 @@ impl Deliveries {
         let now = self.clock.now();
         match self.queue.release(taken, now).await {
             Ok(()) => self.wake(&route.name),
+            // Its visibility ended and another take has it: that take's now.
+            Err(StoreError::NotOwner) => {}
             Err(error) => {
                 self.metrics.queue.store_error(&route.name);
                 tracing::warn!(route = %route.name, key = %taken.job.key, %error, "a job taken ahead cannot be put back; it is due again when its visibility ends");

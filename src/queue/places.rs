@@ -71,7 +71,7 @@ impl Places {
         };
         // Waiting first: a job that takes a place between the two reads is then counted
         // twice (too little room, and its drop wakes the loop), never missed.
-        let waiting = self.waiting.load(Ordering::Relaxed);
+        let waiting = self.waiting.load(Ordering::Acquire);
         (self.semaphore.available_permits() + ahead).saturating_sub(waiting)
     }
 
@@ -82,6 +82,7 @@ impl Places {
         Waiting {
             places: Arc::clone(self),
             asked,
+            since: Instant::now(),
         }
     }
 
@@ -138,7 +139,10 @@ fn millis(duration: Duration) -> u64 {
 /// A taken job waiting for a place; dropped, it waits no more.
 pub(super) struct Waiting {
     places: Arc<Places>,
+    /// When its take was asked for (its visibility counts from there).
     asked: Instant,
+    /// When it began to wait (its take returned).
+    since: Instant,
 }
 
 impl Waiting {
@@ -147,29 +151,41 @@ impl Waiting {
     }
 
     /// When its take was asked for.
-    pub(super) fn since(&self) -> Instant {
+    pub(super) fn asked(&self) -> Instant {
         self.asked
     }
 
+    /// A place free now, without waiting, if there is one.
+    pub(super) fn place_now(self) -> Result<InFlight, Waiting> {
+        match Arc::clone(&self.places.semaphore).try_acquire_owned() {
+            Ok(permit) => Ok(self.placed(permit).0),
+            Err(_) => Err(self),
+        }
+    }
+
     /// Waits for a place (the semaphore serves its waiters first come, first served).
-    /// Answers the place and how long it was since the take was asked for.
+    /// Answers the place and how long the job waited for it.
     pub(super) async fn place(self) -> (InFlight, Duration) {
         let permit = Arc::clone(&self.places.semaphore)
             .acquire_owned()
             .await
             .expect("never closed");
+        self.placed(permit)
+    }
+
+    fn placed(self, permit: OwnedSemaphorePermit) -> (InFlight, Duration) {
         let in_flight = InFlight {
             places: Arc::clone(&self.places),
             started: Instant::now(),
             permit: Some(permit),
         };
-        (in_flight, self.asked.elapsed())
+        (in_flight, self.since.elapsed())
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.places.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.places.waiting.fetch_sub(1, Ordering::Release);
         self.places.changed.notify_one();
     }
 }
