@@ -455,6 +455,10 @@ async fn a_job_without_a_place_within_2_s_of_its_take_is_put_back_unsent() {
         queue.taken.load(Ordering::SeqCst) == 2
     })
     .await;
+    eventually(Duration::from_secs(10), "evt_a answered", || async {
+        upstream.total_executions() == 1
+    })
+    .await;
     upstream.wait_for_requests(2).await;
     let attempts = attempts_by_key(&upstream);
     assert_eq!((attempts["evt_a"].len(), attempts["evt_b"].len()), (1, 1));
