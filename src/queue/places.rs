@@ -30,6 +30,8 @@ pub(super) struct Places {
     size: AtomicUsize,
     /// Jobs taken and not yet holding a place.
     waiting: AtomicUsize,
+    /// Places a shrink still has to take back, each as an attempt under way ends.
+    owed: AtomicUsize,
     /// Until when (milliseconds after `since`) jobs are taken only for free places.
     slow_until: AtomicU64,
     since: Instant,
@@ -43,6 +45,7 @@ impl Places {
             semaphore: Arc::new(Semaphore::new(size)),
             size: AtomicUsize::new(size),
             waiting: AtomicUsize::new(0),
+            owed: AtomicUsize::new(0),
             slow_until: AtomicU64::new(0),
             since: Instant::now(),
             changed: Notify::new(),
@@ -108,28 +111,42 @@ impl Places {
         millis(self.since.elapsed())
     }
 
+    /// Places held by attempts under way (more than the size while a shrink is owed).
     pub(super) fn in_use(&self) -> usize {
-        self.size
-            .load(Ordering::Relaxed)
+        (self.size.load(Ordering::Relaxed) + self.owed.load(Ordering::Relaxed))
             .saturating_sub(self.semaphore.available_permits())
     }
 
-    /// Grows at once; shrinks as places come back (by taking the surplus and keeping it).
+    /// Grows at once (first by forgiving what a shrink still owes); shrinks by the places
+    /// free now, and the rest as the attempts under way end. Called by one reload at a
+    /// time.
     pub(super) fn resize(&self, size: usize) {
         let old = self.size.swap(size, Ordering::Relaxed);
         if size > old {
-            self.semaphore.add_permits(size - old);
+            let forgiven = take_up_to(&self.owed, size - old);
+            self.semaphore.add_permits(size - old - forgiven);
             self.changed.notify_one();
         } else if old > size {
-            let semaphore = Arc::clone(&self.semaphore);
-            let surplus = u32::try_from(old - size).unwrap_or(u32::MAX);
-            tokio::spawn(async move {
-                if let Ok(taken) = semaphore.acquire_many_owned(surplus).await {
-                    taken.forget();
-                }
-            });
+            let mut shrink = old - size;
+            while shrink > 0
+                && let Ok(free) = self.semaphore.try_acquire()
+            {
+                free.forget();
+                shrink -= 1;
+            }
+            self.owed.fetch_add(shrink, Ordering::Relaxed);
         }
     }
+}
+
+/// Takes up to `most` from `count`; answers how many it took.
+fn take_up_to(count: &AtomicUsize, most: usize) -> usize {
+    let mut taken = 0;
+    let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+        taken = left.min(most);
+        Some(left - taken)
+    });
+    taken
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -206,8 +223,61 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        // Freed first, so that the loop woken finds it free.
-        drop(self.permit.take());
+        // Freed first, so that the loop woken finds it free; or kept, if a shrink is owed.
+        if let Some(permit) = self.permit.take() {
+            if take_up_to(&self.places.owed, 1) == 1 {
+                permit.forget();
+            } else {
+                drop(permit);
+            }
+        }
         self.places.changed.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Holds `count` places of `places`, as attempts under way would.
+    async fn hold(places: &Arc<Places>, count: usize) -> Vec<InFlight> {
+        let mut held = Vec::new();
+        for _ in 0..count {
+            held.push(places.wait(Instant::now()).place().await.0);
+        }
+        held
+    }
+
+    #[tokio::test]
+    async fn room_counts_free_places_jobs_waiting_and_those_taken_ahead() {
+        let places = Arc::new(Places::new(2));
+        assert_eq!((places.room_now(false), places.room_now(true)), (2, 4));
+        let held = hold(&places, 1).await;
+        let waiting = places.wait(Instant::now());
+        assert_eq!((places.room_now(false), places.room_now(true)), (0, 2));
+        assert_eq!(places.in_use(), 1);
+        drop(waiting);
+        drop(held);
+        assert_eq!(places.room_now(true), 4);
+        places.note_duration(QUICK * 2);
+        assert!(places.slow());
+    }
+
+    #[tokio::test]
+    async fn a_shrink_takes_places_back_as_attempts_end_and_a_grow_forgives_it() {
+        let places = Arc::new(Places::new(4));
+        let mut held = hold(&places, 3).await;
+        // One free place goes at once; two are owed by the attempts under way.
+        places.resize(1);
+        assert_eq!((places.in_use(), places.room_now(false)), (3, 0));
+        held.pop();
+        assert_eq!((places.in_use(), places.room_now(false)), (2, 0));
+        // Growing before the rest came back forgives it: four places, two held.
+        places.resize(4);
+        assert_eq!((places.in_use(), places.room_now(false)), (2, 2));
+        drop(held);
+        assert_eq!((places.in_use(), places.room_now(false)), (0, 4));
+        places.resize(2);
+        assert_eq!((places.in_use(), places.room_now(false)), (0, 2));
     }
 }
