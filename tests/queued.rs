@@ -483,6 +483,36 @@ async fn a_job_without_a_place_within_2_s_of_its_take_is_put_back_unsent() {
     app.shutdown().await.unwrap();
 }
 
+/// A shutdown gives back the jobs taken ahead at once (unsent, their takes uncounted),
+/// rather than leaving them hidden until their visibility ends.
+#[tokio::test]
+async fn a_shutdown_gives_back_the_jobs_taken_ahead() {
+    let upstream = Upstream::start().await;
+    let gate = tokio_util::sync::CancellationToken::new();
+    upstream.script([Answer::ok().until(&gate)]);
+    let dir = tempfile::tempdir().unwrap();
+    let routes = json_route(
+        "    delivery: queued\n    upstream_timeout: 30s\n    queue:\n      max_concurrency: 1\n",
+    );
+    let (app, queue) = start_counting(&upstream, &dir.path().join("db"), &routes, 0).await;
+    assert_eq!(post_event(app.proxy_addr, "evt_a").await.status, 202);
+    upstream.wait_for_requests(1).await;
+    assert_eq!(post_event(app.proxy_addr, "evt_b").await.status, 202);
+    eventually(Duration::from_secs(2), "evt_b taken ahead", || async {
+        queue.taken.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let stopping = tokio::spawn(app.shutdown());
+    // evt_a's attempt is still held by the app: evt_b went back without waiting for it.
+    eventually(Duration::from_secs(5), "evt_b given back", || async {
+        queue.released.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    gate.cancel();
+    stopping.await.unwrap().unwrap();
+    assert_eq!(upstream.requests(), 1, "evt_b was never sent");
+}
+
 #[tokio::test]
 async fn rate_spaces_the_deliveries_out() {
     let upstream = Upstream::start().await;

@@ -43,9 +43,8 @@ use crate::upstream::Upstream;
 /// head, then its body): time to record the outcome.
 const VISIBILITY_MARGIN: Duration = Duration::from_secs(5);
 
-/// The longest a job taken ahead of a free place waits for one and still starts: its
-/// attempt then keeps most of [`VISIBILITY_MARGIN`] to record its outcome.
-const LONGEST_WAIT: Duration = Duration::from_secs(2);
+// A job taken ahead waits for its place out of its visibility's margin.
+const _: () = assert!(places::LONGEST_WAIT.as_millis() < VISIBILITY_MARGIN.as_millis());
 
 /// How often an idle route looks for due jobs (this replica's own acceptances wake it
 /// at once; another replica's are found on this beat).
@@ -427,9 +426,7 @@ impl Deliveries {
 
     /// Delivers a job once it has a place. Puts it back, due at once, if meanwhile its
     /// loop stopped (a reload or the shutdown) or its route was paused, or if it had to
-    /// wait and no place came within [`LONGEST_WAIT`] of its take: its visibility, counted
-    /// from the take, must still cover the attempt. A job with a place free at once goes,
-    /// however long its take took, as it did before jobs were taken ahead.
+    /// wait and no place came in time ([`Waiting::place_in_time`]).
     async fn deliver_when_placed(
         &self,
         route: &Route,
@@ -437,35 +434,19 @@ impl Deliveries {
         waiting: Waiting,
         stop: &CancellationToken,
     ) {
-        let places = Arc::clone(waiting.places());
-        let place = match waiting.place_now() {
-            Ok(place) => place,
-            Err(waiting) => {
-                let deadline = tokio::time::Instant::from_std(waiting.asked() + LONGEST_WAIT);
-                let (place, waited) = tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return self.put_back(route, &job).await,
-                    () = tokio::time::sleep_until(deadline) => {
-                        // Attempts this slow leave no time to wait behind them.
-                        places.slow_for_a_while();
-                        return self.put_back(route, &job).await;
-                    }
-                    placed = waiting.place() => placed,
-                };
-                // A job waits about as long as the attempt before it took.
-                places.note_duration(waited);
-                place
-            }
+        let place = tokio::select! {
+            biased;
+            () = stop.cancelled() => None,
+            place = waiting.place_in_time() => place,
         };
-        let Some(policy) = route
-            .policy
-            .queue
-            .as_ref()
-            .filter(|_| !stop.is_cancelled() && !self.paused.contains(&route.name))
-        else {
-            drop(place);
+        let policy = route.policy.queue.as_ref();
+        let (Some(place), Some(policy)) = (place, policy) else {
             return self.put_back(route, &job).await;
         };
+        if stop.is_cancelled() || self.paused.contains(&route.name) {
+            drop(place);
+            return self.put_back(route, &job).await;
+        }
         attempt::deliver(&self.attempts, route, policy, job).await;
         place.ended();
     }

@@ -23,6 +23,11 @@ const QUICK: Duration = Duration::from_millis(500);
 /// How long after an attempt slower than [`QUICK`] the loop takes only for free places.
 const SLOW_FOR: Duration = Duration::from_secs(30);
 
+/// The longest after its take was asked for that a job which had to wait for a place
+/// still starts: its attempt then keeps most of the visibility's margin to record its
+/// outcome.
+pub(super) const LONGEST_WAIT: Duration = Duration::from_secs(2);
+
 /// A route's places, kept across reloads so that attempts under way still count after
 /// the settings change.
 pub(super) struct Places {
@@ -91,14 +96,14 @@ impl Places {
 
     /// Notes how long an attempt took, or a job waited for its place: longer than
     /// [`QUICK`] stops taking ahead for a while.
-    pub(super) fn note_duration(&self, took: Duration) {
+    fn note_duration(&self, took: Duration) {
         if took > QUICK {
             self.slow_for_a_while();
         }
     }
 
     /// Takes only for free places for [`SLOW_FOR`].
-    pub(super) fn slow_for_a_while(&self) {
+    fn slow_for_a_while(&self) {
         let until = self.now_ms().saturating_add(millis(SLOW_FOR));
         self.slow_until.fetch_max(until, Ordering::Relaxed);
     }
@@ -163,26 +168,31 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    pub(super) fn places(&self) -> &Arc<Places> {
-        &self.places
-    }
-
-    /// When its take was asked for.
-    pub(super) fn asked(&self) -> Instant {
-        self.asked
-    }
-
-    /// A place free now, without waiting, if there is one.
-    pub(super) fn place_now(self) -> Result<InFlight, Waiting> {
-        match Arc::clone(&self.places.semaphore).try_acquire_owned() {
-            Ok(permit) => Ok(self.placed(permit).0),
-            Err(_) => Err(self),
+    /// A place for the job: one free now (however long its take took), or one freed
+    /// within [`LONGEST_WAIT`] of its take; `None` once that passed. A wait over
+    /// [`QUICK`], or one that ran out, stops taking ahead for a while: attempts that slow
+    /// leave no time to wait behind them.
+    pub(super) async fn place_in_time(self) -> Option<InFlight> {
+        if let Ok(permit) = Arc::clone(&self.places.semaphore).try_acquire_owned() {
+            return Some(self.placed(permit).0);
+        }
+        let places = Arc::clone(&self.places);
+        let deadline = tokio::time::Instant::from_std(self.asked + LONGEST_WAIT);
+        match tokio::time::timeout_at(deadline, self.place()).await {
+            Ok((place, waited)) => {
+                places.note_duration(waited);
+                Some(place)
+            }
+            Err(_) => {
+                places.slow_for_a_while();
+                None
+            }
         }
     }
 
     /// Waits for a place (the semaphore serves its waiters first come, first served).
     /// Answers the place and how long the job waited for it.
-    pub(super) async fn place(self) -> (InFlight, Duration) {
+    async fn place(self) -> (InFlight, Duration) {
         let permit = Arc::clone(&self.places.semaphore)
             .acquire_owned()
             .await

@@ -374,16 +374,27 @@ impl SledQueue {
         job: &Job,
         due_at: Option<Millis>,
     ) -> Result<(), StoreError> {
+        self.change_owned(trees, taken, |stored| Record {
+            due_at: due_at.unwrap_or(0),
+            token: 0,
+            job: job.clone(),
+            ..stored
+        })
+    }
+
+    /// Writes `change` of a taken job's record, if the take still owns it (`NotOwner`
+    /// otherwise).
+    fn change_owned(
+        &self,
+        trees: &QueueTrees,
+        taken: &Taken,
+        change: impl FnOnce(Record) -> Record,
+    ) -> Result<(), StoreError> {
         let changed = self.swap(trees, &taken.job.key, |stored| {
             if stored.token != taken.token || stored.job.dead.is_some() {
                 return Err(());
             }
-            Ok(Some(Record {
-                due_at: due_at.unwrap_or(0),
-                token: 0,
-                job: job.clone(),
-                ..stored
-            }))
+            Ok(Some(change(stored)))
         })?;
         changed.map(drop).ok_or(StoreError::NotOwner)
     }
@@ -479,18 +490,12 @@ impl DeliveryQueue for SledQueue {
 
     async fn release(&self, taken: &Taken, due_at: Millis) -> Result<(), StoreError> {
         self.on_database(|trees| {
-            let changed = self.swap(trees, &taken.job.key, |stored| {
-                if stored.token != taken.token || stored.job.dead.is_some() {
-                    return Err(());
-                }
-                Ok(Some(Record {
-                    due_at,
-                    token: 0,
-                    takes: stored.takes.saturating_sub(1),
-                    ..stored
-                }))
-            })?;
-            changed.map(drop).ok_or(StoreError::NotOwner)
+            self.change_owned(trees, taken, |stored| Record {
+                due_at,
+                token: 0,
+                takes: stored.takes.saturating_sub(1),
+                ..stored
+            })
         })
     }
 
