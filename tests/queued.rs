@@ -443,18 +443,7 @@ async fn a_job_without_a_place_within_2_s_of_its_take_is_put_back_unsent() {
         Answer::ok().after(Duration::from_millis(4000)),
     ]);
     let dir = tempfile::tempdir().unwrap();
-    let routes = json_route(
-        "    delivery: queued\n    upstream_timeout: 10s\n    queue:\n      max_concurrency: 1\n",
-    );
-    let (app, queue) = start_counting(&upstream, &dir.path().join("db"), &routes, 0).await;
-    assert_eq!(post_event(app.proxy_addr, "evt_a").await.status, 202);
-    upstream.wait_for_requests(1).await;
-    // Taken ahead while evt_a's attempt runs, for the one place.
-    assert_eq!(post_event(app.proxy_addr, "evt_b").await.status, 202);
-    eventually(Duration::from_secs(2), "evt_b taken ahead", || async {
-        queue.taken.load(Ordering::SeqCst) == 2
-    })
-    .await;
+    let (app, queue) = running_one_and_one_ahead(&upstream, &dir, "10s").await;
     eventually(Duration::from_secs(10), "evt_a answered", || async {
         upstream.total_executions() == 1
     })
@@ -491,17 +480,7 @@ async fn a_shutdown_gives_back_the_jobs_taken_ahead() {
     let gate = tokio_util::sync::CancellationToken::new();
     upstream.script([Answer::ok().until(&gate)]);
     let dir = tempfile::tempdir().unwrap();
-    let routes = json_route(
-        "    delivery: queued\n    upstream_timeout: 30s\n    queue:\n      max_concurrency: 1\n",
-    );
-    let (app, queue) = start_counting(&upstream, &dir.path().join("db"), &routes, 0).await;
-    assert_eq!(post_event(app.proxy_addr, "evt_a").await.status, 202);
-    upstream.wait_for_requests(1).await;
-    assert_eq!(post_event(app.proxy_addr, "evt_b").await.status, 202);
-    eventually(Duration::from_secs(2), "evt_b taken ahead", || async {
-        queue.taken.load(Ordering::SeqCst) == 2
-    })
-    .await;
+    let (app, queue) = running_one_and_one_ahead(&upstream, &dir, "30s").await;
     let stopping = tokio::spawn(app.shutdown());
     // evt_a's attempt is still held by the app: evt_b went back without waiting for it.
     eventually(Duration::from_secs(5), "evt_b given back", || async {
@@ -797,6 +776,27 @@ async fn order_by_delivers_one_event_per_entity_at_a_time_in_arrival_order() {
     })
     .await;
     proxy.shutdown().await;
+}
+
+/// A queued route with one place (`upstream_timeout` as given), started counting in
+/// `dir`: evt_a's attempt running in the app, evt_b taken ahead of a place for it.
+async fn running_one_and_one_ahead(
+    upstream: &Upstream,
+    dir: &tempfile::TempDir,
+    upstream_timeout: &str,
+) -> (dedupe_proxy::App, std::sync::Arc<FailingQueue>) {
+    let routes = json_route(&format!(
+        "    delivery: queued\n    upstream_timeout: {upstream_timeout}\n    queue:\n      max_concurrency: 1\n"
+    ));
+    let (app, queue) = start_counting(upstream, &dir.path().join("db"), &routes, 0).await;
+    assert_eq!(post_event(app.proxy_addr, "evt_a").await.status, 202);
+    upstream.wait_for_requests(1).await;
+    assert_eq!(post_event(app.proxy_addr, "evt_b").await.status, 202);
+    eventually(Duration::from_secs(2), "evt_b taken ahead", || async {
+        queue.taken.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    (app, queue)
 }
 
 /// The proxy in process on the sled store in `data` with `routes`, whose first `failing`
