@@ -16,7 +16,7 @@ use dedupe_proxy::{log_text, redact};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::prelude::*;
 
-/// jemalloc, for what it hands back to the system: sled rewrites its buckets whole, and
+/// jemalloc, for what it hands back to the system: sled rewrites its values whole, and
 /// with mimalloc the memory held grew with every million done keys at the same CPU per
 /// delivery (figures in `docs/performance.md`).
 #[global_allocator]

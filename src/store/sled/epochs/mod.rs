@@ -5,210 +5,53 @@
 //! the tree and drops it. So no expiry index is needed (it took as much disk as the records), and
 //! the sweep's cost follows what expired, not the store's size.
 //!
-//! A record is known by a 16-byte SHA-256 prefix of its store key, and the records whose
-//! keys share their first two bytes (three in a window expected to hold more than two
-//! million) share one sled value, a [`Bucket`]. sled keeps a few hundred bytes of
-//! bookkeeping in memory for every page of about a dozen sled keys, cached or not, so a
-//! bucket per several records costs a fraction of the memory of a sled key each. Writing
-//! a record rewrites its bucket, which stays small: 65 536 buckets per window hold a
-//! million records at 15 each, and a record larger than [`INLINE_LIMIT`] (one keeping a
-//! replayed answer) is stored apart under its full key ([`Entry::StoredApart`]), so that
-//! it is not rewritten with the others.
+//! A record is known by a 16-byte SHA-256 prefix of its store key. Within its window's
+//! tree it is filed in the order written, a few records to a sled value (a chunk), so
+//! that writing a record rewrites the value written just before, which sled's cache
+//! holds ([`epoch`] says why and how; trees of earlier versions file by key). Each epoch
+//! keeps an index of its keys in memory ([`index`]), exact: a claim of a new event reads
+//! nothing, a duplicate reads the one chunk that holds its record.
 //!
-//! Each epoch keeps a Bloom filter of its keys in memory, so a claim reads only the trees
-//! that may hold its key: about one read for a duplicate, almost none for a new event.
-//! After a restart the filters are rebuilt by reading every key once ([`Indexing`]), in
-//! the background and newest window first: until a window's filter is built it cannot
-//! rule a key out, so a claim reads that window's tree, as it would without filters. The
-//! store is ready at once whatever its size.
+//! After a restart the indexes are rebuilt by reading every record once ([`Indexing`]), in
+//! the background and newest window first. A claim that needs a window not read in yet
+//! reads it in itself, or waits for the thread that is doing so (about a second a million
+//! records).
 //!
-//! The parts: [`window`] (which tree a record goes to), [`record`] (its salted key and its
-//! encoding), [`bucket`] (the records that share a sled value), [`filter`] (the Bloom
-//! filter of a window).
+//! The parts: [`window`] (which tree a record goes to, and how that tree files them),
+//! [`epoch`] (one window's tree), [`index`] (its index), [`bucket`] (the entries that
+//! share a sled value), [`record`] (a record's salted key and its encoding).
 //!
 //! Done records carry their store key, so that a walk ([`Epochs::walk`]) lists them a
-//! bounded stretch at a time: windows oldest first, a window's buckets in sled's order and
-//! a bucket's records in record-key order, so that a [`Position`] names where it stopped.
-//! A record that stays put throughout is visited once; one written, moved or removed
-//! meanwhile may be missed or seen twice. Records written before keys were kept cannot be
-//! named and are passed over (they leave with their retention).
+//! bounded stretch at a time: windows oldest first, a window's chunks (or buckets) in
+//! sled's order and a chunk's records in record-key order, so that a [`Position`] names
+//! where it stopped. A record that stays put throughout is visited once; one written,
+//! moved or removed meanwhile may be missed or seen twice. Records written before keys
+//! were kept cannot be named and are passed over (they leave with their retention).
 
 mod bucket;
-mod filter;
+mod epoch;
+mod index;
 mod record;
 mod window;
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as MapEntry;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use parking_lot::RwLock;
 
-use self::bucket::{Bucket, Entry};
-use self::filter::Filter;
-use self::record::{RECORD_KEY_LEN, decode, decode_named, encode, record_key, salt};
-use self::window::Window;
+use self::epoch::Epoch;
+#[cfg(test)]
+use self::record::RECORD_KEY_LEN;
+use self::record::{decode, encode, record_key, salt};
+use self::window::{Layout, Window};
 use crate::store::{DoneRecord, Millis, StoreError, Swept};
 
 pub(super) use self::record::RecordKey;
 
-/// The largest encoded record kept inside its bucket (a record without a replayed answer
-/// takes about 44 bytes).
-const INLINE_LIMIT: usize = 256;
-
-/// How many leading bytes of a record key name its bucket, in a window expected to hold
-/// `records`: two (65 536 buckets) up to two million records, so that a bucket holds at
-/// most about 32 of them; three beyond. A window's first count comes from the one
-/// before it (traffic changes slowly), so the first window after a fresh start has two.
-fn bucket_bytes(records: usize) -> usize {
-    if records <= 1 << 21 { 2 } else { 3 }
-}
-
-/// One window's tree, its filter and how many records it holds.
-struct Epoch {
-    window: Window,
-    /// How many leading bytes of a record key name its bucket.
-    bucket_bytes: usize,
-    tree: sled::Tree,
-    filter: Filter,
-    records: AtomicI64,
-    /// Set once the keys the tree held at start-up are in the filter and the count.
-    indexed: OnceLock<()>,
-}
-
-impl Epoch {
-    fn new(window: Window, bucket_bytes: usize, tree: sled::Tree) -> Epoch {
-        Epoch {
-            window,
-            bucket_bytes,
-            tree,
-            filter: Filter::new(),
-            records: AtomicI64::new(0),
-            indexed: OnceLock::from(()),
-        }
-    }
-
-    /// A tree that already holds records: its filter and count come from
-    /// [`Epoch::ensure_indexed`].
-    fn existing(window: Window, bucket_bytes: usize, tree: sled::Tree) -> Epoch {
-        Epoch {
-            filter: Filter::pending(),
-            indexed: OnceLock::new(),
-            ..Epoch::new(window, bucket_bytes, tree)
-        }
-    }
-
-    fn tree_name(&self) -> String {
-        self.window.tree_name(self.bucket_bytes)
-    }
-
-    /// The sled key of the bucket holding `key`'s record.
-    fn bucket<'k>(&self, key: &'k RecordKey) -> &'k [u8] {
-        &key[..self.bucket_bytes]
-    }
-
-    fn view<'a>(&self, bucket: &'a [u8]) -> Bucket<'a> {
-        Bucket::new(bucket, self.bucket_bytes)
-    }
-
-    /// Whether a sled key of the tree names a bucket (rather than a record stored apart).
-    fn is_bucket(&self, sled_key: &[u8]) -> bool {
-        sled_key.len() == self.bucket_bytes
-    }
-
-    /// The record of `key`, expired or not.
-    fn read(&self, key: &RecordKey) -> sled::Result<Option<DoneRecord>> {
-        let Some(bucket) = self.tree.get(self.bucket(key))? else {
-            return Ok(None);
-        };
-        Ok(match self.view(&bucket).find(key) {
-            None => None,
-            Some(Entry::StoredApart) => {
-                (self.tree.get(key)?).and_then(|bytes| decode(key, &bytes, self.window))
-            }
-            Some(Entry::Inline(bytes)) => decode(key, bytes, self.window),
-        })
-    }
-
-    /// Writes the encoded record of `key`. Returns whether the key had none.
-    fn write(&self, key: &RecordKey, record: &[u8]) -> sled::Result<bool> {
-        let apart = record.len() > INLINE_LIMIT;
-        if apart {
-            // First, so that whoever finds the entry finds the record.
-            self.tree.insert(key, record)?;
-        }
-        let entry = if apart {
-            Entry::StoredApart
-        } else {
-            Entry::Inline(record)
-        };
-        let before = self.tree.fetch_and_update(self.bucket(key), |bucket| {
-            Some(self.view(bucket.unwrap_or_default()).with(key, entry))
-        })?;
-        let previous = before
-            .as_deref()
-            .and_then(|bucket| self.view(bucket).find(key));
-        if previous == Some(Entry::StoredApart) && !apart {
-            self.tree.remove(key)?;
-        }
-        Ok(previous.is_none())
-    }
-
-    /// Deletes the record of `key`, returning what it held.
-    fn delete(&self, key: &RecordKey) -> sled::Result<Option<sled::IVec>> {
-        let before = self.tree.fetch_and_update(self.bucket(key), |bucket| {
-            let rest = self.view(bucket.unwrap_or_default()).without(key);
-            (!rest.is_empty()).then_some(rest)
-        })?;
-        match before
-            .as_deref()
-            .and_then(|bucket| self.view(bucket).find(key))
-        {
-            None => Ok(None),
-            Some(Entry::StoredApart) => self.tree.remove(key),
-            Some(Entry::Inline(record)) => Ok(Some(record.into())),
-        }
-    }
-
-    /// Reads every key of the tree into the filter and the count, once: a second caller
-    /// (the sweep, reaching a window the indexing thread is reading) waits for the first.
-    fn ensure_indexed(&self) {
-        self.indexed.get_or_init(|| {
-            if let Err(error) = self.index() {
-                // Its filter stays pending: claims keep reading its tree, which is
-                // correct, and the sweep leaves it alone.
-                tracing::warn!(%error, tree = self.tree_name(), "cannot read a window's keys");
-            }
-        });
-    }
-
-    fn index(&self) -> sled::Result<()> {
-        let mut keys: Vec<RecordKey> = Vec::new();
-        for item in self.tree.iter() {
-            let (sled_key, bucket) = item?;
-            if self.is_bucket(&sled_key) {
-                keys.extend(self.view(&bucket).entries().map(|(rest, _)| {
-                    let mut key = RecordKey::default();
-                    key[..self.bucket_bytes].copy_from_slice(&sled_key);
-                    key[self.bucket_bytes..].copy_from_slice(rest);
-                    key
-                }));
-            }
-        }
-        // Records written while this ran may be counted twice: the count feeds a metric
-        // and a new window's filter size, and it is exact again once the window is gone.
-        self.records.fetch_add(
-            i64::try_from(keys.len()).unwrap_or(i64::MAX),
-            Ordering::Relaxed,
-        );
-        self.filter.complete_with(&keys);
-        Ok(())
-    }
-}
-
-/// The epochs that held records before the store was opened, whose filters and counts
+/// The epochs that held records before the store was opened, whose indexes and counts
 /// still have to be read in.
 pub(super) struct Indexing {
     pending: Vec<Arc<Epoch>>,
@@ -226,7 +69,10 @@ impl Indexing {
     fn run(self) {
         let started = std::time::Instant::now();
         for epoch in &self.pending {
-            epoch.ensure_indexed();
+            if let Err(error) = epoch.ensure_indexed() {
+                // Claims that need the window try again, and fail (503) while it fails.
+                tracing::warn!(%error, tree = epoch.tree_name(), "cannot read a window's keys");
+            }
         }
         tracing::debug!(
             windows = self.pending.len(),
@@ -245,17 +91,16 @@ pub(super) struct Epochs {
 }
 
 impl Epochs {
-    /// Finds the epoch trees of `db`. Their filters and counts are read in by the
+    /// Finds the epoch trees of `db`. Their indexes and counts are read in by the
     /// [`Indexing`] returned, to be started.
     pub(super) fn open(db: &sled::Db) -> Result<(Epochs, Indexing), StoreError> {
+        let failed = |error: sled::Error| StoreError::Backend(error.to_string());
         let salt = salt(db)?;
         let mut by_window = BTreeMap::new();
         for name in db.tree_names() {
-            if let Some((window, bucket_bytes)) = Window::from_tree_name(&name) {
-                let tree = db
-                    .open_tree(&name)
-                    .map_err(|error| StoreError::Backend(error.to_string()))?;
-                let epoch = Epoch::existing(window, bucket_bytes, tree);
+            if let Some((window, layout)) = Window::from_tree_name(&name) {
+                let tree = db.open_tree(&name).map_err(failed)?;
+                let epoch = Epoch::existing(window, layout, tree).map_err(failed)?;
                 by_window.insert(window, Arc::new(epoch));
             }
         }
@@ -284,9 +129,6 @@ impl Epochs {
             if epoch.window.end <= now {
                 break;
             }
-            if !epoch.filter.may_contain(key) {
-                continue;
-            }
             let live = epoch.read(key)?.filter(|record| record.expires_at > now);
             if live.is_some() {
                 return Ok(live);
@@ -310,9 +152,6 @@ impl Epochs {
             {
                 let by_window = self.by_window.read();
                 if let Some(epoch) = by_window.get(&window) {
-                    // Filter first: a key in the filter and not in the tree is harmless.
-                    let expected = || expected_records(&by_window, window);
-                    epoch.filter.insert(key, expected);
                     if epoch.write(key, &bytes)? {
                         epoch.records.fetch_add(1, Ordering::Relaxed);
                     }
@@ -325,11 +164,9 @@ impl Epochs {
 
     fn create(&self, window: Window) -> sled::Result<()> {
         let mut by_window = self.by_window.write();
-        let bucket_bytes = bucket_bytes(expected_records(&by_window, window));
         if let MapEntry::Vacant(vacant) = by_window.entry(window) {
-            let tree = self.db.open_tree(window.tree_name(bucket_bytes))?;
-            let epoch = Epoch::new(window, bucket_bytes, tree);
-            vacant.insert(Arc::new(epoch));
+            let tree = self.db.open_tree(window.tree_name(Layout::Chunks))?;
+            vacant.insert(Arc::new(Epoch::new(window, tree)));
         }
         Ok(())
     }
@@ -348,7 +185,7 @@ impl Epochs {
         let window = Window::holding(record.expires_at, retention);
         let by_window = self.by_window.read();
         for epoch in by_window.values().filter(|epoch| epoch.window != window) {
-            if epoch.filter.may_contain(key) && epoch.delete(key)?.is_some() {
+            if epoch.may_hold(key)? && epoch.delete(key)?.is_some() {
                 epoch.records.fetch_sub(1, Ordering::Relaxed);
             }
         }
@@ -360,9 +197,6 @@ impl Epochs {
         let by_window = self.by_window.read();
         let mut removed_live = false;
         for epoch in by_window.values() {
-            if !epoch.filter.may_contain(key) {
-                continue;
-            }
             if let Some(bytes) = epoch.delete(key)? {
                 epoch.records.fetch_sub(1, Ordering::Relaxed);
                 removed_live |=
@@ -373,7 +207,8 @@ impl Epochs {
     }
 
     /// Removes up to about `limit` records of windows that ended by `now`, oldest first, a
-    /// bucket at a time, and drops each tree once it is empty. Reads nothing else.
+    /// chunk (or bucket) at a time, and drops each tree once it is empty. Reads nothing
+    /// else.
     pub(super) fn sweep(&self, now: Millis, limit: usize) -> sled::Result<Swept> {
         let ended: Vec<Arc<Epoch>> = self
             .by_window
@@ -382,17 +217,14 @@ impl Epochs {
             .take_while(|epoch| epoch.window.end <= now)
             .cloned()
             .collect();
-        // A window whose keys were never read in (it failed) is left alone: its count is
-        // unknown.
-        let ended: Vec<Arc<Epoch>> = ended
-            .into_iter()
-            .filter(|epoch| {
-                epoch.ensure_indexed();
-                epoch.filter.is_complete()
-            })
-            .collect();
         let mut swept = Swept::default();
         for epoch in ended {
+            // Read in first, so that its count is right when it goes. A window whose
+            // records cannot be read in is left alone: its count is unknown.
+            if let Err(error) = epoch.ensure_indexed() {
+                tracing::warn!(%error, tree = epoch.tree_name(), "cannot read a window's keys");
+                continue;
+            }
             let mut emptied = true;
             for sled_key in epoch.tree.iter().keys() {
                 if swept.examined >= limit {
@@ -401,9 +233,9 @@ impl Epochs {
                 }
                 let sled_key = sled_key?;
                 let removed = epoch.tree.remove(&sled_key)?;
-                // A record stored apart is counted with its bucket's entry.
-                if let Some(bucket) = removed.filter(|_| epoch.is_bucket(&sled_key)) {
-                    let count = epoch.view(&bucket).entries().count();
+                // A record stored apart is counted with its entry.
+                if let Some(holder) = removed.filter(|_| epoch.is_holder(&sled_key)) {
+                    let count = epoch.view(&holder).entries().count();
                     epoch.records.fetch_sub(count as i64, Ordering::Relaxed);
                     swept.examined += count;
                     swept.removed += count;
@@ -438,43 +270,37 @@ impl Epochs {
     }
 }
 
-/// The size of a new window's filter: as many keys as the previous window of its width
-/// held, since traffic changes slowly.
-fn expected_records(by_window: &BTreeMap<Window, Arc<Epoch>>, window: Window) -> usize {
-    by_window
-        .range(..window)
-        .rev()
-        .find(|(earlier, _)| earlier.width == window.width)
-        .map_or(0, |(_, epoch)| {
-            usize::try_from(epoch.records.load(Ordering::Relaxed)).unwrap_or(0)
-        })
-}
-
-/// Where a walk stopped: after this record of this window.
+/// Where a walk stopped: after this record, in this chunk (or bucket), of this window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Position {
     window: Window,
+    /// The chunk's number (0 in a tree by key).
+    place: u32,
     key: RecordKey,
 }
 
 impl Position {
-    /// As text, for a listing's cursor: `<window end>.<window width>.<record key in hex>`.
+    /// As text, for a listing's cursor: `<window end>.<window width>.<chunk>.<record key
+    /// in hex>`.
     pub(super) fn encode(&self) -> String {
         format!(
-            "{}.{}.{}",
+            "{}.{}.{}.{}",
             self.window.end,
             self.window.width,
+            self.place,
             hex::encode(self.key)
         )
     }
 
     pub(super) fn decode(text: &str) -> Option<Position> {
-        let mut parts = text.splitn(3, '.');
+        let mut parts = text.splitn(4, '.');
         let end = parts.next()?.parse().ok()?;
         let width = parts.next()?.parse().ok()?;
+        let place = parts.next()?.parse().ok()?;
         let key = hex::decode(parts.next()?).ok()?.try_into().ok()?;
         Some(Position {
             window: Window { end, width },
+            place,
             key,
         })
     }
@@ -497,22 +323,23 @@ impl Epochs {
         let mut examined = 0;
         let live = by_window.values().filter(|epoch| epoch.window.end > now);
         for epoch in live.filter(|epoch| from.is_none_or(|from| epoch.window >= from.window)) {
-            let after = from
-                .filter(|from| from.window == epoch.window)
-                .map(|from| from.key);
-            let start: &[u8] = after.as_ref().map_or(&[], |key| epoch.bucket(key));
+            let after = from.filter(|from| from.window == epoch.window);
+            let start = after.map(|after| epoch.holder(&after.key, after.place));
+            let start: &[u8] = start.as_ref().map_or(&[], |start| start.as_slice());
             for item in epoch.tree.range(start..) {
-                let (sled_key, bucket) = item?;
-                if !epoch.is_bucket(&sled_key) {
+                let (sled_key, holder) = item?;
+                if !epoch.is_holder(&sled_key) {
                     continue;
                 }
-                for (key, record) in epoch.records_of(&sled_key, &bucket)? {
-                    if after.is_some_and(|after| key <= after) {
+                let place = epoch.place_of(&sled_key);
+                for (key, record) in epoch.records_of(&sled_key, &holder)? {
+                    if after.is_some_and(|after| *sled_key == *start && key <= after.key) {
                         continue;
                     }
                     examined += 1;
                     let here = Position {
                         window: epoch.window,
+                        place,
                         key,
                     };
                     if let Some((record, Some(name))) = record
@@ -528,33 +355,6 @@ impl Epochs {
             }
         }
         Ok(None)
-    }
-}
-
-impl Epoch {
-    /// The records of the bucket at `sled_key`, in record-key order, each decoded with its
-    /// name (`None` if unreadable).
-    #[allow(clippy::type_complexity)]
-    fn records_of(
-        &self,
-        sled_key: &[u8],
-        bucket: &[u8],
-    ) -> sled::Result<Vec<(RecordKey, Option<(DoneRecord, Option<String>)>)>> {
-        let mut records = Vec::new();
-        for (rest, entry) in self.view(bucket).entries() {
-            let mut key: RecordKey = [0; RECORD_KEY_LEN];
-            key[..sled_key.len()].copy_from_slice(sled_key);
-            key[sled_key.len()..].copy_from_slice(rest);
-            let decoded = match entry {
-                Entry::Inline(bytes) => decode_named(&key, bytes, self.window),
-                Entry::StoredApart => {
-                    (self.tree.get(key)?).and_then(|bytes| decode_named(&key, &bytes, self.window))
-                }
-            };
-            records.push((key, decoded));
-        }
-        records.sort_by_key(|record| record.0);
-        Ok(records)
     }
 }
 
@@ -602,12 +402,12 @@ mod tests {
     }
 
     #[test]
-    fn records_sharing_a_bucket_are_found_counted_and_removed_apart() {
+    fn records_are_found_counted_rewritten_and_removed_apart() {
         let dir = tempfile::tempdir().unwrap();
         let (now, minute, record) = (NOW, MINUTE, done);
-        // Three keys in one bucket, one in another.
+        // Three keys sharing their first bytes, one not.
         let mut keys: Vec<RecordKey> = (0..3u8)
-            .map(|i| [7, 7, i, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+            .map(|i| [7, 7, 7, 7, 7, 7, 7, 7, i, 0, 0, 0, 0, 0, 0, 0])
             .collect();
         keys.push([8; 16]);
         let db = open_db(&dir);
@@ -646,6 +446,46 @@ mod tests {
     }
 
     #[test]
+    fn records_are_filed_in_the_order_written_and_a_rewrite_leaves_its_old_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db(&dir);
+        let (epochs, _) = Epochs::open(&db).unwrap();
+        let keys: Vec<RecordKey> = (0..20u32).map(|i| key_of(&format!("k{i}"))).collect();
+        for key in &keys {
+            epochs.put(key, &done(200), MINUTE, "n").unwrap();
+        }
+        let by_window = epochs.by_window.read();
+        let epoch = by_window.values().next().unwrap();
+        assert_eq!(epoch.layout, Layout::Chunks);
+        let chunks: Vec<Vec<u8>> = epoch
+            .tree
+            .iter()
+            .keys()
+            .map(|key| key.unwrap().to_vec())
+            .collect();
+        assert_eq!(chunks, [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2]]);
+        let entries = |chunk: [u8; 4]| {
+            epoch
+                .view(&epoch.tree.get(chunk).unwrap().unwrap())
+                .entries()
+                .count()
+        };
+        assert_eq!((entries([0, 0, 0, 0]), entries([0, 0, 0, 2])), (8, 4));
+        // A key filed again goes into the chunk being written, and out of its first.
+        epoch
+            .write(&keys[0], &encode(&done(201), epoch.window, "n"))
+            .unwrap();
+        assert_eq!((entries([0, 0, 0, 0]), entries([0, 0, 0, 2])), (7, 5));
+        assert!(!epoch.may_hold(&key_of("stranger")).unwrap());
+        drop(by_window);
+        assert_eq!(
+            epochs.get(&keys[0], NOW).unwrap().unwrap().upstream_status,
+            201
+        );
+        assert_eq!(epochs.records(), 20);
+    }
+
+    #[test]
     fn a_large_record_is_stored_apart_and_leaves_its_bucket_small() {
         let dir = tempfile::tempdir().unwrap();
         let db = open_db(&dir);
@@ -663,26 +503,24 @@ mod tests {
             ..done(200)
         };
         let large = replayed(&[b'x'; 4096]);
-        // Two keys sharing a bucket: one large, one small.
+        // Two keys sharing a chunk: one large, one small.
         let (big, small) = ([5; 16], [5, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        let chunk = [0u8; 4];
+        let apart = [&chunk[..], &big].concat();
         epochs.put(&big, &large, MINUTE, "n").unwrap();
         epochs.put(&small, &done(201), MINUTE, "n").unwrap();
         assert_eq!(epochs.get(&big, NOW).unwrap(), Some(large.clone()));
         assert_eq!(epochs.records(), 2, "a record stored apart counts once");
         let by_window = epochs.by_window.read();
         let epoch = by_window.values().next().unwrap();
-        let bucket = epoch.tree.get([5, 5]).unwrap().unwrap();
-        assert!(
-            bucket.len() < 100,
-            "the bucket holds {} bytes",
-            bucket.len()
-        );
-        assert!(epoch.tree.get(big).unwrap().is_some());
+        let held = epoch.tree.get(chunk).unwrap().unwrap();
+        assert!(held.len() < 100, "the chunk holds {} bytes", held.len());
+        assert!(epoch.tree.get(&apart).unwrap().is_some());
         // Rewritten small, the record apart goes.
         epoch
             .write(&big, &encode(&replayed(b"{}"), epoch.window, "n"))
             .unwrap();
-        assert_eq!(epoch.tree.get(big).unwrap(), None);
+        assert_eq!(epoch.tree.get(&apart).unwrap(), None);
         epoch
             .write(&big, &encode(&large, epoch.window, "n"))
             .unwrap();
@@ -703,7 +541,7 @@ mod tests {
         assert_eq!(
             by_window.values().next().unwrap().tree.len(),
             1,
-            "only the bucket"
+            "only the chunk"
         );
         drop(by_window);
         // The sweep counts a record stored apart once.
@@ -717,7 +555,7 @@ mod tests {
     }
 
     #[test]
-    fn after_a_restart_keys_are_found_before_and_after_their_filters_are_built() {
+    fn after_a_restart_a_claim_reads_its_window_in_before_it_answers() {
         let dir = tempfile::tempdir().unwrap();
         let (now, minute, record) = (NOW, MINUTE, done(200));
         let keys: Vec<RecordKey> = (0..2000u32).map(|i| key_of(&format!("k{i}"))).collect();
@@ -733,32 +571,22 @@ mod tests {
         let db = open_db(&dir);
         let (epochs, indexing) = Epochs::open(&db).unwrap();
         assert!(!indexing.pending.is_empty());
+        let indexed = || (epochs.by_window.read().values()).all(|epoch| epoch.is_indexed());
+        assert!(!indexed());
 
-        // Not indexed yet: every key is found by reading its tree.
+        // Not read in by the thread yet: the first claim reads the window in.
         assert!(
             keys.iter()
                 .all(|key| epochs.get(key, now).unwrap().is_some())
         );
+        assert!(indexed());
         assert_eq!(epochs.get(&key_of("stranger"), now).unwrap(), None);
         let later = now + 2 * minute;
-        let fresh = key_of("written while indexing");
+        let fresh = key_of("written after the restart");
         epochs.put(&fresh, &record, minute, "n").unwrap();
-
         indexing.run();
-        assert!(
-            keys.iter()
-                .all(|key| epochs.get(key, now).unwrap().is_some())
-        );
         assert!(epochs.get(&fresh, now).unwrap().is_some());
-        // The fresh record may be counted twice (written, then read in).
-        assert!(
-            (2001..=2002).contains(&epochs.records()),
-            "{}",
-            epochs.records()
-        );
-        let by_window = epochs.by_window.read();
-        assert!(by_window.values().all(|epoch| epoch.filter.is_complete()));
-        drop(by_window);
+        assert_eq!(epochs.records(), 2001);
         assert_eq!(epochs.sweep(later, 10_000).unwrap().removed, 2001);
         assert_eq!(epochs.get(&keys[0], now).unwrap(), None);
 
@@ -773,6 +601,124 @@ mod tests {
         assert_eq!(epochs.records(), 0);
     }
 
+    /// A tree an earlier version filed by key, as it wrote it: buckets named by the
+    /// record keys' first two bytes.
+    fn tree_by_key(db: &sled::Db, keys: &[RecordKey], record: &DoneRecord) -> Window {
+        let window = Window::holding(record.expires_at, MINUTE);
+        let layout = Layout::ByKey { bucket_bytes: 2 };
+        let tree = db.open_tree(window.tree_name(layout)).unwrap();
+        for key in keys {
+            let entry = encode(record, window, "n");
+            tree.fetch_and_update(&key[..2], |bucket| {
+                Some(
+                    bucket::Bucket::new(bucket.unwrap_or_default(), 2)
+                        .with(key, bucket::Entry::Inline(&entry)),
+                )
+            })
+            .unwrap();
+        }
+        window
+    }
+
+    #[test]
+    fn a_tree_filed_by_key_is_read_written_and_swept_until_its_window_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys: Vec<RecordKey> = (0..300u32).map(|i| key_of(&format!("k{i}"))).collect();
+        let window = {
+            let db = open_db(&dir);
+            let _salted = Epochs::open(&db).unwrap();
+            let window = tree_by_key(&db, &keys[..200], &done(200));
+            db.flush().unwrap();
+            window
+        };
+        let db = open_db(&dir);
+        let (epochs, indexing) = Epochs::open(&db).unwrap();
+        // Found before its keys are read in (by reading each key's bucket) and after.
+        assert!(
+            keys[..200]
+                .iter()
+                .all(|key| epochs.get(key, NOW).unwrap().is_some())
+        );
+        assert_eq!(epochs.get(&keys[250], NOW).unwrap(), None);
+        indexing.run();
+        assert!(
+            keys[..200]
+                .iter()
+                .all(|key| epochs.get(key, NOW).unwrap().is_some())
+        );
+        assert!(
+            !epochs.by_window.read()[&window]
+                .may_hold(&keys[250])
+                .unwrap()
+        );
+        // Records of its window go on into it, by key.
+        for key in &keys[200..] {
+            epochs.put(key, &done(201), MINUTE, "n").unwrap();
+        }
+        assert_eq!(
+            db.tree_names()
+                .iter()
+                .filter(|name| Window::from_tree_name(name).is_some())
+                .count(),
+            1
+        );
+        assert_eq!(
+            epochs
+                .get(&keys[250], NOW)
+                .unwrap()
+                .unwrap()
+                .upstream_status,
+            201
+        );
+        assert!(epochs.remove(&keys[0], NOW).unwrap());
+        assert_eq!(epochs.get(&keys[0], NOW).unwrap(), None);
+        assert_eq!(epochs.records(), 299);
+        let mut listed = 0;
+        let walked = epochs.walk(NOW, None, 1000, |name, _| {
+            assert_eq!(name, "n");
+            listed += 1;
+            ControlFlow::Continue(())
+        });
+        assert_eq!((walked.unwrap(), listed), (None, 299));
+        let swept = epochs.sweep(NOW + 2 * MINUTE, 10_000).unwrap();
+        assert_eq!(swept.removed, 299);
+        assert!(
+            db.tree_names()
+                .iter()
+                .all(|name| Window::from_tree_name(name).is_none())
+        );
+    }
+
+    #[test]
+    fn a_walk_goes_on_where_it_stopped_in_a_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db(&dir);
+        let (epochs, _) = Epochs::open(&db).unwrap();
+        let names: Vec<String> = (0..21u32).map(|i| format!("n:{i}")).collect();
+        for name in &names {
+            epochs.put(&key_of(name), &done(200), MINUTE, name).unwrap();
+        }
+        let (mut seen, mut from) = (Vec::new(), None);
+        loop {
+            let mut page = 0;
+            from = epochs
+                .walk(NOW, from, 5, |name, _| {
+                    seen.push(name.to_string());
+                    page += 1;
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+            assert!(page <= 5);
+            let Some(at) = from else { break };
+            from = Position::decode(&at.encode());
+            assert_eq!(from, Some(at));
+        }
+        seen.sort();
+        let mut expected = names.clone();
+        expected.sort();
+        assert_eq!(seen, expected, "each record once");
+    }
+
     #[test]
     fn a_position_reads_back_as_written() {
         let position = Position {
@@ -780,10 +726,20 @@ mod tests {
                 end: 1_800_000_065_536,
                 width: 65_536,
             },
+            place: 3,
             key: [7; RECORD_KEY_LEN],
         };
         assert_eq!(Position::decode(&position.encode()), Some(position));
-        for bad in ["", "1.2", "1.2.zz", "1.2.0707", "x.2.07", "1.2.3.4"] {
+        for bad in [
+            "",
+            "1.2",
+            "1.2.3.zz",
+            "1.2.3.0707",
+            "x.2.3.07",
+            "1.2.07",
+            "1.2.x.07",
+            "1.2.3.4.5",
+        ] {
             assert_eq!(Position::decode(bad), None, "{bad}");
         }
     }

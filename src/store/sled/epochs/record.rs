@@ -16,9 +16,9 @@ pub(super) const RECORD_KEY_LEN: usize = 16;
 const SALT_KEY: &[u8] = b"record-key-salt";
 
 /// A record key under `salt`. The salt is random per data directory and never leaves it,
-/// so a sender cannot choose keys that land in one bucket (each write to a bucket rewrites
-/// it, so a bucket grown on purpose would make every write to it slower) or that share a
-/// record key; the hash's output is never shown, so a salt prefix keys it as well as an
+/// so a sender cannot choose keys that collide in a window's index (a table slowed on
+/// purpose would slow every claim) or in a bucket of an earlier version's tree, or that
+/// share a record key; the hash's output is never shown, so a salt prefix keys it as well as an
 /// HMAC would.
 pub(super) fn record_key(salt: &[u8], store_key: &str) -> RecordKey {
     let digest = Sha256::new()

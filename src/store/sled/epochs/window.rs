@@ -3,8 +3,24 @@
 
 use crate::store::Millis;
 
-/// Epoch trees are named `epoch.<width>.<end>.<bucket bytes>`, in milliseconds.
+/// Epoch trees are named `epoch.<width>.<end>.<layout>`, in milliseconds; the layout is
+/// `chunks`, or the bucket width of a tree that files its records by key.
 const TREE_PREFIX: &str = "epoch.";
+
+/// The layout part of a tree that files its records in chunks, in the order written.
+const CHUNKS: &str = "chunks";
+
+/// How a window's tree files its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// In the order they were written, a few to a chunk (every tree this version
+    /// creates).
+    Chunks,
+    /// By record key: the records whose keys share their first `bucket_bytes` bytes
+    /// share a bucket (trees earlier versions created, read and written until their
+    /// window ends).
+    ByKey { bucket_bytes: usize },
+}
 
 /// The narrowest window.
 pub(super) const MIN_WIDTH: Millis = 1024;
@@ -30,25 +46,34 @@ impl Window {
         }
     }
 
-    pub(super) fn tree_name(self, bucket_bytes: usize) -> String {
-        format!("{TREE_PREFIX}{}.{}.{bucket_bytes}", self.width, self.end)
+    pub(super) fn tree_name(self, layout: Layout) -> String {
+        let (width, end) = (self.width, self.end);
+        match layout {
+            Layout::Chunks => format!("{TREE_PREFIX}{width}.{end}.{CHUNKS}"),
+            Layout::ByKey { bucket_bytes } => format!("{TREE_PREFIX}{width}.{end}.{bucket_bytes}"),
+        }
     }
 
-    /// The window and bucket width of an epoch tree's name.
-    pub(super) fn from_tree_name(name: &[u8]) -> Option<(Window, usize)> {
+    /// The window and layout of an epoch tree's name.
+    pub(super) fn from_tree_name(name: &[u8]) -> Option<(Window, Layout)> {
         let name = std::str::from_utf8(name).ok()?.strip_prefix(TREE_PREFIX)?;
-        let (window, bucket_bytes) = name.rsplit_once('.')?;
-        let bucket_bytes = bucket_bytes
-            .parse()
-            .ok()
-            .filter(|bytes| (1..=16).contains(bytes))?;
+        let (window, layout) = name.rsplit_once('.')?;
+        let layout = match layout {
+            CHUNKS => Layout::Chunks,
+            bytes => Layout::ByKey {
+                bucket_bytes: bytes
+                    .parse()
+                    .ok()
+                    .filter(|bytes| (1..=16).contains(bytes))?,
+            },
+        };
         let (width, end) = window.split_once('.')?;
         Some((
             Window {
                 end: end.parse().ok()?,
                 width: width.parse().ok()?,
             },
-            bucket_bytes,
+            layout,
         ))
     }
 }
@@ -65,13 +90,17 @@ mod tests {
         assert!(window.end > 1_800_000_000_000);
         assert!(window.end - window.width <= 1_800_000_000_000);
         assert_eq!(Window::holding(5_000, 1_000).width, MIN_WIDTH);
-        assert_eq!(
-            Window::from_tree_name(window.tree_name(3).as_bytes()),
-            Some((window, 3))
-        );
+        for layout in [Layout::Chunks, Layout::ByKey { bucket_bytes: 3 }] {
+            assert_eq!(
+                Window::from_tree_name(window.tree_name(layout).as_bytes()),
+                Some((window, layout))
+            );
+        }
+        assert!(window.tree_name(Layout::Chunks).ends_with(".chunks"));
         assert_eq!(Window::from_tree_name(b"done"), None);
         assert_eq!(Window::from_tree_name(b"epoch.1024.2048"), None);
         assert_eq!(Window::from_tree_name(b"epoch.1024.2048.0"), None);
+        assert_eq!(Window::from_tree_name(b"epoch.1024.2048.chunk"), None);
         assert_eq!(Window::from_tree_name(b"__sled__default"), None);
     }
 }
