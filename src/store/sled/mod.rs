@@ -11,9 +11,10 @@
 //! - **Held keys** (`on_ambiguous: hold`) are few and must survive a restart: each is a
 //!   record in the `held` tree, under its store key, and in the same map as the leases, so
 //!   that a claim sees it under the same shard lock at no extra cost.
-//! - **Done records** are filed by when they expire, one sled tree per window of time,
-//!   with a Bloom filter per tree in memory ([`epochs`]). The sweep empties and drops the
-//!   trees whose window has passed, reading nothing else.
+//! - **Done records** are filed by when they expire, one sled tree per window of time, in
+//!   the order written, with an exact index of each tree's keys in memory ([`epochs`]):
+//!   a claim's look-up goes `database.live_done` → `Epochs::get` → `Epoch::read`. The
+//!   sweep empties and drops the trees whose window has passed, reading nothing else.
 //! - **Entity records** (`order:`) are in the `entities` tree under their store key, and
 //!   filed by when they expire in `entity_expiry` (the time, big-endian, then the key), so
 //!   that the sweep reads only what has expired. A record replaced by a newer version

@@ -1,4 +1,6 @@
-//! The bucket codec: the records of every key that shares a prefix, as one sled value.
+//! The codec of a sled value holding several records' entries: a chunk (records filed in
+//! the order written, each entry with its whole record key) or a bucket of a tree by key
+//! (records whose keys share a prefix, each entry with the rest of its key).
 
 use super::record::{RECORD_KEY_LEN, RecordKey};
 
@@ -7,7 +9,7 @@ use super::record::{RECORD_KEY_LEN, RecordKey};
 pub(super) enum Entry<'a> {
     /// The encoded record itself.
     Inline(&'a [u8]),
-    /// The record is too large to share a bucket: it is stored apart, under its full key.
+    /// The record is too large to share a value: it is stored apart (see `epoch.rs`).
     StoredApart,
 }
 

@@ -3,10 +3,12 @@
 //! Exact, unlike the Bloom filter it replaced: a key not in the index is not in the tree,
 //! so a new event reads nothing, and a key in it names the chunk that holds its record.
 //! Each entry keeps the first 8 bytes of the record key (the hash the table files it by;
-//! the key is already a digest) and a place: the chunk's number, or 0 where the tree
-//! files records by key. Two keys sharing those 8 bytes get an entry each, and the
-//! chunk's full record keys tell them apart. 12 bytes an entry, in 16 shards, so that
-//! claims on two cores seldom wait for one another.
+//! the key is already a digest) and a chunk number (0 where the tree files records by
+//! key). Two keys sharing those 8 bytes in different chunks get an entry each; in one
+//! chunk they share one, which stays while either is there; the chunk's whole record
+//! keys tell them apart. 12 bytes an entry (13 with the table's control byte, 15 to 30
+//! with its spare room), in 16 shards, so that claims on two cores seldom wait for one
+//! another.
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
@@ -15,13 +17,13 @@ use super::record::RecordKey;
 
 const SHARDS: usize = 16;
 
-/// One record key's place.
+/// Where record keys with these first 8 bytes are.
 #[derive(Clone, Copy)]
 struct Entry {
     /// The record key's first 8 bytes, as two halves: 4-byte alignment keeps an entry
     /// at 12 bytes.
     prefix: [u32; 2],
-    place: u32,
+    chunk: u32,
 }
 
 impl Entry {
@@ -56,38 +58,38 @@ impl Index {
         }
     }
 
-    /// The places that may hold `key`: none for almost every key not filed, one for
+    /// The chunks that may hold `key`: none for almost every key not filed, one for
     /// almost every key filed.
-    pub(super) fn places(&self, key: &RecordKey) -> Vec<u32> {
+    pub(super) fn chunks(&self, key: &RecordKey) -> Vec<u32> {
         let prefix = prefix(key);
         let shard = self.shards[shard(key)].lock();
         shard
             .iter_hash(hash(key))
             .filter(|entry| entry.prefix == prefix)
-            .map(|entry| entry.place)
+            .map(|entry| entry.chunk)
             .collect()
     }
 
-    /// Notes that `key` may be at `place` (once, however often it is noted).
-    pub(super) fn insert(&self, key: &RecordKey, place: u32) {
+    /// Notes that `key` may be in `chunk` (once, however often it is noted).
+    pub(super) fn insert(&self, key: &RecordKey, chunk: u32) {
         let entry = Entry {
             prefix: prefix(key),
-            place,
+            chunk,
         };
         let mut shard = self.shards[shard(key)].lock();
         let known = (shard.iter_hash(entry.hash()))
-            .any(|known| known.prefix == entry.prefix && known.place == place);
+            .any(|known| known.prefix == entry.prefix && known.chunk == chunk);
         if !known {
             shard.insert_unique(entry.hash(), entry, Entry::hash);
         }
     }
 
-    /// Notes that `key` is no longer at `place`.
-    pub(super) fn remove(&self, key: &RecordKey, place: u32) {
+    /// Notes that no key with `key`'s first 8 bytes is in `chunk` any more.
+    pub(super) fn remove(&self, key: &RecordKey, chunk: u32) {
         let prefix = prefix(key);
         let mut shard = self.shards[shard(key)].lock();
         let found = shard.find_entry(hash(key), |entry| {
-            entry.prefix == prefix && entry.place == place
+            entry.prefix == prefix && entry.chunk == chunk
         });
         if let Ok(found) = found {
             found.remove();
@@ -113,30 +115,30 @@ mod tests {
     }
 
     #[test]
-    fn keys_sharing_their_first_bytes_keep_a_place_each() {
+    fn keys_sharing_their_first_bytes_keep_a_chunk_each() {
         let index = Index::new();
         // The same first 9 bytes (the shard's byte too), then different.
         let (one, two) = (
             [1; 16],
             [&[1u8; 9][..], &[2; 7]].concat().try_into().unwrap(),
         );
-        assert!(index.places(&one).is_empty());
+        assert!(index.chunks(&one).is_empty());
         index.insert(&one, 7);
         index.insert(&one, 7);
         index.insert(&two, 9);
         // Both are offered for either key; the chunk's full keys tell them apart.
-        let mut places = index.places(&one);
-        places.sort_unstable();
-        assert_eq!(places, [7, 9]);
+        let mut chunks = index.chunks(&one);
+        chunks.sort_unstable();
+        assert_eq!(chunks, [7, 9]);
         index.remove(&one, 7);
-        assert_eq!(index.places(&two), [9]);
+        assert_eq!(index.chunks(&two), [9]);
         index.remove(&two, 9);
-        assert!(index.places(&one).is_empty());
-        assert!(index.places(&[3; 16]).is_empty());
+        assert!(index.chunks(&one).is_empty());
+        assert!(index.chunks(&[3; 16]).is_empty());
     }
 
     #[test]
-    fn a_million_keys_take_about_thirteen_bytes_each_at_most_twice_that() {
+    fn a_key_takes_fifteen_to_thirty_bytes() {
         let index = Index::new();
         // splitmix64: keys spread as digests do.
         let mut state = 0u64;
@@ -155,6 +157,6 @@ mod tests {
             index.insert(&key, i / 8);
         }
         let per_key = index.allocated() / 1_000_000;
-        assert!((12..=30).contains(&per_key), "{per_key} bytes a key");
+        assert!((15..=30).contains(&per_key), "{per_key} bytes a key");
     }
 }

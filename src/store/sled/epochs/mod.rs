@@ -12,10 +12,10 @@
 //! keeps an index of its keys in memory ([`index`]), exact: a claim of a new event reads
 //! nothing, a duplicate reads the one chunk that holds its record.
 //!
-//! After a restart the indexes are rebuilt by reading every record once ([`Indexing`]), in
-//! the background and newest window first. A claim that needs a window not read in yet
-//! reads it in itself, or waits for the thread that is doing so (about a second a million
-//! records).
+//! When the store opens, the indexes of the trees of chunks are rebuilt by reading every
+//! record once, newest window first, before the store answers (about a second a million
+//! records); trees by key are read in the background ([`Indexing`]), and until then a
+//! read looks in the key's bucket.
 //!
 //! The parts: [`window`] (which tree a record goes to, and how that tree files them),
 //! [`epoch`] (one window's tree), [`index`] (its index), [`bucket`] (the entries that
@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as MapEntry;
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -51,8 +51,8 @@ use crate::store::{DoneRecord, Millis, StoreError, Swept};
 
 pub(super) use self::record::RecordKey;
 
-/// The epochs that held records before the store was opened, whose indexes and counts
-/// still have to be read in.
+/// The trees by key that held records before the store was opened, whose indexes and
+/// counts still have to be read in.
 pub(super) struct Indexing {
     pending: Vec<Arc<Epoch>>,
 }
@@ -69,10 +69,8 @@ impl Indexing {
     fn run(self) {
         let started = std::time::Instant::now();
         for epoch in &self.pending {
-            if let Err(error) = epoch.ensure_indexed() {
-                // Claims that need the window try again, and fail (503) while it fails.
-                tracing::warn!(%error, tree = epoch.tree_name(), "cannot read a window's keys");
-            }
+            // Meanwhile, and if it fails, reads look in the key's bucket.
+            read_in_or_warn(epoch);
         }
         tracing::debug!(
             windows = self.pending.len(),
@@ -82,35 +80,70 @@ impl Indexing {
     }
 }
 
+/// Reads `epoch`'s records in; on failure, says so and returns false.
+fn read_in_or_warn(epoch: &Epoch) -> bool {
+    let read = epoch.ensure_indexed();
+    if let Err(error) = &read {
+        tracing::warn!(%error, tree = epoch.tree_name(), "cannot read a window's keys");
+    }
+    read.is_ok()
+}
+
 /// Every epoch of the database, by window.
 pub(super) struct Epochs {
     db: sled::Db,
     /// Keys the record-key hash ([`record_key`]).
     salt: Vec<u8>,
     by_window: RwLock<BTreeMap<Window, Arc<Epoch>>>,
+    /// Counts up as a record's move to another expiry begins and as it ends (odd while
+    /// one is under way): a read that finds nothing meanwhile looks again.
+    moves: AtomicU64,
 }
 
 impl Epochs {
-    /// Finds the epoch trees of `db`. Their indexes and counts are read in by the
-    /// [`Indexing`] returned, to be started.
+    /// Finds the epoch trees of `db` and reads the trees of chunks in. The trees by key
+    /// are read in by the [`Indexing`] returned, to be started.
     pub(super) fn open(db: &sled::Db) -> Result<(Epochs, Indexing), StoreError> {
         let failed = |error: sled::Error| StoreError::Backend(error.to_string());
         let salt = salt(db)?;
-        let mut by_window = BTreeMap::new();
+        let mut by_window: BTreeMap<Window, Arc<Epoch>> = BTreeMap::new();
+        let mut doubles = Vec::new();
         for name in db.tree_names() {
             if let Some((window, layout)) = Window::from_tree_name(&name) {
                 let tree = db.open_tree(&name).map_err(failed)?;
-                let epoch = Epoch::existing(window, layout, tree).map_err(failed)?;
-                by_window.insert(window, Arc::new(epoch));
+                let epoch = Arc::new(Epoch::existing(window, layout, tree).map_err(failed)?);
+                // A tree by key beside a tree of chunks for one window: the first goes
+                // into the second below.
+                match by_window.insert(window, Arc::clone(&epoch)) {
+                    Some(other) if other.layout == Layout::Chunks => {
+                        by_window.insert(window, other);
+                        doubles.push(epoch);
+                    }
+                    Some(other) => doubles.push(other),
+                    None => {}
+                }
             }
         }
+        for epoch in by_window.values().rev() {
+            if epoch.layout == Layout::Chunks {
+                epoch.ensure_indexed().map_err(failed)?;
+            }
+        }
+        for double in doubles {
+            by_window[&double.window].take_in(&double).map_err(failed)?;
+            db.drop_tree(double.tree_name()).map_err(failed)?;
+        }
         let indexing = Indexing {
-            pending: by_window.values().rev().cloned().collect(),
+            pending: (by_window.values().rev())
+                .filter(|epoch| !epoch.is_indexed())
+                .cloned()
+                .collect(),
         };
         let epochs = Epochs {
             db: db.clone(),
             salt,
             by_window: RwLock::new(by_window),
+            moves: AtomicU64::new(0),
         };
         Ok((epochs, indexing))
     }
@@ -122,6 +155,19 @@ impl Epochs {
 
     /// The live done record of `key`, if there is one.
     pub(super) fn get(&self, key: &RecordKey, now: Millis) -> sled::Result<Option<DoneRecord>> {
+        loop {
+            let moves = self.moves.load(Ordering::Acquire);
+            let found = self.get_once(key, now)?;
+            // A record moved to another window meanwhile may have been looked for in
+            // each before it was there and after it had gone.
+            if found.is_some() || (moves % 2 == 0 && self.moves.load(Ordering::Acquire) == moves) {
+                return Ok(found);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn get_once(&self, key: &RecordKey, now: Millis) -> sled::Result<Option<DoneRecord>> {
         // Held throughout, so that the sweep cannot drop a tree being read.
         let by_window = self.by_window.read();
         // Newest windows first; a window that has ended holds nothing live.
@@ -152,10 +198,7 @@ impl Epochs {
             {
                 let by_window = self.by_window.read();
                 if let Some(epoch) = by_window.get(&window) {
-                    if epoch.write(key, &bytes)? {
-                        epoch.records.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Ok(());
+                    return epoch.write(key, &bytes);
                 }
             }
             self.create(window)?;
@@ -180,14 +223,19 @@ impl Epochs {
         record: &DoneRecord,
         name: &str,
     ) -> sled::Result<()> {
+        self.moves.fetch_add(1, Ordering::AcqRel);
+        let moved = self.move_to(key, record, name);
+        self.moves.fetch_add(1, Ordering::AcqRel);
+        moved
+    }
+
+    fn move_to(&self, key: &RecordKey, record: &DoneRecord, name: &str) -> sled::Result<()> {
         let retention = record.expires_at.saturating_sub(record.completed_at).max(1);
         self.put(key, record, retention, name)?;
         let window = Window::holding(record.expires_at, retention);
         let by_window = self.by_window.read();
         for epoch in by_window.values().filter(|epoch| epoch.window != window) {
-            if epoch.may_hold(key)? && epoch.delete(key)?.is_some() {
-                epoch.records.fetch_sub(1, Ordering::Relaxed);
-            }
+            epoch.delete(key)?;
         }
         Ok(())
     }
@@ -198,7 +246,6 @@ impl Epochs {
         let mut removed_live = false;
         for epoch in by_window.values() {
             if let Some(bytes) = epoch.delete(key)? {
-                epoch.records.fetch_sub(1, Ordering::Relaxed);
                 removed_live |=
                     decode(key, &bytes, epoch.window).is_some_and(|record| record.expires_at > now);
             }
@@ -221,26 +268,12 @@ impl Epochs {
         for epoch in ended {
             // Read in first, so that its count is right when it goes. A window whose
             // records cannot be read in is left alone: its count is unknown.
-            if let Err(error) = epoch.ensure_indexed() {
-                tracing::warn!(%error, tree = epoch.tree_name(), "cannot read a window's keys");
+            if !read_in_or_warn(&epoch) {
                 continue;
             }
-            let mut emptied = true;
-            for sled_key in epoch.tree.iter().keys() {
-                if swept.examined >= limit {
-                    emptied = false;
-                    break;
-                }
-                let sled_key = sled_key?;
-                let removed = epoch.tree.remove(&sled_key)?;
-                // A record stored apart is counted with its entry.
-                if let Some(holder) = removed.filter(|_| epoch.is_holder(&sled_key)) {
-                    let count = epoch.view(&holder).entries().count();
-                    epoch.records.fetch_sub(count as i64, Ordering::Relaxed);
-                    swept.examined += count;
-                    swept.removed += count;
-                }
-            }
+            let (removed, emptied) = epoch.empty(limit.saturating_sub(swept.examined))?;
+            swept.examined += removed;
+            swept.removed += removed;
             if !emptied {
                 break;
             }
@@ -264,7 +297,7 @@ impl Epochs {
             .by_window
             .read()
             .values()
-            .map(|epoch| epoch.records.load(Ordering::Relaxed))
+            .map(|epoch| epoch.records())
             .sum();
         u64::try_from(records).unwrap_or(0)
     }
@@ -275,7 +308,7 @@ impl Epochs {
 pub(super) struct Position {
     window: Window,
     /// The chunk's number (0 in a tree by key).
-    place: u32,
+    chunk: u32,
     key: RecordKey,
 }
 
@@ -287,7 +320,7 @@ impl Position {
             "{}.{}.{}.{}",
             self.window.end,
             self.window.width,
-            self.place,
+            self.chunk,
             hex::encode(self.key)
         )
     }
@@ -296,11 +329,11 @@ impl Position {
         let mut parts = text.splitn(4, '.');
         let end = parts.next()?.parse().ok()?;
         let width = parts.next()?.parse().ok()?;
-        let place = parts.next()?.parse().ok()?;
+        let chunk = parts.next()?.parse().ok()?;
         let key = hex::decode(parts.next()?).ok()?.try_into().ok()?;
         Some(Position {
             window: Window { end, width },
-            place,
+            chunk,
             key,
         })
     }
@@ -324,22 +357,22 @@ impl Epochs {
         let live = by_window.values().filter(|epoch| epoch.window.end > now);
         for epoch in live.filter(|epoch| from.is_none_or(|from| epoch.window >= from.window)) {
             let after = from.filter(|from| from.window == epoch.window);
-            let start = after.map(|after| epoch.holder(&after.key, after.place));
+            let start = after.map(|after| epoch.value_key(&after.key, after.chunk));
             let start: &[u8] = start.as_ref().map_or(&[], |start| start.as_slice());
             for item in epoch.tree.range(start..) {
-                let (sled_key, holder) = item?;
-                if !epoch.is_holder(&sled_key) {
+                let (sled_key, value) = item?;
+                if !epoch.holds_entries(&sled_key) {
                     continue;
                 }
-                let place = epoch.place_of(&sled_key);
-                for (key, record) in epoch.records_of(&sled_key, &holder)? {
+                let chunk = epoch.chunk_of(&sled_key);
+                for (key, record) in epoch.records_of(&sled_key, &value)? {
                     if after.is_some_and(|after| *sled_key == *start && key <= after.key) {
                         continue;
                     }
                     examined += 1;
                     let here = Position {
                         window: epoch.window,
-                        place,
+                        chunk,
                         key,
                     };
                     if let Some((record, Some(name))) = record
@@ -405,9 +438,10 @@ mod tests {
     fn records_are_found_counted_rewritten_and_removed_apart() {
         let dir = tempfile::tempdir().unwrap();
         let (now, minute, record) = (NOW, MINUTE, done);
-        // Three keys sharing their first bytes, one not.
+        // Three keys sharing their first 9 bytes (so one entry of the index, in one shard,
+        // for the three in one chunk), one not.
         let mut keys: Vec<RecordKey> = (0..3u8)
-            .map(|i| [7, 7, 7, 7, 7, 7, 7, 7, i, 0, 0, 0, 0, 0, 0, 0])
+            .map(|i| [7, 7, 7, 7, 7, 7, 7, 7, 7, i, 0, 0, 0, 0, 0, 0])
             .collect();
         keys.push([8; 16]);
         let db = open_db(&dir);
@@ -465,10 +499,8 @@ mod tests {
             .collect();
         assert_eq!(chunks, [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2]]);
         let entries = |chunk: [u8; 4]| {
-            epoch
-                .view(&epoch.tree.get(chunk).unwrap().unwrap())
-                .entries()
-                .count()
+            let value = epoch.tree.get(chunk).unwrap().unwrap();
+            epoch.entries_in(&value).entries().count()
         };
         assert_eq!((entries([0, 0, 0, 0]), entries([0, 0, 0, 2])), (8, 4));
         // A key filed again goes into the chunk being written, and out of its first.
@@ -476,7 +508,13 @@ mod tests {
             .write(&keys[0], &encode(&done(201), epoch.window, "n"))
             .unwrap();
         assert_eq!((entries([0, 0, 0, 0]), entries([0, 0, 0, 2])), (7, 5));
-        assert!(!epoch.may_hold(&key_of("stranger")).unwrap());
+        // A key never written has no chunk to read: a new event reads nothing.
+        assert!((0..1000).all(|i| {
+            epoch
+                .chunks_of(&key_of(&format!("new {i}")))
+                .unwrap()
+                .is_empty()
+        }));
         drop(by_window);
         assert_eq!(
             epochs.get(&keys[0], NOW).unwrap().unwrap().upstream_status,
@@ -555,7 +593,7 @@ mod tests {
     }
 
     #[test]
-    fn after_a_restart_a_claim_reads_its_window_in_before_it_answers() {
+    fn after_a_restart_the_trees_of_chunks_are_read_in_before_the_store_answers() {
         let dir = tempfile::tempdir().unwrap();
         let (now, minute, record) = (NOW, MINUTE, done(200));
         let keys: Vec<RecordKey> = (0..2000u32).map(|i| key_of(&format!("k{i}"))).collect();
@@ -570,35 +608,133 @@ mod tests {
         }
         let db = open_db(&dir);
         let (epochs, indexing) = Epochs::open(&db).unwrap();
-        assert!(!indexing.pending.is_empty());
-        let indexed = || (epochs.by_window.read().values()).all(|epoch| epoch.is_indexed());
-        assert!(!indexed());
-
-        // Not read in by the thread yet: the first claim reads the window in.
+        assert!(indexing.pending.is_empty(), "nothing left to the thread");
+        assert_eq!(epochs.records(), 2000);
         assert!(
             keys.iter()
                 .all(|key| epochs.get(key, now).unwrap().is_some())
         );
-        assert!(indexed());
         assert_eq!(epochs.get(&key_of("stranger"), now).unwrap(), None);
-        let later = now + 2 * minute;
+        // A record written now starts a chunk after the last one written before.
         let fresh = key_of("written after the restart");
         epochs.put(&fresh, &record, minute, "n").unwrap();
-        indexing.run();
+        let by_window = epochs.by_window.read();
+        let epoch = by_window.values().next().unwrap();
+        assert_eq!(epoch.chunks_of(&fresh).unwrap(), [2000 / 8]);
+        drop(by_window);
         assert!(epochs.get(&fresh, now).unwrap().is_some());
         assert_eq!(epochs.records(), 2001);
+        let later = now + 2 * minute;
         assert_eq!(epochs.sweep(later, 10_000).unwrap().removed, 2001);
         assert_eq!(epochs.get(&keys[0], now).unwrap(), None);
-
-        // A window the sweep reaches before the indexing thread is read in first, so
-        // that its count is right when it goes.
-        for key in &keys {
-            epochs.put(key, &record, minute, "n").unwrap();
-        }
-        drop(epochs);
-        let (epochs, _never_started) = Epochs::open(&db).unwrap();
-        assert_eq!(epochs.sweep(later, 10_000).unwrap().removed, 2000);
         assert_eq!(epochs.records(), 0);
+    }
+
+    #[test]
+    fn after_a_crash_between_a_rewrite_and_its_removal_the_newer_copy_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key_of("moved");
+        let (short, long) = (
+            done(200),
+            DoneRecord {
+                expires_at: NOW + 61_000,
+                ..done(201)
+            },
+        );
+        {
+            let db = open_db(&dir);
+            let (epochs, _) = Epochs::open(&db).unwrap();
+            epochs.put(&key, &short, MINUTE, "n").unwrap();
+            // The newer copy (a later expiry, in the same window) filed in a later
+            // chunk, the crash coming before the older one was removed.
+            let by_window = epochs.by_window.read();
+            let epoch = by_window.values().next().unwrap();
+            assert_eq!(Window::holding(long.expires_at, MINUTE), epoch.window);
+            let newer = encode(&long, epoch.window, "n");
+            epoch
+                .tree
+                .fetch_and_update([0, 0, 0, 9], |value| {
+                    Some(
+                        epoch
+                            .entries_in(value.unwrap_or_default())
+                            .with(&key, bucket::Entry::Inline(&newer)),
+                    )
+                })
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let db = open_db(&dir);
+        let (epochs, _) = Epochs::open(&db).unwrap();
+        // After the older copy's expiry, the newer one still answers.
+        let found = epochs.get(&key, short.expires_at + 1).unwrap();
+        assert_eq!(found.map(|done| done.upstream_status), Some(201));
+    }
+
+    #[test]
+    fn a_read_while_a_record_moves_between_windows_finds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db(&dir);
+        let (epochs, _) = Epochs::open(&db).unwrap();
+        let key = key_of("moving");
+        let expiries = [NOW + MINUTE, NOW + 60 * MINUTE];
+        let at = |expires_at| DoneRecord {
+            expires_at,
+            ..done(200)
+        };
+        epochs.put(&key, &at(expiries[0]), MINUTE, "n").unwrap();
+        let misses = std::sync::atomic::AtomicUsize::new(0);
+        let moving = std::sync::atomic::AtomicBool::new(true);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for round in 1..=5000 {
+                    epochs.refile(&key, &at(expiries[round % 2]), "n").unwrap();
+                }
+                moving.store(false, Ordering::Release);
+            });
+            while moving.load(Ordering::Acquire) {
+                if epochs.get(&key, NOW).unwrap().is_none() {
+                    misses.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        assert_eq!(misses.into_inner(), 0);
+        assert_eq!(epochs.records(), 1);
+    }
+
+    #[test]
+    fn a_tree_by_key_beside_a_tree_of_chunks_for_one_window_goes_into_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys: Vec<RecordKey> = (0..40u32).map(|i| key_of(&format!("k{i}"))).collect();
+        {
+            let db = open_db(&dir);
+            let (epochs, _) = Epochs::open(&db).unwrap();
+            for key in &keys[..20] {
+                epochs.put(key, &done(200), MINUTE, "n").unwrap();
+            }
+            // What an earlier version writes for the same window, not seeing the first
+            // tree: a key of both, and others.
+            tree_by_key(&db, &keys[10..], &done(299));
+            db.flush().unwrap();
+        }
+        let db = open_db(&dir);
+        let (epochs, indexing) = Epochs::open(&db).unwrap();
+        let names = db.tree_names();
+        let trees: Vec<_> = names
+            .iter()
+            .filter_map(|name| Window::from_tree_name(name))
+            .collect();
+        assert_eq!(trees.len(), 1, "the tree by key is gone");
+        assert_eq!(trees[0].1, Layout::Chunks);
+        assert!(indexing.pending.is_empty());
+        let status = |key| {
+            epochs
+                .get(key, NOW)
+                .unwrap()
+                .map(|done| done.upstream_status)
+        };
+        assert!(keys[..10].iter().all(|key| status(key) == Some(200)));
+        assert!(keys[10..].iter().all(|key| status(key) == Some(299)));
+        assert_eq!(epochs.records(), 40);
     }
 
     /// A tree an earlier version filed by key, as it wrote it: buckets named by the
@@ -647,9 +783,10 @@ mod tests {
                 .all(|key| epochs.get(key, NOW).unwrap().is_some())
         );
         assert!(
-            !epochs.by_window.read()[&window]
-                .may_hold(&keys[250])
+            epochs.by_window.read()[&window]
+                .chunks_of(&keys[250])
                 .unwrap()
+                .is_empty()
         );
         // Records of its window go on into it, by key.
         for key in &keys[200..] {
@@ -726,9 +863,12 @@ mod tests {
                 end: 1_800_000_065_536,
                 width: 65_536,
             },
-            place: 3,
+            chunk: 3,
             key: [7; RECORD_KEY_LEN],
         };
+        // A cursor an earlier version gave (window end, width, record key).
+        let before_chunks = format!("1800000065536.65536.{}", "07".repeat(16));
+        assert_eq!(Position::decode(&before_chunks), None);
         assert_eq!(Position::decode(&position.encode()), Some(position));
         for bad in [
             "",
