@@ -4,12 +4,14 @@
 //! acknowledged once its job is durable; a store that cannot keep it gets 503, and the
 //! sender tries again.
 //!
-//! Stored, then marked done, in a task of its own: a sender that hangs up while the job is
-//! being stored cancels nothing, so its retry finds the key done. A crash between the two
-//! leaves a job and a claim that frees itself when its lease ends; the sender, unanswered,
-//! sends again, and the enqueue finds the job there if it is not delivered yet (if it is,
-//! the app gets the event a second time, with `Dedupe-Attempt: 1`: the one case outside
-//! the attempts' own window).
+//! Stored and marked done in a task of its own: a sender that hangs up while the job is
+//! being stored cancels nothing, so its retry finds the key done. On sled the job's record
+//! keeps the key's done record, one write for both. On Redis and PostgreSQL the job is
+//! stored, then the key marked done: a crash between the two leaves a job and a claim
+//! that frees itself when its lease ends; the sender, unanswered, sends again, and the
+//! enqueue finds the job there if it is not delivered yet (if it is, the app gets the
+//! event a second time, with `Dedupe-Attempt: 1`: the one case outside the attempts' own
+//! window).
 
 use std::sync::Arc;
 
@@ -65,8 +67,8 @@ impl Proxy {
         }
     }
 
-    /// Stores the job, then marks the key done; a store that cannot keep the job gets the
-    /// claim released and a 503.
+    /// Stores the job and marks the key done (in one write where the store can); a store
+    /// that cannot keep the job gets the claim released and a 503.
     async fn store_job(
         &self,
         route: &Arc<Route>,
@@ -101,18 +103,28 @@ impl Proxy {
             stored_request(&request, body),
         );
         job.lane = lane(policy.order_by.as_ref(), &request, &job.request.body);
-        let stored = deliveries.enqueue(&job).await;
         let done = Completion {
             upstream_status: QUEUED_STATUS,
             retention: route.policy.retention,
             response: None,
         };
+        // Where the store's queue keeps the done record in the job, one write for both.
+        let stored = match self.ledger.enqueue_done(open.claims(), &job, &done).await {
+            Ok(Some(enqueued)) => Ok((enqueued, true)),
+            Ok(None) => deliveries
+                .enqueue(&job)
+                .await
+                .map(|enqueued| (enqueued, false)),
+            Err(error) => Err(error),
+        };
         match stored {
-            Ok(enqueued) => {
+            Ok((enqueued, marked)) => {
                 if enqueued == Enqueued::Stored {
                     place.keep();
                 }
-                self.ledger.mark_done(open.claims(), &done).await;
+                if !marked {
+                    self.ledger.mark_done(open.claims(), &done).await;
+                }
                 open.settle();
                 if enqueued == Enqueued::AlreadyQueued {
                     tracing::debug!("the event was queued already");

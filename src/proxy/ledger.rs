@@ -22,6 +22,7 @@ use crate::metrics::{LeaseRenewal, Metrics, ReleaseReason};
 use crate::order::Ordered;
 use crate::response::DedupeStatus;
 use crate::route::{OnAmbiguous, Route};
+use crate::store::queue::{Enqueued, Job};
 use crate::store::{Ambiguity, Claim, ClaimStore, Completion, StoreError};
 use crate::upstream::{self, UpstreamError};
 use crate::waiting::Waiting;
@@ -253,6 +254,38 @@ impl Ledger {
         }
         self.mark_done(claims, &completion).await;
         response
+    }
+
+    /// Stores `job` with the event key's done record kept in it, where the store's queue
+    /// can (one write for both), and marks the body's claim (`replay_guard`) done apart.
+    /// `None` where it cannot: nothing was stored, and the claims are still open.
+    pub(super) async fn enqueue_done(
+        &self,
+        claims: &Claims,
+        job: &Job,
+        completion: &Completion,
+    ) -> Result<Option<Enqueued>, StoreError> {
+        // Before the call: the store ends the claim, and a renewal refused meanwhile was
+        // refused for that.
+        claims.progress.settling.store(true, Ordering::SeqCst);
+        let stored = self
+            .store
+            .enqueue_done(&claims.event, job, completion)
+            .await;
+        let Ok(Some(_)) = stored else {
+            claims.progress.settling.store(false, Ordering::SeqCst);
+            return stored;
+        };
+        self.waiting.announce(&claims.event.key);
+        if let Some(body) = &claims.body {
+            let body_only = Claims {
+                event: body.clone(),
+                body: None,
+                progress: Arc::clone(&claims.progress),
+            };
+            self.mark_done(&body_only, completion).await;
+        }
+        stored
     }
 
     /// Marks the claims done, waking their waiters.

@@ -592,6 +592,21 @@ pub trait ClaimStore: Send + Sync + 'static {
         None
     }
 
+    /// Stores `job`, the delivery of `claim`'s key, in the store's queue with the key's
+    /// done record (`completion`, from now) kept in it, on stable storage, then ends the
+    /// claim: the queue answers for the key until the job leaves, when the done record is
+    /// filed with the others. One write for both. `None` from a store whose queue does
+    /// not keep done records: the caller enqueues, then marks the key done.
+    async fn enqueue_done(
+        &self,
+        claim: &Claim,
+        job: &queue::Job,
+        completion: &Completion,
+    ) -> Result<Option<queue::Enqueued>, StoreError> {
+        let _ = (claim, job, completion);
+        Ok(None)
+    }
+
     /// The delivery log kept beside the claims, if this store keeps one.
     fn delivery_log(&self) -> Option<Arc<dyn log::DeliveryLog>> {
         None

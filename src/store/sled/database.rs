@@ -283,6 +283,14 @@ impl OpenDatabase {
     ) -> Result<Option<DoneRecord>, StoreError> {
         Ok(self.epochs.get(key, now)?)
     }
+
+    /// Files `done`, the done record of the store key `key`, with the others, in the
+    /// window of its expiry.
+    pub(super) fn file_done(&self, key: &str, done: &DoneRecord) -> Result<(), StoreError> {
+        let retention = done.expires_at.saturating_sub(done.completed_at).max(1);
+        let record_key = self.epochs.record_key(key);
+        Ok(self.epochs.put(&record_key, done, retention, key)?)
+    }
 }
 
 /// Where an entity record is filed by its expiry: the time, big-endian, so that the index

@@ -1,5 +1,6 @@
 //! Listing a namespace's keys on sled (`GET /v1/keys`): the open keys (in flight, held)
-//! from the map in memory, in key order, then the done keys from a walk of the records.
+//! from the map in memory and the done keys whose queued jobs keep their done records,
+//! together in key order, then the done keys filed, from a walk of the records.
 //!
 //! A page's cursor says which part it ended in: `o.` and the hex of the last open key
 //! listed, or `d.` and where the walk stopped (`d.` alone: from the first record).
@@ -16,7 +17,7 @@ const EXAMINED_MAX: usize = 50_000;
 /// Where a listing stands.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Cursor {
-    /// Among the open keys, after this one.
+    /// Among the open keys and the queued jobs' done keys, after this one.
     Open(Option<String>),
     /// Among the done records, after this one.
     Done(Option<Position>),
@@ -50,13 +51,23 @@ pub(super) fn not_a_cursor(text: &str) -> StoreError {
     StoreError::BadRequest(format!("`{text}` is not a listing cursor"))
 }
 
-/// Up to `limit` of the `found` open keys (live, each with its state), in `state` if
-/// given; the next page, if any, starts among them.
-pub(super) fn open_keys(mut found: Found, state: Option<StateFilter>, limit: usize) -> Page {
-    found.retain(|(_, found)| state.is_none_or(|state| state.admits(found)));
+/// Up to `limit` of the `found` keys held in memory or done by their queued jobs (live,
+/// each with its state), in `state` if given; the next page, if any, starts among them.
+/// `cut`: the last key the look for queued ones reached, when it was cut short; the page
+/// ends there, and the next goes on from it.
+pub(super) fn open_keys(
+    mut found: Found,
+    state: Option<StateFilter>,
+    limit: usize,
+    cut: Option<String>,
+) -> Page {
+    found.retain(|(key, found)| {
+        state.is_none_or(|state| state.admits(found)) && cut.as_ref().is_none_or(|cut| key <= cut)
+    });
     found.sort_by(|a, b| a.0.cmp(&b.0));
     let mut page = page(found, limit);
-    page.next = page.next.map(|last| Cursor::Open(Some(last)).encode());
+    let next = page.next.take().or(cut);
+    page.next = next.map(|last| Cursor::Open(Some(last)).encode());
     page
 }
 

@@ -33,6 +33,7 @@ mod durable;
 mod epochs;
 mod listing;
 mod log;
+mod open_key;
 mod queue;
 
 use std::sync::Arc;
@@ -48,8 +49,9 @@ use self::database::{Database, OpenDatabase};
 use self::durable::SyncCounters;
 use self::epochs::RecordKey;
 use self::log::FileLog;
+use self::open_key::{Lease, OpenKey};
 use self::queue::SledQueue;
-use super::queue::DeliveryQueue;
+use super::queue::{DeliveryQueue, Enqueued, Job};
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, DiskSyncs, DoneRecord,
     EntityRecord, Expiry, Fingerprint, Forgotten, HeldRecord, KeyState, Millis, Page,
@@ -57,51 +59,6 @@ use super::{
     count_by_namespace, millis, store_key,
 };
 use crate::config::SledConfig;
-
-/// A key that is neither absent nor done, as the map in memory holds it.
-#[derive(Debug, Clone)]
-enum OpenKey {
-    InFlight(Lease),
-    Held(HeldRecord),
-}
-
-impl OpenKey {
-    fn live(&self, now: Millis) -> bool {
-        match self {
-            OpenKey::InFlight(lease) => lease.lease_until > now,
-            OpenKey::Held(held) => held.expires_at > now,
-        }
-    }
-
-    fn state(&self) -> KeyState {
-        match self {
-            OpenKey::InFlight(lease) => KeyState::InFlight {
-                claimed_at: lease.claimed_at,
-                lease_until: lease.lease_until,
-                fingerprint: lease.fingerprint,
-            },
-            OpenKey::Held(held) => KeyState::Held(held.clone()),
-        }
-    }
-
-    fn owned_by(&self, token: u128) -> Option<&Lease> {
-        match self {
-            OpenKey::InFlight(lease) if lease.token == token => Some(lease),
-            _ => None,
-        }
-    }
-}
-
-/// An in-flight claim.
-#[derive(Debug, Clone)]
-struct Lease {
-    token: u128,
-    /// Where the done record goes: hashed once, at the claim.
-    record_key: RecordKey,
-    claimed_at: Millis,
-    lease_until: Millis,
-    fingerprint: Fingerprint,
-}
 
 /// What an open key is, to an operator's change.
 enum Open {
@@ -210,7 +167,7 @@ impl SledStore {
                 }
                 Ok(claimed())
             }
-            Entry::Vacant(vacant) => match database.live_done(&fresh.record_key, now)? {
+            Entry::Vacant(vacant) => match self.live_done(database, key, &fresh.record_key, now)? {
                 Some(done) => Ok(ClaimOutcome::Done(done)),
                 None => {
                     vacant.insert(OpenKey::InFlight(fresh.clone()));
@@ -218,6 +175,44 @@ impl SledStore {
                 }
             },
         }
+    }
+
+    /// The live done record of `key`: kept by its queued job, or filed. The queue is
+    /// asked first, since a job leaving it files its done record before it goes.
+    fn live_done(
+        &self,
+        database: &OpenDatabase,
+        key: &str,
+        record_key: &RecordKey,
+        now: Millis,
+    ) -> Result<Option<DoneRecord>, StoreError> {
+        match self.queue.done_of(database, key, now)? {
+            Some(done) => Ok(Some(done)),
+            None => database.live_done(record_key, now),
+        }
+    }
+
+    /// Stores `job` with the done record `completion` gives the key of `claim`, whose
+    /// lease it must still own. A job of that key queued already keeps its own, and the
+    /// key's done record is filed as a finish files it.
+    fn store_with_done(
+        &self,
+        database: &OpenDatabase,
+        claim: &Claim,
+        job: &Job,
+        completion: &Completion,
+    ) -> Result<Enqueued, StoreError> {
+        let lease = match self.open_keys.get(&claim.key) {
+            Some(open) => open.owned_by(claim.token).cloned(),
+            None => None,
+        };
+        let lease = lease.ok_or(StoreError::NotOwner)?;
+        let done = lease.done_record(self.clock.now(), completion);
+        let enqueued = self.queue.store_with_done(database, job, &done)?;
+        if enqueued == Enqueued::AlreadyQueued {
+            database.file_done(&claim.key, &done)?;
+        }
+        Ok(enqueued)
     }
 
     /// Whether `key` is in flight or held at `now`: an operator's change of a done key
@@ -246,15 +241,7 @@ impl SledStore {
                 let Some(lease) = open.get().owned_by(claim.token) else {
                     return Err(StoreError::NotOwner);
                 };
-                let now = self.clock.now();
-                let done = DoneRecord {
-                    claimed_at: lease.claimed_at,
-                    completed_at: now,
-                    expires_at: now.saturating_add(millis(completion.retention)),
-                    upstream_status: completion.upstream_status,
-                    fingerprint: lease.fingerprint,
-                    response: completion.response.clone(),
-                };
+                let done = lease.done_record(self.clock.now(), completion);
                 // On failure the lease stays until it ends: duplicates meanwhile get 409.
                 database.epochs.put(
                     &lease.record_key,
@@ -376,7 +363,9 @@ impl ClaimStore for SledStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let database = self.database()?;
+        // Through the queue: a database opened since is mended here, not under a key's
+        // shard lock, where a claim asks the queue.
+        let database = self.queue.open()?;
         let claimed = self.claim_on(&database, key, fingerprint, lease);
         self.reopen_if_failed(&database, claimed)
     }
@@ -436,8 +425,9 @@ impl ClaimStore for SledStore {
         self.reopen_if_failed(&database, resolved)
     }
 
-    /// In-flight and held keys first (from memory, in key order), then done ones (from a
-    /// walk of the records, [`epochs::Position`] order).
+    /// In-flight and held keys (from memory) and done keys whose queued jobs keep their
+    /// done records first, together in key order, then the filed done keys (from a walk of
+    /// the records, [`epochs::Position`] order).
     async fn list(
         &self,
         namespace: &str,
@@ -453,12 +443,10 @@ impl ClaimStore for SledStore {
             Some(None) => return Err(listing::not_a_cursor(after.unwrap_or_default())),
         };
         let mut page = Page::default();
-        if let listing::Cursor::Open(after) = &from
-            && state != Some(StateFilter::Done)
-        {
+        if let listing::Cursor::Open(after) = &from {
             let now = self.clock.now();
             let after = after.as_deref();
-            let found = (self.open_keys.iter())
+            let mut found: listing::Found = (self.open_keys.iter())
                 .filter(|open| {
                     open.key().starts_with(&listed)
                         && after.is_none_or(|after| open.key().as_str() > after)
@@ -466,8 +454,19 @@ impl ClaimStore for SledStore {
                 })
                 .map(|open| (open.key().clone(), open.value().state()))
                 .collect();
-            page = listing::open_keys(found, state, limit);
-            if page.next.is_some() || state.is_some() {
+            // Done keys whose jobs are queued are listed among them, in key order.
+            let wanted = match state {
+                None | Some(StateFilter::Done) => limit + 1,
+                Some(_) => 0,
+            };
+            let (queued, cut) = self.queue.done_keys(&listed, after, now, wanted)?;
+            found.extend(
+                queued
+                    .into_iter()
+                    .map(|(key, done)| (key, KeyState::Done(done))),
+            );
+            page = listing::open_keys(found, state, limit, cut);
+            if page.next.is_some() || state.is_some_and(|state| state != StateFilter::Done) {
                 return Ok(page);
             }
         }
@@ -506,8 +505,8 @@ impl ClaimStore for SledStore {
         if let Some(open) = self.open_keys.get(key).filter(|open| open.live(now)) {
             return Ok(Some(open.state()));
         }
-        let database = self.database()?;
-        let done = database.live_done(&database.epochs.record_key(key), now);
+        let database = self.queue.open()?;
+        let done = self.live_done(&database, key, &database.epochs.record_key(key), now);
         self.reopen_if_failed(&database, done.map(|done| done.map(KeyState::Done)))
     }
 
@@ -521,10 +520,14 @@ impl ClaimStore for SledStore {
         let database = self.database()?;
         let removed = {
             let _one_at_a_time = self.operator_changes.lock();
-            database
-                .epochs
-                .remove(&database.epochs.record_key(key), now)
-                .map_err(StoreError::from)
+            self.queue
+                .change_done(key, now, |_| None)
+                .and_then(|queued| {
+                    let filed = database
+                        .epochs
+                        .remove(&database.epochs.record_key(key), now)?;
+                    Ok(queued || filed)
+                })
         };
         let forgotten = removed.map(|live| {
             if live {
@@ -547,8 +550,14 @@ impl ClaimStore for SledStore {
         let record_key = database.epochs.record_key(key);
         let refiled = {
             let _one_at_a_time = self.operator_changes.lock();
-            database.live_done(&record_key, now).and_then(|done| {
-                let Some(done) = done else {
+            let queued = self
+                .queue
+                .change_done(key, now, |done| Some(DoneRecord { expires_at, ..done }));
+            queued.and_then(|queued| {
+                if queued {
+                    return Ok(Expiry::Set);
+                }
+                let Some(done) = database.live_done(&record_key, now)? else {
                     return Ok(Expiry::Absent);
                 };
                 let moved = DoneRecord { expires_at, ..done };
@@ -620,14 +629,33 @@ impl ClaimStore for SledStore {
         Some(Arc::clone(&self.queue) as Arc<dyn DeliveryQueue>)
     }
 
+    async fn enqueue_done(
+        &self,
+        claim: &Claim,
+        job: &Job,
+        completion: &Completion,
+    ) -> Result<Option<Enqueued>, StoreError> {
+        let database = self.queue.open()?;
+        let stored = self.store_with_done(&database, claim, job, completion);
+        let stored = self.reopen_if_failed(&database, stored)?;
+        // On stable storage before the claim ends: no duplicate is answered on a done
+        // record a power loss could take.
+        let flushed = database.syncs.sync().await;
+        self.reopen_if_failed(&database, flushed)?;
+        self.open_keys
+            .remove_if(&claim.key, |_, open| open.owned_by(claim.token).is_some());
+        Ok(Some(stored))
+    }
+
     fn delivery_log(&self) -> Option<Arc<dyn crate::store::log::DeliveryLog>> {
         Some(Arc::clone(&self.log) as Arc<dyn crate::store::log::DeliveryLog>)
     }
 
     fn done_keys(&self) -> Option<u64> {
+        let queued = u64::try_from(self.queue.done_count()).unwrap_or(u64::MAX);
         self.database()
             .ok()
-            .map(|database| database.epochs.records())
+            .map(|database| database.epochs.records().saturating_add(queued))
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -20,6 +20,8 @@ pub(super) struct Filing {
     pub(super) received_at: Millis,
     /// Its lane and place in it, if it has one.
     pub(super) lane: Option<(Arc<str>, u64)>,
+    /// When the done record its key keeps expires, if it keeps one.
+    pub(super) done_until: Option<Millis>,
 }
 
 /// Where a job stands, for the indexes and the counts.
@@ -112,11 +114,14 @@ impl RouteIndex {
     }
 }
 
-/// Every route's indexes, and each job's seq.
+/// Every route's indexes, each job's seq, and the keys whose jobs keep a done record.
 #[derive(Default)]
 pub(super) struct Indexes {
     routes: HashMap<String, RouteIndex>,
     seqs: HashMap<Arc<str>, u64>,
+    /// In key order, with when each done record expires: for claims, listings and counts
+    /// without reading the records.
+    done: BTreeMap<Arc<str>, Millis>,
 }
 
 impl Indexes {
@@ -132,10 +137,14 @@ impl Indexes {
         if let Some(before) = before {
             index.unfile(before);
             self.seqs.remove(&before.key);
+            self.done.remove(&before.key);
         }
         if let Some(after) = after {
             index.file(after);
             self.seqs.insert(Arc::clone(&after.key), after.seq);
+            if let Some(until) = after.done_until {
+                self.done.insert(Arc::clone(&after.key), until);
+            }
         }
         if index.is_empty() {
             self.routes.remove(route);
@@ -145,6 +154,52 @@ impl Indexes {
     /// The seq of the record of the job of `key`, if one is stored.
     pub(super) fn seq(&self, key: &str) -> Option<u64> {
         self.seqs.get(key).copied()
+    }
+
+    /// The seq of the job of `key` if it keeps a done record live at `now`.
+    pub(super) fn done(&self, key: &str, now: Millis) -> Option<u64> {
+        let seq = self.seq(key)?;
+        self.done
+            .get(key)
+            .is_some_and(|&until| until > now)
+            .then_some(seq)
+    }
+
+    /// How many jobs keep a done record, expired or not.
+    pub(super) fn done_count(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Up to `wanted` keys starting with `prefix`, after `after`, in key order, whose jobs
+    /// keep a done record live at `now`, looking at `examined_max` keys at most. The
+    /// second part is the last key looked at, when that bound cut the look short.
+    pub(super) fn done_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        now: Millis,
+        wanted: usize,
+        examined_max: usize,
+    ) -> (Vec<Arc<str>>, Option<Arc<str>>) {
+        let from = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
+        let mut found = Vec::new();
+        let in_scope = (self.done.range::<str, _>((from, Bound::Unbounded)))
+            .take_while(|(key, _)| key.starts_with(prefix));
+        for (examined, (key, &until)) in in_scope.enumerate() {
+            if found.len() == wanted {
+                break;
+            }
+            if until > now {
+                found.push(Arc::clone(key));
+            }
+            if examined + 1 == examined_max && found.len() < wanted {
+                return (found, Some(Arc::clone(key)));
+            }
+        }
+        (found, None)
     }
 
     /// Up to `limit` keys of `route`'s jobs due at `now` or before, the earliest first
@@ -233,7 +288,48 @@ mod tests {
             },
             received_at,
             lane: None,
+            done_until: None,
         }
+    }
+
+    #[test]
+    fn done_keys_are_listed_in_order_past_expired_ones_within_a_bound() {
+        let mut indexes = Indexes::default();
+        for (n, until) in [(1, 50), (2, 200), (3, 50), (4, 200), (5, 200)] {
+            let filing = Filing {
+                done_until: Some(until),
+                ..due(&format!("r:{n}"), n, n)
+            };
+            indexes.refile("r", None, Some(&filing));
+        }
+        indexes.refile("r", None, Some(&due("r:6", 6, 6)));
+        indexes.refile("r", None, Some(&due("s:1", 7, 7)));
+        let keys =
+            |found: Vec<Arc<str>>| found.iter().map(|key| key.to_string()).collect::<Vec<_>>();
+        let (found, cut) = indexes.done_keys("r:", None, 100, 10, 1000);
+        assert_eq!(
+            (keys(found), cut),
+            (vec!["r:2".into(), "r:4".into(), "r:5".into()], None)
+        );
+        let (found, cut) = indexes.done_keys("r:", Some("r:2"), 100, 1, 1000);
+        assert_eq!((keys(found), cut), (vec!["r:4".to_owned()], None));
+        // Two looked at, the second expired: cut short there, to go on after it.
+        let (found, cut) = indexes.done_keys("r:", Some("r:1"), 100, 10, 2);
+        assert_eq!(
+            (keys(found), cut.as_deref()),
+            (vec!["r:2".to_owned()], Some("r:3"))
+        );
+        assert_eq!(indexes.done("r:2", 100), Some(2));
+        assert_eq!(indexes.done("r:1", 100), None, "expired");
+        assert_eq!(indexes.done("r:6", 100), None, "keeps none");
+        assert_eq!(indexes.done_count(), 5);
+        // A removed job's done record goes with it.
+        let leaving = Filing {
+            done_until: Some(200),
+            ..due("r:2", 2, 2)
+        };
+        indexes.refile("r", Some(&leaving), None);
+        assert_eq!((indexes.done("r:2", 100), indexes.done_count()), (None, 4));
     }
 
     #[test]

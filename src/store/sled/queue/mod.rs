@@ -4,9 +4,11 @@
 //! gives the job as it is stored (they only grow, also across restarts). So an
 //! acceptance writes at the tree's end, and takes and completions, which mostly follow
 //! the order stored, work near its front, in pages that stay in sled's cache. The record
-//! holds the job, when it is due, the token of its take and its place in its lane;
-//! `jobs_paused` holds the routes paused. Every change of a job is one write of its
-//! record.
+//! holds the job, when it is due, the token of its take, its place in its lane and its
+//! key's done record (`record.rs`), so that an acceptance is one write and claims of the
+//! key find it here; `jobs_paused` holds the routes paused. Every change of a job is one
+//! write of its record; a job that leaves first files its done record with the others
+//! (two writes).
 //!
 //! Each key's seq, and what a take, a listing and the counts need in order (jobs by due
 //! time, the oldest received, dead letters by time of death, lanes), is indexed in
@@ -30,6 +32,7 @@
 //! again, and delivered again (the documented window).
 
 mod index;
+mod record;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -37,77 +40,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use parking_lot::{Mutex, MutexGuard};
-use serde::{Deserialize, Serialize};
-
-use self::index::{Filing, Indexes, State};
+use self::index::{Filing, Indexes};
+use self::record::{Record, read_at_open};
 use super::database::{Database, OpenDatabase, QueueTrees};
 use crate::store::queue::{
     BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
     parse_dead_cursor,
 };
-use crate::store::{Clock, Millis, StoreError, millis};
-
-/// The most bytes postcard writes for a length (a varint of up to 2^28).
-const LENGTH_BYTES: usize = 4;
-/// Room for a record's fields besides its request's, as most are: the key, route and
-/// lane, the times, counts, a few attempts.
-const OTHER_FIELDS_BYTES: usize = 512;
-
-/// A job as the tree `jobs_by_seq` keeps it, under its seq.
-#[derive(Serialize, Deserialize)]
-struct Record {
-    due_at: Millis,
-    token: u64,
-    takes: u32,
-    /// Its place in its lane (`job.lane`), if it has one.
-    lane_place: u64,
-    job: Job,
-}
-
-impl Record {
-    fn encode(&self) -> Result<Vec<u8>, StoreError> {
-        // Sized once for the request, its bytes with room for each length written before
-        // them and for the other fields, rather than grown by doubling as it is written.
-        let request = &self.job.request;
-        let headers: usize = request
-            .headers
-            .iter()
-            .map(|(name, value)| name.len() + value.len() + 2 * LENGTH_BYTES)
-            .sum();
-        let capacity = OTHER_FIELDS_BYTES + request.target.len() + headers + request.body.len();
-        postcard::to_extend(self, Vec::with_capacity(capacity))
-            .map_err(|error| StoreError::of("sled", error))
-    }
-
-    fn read(bytes: &[u8]) -> Result<Record, StoreError> {
-        postcard::from_bytes(bytes)
-            .map_err(|error| StoreError::of("sled", format!("an unreadable queued job: {error}")))
-    }
-
-    /// Where the indexes file it, stored under `seq`.
-    fn filing(&self, seq: u64) -> Filing {
-        let job = &self.job;
-        let state = match job.dead {
-            Some((since, _)) => State::Dead { since },
-            None => State::Due {
-                at: self.due_at,
-                retrying: job.attempts_this_round() > 0,
-            },
-        };
-        Filing {
-            key: Arc::from(job.key.as_str()),
-            seq,
-            state,
-            received_at: job.received_at,
-            lane: job
-                .lane
-                .as_deref()
-                .map(|lane| (Arc::from(lane), self.lane_place)),
-        }
-    }
-}
+use crate::store::{Clock, DoneRecord, Millis, StoreError, millis};
+use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
 
 /// What a change did to a job's record.
 enum Changed {
@@ -115,24 +57,13 @@ enum Changed {
     Removed,
 }
 
-/// A stored record as the queue reads it at open: a job taken when the process stopped
-/// is due now (its attempt was cut off); and whether it was taken. `None` for a record
-/// that does not read, which is left alone.
-fn read_at_open(bytes: &[u8], now: Millis) -> Option<(Record, bool)> {
-    let mut record = match Record::read(bytes) {
-        Ok(record) => record,
-        Err(error) => {
-            tracing::error!(%error, "an unreadable queued job is left alone");
-            return None;
-        }
-    };
-    let taken = record.token != 0 && record.job.dead.is_none();
-    if taken {
-        record.token = 0;
-        record.due_at = now;
-    }
-    Some((record, taken))
-}
+/// Keys done by their queued jobs, each with its done record, and where the look for
+/// them was cut short, if it was ([`SledQueue::done_keys`]).
+pub(super) type QueuedDoneKeys = (Vec<(String, DoneRecord)>, Option<String>);
+
+/// How many keys' done records one listing's page looks at in the indexes, at most (a
+/// few milliseconds under the lock every claim takes).
+const DONE_KEYS_EXAMINED_MAX: usize = 50_000;
 
 /// How many locks the keys share.
 const KEY_LOCKS: usize = 256;
@@ -151,6 +82,9 @@ pub(super) struct SledQueue {
     /// being reused by another database.
     mended: Mutex<Weak<OpenDatabase>>,
     mended_address: AtomicUsize,
+    /// How many jobs keep a done record, as the indexes last said: read without their
+    /// lock, so that a claim on a store whose queue keeps none takes no lock.
+    done_jobs: AtomicUsize,
 }
 
 fn shard(locks: &[Mutex<()>], value: impl Hash) -> MutexGuard<'_, ()> {
@@ -171,6 +105,7 @@ impl SledQueue {
             lane_locks: (0..LANE_LOCKS).map(|_| Mutex::new(())).collect(),
             mended: Mutex::new(Weak::new()),
             mended_address: AtomicUsize::new(0),
+            done_jobs: AtomicUsize::new(0),
         };
         queue.open()?;
         Ok(queue)
@@ -178,7 +113,7 @@ impl SledQueue {
 
     /// The open database, mended first if it is newly opened (at start, or reopened
     /// from disk after a failure: either way, what a crash left).
-    fn open(&self) -> Result<Arc<OpenDatabase>, StoreError> {
+    pub(super) fn open(&self) -> Result<Arc<OpenDatabase>, StoreError> {
         let database = self.database.open()?;
         let address = Arc::as_ptr(&database) as usize;
         if self.mended_address.load(Ordering::Acquire) == address {
@@ -213,9 +148,12 @@ impl SledQueue {
                 continue;
             };
             if let Some(first) = indexes.seq(&record.job.key) {
-                let first = trees.jobs.get(first.to_be_bytes())?;
-                let encoded = record.encode()?;
-                if first.is_some_and(|first| *first == *encoded) {
+                // Compared as this version writes them: either may be an earlier one's.
+                let first = (trees.jobs.get(first.to_be_bytes())?)
+                    .and_then(|bytes| read_at_open(&bytes, now))
+                    .map(|(first, _)| first.encode())
+                    .transpose()?;
+                if first == Some(record.encode()?) {
                     tracing::warn!("a second copy of a queued job's record is removed");
                     trees.jobs.remove(key)?;
                 } else {
@@ -231,6 +169,8 @@ impl SledQueue {
             indexes.refile(&record.job.route, None, Some(&record.filing(seq)));
         }
         let lanes = indexes.lanes();
+        self.done_jobs
+            .store(indexes.done_count(), Ordering::Release);
         *self.indexes.lock() = indexes;
         for (route, lane) in lanes {
             let _lane = self.lane_lock(&route, Some(&lane));
@@ -315,9 +255,7 @@ impl SledQueue {
             None => trees.jobs.remove(seq.to_be_bytes())?,
         };
         let refiled = after.as_ref().map(|record| record.filing(seq));
-        self.indexes
-            .lock()
-            .refile(&route, Some(&filed), refiled.as_ref());
+        self.refile(&route, Some(&filed), refiled.as_ref());
         Ok(Some(after.map_or(Changed::Removed, |record| {
             Changed::Written(Box::new(record))
         })))
@@ -403,7 +341,12 @@ impl SledQueue {
     /// under the next seq (also its place in its lane). A job is refused as queued only
     /// once its record is found on disk: indexes that name a record the disk does not
     /// hold fail the call, which reopens the database and rebuilds them.
-    fn store_new(&self, trees: &QueueTrees, job: &Job) -> Result<Enqueued, StoreError> {
+    fn store_new(
+        &self,
+        trees: &QueueTrees,
+        job: &Job,
+        done: Option<&DoneRecord>,
+    ) -> Result<Enqueued, StoreError> {
         let _lane = self.lane_lock(&job.route, job.lane.as_deref());
         let _key = shard(&self.key_locks, job.key.as_str());
         let indexed = self.indexes.lock().seq(&job.key);
@@ -422,12 +365,131 @@ impl SledQueue {
             takes: 0,
             lane_place: if job.lane.is_some() { seq } else { 0 },
             job: job.clone(),
+            done: done.cloned(),
         };
         trees.jobs.insert(seq.to_be_bytes(), record.encode()?)?;
-        self.indexes
-            .lock()
-            .refile(&job.route, None, Some(&record.filing(seq)));
+        self.refile(&job.route, None, Some(&record.filing(seq)));
         Ok(Enqueued::Stored)
+    }
+
+    /// Stores `job` as an enqueue does, keeping `done`, its key's done record, in its
+    /// record: the queue answers for the key until the job leaves. Not synced: the caller
+    /// syncs before it answers.
+    pub(super) fn store_with_done(
+        &self,
+        database: &OpenDatabase,
+        job: &Job,
+        done: &DoneRecord,
+    ) -> Result<Enqueued, StoreError> {
+        self.store_new(&database.queue, job, Some(done))
+    }
+
+    /// Files a job's change in the indexes, and counts the jobs that keep a done record.
+    fn refile(&self, route: &str, before: Option<&Filing>, after: Option<&Filing>) {
+        let mut indexes = self.indexes.lock();
+        indexes.refile(route, before, after);
+        self.done_jobs
+            .store(indexes.done_count(), Ordering::Release);
+    }
+
+    /// The live done record a queued job keeps for `key`, read from its record only when
+    /// the indexes say it keeps one. A claim of a key whose job keeps one comes after its
+    /// lease ended, so after the count of the job's filing.
+    pub(super) fn done_of(
+        &self,
+        database: &OpenDatabase,
+        key: &str,
+        now: Millis,
+    ) -> Result<Option<DoneRecord>, StoreError> {
+        if self.done_jobs.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        let Some(seq) = self.indexes.lock().done(key, now) else {
+            return Ok(None);
+        };
+        let record = match database.queue.jobs.get(seq.to_be_bytes())? {
+            Some(bytes) => Record::read(&bytes).ok(),
+            None => None,
+        };
+        Ok(record.and_then(|record| record.live_done(now).cloned()))
+    }
+
+    /// How many jobs keep a done record, expired or not.
+    pub(super) fn done_count(&self) -> usize {
+        self.done_jobs.load(Ordering::Acquire)
+    }
+
+    /// Changes the live done record a queued job keeps for `key` (`None`: the key is no
+    /// longer done once the job leaves). Returns whether there was one.
+    pub(super) fn change_done(
+        &self,
+        key: &str,
+        now: Millis,
+        change: impl FnOnce(DoneRecord) -> Option<DoneRecord>,
+    ) -> Result<bool, StoreError> {
+        let changed = self.on_database(|trees| {
+            self.swap(trees, key, |stored| {
+                let Some(done) = stored.live_done(now).cloned() else {
+                    return Err(());
+                };
+                Ok(Some(Record {
+                    done: change(done),
+                    ..stored
+                }))
+            })
+        })?;
+        Ok(changed.is_some())
+    }
+
+    /// Up to `wanted` keys starting with `prefix`, after `after`, in key order, whose
+    /// jobs keep a live done record, each with it; and the last key looked at, when the
+    /// look was cut short (at [`DONE_KEYS_EXAMINED_MAX`]) before `wanted` were found.
+    pub(super) fn done_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        now: Millis,
+        wanted: usize,
+    ) -> Result<QueuedDoneKeys, StoreError> {
+        if wanted == 0 {
+            return Ok((Vec::new(), None));
+        }
+        let (keys, cut) =
+            (self.indexes.lock()).done_keys(prefix, after, now, wanted, DONE_KEYS_EXAMINED_MAX);
+        self.on_database(|trees| {
+            let mut found = Vec::with_capacity(keys.len());
+            for key in keys {
+                // One delivered or changed since it was found is passed over.
+                if let Some((_, record)) = self.stored(trees, &key)?
+                    && let Some(done) = record.live_done(now)
+                {
+                    found.push((key.to_string(), done.clone()));
+                }
+            }
+            Ok((found, cut.map(|key| key.to_string())))
+        })
+    }
+
+    /// Removes the job of `key` if `leaves` says so, its live done record filed with the
+    /// others first: a claim meanwhile finds one or the other. Returns whether it went.
+    fn remove_job(
+        &self,
+        database: &OpenDatabase,
+        key: &str,
+        leaves: impl FnOnce(&Record) -> bool,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut filing = Ok(());
+        let removed = self.swap(&database.queue, key, |stored| {
+            if !leaves(&stored) {
+                return Err(());
+            }
+            if let Some(done) = stored.live_done(now) {
+                filing = database.file_done(key, done);
+            }
+            filing.as_ref().map(|()| None).map_err(drop)
+        });
+        removed.and_then(|removed| filing.map(|()| removed.is_some()))
     }
 }
 
@@ -435,7 +497,7 @@ impl SledQueue {
 impl DeliveryQueue for SledQueue {
     async fn enqueue(&self, job: &Job) -> Result<Enqueued, StoreError> {
         let database = self.open()?;
-        let stored = self.store_new(&database.queue, job);
+        let stored = self.store_new(&database.queue, job, None);
         let stored = self.database.reopen_if_failed(&database, stored)?;
         // Whether stored now or before: the acknowledgment waits for it to be on disk.
         let flushed = database.syncs.sync().await;
@@ -469,19 +531,17 @@ impl DeliveryQueue for SledQueue {
 
     async fn complete(&self, taken: &Taken) -> Result<(), StoreError> {
         let job = &taken.job;
-        self.on_database(|trees| {
+        // Opened (and mended, which takes the lanes' locks) before the lane's lock.
+        let database = self.open()?;
+        let completed = (|| {
             let _lane = self.lane_lock(&job.route, job.lane.as_deref());
-            let removed = self.swap(trees, &job.key, |stored| {
-                if stored.token != taken.token || stored.job.dead.is_some() {
-                    return Err(());
-                }
-                Ok(None)
-            })?;
-            if removed.is_none() {
+            let owned = |stored: &Record| stored.token == taken.token && stored.job.dead.is_none();
+            if !self.remove_job(&database, &job.key, owned)? {
                 return Err(StoreError::NotOwner);
             }
-            self.promote(trees, job)
-        })
+            self.promote(&database.queue, job)
+        })();
+        self.database.reopen_if_failed(&database, completed)
     }
 
     async fn retry(&self, taken: &Taken, job: &Job, due_at: Millis) -> Result<(), StoreError> {
@@ -591,6 +651,7 @@ impl DeliveryQueue for SledQueue {
                     takes: stored.takes,
                     lane_place,
                     job,
+                    done: stored.done,
                 }))
             })
         })?;
@@ -598,15 +659,11 @@ impl DeliveryQueue for SledQueue {
     }
 
     async fn discard(&self, route: &str, key: &str) -> Result<bool, StoreError> {
-        let discarded = self.on_database(|trees| {
-            self.swap(trees, key, |stored| {
-                if stored.job.route != route || stored.job.dead.is_none() {
-                    return Err(());
-                }
-                Ok(None)
-            })
-        })?;
-        Ok(discarded.is_some())
+        let database = self.open()?;
+        let discarded = self.remove_job(&database, key, |stored| {
+            stored.job.route == route && stored.job.dead.is_some()
+        });
+        self.database.reopen_if_failed(&database, discarded)
     }
 
     async fn counts(&self, routes: &[String]) -> Result<Vec<QueueCounts>, StoreError> {
