@@ -160,7 +160,9 @@ impl Epochs {
             let found = self.get_once(key, now)?;
             // A record moved to another window meanwhile may have been looked for in
             // each before it was there and after it had gone.
-            if found.is_some() || (moves % 2 == 0 && self.moves.load(Ordering::Acquire) == moves) {
+            if found.is_some()
+                || (moves.is_multiple_of(2) && self.moves.load(Ordering::Acquire) == moves)
+            {
                 return Ok(found);
             }
             std::thread::yield_now();
