@@ -185,16 +185,17 @@ impl Epoch {
 
     /// The record of `key`, expired or not.
     pub(super) fn read(&self, key: &RecordKey) -> sled::Result<Option<DoneRecord>> {
-        let looked = self.chunks_of(key)?;
-        if let Some(found) = self.read_in(key, &looked)? {
+        let chunks = self.chunks_of(key)?;
+        if chunks.is_empty() {
+            return Ok(None);
+        }
+        if let Some(found) = self.read_in(key, &chunks)? {
             return Ok(Some(found));
         }
-        // A rewrite files the key's record in a newer chunk before it removes the older
-        // copy: one that came between the two lookups is in a chunk not looked at yet.
-        let moved: Vec<u32> = (self.chunks_of(key)?.into_iter())
-            .filter(|chunk| !looked.contains(chunk))
-            .collect();
-        self.read_in(key, &moved)
+        // Noted and not found: a rewrite notes the newer chunk, writes the record there,
+        // then removes the older copy, so one that came between the reads left its record
+        // in a chunk read too early. A second look finds it.
+        self.read_in(key, &self.chunks_of(key)?)
     }
 
     fn read_in(&self, key: &RecordKey, chunks: &[u32]) -> sled::Result<Option<DoneRecord>> {
@@ -252,13 +253,12 @@ impl Epoch {
             self.tree
                 .remove(self.apart_key(value_key.as_slice(), key))?;
         }
-        let mut had = previous.is_some();
+        // One record more, less each copy it replaces (more than one after a crash).
+        let mut copies = i64::from(previous.is_some());
         for elsewhere in before.into_iter().filter(|before| *before != chunk) {
-            had |= self.delete_in(key, elsewhere)?.is_some();
+            copies += i64::from(self.delete_in(key, elsewhere)?.is_some());
         }
-        if !had {
-            self.records.fetch_add(1, Ordering::Relaxed);
-        }
+        self.records.fetch_add(1 - copies, Ordering::Relaxed);
         Ok(())
     }
 
@@ -266,11 +266,10 @@ impl Epoch {
     pub(super) fn delete(&self, key: &RecordKey) -> sled::Result<Option<sled::IVec>> {
         let mut deleted = None;
         for chunk in self.chunks_of(key)? {
-            let here = self.delete_in(key, chunk)?;
-            deleted = deleted.or(here);
-        }
-        if deleted.is_some() {
-            self.records.fetch_sub(1, Ordering::Relaxed);
+            if let Some(here) = self.delete_in(key, chunk)? {
+                self.records.fetch_sub(1, Ordering::Relaxed);
+                deleted = deleted.or(Some(here));
+            }
         }
         Ok(deleted)
     }
@@ -341,8 +340,9 @@ impl Epoch {
         Ok(())
     }
 
-    /// Removes up to `limit` records, a value at a time, from the start of the tree.
-    /// Returns how many it removed and whether the tree is now empty.
+    /// Removes about `limit` records from the start of the tree, a whole value at a time
+    /// (so up to a value's records more). Returns how many it removed and whether the
+    /// tree is now empty.
     pub(super) fn empty(&self, limit: usize) -> sled::Result<(usize, bool)> {
         let mut removed = 0;
         for sled_key in self.tree.iter().keys() {

@@ -13,9 +13,9 @@
 //! nothing, a duplicate reads the one chunk that holds its record.
 //!
 //! When the store opens, the indexes of the trees of chunks are rebuilt by reading every
-//! record once, newest window first, before the store answers (about a second a million
-//! records); trees by key are read in the background ([`Indexing`]), and until then a
-//! read looks in the key's bucket.
+//! record once, newest window first, before the store answers (about half a second a
+//! million records); trees by key are read in the background ([`Indexing`]), and until
+//! then a read looks in the key's bucket.
 //!
 //! The parts: [`window`] (which tree a record goes to, and how that tree files them),
 //! [`epoch`] (one window's tree), [`index`] (its index), [`bucket`] (the entries that
@@ -95,9 +95,36 @@ pub(super) struct Epochs {
     /// Keys the record-key hash ([`record_key`]).
     salt: Vec<u8>,
     by_window: RwLock<BTreeMap<Window, Arc<Epoch>>>,
-    /// Counts up as a record's move to another expiry begins and as it ends (odd while
-    /// one is under way): a read that finds nothing meanwhile looks again.
-    moves: AtomicU64,
+    /// Count up as a record's move to another expiry begins and as it ends (odd while
+    /// one is under way), one counter for each share of the keys: a read of a key of
+    /// that share that finds nothing meanwhile looks again.
+    moves: [AtomicU64; MOVE_SHARES],
+}
+
+/// How many shares of the keys count their moves apart, so that a move makes only the
+/// reads of a few keys look again.
+const MOVE_SHARES: usize = 64;
+
+/// The counter of the moves of `key`'s share (a byte the index's hash does not use).
+fn moves_of<'a>(moves: &'a [AtomicU64; MOVE_SHARES], key: &RecordKey) -> &'a AtomicU64 {
+    &moves[usize::from(key[9]) % MOVE_SHARES]
+}
+
+/// A move under way: counts the move's end when dropped, even by a panic, so that reads
+/// never wait for a move that is over.
+struct Moving<'a>(&'a AtomicU64);
+
+impl<'a> Moving<'a> {
+    fn start(counter: &'a AtomicU64) -> Moving<'a> {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Moving(counter)
+    }
+}
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Epochs {
@@ -131,6 +158,8 @@ impl Epochs {
         }
         for double in doubles {
             by_window[&double.window].take_in(&double).map_err(failed)?;
+            // On disk before the tree goes: a crash meanwhile leaves both, to merge again.
+            db.flush().map_err(failed)?;
             db.drop_tree(double.tree_name()).map_err(failed)?;
         }
         let indexing = Indexing {
@@ -143,7 +172,7 @@ impl Epochs {
             db: db.clone(),
             salt,
             by_window: RwLock::new(by_window),
-            moves: AtomicU64::new(0),
+            moves: std::array::from_fn(|_| AtomicU64::new(0)),
         };
         Ok((epochs, indexing))
     }
@@ -155,13 +184,14 @@ impl Epochs {
 
     /// The live done record of `key`, if there is one.
     pub(super) fn get(&self, key: &RecordKey, now: Millis) -> sled::Result<Option<DoneRecord>> {
+        let counter = moves_of(&self.moves, key);
         loop {
-            let moves = self.moves.load(Ordering::Acquire);
+            let moves = counter.load(Ordering::SeqCst);
             let found = self.get_once(key, now)?;
             // A record moved to another window meanwhile may have been looked for in
             // each before it was there and after it had gone.
             if found.is_some()
-                || (moves.is_multiple_of(2) && self.moves.load(Ordering::Acquire) == moves)
+                || (moves.is_multiple_of(2) && counter.load(Ordering::SeqCst) == moves)
             {
                 return Ok(found);
             }
@@ -225,10 +255,8 @@ impl Epochs {
         record: &DoneRecord,
         name: &str,
     ) -> sled::Result<()> {
-        self.moves.fetch_add(1, Ordering::AcqRel);
-        let moved = self.move_to(key, record, name);
-        self.moves.fetch_add(1, Ordering::AcqRel);
-        moved
+        let _moving = Moving::start(moves_of(&self.moves, key));
+        self.move_to(key, record, name)
     }
 
     fn move_to(&self, key: &RecordKey, record: &DoneRecord, name: &str) -> sled::Result<()> {
@@ -670,6 +698,11 @@ mod tests {
         // After the older copy's expiry, the newer one still answers.
         let found = epochs.get(&key, short.expires_at + 1).unwrap();
         assert_eq!(found.map(|done| done.upstream_status), Some(201));
+        // Both copies were read in and counted; removing the key takes both out.
+        assert_eq!(epochs.records(), 2);
+        assert!(epochs.remove(&key, NOW).unwrap());
+        assert_eq!(epochs.records(), 0);
+        assert_eq!(epochs.get(&key, NOW).unwrap(), None);
     }
 
     #[test]
