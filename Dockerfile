@@ -10,14 +10,19 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends make \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# Dependencies first, in a layer of their own that code changes do not invalidate.
+# Dependencies first, in a layer of their own that code changes do not invalidate (sled
+# is built from vendor/, patched).
 COPY Cargo.toml Cargo.lock ./
+COPY vendor ./vendor
 RUN mkdir src \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
  && cargo build --release --locked \
  && rm -rf src
 COPY src ./src
+# The sample deliveries `try --sample` sends are built in (tests/it/deploy.rs checks
+# that the build stage copies every file the build reads).
+COPY examples/deliveries ./examples/deliveries
 RUN touch src/main.rs src/lib.rs \
  && cargo build --release --locked \
  && mkdir -p /out/data /out/etc \

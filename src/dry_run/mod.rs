@@ -6,7 +6,7 @@
 //! The steps call the proxy's own parts (hop-by-hop headers stripped as `Proxy::handle`
 //! strips them, the route table and its readings, the body limit, the signature schemes,
 //! the key templates, the refusals), in the order `Proxy::check` takes them; the store's
-//! steps are described, not taken. `tests/dry_run.rs` holds the two to the same key and
+//! steps are described, not taken. `tests/it/dry_run.rs` holds the two to the same key and
 //! refusals. `dedupe-proxy try` runs one on a file's routes (`cli::dry_run`); `POST /v1/try`
 //! on the running ones (`admin::dry_run`).
 

@@ -1,6 +1,6 @@
 """A client of an API behind the `idempotency_key` preset, as a user would write it with
 `requests`: the same POST twice, with another body, path or query, from another client,
-with no key, an unquoted key, and two at once. Prints what it saw as JSON for tests/idempotency_key.rs to judge."""
+with no key, an unquoted key, and two at once. Prints what it saw as JSON for tests/it/idempotency_key.rs to judge."""
 
 import json
 import sys

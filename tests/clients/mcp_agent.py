@@ -1,6 +1,6 @@
 """A coding agent's side of `/mcp`, through the reference Python MCP client (`mcp`): it
 connects over Streamable HTTP, lists the tools, and calls the ones given on the command
-line in order. Prints what it saw as JSON for tests/mcp.rs to judge.
+line in order. Prints what it saw as JSON for tests/it/mcp.rs to judge.
 
 Usage: mcp_agent.py URL CALLS_JSON, where CALLS_JSON is [[tool, {arguments}], ...];
 the bearer token, if any, is in MCP_TOKEN."""

@@ -1,4 +1,4 @@
-// Signs a test delivery the way each provider's own SDK does, for tests/signatures.rs.
+// Signs a test delivery the way each provider's own SDK does, for tests/it/signatures.rs.
 // Input (argv[2]): {"scheme", "secret", "body", "timestamp" (Unix seconds), "id"}, or an
 // array of them (one process signs them all: loading the SDKs takes most of a run).
 // Output: the headers to send, as a JSON object, or an array of them.

@@ -1,5 +1,5 @@
 """Signs a test delivery with Slack's own SDK (slack_sdk's SignatureVerifier), for
-tests/signatures.rs. Input (argv[1]): {"secret", "body", "timestamp"}; output: the
+tests/it/signatures.rs. Input (argv[1]): {"secret", "body", "timestamp"}; output: the
 headers to send, as a JSON object."""
 import json
 import sys

@@ -1,0 +1,144 @@
+//! Faithful replays (`duplicate_response.replay`): a duplicate gets the app's recorded
+//! status, body and the headers `replay_headers` names, marked `Idempotent-Replayed: true`;
+//! other headers (cookies included) are not recorded unless listed, and an answer whose
+//! body and recorded headers exceed 64 KiB is not kept.
+
+use crate::support;
+
+use support::*;
+
+fn replaying_route(headers: &str) -> String {
+    json_route(&format!(
+        "    duplicate_response: {{ replay: true{headers} }}\n"
+    ))
+}
+
+fn created() -> Answer {
+    Answer::status(201)
+        .body(r#"{"order":77}"#)
+        .header("content-type", "application/vnd.app+json")
+        .header("location", "/orders/77")
+        .header("etag", "\"v1\"")
+        .header("cache-control", "no-store")
+        .header("x-request-id", "req-1")
+        .header("set-cookie", "session=secret")
+}
+
+#[tokio::test]
+async fn a_replay_repeats_the_default_headers_and_says_it_is_a_replay() {
+    let upstream = Upstream::start().await;
+    upstream.script([created()]);
+    let proxy = Proxy::start(upstream.addr, &replaying_route("")).await;
+    let first = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(
+        first.header("idempotent-replayed"),
+        None,
+        "the first answer is no replay"
+    );
+    assert_eq!(first.header("set-cookie"), Some("session=secret"));
+
+    let replay = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((replay.status, replay.dedupe()), (201, "duplicate"));
+    assert_eq!(replay.body, r#"{"order":77}"#);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    for (name, value) in [
+        ("content-type", "application/vnd.app+json"),
+        ("location", "/orders/77"),
+        ("etag", "\"v1\""),
+        ("cache-control", "no-store"),
+    ] {
+        assert_eq!(replay.header(name), Some(value), "{name}");
+    }
+    assert_eq!(replay.header("x-request-id"), None, "not listed");
+    assert_eq!(replay.header("set-cookie"), None, "a cookie only if listed");
+    assert_eq!(upstream.requests(), 1);
+}
+
+#[tokio::test]
+async fn replay_headers_names_exactly_what_is_replayed_every_value_of_it() {
+    let upstream = Upstream::start().await;
+    upstream.script([created().header("set-cookie", "theme=dark")]);
+    let route = replaying_route(", replay_headers: [Set-Cookie, x-request-id]");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    post_event(proxy.addr, "evt_1").await;
+    let replay = post_event(proxy.addr, "evt_1").await;
+    let cookies: Vec<_> = replay
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|value| value.to_str().unwrap())
+        .collect();
+    assert_eq!(cookies, ["session=secret", "theme=dark"]);
+    assert_eq!(replay.header("x-request-id"), Some("req-1"));
+    assert_eq!(
+        replay.header("location"),
+        None,
+        "the list replaces the default"
+    );
+    assert_eq!(replay.header("content-type"), None);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+}
+
+#[tokio::test]
+async fn without_replay_a_duplicate_is_the_configured_answer_and_no_replay() {
+    let upstream = Upstream::start().await;
+    upstream.script([created()]);
+    let proxy = Proxy::start(upstream.addr, &json_route("")).await;
+    post_event(proxy.addr, "evt_1").await;
+    let duplicate = post_event(proxy.addr, "evt_1").await;
+    assert_eq!((duplicate.status, duplicate.dedupe()), (200, "duplicate"));
+    assert_eq!(duplicate.header("idempotent-replayed"), None);
+    assert_eq!(duplicate.header("location"), None);
+}
+
+#[tokio::test]
+async fn an_answer_over_64_kib_with_its_recorded_headers_is_not_kept() {
+    let upstream = Upstream::start().await;
+    let body = "x".repeat(60 * 1024);
+    let big_header = "y".repeat(8 * 1024);
+    upstream.script([
+        // 60 KiB of body alone fits; with an 8 KiB recorded header it does not.
+        Answer::status(201).body(&body).header("etag", &big_header),
+        Answer::status(201).body(&body).header("etag", "\"small\""),
+    ]);
+    let proxy = Proxy::start(upstream.addr, &replaying_route("")).await;
+    assert_eq!(
+        post_event(proxy.addr, "evt_big").await.body.len(),
+        body.len()
+    );
+    let not_kept = post_event(proxy.addr, "evt_big").await;
+    assert_eq!((not_kept.status, not_kept.dedupe()), (200, "duplicate"));
+    assert_eq!(
+        not_kept.header("idempotent-replayed"),
+        None,
+        "{}",
+        &not_kept.body[..40]
+    );
+
+    post_event(proxy.addr, "evt_fits").await;
+    let kept = post_event(proxy.addr, "evt_fits").await;
+    assert_eq!((kept.status, kept.body.len()), (201, body.len()));
+    assert_eq!(kept.header("etag"), Some("\"small\""));
+    assert_eq!(kept.header("idempotent-replayed"), Some("true"));
+}
+
+#[tokio::test]
+async fn a_compressed_answer_is_replayed_with_its_encoding_listed_or_not() {
+    let upstream = Upstream::start().await;
+    upstream.script([Answer::status(201)
+        .body("compressed bytes")
+        .header("content-encoding", "gzip")
+        .header("content-type", "application/json")]);
+    let route = replaying_route(", replay_headers: [content-type]");
+    let proxy = Proxy::start(upstream.addr, &route).await;
+    post_event(proxy.addr, "evt_1").await;
+    let replay = post_event(proxy.addr, "evt_1").await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.header("content-encoding"),
+        Some("gzip"),
+        "the body's encoding"
+    );
+    assert_eq!(replay.body, "compressed bytes");
+}
