@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::preset::Preset;
 use crate::values::Secret;
 
 /// The most bytes of a request a dry run reads.
@@ -35,32 +36,16 @@ pub struct Written {
     pub secrets: Vec<(String, Secret)>,
 }
 
-/// Each preset's sample delivery, signed by the provider's own SDK or published algorithm
-/// with a test secret (`examples/deliveries/`).
-pub const SAMPLES: [(&str, &str); 7] = [
-    ("stripe", include_str!("../examples/deliveries/stripe.http")),
-    ("github", include_str!("../examples/deliveries/github.http")),
-    (
-        "shopify",
-        include_str!("../examples/deliveries/shopify.http"),
-    ),
-    ("slack", include_str!("../examples/deliveries/slack.http")),
-    ("twilio", include_str!("../examples/deliveries/twilio.http")),
-    ("paddle", include_str!("../examples/deliveries/paddle.http")),
-    (
-        "standard_webhooks",
-        include_str!("../examples/deliveries/standard_webhooks.http"),
-    ),
-];
-
-/// The sample named `name`, or a message naming the samples there are.
+/// A preset's sample delivery (`examples/deliveries/`), or a message naming the samples
+/// there are.
 pub fn sample(name: &str) -> Result<&'static str, String> {
-    SAMPLES
-        .iter()
+    let samples =
+        || Preset::all().filter_map(|preset| Some((preset.name(), preset.provider().sample?)));
+    samples()
         .find(|(sample, _)| *sample == name)
-        .map(|(_, text)| *text)
+        .map(|(_, text)| text)
         .ok_or_else(|| {
-            let names: Vec<&str> = SAMPLES.iter().map(|(sample, _)| *sample).collect();
+            let names: Vec<&str> = samples().map(|(sample, _)| sample).collect();
             format!("no sample `{name}`; the samples are {}", names.join(", "))
         })
 }
@@ -355,7 +340,9 @@ mod tests {
 
     #[test]
     fn every_sample_reads() {
-        for (name, text) in SAMPLES {
+        let samples =
+            Preset::all().filter_map(|preset| Some((preset.name(), preset.provider().sample?)));
+        for (name, text) in samples {
             let written = parse(text.as_bytes()).unwrap_or_else(|error| panic!("{name}: {error}"));
             assert!(!written.request.body().is_empty(), "{name}");
         }

@@ -3,8 +3,15 @@
 //! its key, fingerprint, answers and error format. A route's own settings win over the
 //! preset's; a provider preset's check reads the provider's usual secret variable, and
 //! `verify: none` turns it off. Sources are in `docs/configuration.md`.
+//!
+//! [`PRESETS`] is the one list of them: everything the rest of the code asks of a
+//! provider (its headers, its sample delivery, whether its bodies share an envelope) is
+//! an entry's field, so a new provider is an entry here and, if it signs in a new way, a
+//! scheme in `verify/`.
 
-use serde::{Deserialize, Serialize};
+use std::sync::LazyLock;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::key::KeyTemplate;
 use crate::verify::{Github, Paddle, Secrets, Shopify, Slack, StandardWebhooks, Stripe, Verify};
@@ -21,116 +28,305 @@ pub enum FingerprintScope {
     Request,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Preset {
-    Stripe,
-    Github,
-    Shopify,
-    StandardWebhooks,
-    Svix,
-    Slack,
-    Twilio,
-    Paddle,
-    /// Not a provider: a route in front of your own API, keyed by the client's
-    /// `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header).
-    IdempotencyKey,
+/// What a preset sets up, and what the rest of the code knows of its provider.
+pub struct Provider {
+    /// As `preset:` and `try --sample` spell it.
+    pub name: &'static str,
+    /// The provider's stable event ID, as a key template.
+    pub key: &'static str,
+    /// The variable the signature check reads its secrets from; none where the check is
+    /// left to the application.
+    pub secret_env: Option<&'static str>,
+    /// The signature check, with the secrets read from `secret_env`.
+    verify: fn(Secrets) -> Result<Verify, String>,
+    /// Headers that carry the signature: a dry run of a route that checks none points
+    /// them out.
+    pub signature_headers: &'static [&'static str],
+    /// Headers that name the delivery or the event and carry no secret: the admin API
+    /// shows their values.
+    pub id_headers: &'static [&'static str],
+    /// The beginnings of the provider's own header names: a key that reads one the
+    /// sample lacks is warned of.
+    pub header_prefixes: &'static [&'static str],
+    /// Whether every event comes in one JSON envelope, which the sample shows: a field a
+    /// letter away from one of the sample's is a typo.
+    pub envelope: bool,
+    /// A delivery, signed by the provider's SDK or published algorithm with a test secret
+    /// (`examples/deliveries/`), for `try --sample` and the checks of a route's templates.
+    pub sample: Option<&'static str>,
+    /// A route in front of your own API rather than a provider's: a duplicate's
+    /// fingerprint covers the request (method, path and body), the refusals are RFC 9457
+    /// problems, and a key's answers are the draft's (`config/file.rs` sets them).
+    pub for_api: bool,
 }
 
+/// An entry's fields where it says nothing of them.
+const NOTHING: Provider = Provider {
+    name: "",
+    key: "",
+    secret_env: None,
+    verify: |_| Err("this preset checks no signature".into()),
+    signature_headers: &[],
+    id_headers: &[],
+    header_prefixes: &[],
+    envelope: false,
+    sample: None,
+    for_api: false,
+};
+
+/// Every preset.
+pub const PRESETS: &[Provider] = &[
+    Provider {
+        name: "stripe",
+        // The event object's ID, the same on every retry and resend.
+        key: "{json:/id}",
+        secret_env: Some("STRIPE_WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::Stripe(Stripe::preset(secrets))),
+        signature_headers: &["stripe-signature"],
+        header_prefixes: &["stripe-"],
+        envelope: true,
+        sample: Some(include_str!("../examples/deliveries/stripe.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "github",
+        // Repeated on redelivery, shared by the hooks of one event: keys stay scoped to
+        // the route (one route per hook).
+        key: "{header:X-GitHub-Delivery}",
+        secret_env: Some("GITHUB_WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::Github(Github::preset(secrets))),
+        signature_headers: &["x-hub-signature-256"],
+        id_headers: &["x-github-event", "x-github-delivery", "x-github-hook-id"],
+        header_prefixes: &["x-github-"],
+        envelope: true,
+        sample: Some(include_str!("../examples/deliveries/github.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "shopify",
+        key: "{header:X-Shopify-Event-Id}",
+        secret_env: Some("SHOPIFY_WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::Shopify(Shopify::preset(secrets))),
+        signature_headers: &["x-shopify-hmac-sha256"],
+        id_headers: &[
+            "x-shopify-topic",
+            "x-shopify-event-id",
+            "x-shopify-shop-domain",
+            "x-shopify-webhook-id",
+        ],
+        header_prefixes: &["x-shopify-"],
+        // Each topic's body is its resource's own.
+        envelope: false,
+        sample: Some(include_str!("../examples/deliveries/shopify.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "standard_webhooks",
+        key: "{header:webhook-id}",
+        secret_env: Some("WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::StandardWebhooks(StandardWebhooks::preset(secrets)?)),
+        signature_headers: &["webhook-signature"],
+        id_headers: &["webhook-id", "webhook-timestamp"],
+        header_prefixes: &["webhook-"],
+        // The payload is the sender's own.
+        envelope: false,
+        sample: Some(include_str!(
+            "../examples/deliveries/standard_webhooks.http"
+        )),
+        ..NOTHING
+    },
+    Provider {
+        name: "svix",
+        key: "{header:svix-id}",
+        secret_env: Some("SVIX_WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::StandardWebhooks(StandardWebhooks::preset(secrets)?)),
+        signature_headers: &["svix-signature"],
+        id_headers: &["svix-id", "svix-timestamp"],
+        header_prefixes: &["svix-"],
+        envelope: false,
+        sample: Some(include_str!("../examples/deliveries/svix.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "slack",
+        // Inside the event_callback wrapper.
+        key: "{json:/event_id}",
+        secret_env: Some("SLACK_SIGNING_SECRET"),
+        verify: |secrets| Ok(Verify::Slack(Slack::preset(secrets))),
+        signature_headers: &["x-slack-signature"],
+        header_prefixes: &["x-slack-"],
+        envelope: true,
+        sample: Some(include_str!("../examples/deliveries/slack.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "twilio",
+        key: "{header:I-Twilio-Idempotency-Token}",
+        // Twilio signs the full public URL, which a proxy behind an ingress cannot know
+        // for sure; its check is left to the application.
+        secret_env: None,
+        header_prefixes: &["x-twilio-", "i-twilio-"],
+        sample: Some(include_str!("../examples/deliveries/twilio.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "paddle",
+        // The event's ID, not the per-delivery notification ID.
+        key: "{json:/event_id}",
+        secret_env: Some("PADDLE_WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::Paddle(Paddle::preset(secrets))),
+        signature_headers: &["paddle-signature"],
+        header_prefixes: &["paddle-"],
+        envelope: true,
+        sample: Some(include_str!("../examples/deliveries/paddle.http")),
+        ..NOTHING
+    },
+    // Not a provider: a route in front of your own API, keyed by the client's
+    // `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header). Your clients
+    // authenticate to your API as they always do.
+    Provider {
+        name: "idempotency_key",
+        // The client (its credential, hashed), then its key, a Structured Field string
+        // (`Idempotency-Key: "8e03978e-40d5"`): one client cannot read or block another's
+        // answer by sending its key.
+        key: "{header-hash:Authorization}:{sf-string:Idempotency-Key}",
+        for_api: true,
+        ..NOTHING
+    },
+];
+
+/// The presets' names, in [`PRESETS`]' order.
+static NAMES: LazyLock<Vec<&'static str>> =
+    LazyLock::new(|| PRESETS.iter().map(|preset| preset.name).collect());
+
+/// A route's preset: one entry of [`PRESETS`].
+#[derive(Clone, Copy)]
+pub struct Preset(&'static Provider);
+
 impl Preset {
+    /// The preset `name` spells, if there is one.
+    pub fn named(name: &str) -> Option<Preset> {
+        PRESETS
+            .iter()
+            .find(|preset| preset.name == name)
+            .map(Preset)
+    }
+
+    /// Every preset, in [`PRESETS`]' order.
+    pub fn all() -> impl Iterator<Item = Preset> {
+        PRESETS.iter().map(Preset)
+    }
+
+    pub fn name(self) -> &'static str {
+        self.0.name
+    }
+
+    /// Everything the preset says of its provider.
+    pub fn provider(self) -> &'static Provider {
+        self.0
+    }
+
     /// The provider's stable event ID.
     pub fn key(self) -> KeyTemplate {
-        let template = match self {
-            // The event object's ID, the same on every retry and resend.
-            Preset::Stripe => "{json:/id}",
-            // Repeated on redelivery, shared by the hooks of one event: keys stay scoped
-            // to the route (one route per hook).
-            Preset::Github => "{header:X-GitHub-Delivery}",
-            Preset::Shopify => "{header:X-Shopify-Event-Id}",
-            Preset::StandardWebhooks => "{header:webhook-id}",
-            Preset::Svix => "{header:svix-id}",
-            // Inside the event_callback wrapper.
-            Preset::Slack => "{json:/event_id}",
-            Preset::Twilio => "{header:I-Twilio-Idempotency-Token}",
-            // The event's ID, not the per-delivery notification ID.
-            Preset::Paddle => "{json:/event_id}",
-            // The client (its credential, hashed), then its key, a Structured Field
-            // string (`Idempotency-Key: "8e03978e-40d5"`): one client cannot read or
-            // block another's answer by sending its key.
-            Preset::IdempotencyKey => "{header-hash:Authorization}:{sf-string:Idempotency-Key}",
-        };
-        template.parse().expect("preset templates are valid")
+        self.0.key.parse().expect("preset templates are valid")
     }
 
     /// The environment variable the preset's signature check reads its secret from.
     pub fn secret_env(self) -> Option<&'static str> {
-        match self {
-            Preset::Stripe => Some("STRIPE_WEBHOOK_SECRET"),
-            Preset::Github => Some("GITHUB_WEBHOOK_SECRET"),
-            Preset::Shopify => Some("SHOPIFY_WEBHOOK_SECRET"),
-            Preset::StandardWebhooks => Some("WEBHOOK_SECRET"),
-            Preset::Svix => Some("SVIX_WEBHOOK_SECRET"),
-            Preset::Slack => Some("SLACK_SIGNING_SECRET"),
-            Preset::Paddle => Some("PADDLE_WEBHOOK_SECRET"),
-            // Twilio signs the full public URL, which a proxy behind an ingress cannot
-            // know for sure; its check is left to the application.
-            Preset::Twilio => None,
-            // Your clients authenticate to your API as they always do.
-            Preset::IdempotencyKey => None,
-        }
+        self.0.secret_env
     }
 
     /// The provider's signature check, reading its secret now.
     pub fn verify(self) -> Result<Option<Verify>, String> {
-        let Some(variable) = self.secret_env() else {
+        let Some(variable) = self.0.secret_env else {
             return Ok(None);
         };
         let secrets = Secrets::from_env(variable).map_err(|error| {
             format!("preset `{}` checks signatures with a secret from {variable}: {error} (or write `verify: none`)", self.name())
         })?;
-        let verify = match self {
-            Preset::Stripe => Verify::Stripe(Stripe::preset(secrets)),
-            Preset::Github => Verify::Github(Github::preset(secrets)),
-            Preset::Shopify => Verify::Shopify(Shopify::preset(secrets)),
-            Preset::StandardWebhooks | Preset::Svix => {
-                Verify::StandardWebhooks(StandardWebhooks::preset(secrets)?)
-            }
-            Preset::Slack => Verify::Slack(Slack::preset(secrets)),
-            Preset::Paddle => Verify::Paddle(Paddle::preset(secrets)),
-            Preset::Twilio | Preset::IdempotencyKey => {
-                unreachable!("no secret variable")
-            }
-        };
-        Ok(Some(verify))
+        (self.0.verify)(secrets).map(Some)
     }
 
     /// What a duplicate's fingerprint covers: the request, for a client of an API, who
     /// may send the same key with another one; the body, for a provider's redelivery.
     pub(crate) fn fingerprint_scope(self) -> FingerprintScope {
-        match self {
-            Preset::IdempotencyKey => FingerprintScope::Request,
-            _ => FingerprintScope::Body,
+        match self.0.for_api {
+            true => FingerprintScope::Request,
+            false => FingerprintScope::Body,
         }
     }
 
     /// Whether the proxy's refusals are RFC 9457 problems: what an API's clients expect
     /// (the draft's examples), where a webhook provider reads only the status.
     pub(crate) fn problem_details(self) -> bool {
-        self == Preset::IdempotencyKey
+        self.0.for_api
     }
 
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Preset::Stripe => "stripe",
-            Preset::Github => "github",
-            Preset::Shopify => "shopify",
-            Preset::StandardWebhooks => "standard_webhooks",
-            Preset::Svix => "svix",
-            Preset::Slack => "slack",
-            Preset::Twilio => "twilio",
-            Preset::Paddle => "paddle",
-            Preset::IdempotencyKey => "idempotency_key",
+    /// The headers any preset's provider names a delivery or an event with.
+    pub(crate) fn is_id_header(name: &str) -> bool {
+        PRESETS
+            .iter()
+            .any(|preset| preset.id_headers.contains(&name))
+    }
+
+    /// The first provider signature header among `has`'s, if any.
+    pub(crate) fn signature_header_in(has: impl Fn(&str) -> bool) -> Option<&'static str> {
+        PRESETS
+            .iter()
+            .flat_map(|preset| preset.signature_headers)
+            .copied()
+            .find(|name| has(name))
+    }
+}
+
+impl PartialEq for Preset {
+    fn eq(&self, other: &Preset) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Preset {}
+
+impl std::fmt::Debug for Preset {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+impl Serialize for Preset {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Preset {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Preset, D::Error> {
+        // Refused inside the visit, so that the error carries the name's own place.
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Preset;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                formatter.write_str("a preset's name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Preset, E> {
+                Preset::named(name).ok_or_else(|| E::unknown_variant(name, &NAMES))
+            }
         }
+        deserializer.deserialize_str(Name)
+    }
+}
+
+impl schemars::JsonSchema for Preset {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Preset".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A known provider's event key and signature check (or, `idempotency_key`, a route in front of your own API).",
+            "type": "string",
+            "enum": *NAMES,
+        })
     }
 }
 
@@ -139,20 +335,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_preset_has_a_valid_key() {
-        for preset in [
-            Preset::Stripe,
-            Preset::Github,
-            Preset::Shopify,
-            Preset::StandardWebhooks,
-            Preset::Svix,
-            Preset::Slack,
-            Preset::Twilio,
-            Preset::Paddle,
-            Preset::IdempotencyKey,
-        ] {
+    fn every_preset_has_a_valid_key_and_a_name_of_its_own() {
+        for preset in Preset::all() {
             let key = preset.key().to_string();
             assert!(key.starts_with('{'), "{key}");
+            assert_eq!(Preset::named(preset.name()), Some(preset));
         }
+        let mut names = NAMES.clone();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PRESETS.len(), "two presets share a name");
     }
 }

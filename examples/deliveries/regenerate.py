@@ -3,7 +3,7 @@
 test secret by the provider's own SDK (tests/signers: Stripe, GitHub, Standard Webhooks,
 Slack) or the algorithm its documentation publishes (Shopify, Paddle, Twilio). With
 --check, writes nothing and exits 1 if a committed sample differs from what the signers
-make now (tests/dry_run.rs runs it so). Needs `tests/setup` (the SDKs)."""
+make now (tests/it/dry_run.rs runs it so). Needs `tests/setup` (the SDKs)."""
 import base64
 import hashlib
 import hmac
@@ -144,13 +144,25 @@ def samples():
                                          ("Webhook-Id", signed["webhook-id"]),
                                          ("Webhook-Timestamp", signed["webhook-timestamp"]),
                                          ("Webhook-Signature", signed["webhook-signature"])], body)
+
+    secret = "whsec_" + base64.b64encode(b"dedupe-proxy svix sample!").decode()
+    body = compact({"type": "user.created", "timestamp": SIGNED_AT_TEXT,
+                    "data": {"id": "user_29w83sxmDNGwOuEthce5gg56FcC", "object": "user"}})
+    signed = node_signs("svix", secret, body, "msg_2SampleSvix00000001")
+    made["svix"] = message("svix", "A Svix-sent user.created (as Clerk sends), signed by the svix library",
+                           "config/svix.yaml", ("SVIX_WEBHOOK_SECRET", secret), "POST /webhooks/svix",
+                           [("Host", "hooks.example.com"), ("Content-Type", "application/json"),
+                            ("Svix-Id", signed["svix-id"]), ("Svix-Timestamp", signed["svix-timestamp"]),
+                            ("Svix-Signature", signed["svix-signature"])], body)
     return made
 
 
 def main():
     check = "--check" in sys.argv[1:]
-    differ = []
-    for name, text in samples().items():
+    made = samples()
+    # A file no signer makes is stale too.
+    differ = sorted(path.name for path in HERE.glob("*.http") if path.stem not in made) if check else []
+    for name, text in made.items():
         path = HERE / f"{name}.http"
         if check:
             if not path.exists() or path.read_text() != text:

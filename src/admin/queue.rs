@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::bulk::{self, DeadFilter};
 use crate::body::{ProxyBody, empty};
+use crate::preset::Preset;
 use crate::proxy::Proxy;
 use crate::queue::Deliveries;
 use crate::response::{AdminRefusal, json_response};
@@ -232,7 +233,7 @@ fn detail(route: &Route, job: &Job) -> Value {
 /// A header's value as the admin API shows it: masked unless the header is known to
 /// carry no secret (a signature or a token under a name no rule foresaw stays masked).
 pub(super) fn masked_header(name: &str, value: &[u8]) -> String {
-    if SHOWN_HEADERS.contains(&name) {
+    if SHOWN_HEADERS.contains(&name) || Preset::is_id_header(name) {
         String::from_utf8_lossy(value).into_owned()
     } else {
         MASKED.into()
@@ -242,9 +243,10 @@ pub(super) fn masked_header(name: &str, value: &[u8]) -> String {
 /// What stands for a value not shown.
 const MASKED: &str = "(masked)";
 
-/// Headers whose values the admin API shows (lowercase): a message's own, the proxy's,
-/// the providers' event names and IDs, and what an app's answer says of what it made.
-const SHOWN_HEADERS: [&str; 26] = [
+/// Headers whose values the admin API shows (lowercase), besides the providers' event
+/// names and IDs (each preset's `id_headers`): a message's own, the proxy's, and what an
+/// app's answer says of what it made.
+const SHOWN_HEADERS: [&str; 15] = [
     "content-type",
     "content-location",
     "location",
@@ -259,17 +261,6 @@ const SHOWN_HEADERS: [&str; 26] = [
     "x-forwarded-proto",
     "x-forwarded-host",
     "dedupe-key",
-    "x-github-event",
-    "x-github-delivery",
-    "x-github-hook-id",
-    "x-shopify-topic",
-    "x-shopify-event-id",
-    "x-shopify-shop-domain",
-    "x-shopify-webhook-id",
-    "webhook-id",
-    "webhook-timestamp",
-    "svix-id",
-    "svix-timestamp",
     "traceparent",
 ];
 

@@ -168,8 +168,8 @@ pub struct TryArgs {
     /// for standard input. A `# signed-at: TIME` line before it gives its signing time.
     #[arg(conflicts_with_all = ["sample", "path"])]
     pub request: Option<PathBuf>,
-    /// A provider preset's sample delivery, shipped with the binary: stripe, github,
-    /// shopify, slack, twilio, paddle, standard_webhooks.
+    /// A provider preset's sample delivery, shipped with the binary, by the preset's
+    /// name (`stripe`, `github`, ...; an unknown name lists them).
     #[arg(long, conflicts_with = "path")]
     pub sample: Option<String>,
     /// The request's method (default: the file's or sample's, `POST` with `--path`).

@@ -238,7 +238,7 @@ impl RouteFile {
         if self.verify.is_none() {
             self.verify = preset.verify()?.map(VerifySetting::On);
         }
-        if preset == Preset::IdempotencyKey {
+        if preset.provider().for_api {
             // The draft's answers: the same key with another request is 422, a completed
             // key is answered with the first response. Set on the route, so that
             // `defaults:` (written for webhook routes) cannot turn on the body guard,

@@ -7,10 +7,8 @@
 
 use crate::http_file;
 use crate::key::{Delivery, KeyTemplate};
+use crate::preset::Preset;
 use crate::route::Route;
-
-/// The providers whose deliveries share one JSON envelope, which the sample shows.
-const ENVELOPES: [&str; 4] = ["stripe", "github", "slack", "paddle"];
 
 /// Refuses the first of `templates` (each with the setting it is written in) that misses
 /// what `provider`'s delivery has, if any; `provider` is a sample's name.
@@ -25,8 +23,8 @@ pub(super) fn check(provider: &str, templates: &[(&str, &KeyTemplate)]) -> Resul
         query: request.uri().query(),
         body: request.body(),
     };
+    let json = Preset::named(provider).is_some_and(|preset| preset.provider().envelope);
     for (setting, template) in templates {
-        let json = ENVELOPES.contains(&provider);
         if let Some((part, meant)) = template.near_misses(&delivery, json).into_iter().next() {
             return Err(format!(
                 "`{setting}` reads {part}, which a {provider} delivery does not have; did you mean {meant}?"
@@ -35,17 +33,6 @@ pub(super) fn check(provider: &str, templates: &[(&str, &KeyTemplate)]) -> Resul
     }
     Ok(())
 }
-
-/// The beginnings of the header names each provider gives its own headers.
-const HEADER_PREFIXES: [(&str, &[&str]); 7] = [
-    ("stripe", &["stripe-"]),
-    ("github", &["x-github-"]),
-    ("shopify", &["x-shopify-"]),
-    ("slack", &["x-slack-"]),
-    ("twilio", &["x-twilio-", "i-twilio-"]),
-    ("paddle", &["paddle-"]),
-    ("standard_webhooks", &["webhook-"]),
-];
 
 /// Warnings for the headers `route`'s templates read that look like its provider's own (its
 /// prefix) but that its provider's delivery does not carry: a header further off than a
@@ -56,10 +43,7 @@ pub(super) fn unsent_headers(route: &Route) -> Vec<String> {
         (None, Some(verify)) => verify.scheme_name(),
         (None, None) => return Vec::new(),
     };
-    let (Some((_, prefixes)), Ok(text)) = (
-        HEADER_PREFIXES.iter().find(|(name, _)| *name == provider),
-        http_file::sample(provider),
-    ) else {
+    let (Some(preset), Ok(text)) = (Preset::named(provider), http_file::sample(provider)) else {
         return Vec::new();
     };
     let written = http_file::parse(text.as_bytes()).expect("the samples are valid messages");
@@ -72,8 +56,7 @@ pub(super) fn unsent_headers(route: &Route) -> Vec<String> {
     let mut warnings = Vec::new();
     for (setting, template) in templates {
         for name in template.header_names() {
-            let provider_like = prefixes
-                .iter()
+            let provider_like = (preset.provider().header_prefixes.iter())
                 .any(|prefix| name.as_str().starts_with(prefix));
             if provider_like && !carried.contains_key(name) {
                 warnings.push(format!(
@@ -104,7 +87,6 @@ mod tests {
             ("github", "{json:/installation/id}"),
             ("slack", "{json:/event/channel}"),
             ("hmac", "{json:/idd}"),
-            ("svix", "{header:svix-idd}"),
             // A field two letters from a sample's, and a header one word off.
             ("stripe", "{json:/data/object/account}"),
             ("github", "{json:/member/id}"),
@@ -114,6 +96,9 @@ mod tests {
         ] {
             assert_eq!(checked(provider, template), Ok(()), "{provider} {template}");
         }
+        // Svix has a sample of its own now: its headers are known.
+        let typo = checked("svix", "{header:svix-idd}").unwrap_err();
+        assert!(typo.contains("did you mean {header:svix-id}"), "{typo}");
     }
 
     #[test]

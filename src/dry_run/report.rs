@@ -9,6 +9,7 @@ use http::{HeaderMap, Request};
 use serde::Serialize;
 
 use crate::order::Guard;
+use crate::preset::Preset;
 use crate::response::Refusal;
 use crate::route::{DeliveryMode, OnAmbiguous, OnInFlight, OnPayloadMismatch, ReplayGuard, Route};
 use crate::values::{HumanDuration, UpstreamUrl};
@@ -153,17 +154,6 @@ pub struct Answered {
     /// A refusal's detail, or the body of another answer and when it is given.
     pub detail: String,
 }
-
-/// Headers that carry a provider's signature, for a route that checks none.
-const SIGNATURE_HEADERS: [&str; 7] = [
-    "stripe-signature",
-    "x-hub-signature-256",
-    "x-shopify-hmac-sha256",
-    "x-slack-signature",
-    "paddle-signature",
-    "webhook-signature",
-    "svix-signature",
-];
 
 impl Report {
     /// A report of `request`, refused until a step finds otherwise.
@@ -320,9 +310,7 @@ impl Signature {
     /// A route that checks none; a provider's signature header in the request is pointed
     /// out, since nothing reads it.
     pub(super) fn none(headers: &HeaderMap) -> Signature {
-        let carried = SIGNATURE_HEADERS
-            .iter()
-            .find(|name| headers.contains_key(**name));
+        let carried = Preset::signature_header_in(|name| headers.contains_key(name));
         Signature {
             result: Checked::None,
             scheme: None,

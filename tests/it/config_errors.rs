@@ -85,8 +85,12 @@ fn a_missing_file_or_no_file_is_exit_2() {
 }
 
 /// The secrets the example configurations' presets and checks read.
-const EXAMPLE_SECRETS: [(&str, &str); 7] = [
+const EXAMPLE_SECRETS: [(&str, &str); 8] = [
     ("STRIPE_WEBHOOK_SECRET", "whsec_example"),
+    (
+        "SVIX_WEBHOOK_SECRET",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    ),
     ("GITHUB_WEBHOOK_SECRET", "example"),
     ("SHOPIFY_WEBHOOK_SECRET", "example"),
     ("SLACK_SIGNING_SECRET", "example"),

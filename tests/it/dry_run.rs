@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use dedupe_proxy::preset::Preset;
 use serde_json::Value;
 use support::*;
 
@@ -21,17 +22,10 @@ fn repository() -> PathBuf {
 fn try_run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(binary_path());
     command.arg("try").args(args).current_dir(repository());
-    for variable in [
-        "STRIPE_WEBHOOK_SECRET",
-        "GITHUB_WEBHOOK_SECRET",
-        "SHOPIFY_WEBHOOK_SECRET",
-        "SLACK_SIGNING_SECRET",
-        "PADDLE_WEBHOOK_SECRET",
-        "WEBHOOK_SECRET",
-        "DEDUPE_PROXY_CONFIG",
-    ] {
+    for variable in Preset::all().filter_map(Preset::secret_env) {
         command.env_remove(variable);
     }
+    command.env_remove("DEDUPE_PROXY_CONFIG");
     command.envs(env.iter().copied());
     command.output().unwrap()
 }
@@ -51,51 +45,64 @@ fn judged(args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
     (output.status.code().unwrap(), report)
 }
 
-/// Each sample, the configuration it goes with, and the key `examples/deliveries/README.md`
-/// says it gives.
-const SAMPLES: [(&str, &str, &str); 7] = [
-    ("stripe", "config/stripe.yaml", "evt_1QSampleStripe0001"),
-    (
-        "github",
-        "config/github.yaml",
-        "72d3162e-cc78-11e3-81ab-4c9367dc0958",
-    ),
-    (
-        "shopify",
-        "config/shopify.yaml",
-        "98880550-7158-44d4-b7cd-2c97c8a091b5",
-    ),
-    ("slack", "config/slack.yaml", "Ev0SAMPLE0001"),
-    (
-        "twilio",
-        "config/twilio.yaml",
-        "SM00000000000000000000000000000001",
-    ),
-    (
-        "paddle",
-        "config/paddle.yaml",
-        "evt_01jsample0000000000000001",
-    ),
-    (
-        "standard_webhooks",
-        "config/standard-webhooks.yaml",
-        "msg_2SampleStandard0001",
-    ),
-];
+/// The configuration shipped for `preset`: `config/<name>.yaml`, with `-` for `_`.
+fn shipped_config(preset: Preset) -> String {
+    format!("config/{}.yaml", preset.name().replace('_', "-"))
+}
 
-#[test]
-fn every_presets_sample_is_taken_with_the_documented_key() {
+/// The key `examples/deliveries/README.md` says `sample` gives, checking that its row
+/// names `config`.
+fn documented_key(sample: &str, config: &str) -> String {
     let documented =
         std::fs::read_to_string(repository().join("examples/deliveries/README.md")).unwrap();
-    for (sample, config, key) in SAMPLES {
-        let row = format!("| `{sample}` |");
-        let line = documented.lines().find(|line| line.starts_with(&row));
+    let row = format!("| `{sample}` |");
+    let line = (documented.lines())
+        .find(|line| line.starts_with(&row))
+        .unwrap_or_else(|| panic!("examples/deliveries/README.md has no row for {sample}"));
+    assert!(line.contains(&format!("`{config}`")), "{line}");
+    let key = line
+        .trim_end_matches(['|', ' '])
+        .rsplit('|')
+        .next()
+        .unwrap();
+    key.trim().trim_matches('`').to_owned()
+}
+
+/// Every provider preset has what a user reaches for: a sample delivery signed by the
+/// provider's SDK or documented algorithm (`regenerate.py --check` below), taken by the
+/// configuration shipped for it with the key documented, a row in docs/configuration.md's
+/// table, and its name in the configuration's schema.
+#[test]
+fn every_presets_sample_is_taken_with_the_documented_key() {
+    let docs = std::fs::read_to_string(repository().join("docs/configuration.md")).unwrap();
+    let schema = std::fs::read_to_string(repository().join("config/schema.json")).unwrap();
+    let schema: Value = serde_json::from_str(&schema).unwrap();
+    let mut walked = 0;
+    for preset in Preset::all().filter(|preset| !preset.provider().for_api) {
+        let sample = preset.name();
+        let config = &shipped_config(preset);
         assert!(
-            line.is_some_and(
-                |line| line.contains(&format!("`{config}`")) && line.contains(&format!("`{key}`"))
-            ),
-            "examples/deliveries/README.md documents {sample} with {config} and {key}"
+            preset.provider().sample.is_some(),
+            "{sample} ships a sample delivery"
         );
+        let row = (docs.lines())
+            .find(|line| line.starts_with(&format!("| `{sample}` | `{}`", preset.provider().key)))
+            .unwrap_or_else(|| {
+                panic!("docs/configuration.md's preset table has no row for {sample} with its key")
+            });
+        assert!(
+            row.contains(preset.secret_env().unwrap_or("| none |")),
+            "{row}"
+        );
+        assert!(
+            schema["definitions"]["Preset"]["enum"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from(sample)),
+            "the schema names {sample}"
+        );
+        let key = &documented_key(sample, config);
+        walked += 1;
         // The file's test secret, set in the environment: a file's `# secret:` lines are
         // not read (only a shipped sample's).
         let file = format!("examples/deliveries/{sample}.http");
@@ -115,12 +122,11 @@ fn every_presets_sample_is_taken_with_the_documented_key() {
                 (0, &Value::from("taken")),
                 "{sample}: {report:#}"
             );
-            assert_eq!(report["key"]["value"], key, "{sample}");
+            assert_eq!(report["key"]["value"], key.as_str(), "{sample}");
             let signature = &report["signature"]["result"];
-            let expected = if sample == "twilio" {
-                "none"
-            } else {
-                "verified"
+            let expected = match preset.secret_env() {
+                None => "none",
+                Some(_) => "verified",
             };
             assert_eq!(signature, expected, "{sample}");
         }
@@ -138,6 +144,7 @@ fn every_presets_sample_is_taken_with_the_documented_key() {
     ] {
         assert!(text.contains(line), "`{line}` in:\n{text}");
     }
+    assert!(walked >= 8, "{walked} provider presets");
 }
 
 /// A broken request's arguments and environment, and the refusal's status, code and words.
@@ -423,7 +430,9 @@ fn the_samples_are_what_the_providers_sdks_sign() {
 /// the samples without a timestamp a live proxy would find stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_proxy_gives_the_app_the_key_the_dry_run_names() {
-    for (sample, config, key) in [SAMPLES[1], SAMPLES[2], SAMPLES[4]] {
+    for sample in ["github", "shopify", "twilio"] {
+        let config = &shipped_config(Preset::named(sample).unwrap());
+        let key = &documented_key(sample, config);
         let upstream = Upstream::start().await;
         let dir = tempfile::tempdir().unwrap();
         let text = std::fs::read_to_string(repository().join(config)).unwrap();
