@@ -14,7 +14,9 @@ use std::sync::LazyLock;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::key::KeyTemplate;
-use crate::verify::{Github, Paddle, Secrets, Shopify, Slack, StandardWebhooks, Stripe, Verify};
+use crate::verify::{
+    Github, Linear, Paddle, Secrets, Shopify, Slack, StandardWebhooks, Stripe, Verify,
+};
 
 /// What a delivery's fingerprint (the hash a duplicate's is compared with) covers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -81,7 +83,7 @@ pub const PRESETS: &[Provider] = &[
         // The event object's ID, the same on every retry and resend.
         key: "{json:/id}",
         secret_env: Some("STRIPE_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::Stripe(Stripe::preset(secrets))),
+        verify: |secrets| Ok(Verify::new(Stripe::preset(secrets))),
         signature_headers: &["stripe-signature"],
         header_prefixes: &["stripe-"],
         envelope: true,
@@ -94,7 +96,7 @@ pub const PRESETS: &[Provider] = &[
         // the route (one route per hook).
         key: "{header:X-GitHub-Delivery}",
         secret_env: Some("GITHUB_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::Github(Github::preset(secrets))),
+        verify: |secrets| Ok(Verify::new(Github::preset(secrets))),
         signature_headers: &["x-hub-signature-256"],
         id_headers: &["x-github-event", "x-github-delivery", "x-github-hook-id"],
         header_prefixes: &["x-github-"],
@@ -106,7 +108,7 @@ pub const PRESETS: &[Provider] = &[
         name: "shopify",
         key: "{header:X-Shopify-Event-Id}",
         secret_env: Some("SHOPIFY_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::Shopify(Shopify::preset(secrets))),
+        verify: |secrets| Ok(Verify::new(Shopify::preset(secrets))),
         signature_headers: &["x-shopify-hmac-sha256"],
         id_headers: &[
             "x-shopify-topic",
@@ -124,7 +126,7 @@ pub const PRESETS: &[Provider] = &[
         name: "standard_webhooks",
         key: "{header:webhook-id}",
         secret_env: Some("WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::StandardWebhooks(StandardWebhooks::preset(secrets)?)),
+        verify: |secrets| Ok(Verify::new(StandardWebhooks::preset(secrets)?)),
         signature_headers: &["webhook-signature"],
         id_headers: &["webhook-id", "webhook-timestamp"],
         header_prefixes: &["webhook-"],
@@ -139,7 +141,7 @@ pub const PRESETS: &[Provider] = &[
         name: "svix",
         key: "{header:svix-id}",
         secret_env: Some("SVIX_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::StandardWebhooks(StandardWebhooks::preset(secrets)?)),
+        verify: |secrets| Ok(Verify::new(StandardWebhooks::preset(secrets)?)),
         signature_headers: &["svix-signature"],
         id_headers: &["svix-id", "svix-timestamp"],
         header_prefixes: &["svix-"],
@@ -152,7 +154,7 @@ pub const PRESETS: &[Provider] = &[
         // Inside the event_callback wrapper.
         key: "{json:/event_id}",
         secret_env: Some("SLACK_SIGNING_SECRET"),
-        verify: |secrets| Ok(Verify::Slack(Slack::preset(secrets))),
+        verify: |secrets| Ok(Verify::new(Slack::preset(secrets))),
         signature_headers: &["x-slack-signature"],
         header_prefixes: &["x-slack-"],
         envelope: true,
@@ -174,11 +176,24 @@ pub const PRESETS: &[Provider] = &[
         // The event's ID, not the per-delivery notification ID.
         key: "{json:/event_id}",
         secret_env: Some("PADDLE_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::Paddle(Paddle::preset(secrets))),
+        verify: |secrets| Ok(Verify::new(Paddle::preset(secrets))),
         signature_headers: &["paddle-signature"],
         header_prefixes: &["paddle-"],
         envelope: true,
         sample: Some(include_str!("../examples/deliveries/paddle.http")),
+        ..NOTHING
+    },
+    Provider {
+        name: "linear",
+        // A delivery's ID, the same on each retry of it.
+        key: "{header:Linear-Delivery}",
+        secret_env: Some("LINEAR_WEBHOOK_SECRET"),
+        verify: |secrets| Ok(Verify::new(Linear::preset(secrets))),
+        signature_headers: &["linear-signature"],
+        id_headers: &["linear-delivery", "linear-event"],
+        header_prefixes: &["linear-"],
+        envelope: true,
+        sample: Some(include_str!("../examples/deliveries/linear.http")),
         ..NOTHING
     },
     // Not a provider: a route in front of your own API, keyed by the client's

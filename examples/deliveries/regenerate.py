@@ -145,6 +145,21 @@ def samples():
                                          ("Webhook-Timestamp", signed["webhook-timestamp"]),
                                          ("Webhook-Signature", signed["webhook-signature"])], body)
 
+    secret = "lin_wh_dedupe_proxy_sample"
+    body = compact({"action": "create", "type": "Issue", "createdAt": SIGNED_AT_TEXT,
+                    "organizationId": "0a3c8f6e-5b2d-4f7a-9c1e-000000000001",
+                    "url": "https://linear.app/example/issue/ENG-7/add-a-sample",
+                    "data": {"id": "2f1c9d3a-7e4b-4c8d-a6f2-000000000007", "identifier": "ENG-7",
+                             "title": "Add a sample", "priority": 2},
+                    "webhookTimestamp": SIGNED_AT * 1000,
+                    "webhookId": "5b7e2a90-1c3d-4e8f-b2a4-000000000001"})
+    made["linear"] = message("linear", "Linear Issue create, signed as Linear documents", "config/linear.yaml",
+                             ("LINEAR_WEBHOOK_SECRET", secret), "POST /webhooks/linear",
+                             [("Host", "hooks.example.com"), ("Content-Type", "application/json; charset=utf-8"),
+                              ("User-Agent", "Linear-Webhook"), ("Linear-Event", "Issue"),
+                              ("Linear-Delivery", "8a4d5c1e-3f2b-4a9d-8e6c-000000000001"),
+                              ("Linear-Signature", node_signs("linear", secret, body)["linear-signature"])], body)
+
     secret = "whsec_" + base64.b64encode(b"dedupe-proxy svix sample!").decode()
     body = compact({"type": "user.created", "timestamp": SIGNED_AT_TEXT,
                     "data": {"id": "user_29w83sxmDNGwOuEthce5gg56FcC", "object": "user"}})

@@ -1,6 +1,6 @@
 //! Fuzzes the cheap half of every signature check: any header values are read by each
-//! scheme (Stripe, Paddle, Slack, GitHub, Shopify, the generic HMAC, Standard Webhooks with
-//! a secret, with public keys, and with both). Never a panic; a check left to do hashes
+//! scheme (Stripe, Paddle, Slack, GitHub, Shopify, Linear, the generic HMAC, Standard
+//! Webhooks with a secret, with public keys, and with both). Never a panic; a check left to do hashes
 //! the body at most `MAX_PASSES` times, however many signatures the headers carry; and
 //! checking it against a body never panics.
 #![no_main]
@@ -27,10 +27,12 @@ routes:
   - { name: sw, match: { path: /g }, key: "{json:/id}", verify: { standard_webhooks: { secret_env: FUZZ_WHSEC } } }
   - { name: swpk, match: { path: /h }, key: "{json:/id}", verify: { standard_webhooks: { secret_env: [FUZZ_WHPK, FUZZ_WHPK] } } }
   - { name: mixed, match: { path: /i }, key: "{json:/id}", verify: { standard_webhooks: { secret_env: [FUZZ_WHSEC, FUZZ_WHSEC, FUZZ_WHPK, FUZZ_WHPK] } } }
+  - { name: linear, match: { path: /j }, key: "{json:/id}", verify: { linear: { secret_env: PATH } } }
 "#;
 
-/// The headers the schemes read, one of which each input line sets.
-const NAMES: [&str; 14] = [
+/// The headers the schemes read, one of which each input line sets (new ones go last:
+/// the seeds name headers by their place).
+const NAMES: [&str; 15] = [
     "stripe-signature",
     "paddle-signature",
     "x-slack-signature",
@@ -45,6 +47,7 @@ const NAMES: [&str; 14] = [
     "svix-timestamp",
     "svix-signature",
     "content-type",
+    "linear-signature",
 ];
 
 fn routes() -> &'static [Route] {
@@ -81,7 +84,8 @@ fuzz_target!(|data: &[u8]| {
     for route in routes() {
         let verify = route.verify.as_ref().expect("every fuzz route checks");
         for now in [0, 1_700_000_000, i64::MAX] {
-            let Ok(pending) = verify.prepare(&headers, now) else {
+            let delivery = dedupe_proxy::verify::Signed { headers: &headers, body };
+            let Ok(pending) = verify.prepare(delivery, now) else {
                 continue;
             };
             assert!(

@@ -510,7 +510,7 @@ routes:
             secret: Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
         };
         let standard = StandardWebhooks::preset(Secrets(vec![secret])).unwrap();
-        let standard = Verify::StandardWebhooks(standard);
+        let standard = Verify::new(standard);
         for key in ["{header:svix-id}", "{header:webhook-id}"] {
             let key: KeyTemplate = key.parse().unwrap();
             assert_eq!(

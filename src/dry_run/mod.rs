@@ -184,7 +184,11 @@ fn signature(
         .collect();
     // The checks that need no secret (the header's presence and form, the timestamp's
     // age) run first: they refuse whatever the secret.
-    let checked = verify.prepare(request.headers(), now).and_then(|pending| {
+    let delivery = crate::verify::Signed {
+        headers: request.headers(),
+        body: request.body(),
+    };
+    let checked = verify.prepare(delivery, now).and_then(|pending| {
         if unset.is_empty() {
             pending.check(request.body())
         } else {

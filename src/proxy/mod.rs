@@ -338,7 +338,11 @@ impl Proxy {
         // at debug level only, and counted: a forger must not flood the log.
         if let Some(verify) = &route.verify {
             let checked = async {
-                let pending = verify.prepare(&head.headers, crate::verify::unix_now())?;
+                let delivery = crate::verify::Signed {
+                    headers: &head.headers,
+                    body: &body,
+                };
+                let pending = verify.prepare(delivery, crate::verify::unix_now())?;
                 self.signature_work.check(&route.name, pending, &body).await
             }
             .instrument(telemetry::step_span!("verify"))

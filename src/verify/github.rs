@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::scheme::{Pending, Scheme, Secrets, VerifyError, header, hex_tag};
+use super::scheme::{Pending, Scheme, Secrets, Signed, VerifyError, header, hex_tag};
 
 const SIGNATURE: &str = "x-hub-signature-256";
 
@@ -39,7 +38,16 @@ impl Github {
 }
 
 impl Scheme for Github {
-    fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "github"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, _now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         let value = header(headers, SIGNATURE)?;
         let tag = value
             .strip_prefix("sha256=")

@@ -4,11 +4,10 @@
 
 use std::sync::Arc;
 
-use http::HeaderMap;
 use http::header::HeaderName;
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::scheme::{Pending, Scheme, Secrets, VerifyError, base64_tag, hex_tag};
+use super::scheme::{Pending, Scheme, Secrets, Signed, VerifyError, base64_tag, hex_tag};
 
 /// How the signature is written in its header.
 #[derive(
@@ -61,14 +60,23 @@ impl HmacHeader {
             prefix: file.prefix,
         }
     }
-
-    pub(super) fn header(&self) -> &HeaderName {
-        &self.header
-    }
 }
 
 impl Scheme for HmacHeader {
-    fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "hmac"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn signature_header(&self) -> Option<&HeaderName> {
+        Some(&self.header)
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, _now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         // The header's name is configured, so the error names it as written.
         let value = headers
             .get(&self.header)

@@ -17,6 +17,7 @@
 
 mod github;
 mod hmac_header;
+mod linear;
 mod paddle;
 mod scheme;
 mod shopify;
@@ -28,13 +29,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 pub use github::Github;
 pub use hmac_header::{Encoding, HmacHeader};
+pub use linear::Linear;
 pub use paddle::Paddle;
 pub use shopify::Shopify;
 pub use slack::Slack;
@@ -42,7 +43,7 @@ pub use standard_webhooks::StandardWebhooks;
 pub use stripe::Stripe;
 
 pub(crate) use scheme::HmacSha256;
-pub use scheme::{MAX_PASSES, Pending, Scheme, Secrets, VerifyError};
+pub use scheme::{MAX_PASSES, Pending, Scheme, Secrets, Settings, Signed, VerifyError};
 
 /// Where signature checks run. A check that costs little (at most [`INLINE_BYTES`]
 /// hashed, and no Ed25519 check, whose curve arithmetic alone costs about 50 µs) runs on
@@ -109,78 +110,38 @@ pub fn unix_now() -> i64 {
     i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }
 
-/// A route's signature check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verify {
-    Stripe(Stripe),
-    Github(Github),
-    StandardWebhooks(StandardWebhooks),
-    Shopify(Shopify),
-    Slack(Slack),
-    Paddle(Paddle),
-    Hmac(HmacHeader),
-}
+/// A route's signature check: one scheme, with its secrets.
+#[derive(Clone)]
+pub struct Verify(Arc<dyn Scheme>);
 
 impl Verify {
-    /// The checks that need no hashing; see [`Scheme::prepare`].
-    pub fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
-        let scheme: &dyn Scheme = match self {
-            Verify::Stripe(scheme) => scheme,
-            Verify::Github(scheme) => scheme,
-            Verify::StandardWebhooks(scheme) => scheme,
-            Verify::Shopify(scheme) => scheme,
-            Verify::Slack(scheme) => scheme,
-            Verify::Paddle(scheme) => scheme,
-            Verify::Hmac(scheme) => scheme,
-        };
-        scheme.prepare(headers, now)?.bounded()
+    pub fn new(scheme: impl Scheme + 'static) -> Verify {
+        Verify(Arc::new(scheme))
     }
 
-    /// The header a configured HMAC check reads its signature from (the providers'
-    /// schemes name theirs in words the delivery log refuses anyway).
+    /// The checks that need no hashing; see [`Scheme::prepare`].
+    pub fn prepare(&self, delivery: Signed<'_>, now: i64) -> Result<Pending, VerifyError> {
+        self.0.prepare(delivery, now)?.bounded()
+    }
+
+    /// The header a configured check reads its signature from.
     pub(crate) fn signature_header(&self) -> Option<&http::HeaderName> {
-        match self {
-            Verify::Hmac(scheme) => Some(scheme.header()),
-            _ => None,
-        }
+        self.0.signature_header()
     }
 
     /// The scheme's name, as `verify:` spells it.
     pub(crate) fn scheme_name(&self) -> &'static str {
-        match self {
-            Verify::Stripe(_) => "stripe",
-            Verify::Github(_) => "github",
-            Verify::StandardWebhooks(_) => "standard_webhooks",
-            Verify::Shopify(_) => "shopify",
-            Verify::Slack(_) => "slack",
-            Verify::Paddle(_) => "paddle",
-            Verify::Hmac(_) => "hmac",
-        }
+        self.0.name()
     }
 
     /// Whether the scheme signs a timestamp, whose age it judges.
     pub(crate) fn is_timestamped(&self) -> bool {
-        match self {
-            Verify::Stripe(_)
-            | Verify::StandardWebhooks(_)
-            | Verify::Slack(_)
-            | Verify::Paddle(_) => true,
-            Verify::Github(_) | Verify::Shopify(_) | Verify::Hmac(_) => false,
-        }
+        self.0.is_timestamped()
     }
 
     /// The secrets it checks with.
     pub fn secrets(&self) -> &Secrets {
-        match self {
-            Verify::Stripe(scheme) => &scheme.secret_env,
-            Verify::Github(scheme) => &scheme.secret_env,
-            Verify::StandardWebhooks(scheme) => &scheme.secret_env,
-            Verify::Shopify(scheme) => &scheme.secret_env,
-            Verify::Slack(scheme) => &scheme.secret_env,
-            Verify::Paddle(scheme) => &scheme.secret_env,
-            Verify::Hmac(scheme) => &scheme.secret_env,
-        }
+        self.0.secrets()
     }
 
     /// The scheme and its secrets' variables, for messages: `stripe with STRIPE_SECRET`.
@@ -196,15 +157,32 @@ impl Verify {
 
     /// The headers, besides the body, that a valid signature vouches for (lowercase).
     pub(crate) fn signed_headers(&self) -> &'static [&'static str] {
-        match self {
-            Verify::StandardWebhooks(_) => standard_webhooks::SIGNED_ID_HEADERS,
-            Verify::Stripe(_)
-            | Verify::Github(_)
-            | Verify::Shopify(_)
-            | Verify::Slack(_)
-            | Verify::Paddle(_)
-            | Verify::Hmac(_) => &[],
-        }
+        self.0.signed_headers()
+    }
+}
+
+/// Two checks are the same if they are one scheme with the same settings.
+impl PartialEq for Verify {
+    fn eq(&self, other: &Verify) -> bool {
+        self.scheme_name() == other.scheme_name() && self.0.settings() == other.0.settings()
+    }
+}
+
+impl Eq for Verify {}
+
+impl fmt::Debug for Verify {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{} {}", self.scheme_name(), self.0.settings())
+    }
+}
+
+/// As `verify:` is written: `{stripe: {secret_env: ..., tolerance: ...}}`.
+impl Serialize for Verify {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry(self.scheme_name(), &self.0.settings())?;
+        map.end()
     }
 }
 
@@ -231,37 +209,30 @@ struct VerifyFile {
     slack: Option<slack::SlackFile>,
     /// Paddle's `Paddle-Signature` (`ts=...;h1=...`).
     paddle: Option<paddle::PaddleFile>,
+    /// Linear's `Linear-Signature`, with the `webhookTimestamp` of the body it signs.
+    linear: Option<linear::LinearFile>,
     /// A generic HMAC-SHA256 of the body in a header of your choice.
     hmac: Option<hmac_header::HmacFile>,
 }
 
 impl VerifyFile {
     fn into_verify(self) -> Result<Verify, String> {
-        let mut chosen = Vec::new();
-        if let Some(file) = self.stripe {
-            chosen.push(Verify::Stripe(Stripe::new(file)));
-        }
-        if let Some(file) = self.github {
-            chosen.push(Verify::Github(Github::new(file)));
-        }
-        if let Some(file) = self.standard_webhooks {
-            chosen.push(Verify::StandardWebhooks(StandardWebhooks::new(file)?));
-        }
-        if let Some(file) = self.shopify {
-            chosen.push(Verify::Shopify(Shopify::new(file)));
-        }
-        if let Some(file) = self.slack {
-            chosen.push(Verify::Slack(Slack::new(file)));
-        }
-        if let Some(file) = self.paddle {
-            chosen.push(Verify::Paddle(Paddle::new(file)));
-        }
-        if let Some(file) = self.hmac {
-            chosen.push(Verify::Hmac(HmacHeader::new(file)));
-        }
+        let mut chosen: Vec<Verify> = [
+            self.stripe.map(|file| Ok(Verify::new(Stripe::new(file)))),
+            self.github.map(|file| Ok(Verify::new(Github::new(file)))),
+            (self.standard_webhooks).map(|file| StandardWebhooks::new(file).map(Verify::new)),
+            self.shopify.map(|file| Ok(Verify::new(Shopify::new(file)))),
+            self.slack.map(|file| Ok(Verify::new(Slack::new(file)))),
+            self.paddle.map(|file| Ok(Verify::new(Paddle::new(file)))),
+            self.linear.map(|file| Ok(Verify::new(Linear::new(file)))),
+            self.hmac.map(|file| Ok(Verify::new(HmacHeader::new(file)))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Result<_, String>>()?;
         match chosen.len() {
             1 => Ok(chosen.remove(0)),
-            0 => Err("`verify` needs a scheme: stripe, github, standard_webhooks, shopify, slack, paddle or hmac (or `verify: none`)".into()),
+            0 => Err("`verify` needs a scheme: stripe, github, standard_webhooks, shopify, slack, paddle, linear or hmac (or `verify: none`)".into()),
             _ => Err("`verify` takes exactly one scheme".into()),
         }
     }
@@ -357,7 +328,8 @@ mod tests {
             | VerifyError::IdMismatch(_)
             | VerifyError::Stale(_)
             | VerifyError::TooMany(_)
-            | VerifyError::NoMatch => error.code(),
+            | VerifyError::NoMatch
+            | VerifyError::BodyTimestamp(_) => error.code(),
         };
         for error in [
             VerifyError::MissingHeader("h"),
@@ -366,6 +338,7 @@ mod tests {
             VerifyError::Stale("5m".into()),
             VerifyError::TooMany("h"),
             VerifyError::NoMatch,
+            VerifyError::BodyTimestamp("f"),
         ] {
             assert!(VerifyError::CODES.contains(&every(&error)), "{error:?}");
         }
@@ -378,8 +351,8 @@ mod tests {
         }
     }
 
-    fn headers(pairs: &[(&str, String)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
+    fn headers(pairs: &[(&str, String)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
         for (name, value) in pairs {
             map.append(
                 http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
@@ -394,24 +367,31 @@ mod tests {
     #[test]
     fn cheap_refusals_come_before_any_hashing() {
         let secrets = Secrets(vec![secret("S", "shh")]);
-        let stripe = Verify::Stripe(Stripe::preset(secrets.clone()));
+        let stripe = Verify::new(Stripe::preset(secrets.clone()));
         let hex = "ab".repeat(32);
         let list = |n: usize| {
             let signatures: String = (0..n).map(|_| format!(",v1={hex}")).collect();
             headers(&[("stripe-signature", format!("t=1000{signatures}"))])
         };
-        let pending = stripe.prepare(&list(MAX_SIGNATURES), 1000).unwrap();
+        let pending = stripe
+            .prepare(Signed::headers_only(&list(MAX_SIGNATURES)), 1000)
+            .unwrap();
         assert_eq!(
             pending.passes(),
             1,
             "one HMAC, whatever the number of signatures"
         );
         assert_eq!(
-            stripe.prepare(&list(MAX_SIGNATURES + 1), 1000).unwrap_err(),
+            stripe
+                .prepare(Signed::headers_only(&list(MAX_SIGNATURES + 1)), 1000)
+                .unwrap_err(),
             VerifyError::TooMany("stripe-signature")
         );
         assert_eq!(
-            stripe.prepare(&list(700), 1000).unwrap_err().code(),
+            stripe
+                .prepare(Signed::headers_only(&list(700)), 1000)
+                .unwrap_err()
+                .code(),
             "malformed_signature"
         );
         let odd = headers(&[(
@@ -419,16 +399,18 @@ mod tests {
             format!("t=1000,v1={}", "ab".repeat(4096)),
         )]);
         assert_eq!(
-            stripe.prepare(&odd, 1000).unwrap_err(),
+            stripe
+                .prepare(Signed::headers_only(&odd), 1000)
+                .unwrap_err(),
             VerifyError::Malformed("stripe-signature")
         );
-        let github = Verify::Github(Github::preset(secrets));
+        let github = Verify::new(Github::preset(secrets));
         let long = headers(&[(
             "x-hub-signature-256",
             format!("sha256={}", "ab".repeat(30_000)),
         )]);
         assert_eq!(
-            github.prepare(&long, 0).unwrap_err(),
+            github.prepare(Signed::headers_only(&long), 0).unwrap_err(),
             VerifyError::Malformed("x-hub-signature-256")
         );
     }

@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::scheme::{Pending, Scheme, Secrets, TimestampedHex, VerifyError};
+use super::scheme::{Pending, Scheme, Secrets, Signed, TimestampedHex, VerifyError};
 use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "paddle-signature";
@@ -61,7 +60,20 @@ const LAYOUT: TimestampedHex = TimestampedHex {
 };
 
 impl Scheme for Paddle {
-    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "paddle"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn is_timestamped(&self) -> bool {
+        true
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         LAYOUT.prepare(&self.keys, &self.tolerance, headers, now)
     }
 }

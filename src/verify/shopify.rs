@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::scheme::{Pending, Scheme, Secrets, VerifyError, base64_tag, header};
+use super::scheme::{Pending, Scheme, Secrets, Signed, VerifyError, base64_tag, header};
 
 const SIGNATURE: &str = "x-shopify-hmac-sha256";
 
@@ -38,7 +37,16 @@ impl Shopify {
 }
 
 impl Scheme for Shopify {
-    fn prepare(&self, headers: &HeaderMap, _now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "shopify"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, _now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         let tag =
             base64_tag(header(headers, SIGNATURE)?).ok_or(VerifyError::Malformed(SIGNATURE))?;
         Ok(Pending::hmac(SIGNATURE, Vec::new(), &self.keys, vec![tag]))

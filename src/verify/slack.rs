@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::scheme::{
-    Pending, Scheme, Secrets, VerifyError, default_tolerance, header, hex_tag, parse_timestamp,
-    within_tolerance,
+    Pending, Scheme, Secrets, Signed, VerifyError, default_tolerance, header, hex_tag,
+    parse_timestamp, within_tolerance,
 };
 use crate::values::HumanDuration;
 
@@ -51,7 +50,20 @@ impl Slack {
 }
 
 impl Scheme for Slack {
-    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "slack"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn is_timestamped(&self) -> bool {
+        true
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         let text = header(headers, TIMESTAMP)?;
         let timestamp = parse_timestamp(text, TIMESTAMP)?;
         let tag = header(headers, SIGNATURE)?

@@ -8,11 +8,10 @@
 use std::sync::Arc;
 
 use ed25519_dalek::{Signature, VerifyingKey};
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use super::scheme::{
-    ED25519_PASSES, MAX_PUBLIC_KEYS, MAX_SIGNATURES, Pending, Scheme, Secrets, VerifyError,
+    ED25519_PASSES, MAX_PUBLIC_KEYS, MAX_SIGNATURES, Pending, Scheme, Secrets, Signed, VerifyError,
     base64_tag, decode_base64, default_tolerance, header, parse_timestamp, within_tolerance,
 };
 use crate::values::HumanDuration;
@@ -102,7 +101,24 @@ impl StandardWebhooks {
 const SIGNATURE_BASE64_MAX: usize = 88;
 
 impl Scheme for StandardWebhooks {
-    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "standard_webhooks"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn is_timestamped(&self) -> bool {
+        true
+    }
+
+    fn signed_headers(&self) -> &'static [&'static str] {
+        SIGNED_ID_HEADERS
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         let [id_name, timestamp_name, signature_name] = HEADER_SETS
             .into_iter()
             .find(|[id, _, _]| headers.contains_key(*id))
@@ -157,6 +173,7 @@ mod tests {
     use super::super::scheme::{ED25519_PASSES, MAX_PASSES};
     use super::*;
     use crate::values::EnvSecret;
+    use http::HeaderMap;
 
     fn with_secret(secret: &str) -> Result<StandardWebhooks, String> {
         let env = EnvSecret {
@@ -186,7 +203,17 @@ mod tests {
                 .unwrap(),
         );
         let body = br#"{"test": 2432232314}"#;
-        let verify = |body: &[u8], now| scheme.prepare(&headers, now)?.check(body);
+        let verify = |body: &[u8], now| {
+            scheme
+                .prepare(
+                    Signed {
+                        headers: &headers,
+                        body,
+                    },
+                    now,
+                )?
+                .check(body)
+        };
         assert_eq!(verify(body, 1614265330), Ok(()));
         assert_eq!(verify(b"{}", 1614265330), Err(VerifyError::NoMatch));
         assert!(matches!(
@@ -235,20 +262,32 @@ mod tests {
     fn public_key_checks_are_few_whatever_the_header_holds() {
         let one_key = with_public_keys(1);
         assert_eq!(
-            one_key.prepare(&signed_with(700), 1000).unwrap_err(),
+            one_key
+                .prepare(Signed::headers_only(&signed_with(700)), 1000)
+                .unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
-        let pending = one_key.prepare(&signed_with(2), 1000).unwrap();
+        let pending = one_key
+            .prepare(Signed::headers_only(&signed_with(2)), 1000)
+            .unwrap();
         assert_eq!(pending.passes(), MAX_PASSES);
         assert_eq!(pending.check(b"{}"), Err(VerifyError::NoMatch));
         assert_eq!(
-            one_key.prepare(&signed_with(3), 1000).unwrap_err(),
+            one_key
+                .prepare(Signed::headers_only(&signed_with(3)), 1000)
+                .unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
         let two_keys = with_public_keys(2);
-        assert!(two_keys.prepare(&signed_with(1), 1000).is_ok());
+        assert!(
+            two_keys
+                .prepare(Signed::headers_only(&signed_with(1)), 1000)
+                .is_ok()
+        );
         assert_eq!(
-            two_keys.prepare(&signed_with(2), 1000).unwrap_err(),
+            two_keys
+                .prepare(Signed::headers_only(&signed_with(2)), 1000)
+                .unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
     }
@@ -298,7 +337,10 @@ mod tests {
         );
         headers.insert("webhook-signature", list.parse().unwrap());
         assert_eq!(
-            mixed.prepare(&headers, 1000).unwrap().passes(),
+            mixed
+                .prepare(Signed::headers_only(&headers), 1000)
+                .unwrap()
+                .passes(),
             2 + ED25519_PASSES
         );
         let two = format!(
@@ -307,7 +349,9 @@ mod tests {
         );
         headers.insert("webhook-signature", two.parse().unwrap());
         assert_eq!(
-            mixed.prepare(&headers, 1000).unwrap_err(),
+            mixed
+                .prepare(Signed::headers_only(&headers), 1000)
+                .unwrap_err(),
             VerifyError::TooMany("webhook-signature")
         );
     }

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use super::scheme::{Pending, Scheme, Secrets, TimestampedHex, VerifyError, default_tolerance};
+use super::scheme::{
+    Pending, Scheme, Secrets, Signed, TimestampedHex, VerifyError, default_tolerance,
+};
 use crate::values::HumanDuration;
 
 const SIGNATURE: &str = "stripe-signature";
@@ -57,7 +58,20 @@ const LAYOUT: TimestampedHex = TimestampedHex {
 };
 
 impl Scheme for Stripe {
-    fn prepare(&self, headers: &HeaderMap, now: i64) -> Result<Pending, VerifyError> {
+    fn name(&self) -> &'static str {
+        "stripe"
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secret_env
+    }
+
+    fn is_timestamped(&self) -> bool {
+        true
+    }
+
+    fn prepare(&self, delivery: Signed<'_>, now: i64) -> Result<Pending, VerifyError> {
+        let headers = delivery.headers;
         LAYOUT.prepare(&self.keys, &self.tolerance, headers, now)
     }
 }

@@ -85,7 +85,8 @@ fn a_missing_file_or_no_file_is_exit_2() {
 }
 
 /// The secrets the example configurations' presets and checks read.
-const EXAMPLE_SECRETS: [(&str, &str); 8] = [
+const EXAMPLE_SECRETS: [(&str, &str); 9] = [
+    ("LINEAR_WEBHOOK_SECRET", "example"),
     ("STRIPE_WEBHOOK_SECRET", "whsec_example"),
     (
         "SVIX_WEBHOOK_SECRET",

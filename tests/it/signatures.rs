@@ -1,6 +1,6 @@
 //! Signature verification on the real binary, with signatures made by the providers'
 //! own SDKs (tests/signers: npm `stripe`, `@octokit/webhooks-methods`, `standardwebhooks`,
-//! `svix`, `@paddle/paddle-node-sdk`, and Python's `slack_sdk`): a valid delivery is
+//! `svix`, `@paddle/paddle-node-sdk`, `@linear/sdk`, and Python's `slack_sdk`): a valid delivery is
 //! forwarded; a tampered body, a wrong secret, a stale or future timestamp, a missing or
 //! malformed header get 401 naming the reason, and nothing is forwarded or stored. Then
 //! presets. `tests/setup` installs the signers; without them these tests are skipped locally.
@@ -25,6 +25,7 @@ const SHOPIFY: &str = "shpss_client_secret";
 const SLACK: &str = "8f742231b10e8888abcd99yyyzzz85a5";
 const PADDLE: &str = "pdl_ntfset_01gkpjp8bkh3tbsxsmgbrnmdd7_6hm2";
 const HMAC: &str = "in-house-hmac-secret";
+const LINEAR: &str = "lin_wh_signing_secret";
 /// A secret none of the routes knows, valid in every scheme's format.
 const WRONG_SECRET: &str = "whsec_d3JvbmctYnV0LXdlbGwtZm9ybWVkLXNlY3JldA==";
 
@@ -176,6 +177,9 @@ const ROUTES: &str = r#"routes:
   - name: preset-twilio
     match: { path: /preset/twilio }
     preset: twilio
+  - name: preset-linear
+    match: { path: /preset/linear }
+    preset: linear
   - name: preset-off
     match: { path: /preset/off }
     preset: stripe
@@ -209,6 +213,7 @@ async fn proxy() -> (Binary, Upstream, tempfile::TempDir) {
                 ("HMAC_SECRET", HMAC),
                 ("STRIPE_WEBHOOK_SECRET", STRIPE),
                 ("GITHUB_WEBHOOK_SECRET", GITHUB),
+                ("LINEAR_WEBHOOK_SECRET", LINEAR),
             ],
         )
     })
@@ -624,6 +629,86 @@ async fn presets_fill_in_the_key_and_the_check() {
         !routes.to_string().contains(STRIPE),
         "secrets are never shown"
     );
+}
+
+/// Posts `body` with `headers` to the Linear route, as delivery `delivery`.
+async fn post_linear(
+    proxy: &Binary,
+    delivery: &str,
+    body: &str,
+    headers: &[(String, String)],
+) -> Reply {
+    let mut all: Vec<(&str, &str)> = (headers.iter())
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    all.push(("linear-delivery", delivery));
+    all.push(("content-type", "application/json"));
+    send(proxy.addr, "POST", "/preset/linear", &all, body.to_owned()).await
+}
+
+/// Linear signs the time it sent a delivery inside the body (`webhookTimestamp`, ms): a
+/// delivery signed as Linear documents, and accepted by Linear's SDK, goes through keyed
+/// on `Linear-Delivery`; a tampered body, a well-signed body sent two minutes ago, and a
+/// signed body without the field are refused, and none of them claims the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linear_judges_the_time_inside_the_signed_body() {
+    if !signers_ready() {
+        return;
+    }
+    let (proxy, upstream, _dir) = proxy().await;
+    let body_at = |millis: i64| {
+        format!(
+            r#"{{"action":"create","type":"Issue","data":{{"id":"iss_7","priority":2}},"webhookTimestamp":{millis}}}"#
+        )
+    };
+    let now = now();
+    let fresh = body_at(now * 1000);
+    let old = body_at((now - 120) * 1000);
+    let unstamped = r#"{"action":"create","type":"Issue","data":{"id":"iss_7"}}"#.to_owned();
+    // The signer checks the fresh one with Linear's SDK before answering (a timestamp far
+    // from now tells it not to: the SDK refuses the other two, as the proxy must).
+    let [signed, signed_old, signed_unstamped]: [_; 3] = sign_each(&[
+        ("linear", LINEAR, &fresh, now, ""),
+        ("linear", LINEAR, &old, now - 120, ""),
+        ("linear", LINEAR, &unstamped, 0, ""),
+    ])
+    .try_into()
+    .unwrap();
+    let delivery = format!("{:x}-linear", rand::random::<u64>());
+    let tampered = fresh.replace("\"priority\":2", "\"priority\":0");
+    assert_refused(
+        &post_linear(&proxy, &delivery, &tampered, &signed).await,
+        "signature_mismatch",
+        "tampered",
+    );
+    assert_refused(
+        &post_linear(&proxy, &delivery, &old, &signed_old).await,
+        "stale_signature",
+        "sent 2 minutes ago",
+    );
+    assert_refused(
+        &post_linear(&proxy, &delivery, &unstamped, &signed_unstamped).await,
+        "malformed_signature",
+        "no webhookTimestamp",
+    );
+    assert_eq!(upstream.requests(), 0, "a refused delivery reached the app");
+    let reply = post_linear(&proxy, &delivery, &fresh, &signed).await;
+    assert_eq!(
+        (reply.status, reply.dedupe()),
+        (200, "forwarded"),
+        "{}",
+        reply.body
+    );
+    let again = post_linear(&proxy, &delivery, &fresh, &signed).await;
+    assert_eq!(
+        (again.status, again.dedupe()),
+        (200, "duplicate"),
+        "{}",
+        again.body
+    );
+    assert_eq!(upstream.requests(), 1);
+    let received = upstream.received().pop().unwrap();
+    assert_eq!(received.headers["dedupe-key"], delivery.as_str());
 }
 
 fn scheme(name: &str) -> &'static Scheme {

@@ -3,9 +3,10 @@
 // array of them (one process signs them all: loading the SDKs takes most of a run).
 // Output: the headers to send, as a JSON object, or an array of them.
 //
-// Stripe, GitHub, Standard Webhooks and Svix are signed by their SDKs. Paddle's and
-// Shopify's SDKs only verify: the signature is made as their documentation describes,
-// and Paddle's is checked with Paddle's SDK before it is used. Ed25519 (`v1a`) Standard
+// Stripe, GitHub, Standard Webhooks and Svix are signed by their SDKs. Paddle's, Linear's
+// and Shopify's SDKs only verify: the signature is made as their documentation describes,
+// and Paddle's and Linear's are checked with their SDKs before they are used (when
+// signed at about now: the SDKs judge the timestamp against the clock). Ed25519 (`v1a`) Standard
 // Webhooks signatures are made with Node's crypto over the scheme's signed content.
 import crypto from "node:crypto";
 import Stripe from "stripe";
@@ -13,6 +14,7 @@ import { sign as githubSign } from "@octokit/webhooks-methods";
 import { Webhook as StandardWebhook } from "standardwebhooks";
 import { Webhook as SvixWebhook } from "svix";
 import { Paddle } from "@paddle/paddle-node-sdk";
+import { LinearWebhookClient } from "@linear/sdk/webhooks";
 
 async function sign({ scheme, secret, body, timestamp, id }) {
   const when = new Date(timestamp * 1000);
@@ -56,6 +58,14 @@ async function sign({ scheme, secret, body, timestamp, id }) {
         if (!valid) throw new Error("Paddle's SDK rejects the signature");
       }
       return { "paddle-signature": header };
+    }
+    case "linear": {
+      // The time it was sent is inside the body (`webhookTimestamp`), which the caller writes.
+      const signature = crypto.createHmac("sha256", secret).update(body, "utf8").digest("hex");
+      if (Math.abs(Date.now() / 1000 - timestamp) < 5) {
+        new LinearWebhookClient(secret).verify(Buffer.from(body), signature); // throws if refused
+      }
+      return { "linear-signature": signature };
     }
     case "shopify":
       return { "x-shopify-hmac-sha256": crypto.createHmac("sha256", secret).update(body, "utf8").digest("base64") };
