@@ -30,17 +30,18 @@ pub enum FingerprintScope {
     Request,
 }
 
+/// Makes a preset's signature check with the secrets read from its variable.
+pub type MakeCheck = fn(Secrets) -> Result<Verify, String>;
+
 /// What a preset sets up, and what the rest of the code knows of its provider.
 pub struct Provider {
     /// As `preset:` and `try --sample` spell it.
     pub name: &'static str,
     /// The provider's stable event ID, as a key template.
     pub key: &'static str,
-    /// The variable the signature check reads its secrets from; none where the check is
-    /// left to the application.
-    pub secret_env: Option<&'static str>,
-    /// The signature check, with the secrets read from `secret_env`.
-    verify: fn(Secrets) -> Result<Verify, String>,
+    /// The signature check: the variable it reads its secrets from, and the check made
+    /// with them; none where the check is left to the application.
+    pub check: Option<(&'static str, MakeCheck)>,
     /// Headers that carry the signature: a dry run of a route that checks none points
     /// them out.
     pub signature_headers: &'static [&'static str],
@@ -62,12 +63,12 @@ pub struct Provider {
     pub for_api: bool,
 }
 
-/// An entry's fields where it says nothing of them.
-const NOTHING: Provider = Provider {
+/// The fields an entry leaves out: no signature check, no headers of its own, no
+/// envelope, no sample.
+const DEFAULTS: Provider = Provider {
     name: "",
     key: "",
-    secret_env: None,
-    verify: |_| Err("this preset checks no signature".into()),
+    check: None,
     signature_headers: &[],
     id_headers: &[],
     header_prefixes: &[],
@@ -82,33 +83,36 @@ pub const PRESETS: &[Provider] = &[
         name: "stripe",
         // The event object's ID, the same on every retry and resend.
         key: "{json:/id}",
-        secret_env: Some("STRIPE_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(Stripe::preset(secrets))),
+        check: Some(("STRIPE_WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(Stripe::preset(secrets)))
+        })),
         signature_headers: &["stripe-signature"],
         header_prefixes: &["stripe-"],
         envelope: true,
         sample: Some(include_str!("../examples/deliveries/stripe.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "github",
         // Repeated on redelivery, shared by the hooks of one event: keys stay scoped to
         // the route (one route per hook).
         key: "{header:X-GitHub-Delivery}",
-        secret_env: Some("GITHUB_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(Github::preset(secrets))),
+        check: Some(("GITHUB_WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(Github::preset(secrets)))
+        })),
         signature_headers: &["x-hub-signature-256"],
         id_headers: &["x-github-event", "x-github-delivery", "x-github-hook-id"],
         header_prefixes: &["x-github-"],
         envelope: true,
         sample: Some(include_str!("../examples/deliveries/github.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "shopify",
         key: "{header:X-Shopify-Event-Id}",
-        secret_env: Some("SHOPIFY_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(Shopify::preset(secrets))),
+        check: Some(("SHOPIFY_WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(Shopify::preset(secrets)))
+        })),
         signature_headers: &["x-shopify-hmac-sha256"],
         id_headers: &[
             "x-shopify-topic",
@@ -120,13 +124,14 @@ pub const PRESETS: &[Provider] = &[
         // Each topic's body is its resource's own.
         envelope: false,
         sample: Some(include_str!("../examples/deliveries/shopify.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "standard_webhooks",
         key: "{header:webhook-id}",
-        secret_env: Some("WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(StandardWebhooks::preset(secrets)?)),
+        check: Some(("WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(StandardWebhooks::preset(secrets)?))
+        })),
         signature_headers: &["webhook-signature"],
         id_headers: &["webhook-id", "webhook-timestamp"],
         header_prefixes: &["webhook-"],
@@ -135,66 +140,70 @@ pub const PRESETS: &[Provider] = &[
         sample: Some(include_str!(
             "../examples/deliveries/standard_webhooks.http"
         )),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "svix",
         key: "{header:svix-id}",
-        secret_env: Some("SVIX_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(StandardWebhooks::preset(secrets)?)),
+        check: Some(("SVIX_WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(StandardWebhooks::preset(secrets)?))
+        })),
         signature_headers: &["svix-signature"],
         id_headers: &["svix-id", "svix-timestamp"],
         header_prefixes: &["svix-"],
         envelope: false,
         sample: Some(include_str!("../examples/deliveries/svix.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "slack",
         // Inside the event_callback wrapper.
         key: "{json:/event_id}",
-        secret_env: Some("SLACK_SIGNING_SECRET"),
-        verify: |secrets| Ok(Verify::new(Slack::preset(secrets))),
+        check: Some(("SLACK_SIGNING_SECRET", |secrets| {
+            Ok(Verify::new(Slack::preset(secrets)))
+        })),
         signature_headers: &["x-slack-signature"],
         header_prefixes: &["x-slack-"],
         envelope: true,
         sample: Some(include_str!("../examples/deliveries/slack.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "twilio",
         key: "{header:I-Twilio-Idempotency-Token}",
         // Twilio signs the full public URL, which a proxy behind an ingress cannot know
         // for sure; its check is left to the application.
-        secret_env: None,
+        check: None,
         header_prefixes: &["x-twilio-", "i-twilio-"],
         sample: Some(include_str!("../examples/deliveries/twilio.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "paddle",
         // The event's ID, not the per-delivery notification ID.
         key: "{json:/event_id}",
-        secret_env: Some("PADDLE_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(Paddle::preset(secrets))),
+        check: Some(("PADDLE_WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(Paddle::preset(secrets)))
+        })),
         signature_headers: &["paddle-signature"],
         header_prefixes: &["paddle-"],
         envelope: true,
         sample: Some(include_str!("../examples/deliveries/paddle.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     Provider {
         name: "linear",
         // A delivery's ID, the same on each retry of it.
         key: "{header:Linear-Delivery}",
-        secret_env: Some("LINEAR_WEBHOOK_SECRET"),
-        verify: |secrets| Ok(Verify::new(Linear::preset(secrets))),
+        check: Some(("LINEAR_WEBHOOK_SECRET", |secrets| {
+            Ok(Verify::new(Linear::preset(secrets)))
+        })),
         signature_headers: &["linear-signature"],
         id_headers: &["linear-delivery", "linear-event"],
         header_prefixes: &["linear-"],
         envelope: true,
         sample: Some(include_str!("../examples/deliveries/linear.http")),
-        ..NOTHING
+        ..DEFAULTS
     },
     // Not a provider: a route in front of your own API, keyed by the client's
     // `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header). Your clients
@@ -206,7 +215,7 @@ pub const PRESETS: &[Provider] = &[
         // answer by sending its key.
         key: "{header-hash:Authorization}:{sf-string:Idempotency-Key}",
         for_api: true,
-        ..NOTHING
+        ..DEFAULTS
     },
 ];
 
@@ -248,18 +257,18 @@ impl Preset {
 
     /// The environment variable the preset's signature check reads its secret from.
     pub fn secret_env(self) -> Option<&'static str> {
-        self.0.secret_env
+        self.0.check.map(|(variable, _)| variable)
     }
 
     /// The provider's signature check, reading its secret now.
     pub fn verify(self) -> Result<Option<Verify>, String> {
-        let Some(variable) = self.0.secret_env else {
+        let Some((variable, check)) = self.0.check else {
             return Ok(None);
         };
         let secrets = Secrets::from_env(variable).map_err(|error| {
             format!("preset `{}` checks signatures with a secret from {variable}: {error} (or write `verify: none`)", self.name())
         })?;
-        (self.0.verify)(secrets).map(Some)
+        check(secrets).map(Some)
     }
 
     /// What a duplicate's fingerprint covers: the request, for a client of an API, who
@@ -360,5 +369,31 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), PRESETS.len(), "two presets share a name");
+    }
+
+    use crate::route::logging::LoggedHeader;
+
+    /// What the admin API shows (`id_headers`) never carries a signature or a secret;
+    /// a provider whose signature is checked names the headers that carry it.
+    #[test]
+    fn the_headers_a_preset_shows_carry_no_secret() {
+        let signature_headers: Vec<&str> = (PRESETS.iter())
+            .flat_map(|preset| preset.signature_headers)
+            .copied()
+            .collect();
+        for preset in PRESETS {
+            for header in preset.id_headers {
+                assert!(!signature_headers.contains(header), "{header}");
+                assert!(header.parse::<LoggedHeader>().is_ok(), "{header}");
+            }
+            // The delivery log refuses a signature header by its name alone.
+            for header in preset.signature_headers {
+                assert!(header.parse::<LoggedHeader>().is_err(), "{header}");
+            }
+            if preset.check.is_some() {
+                assert!(!preset.signature_headers.is_empty(), "{}", preset.name);
+            }
+            assert_eq!(preset.sample.is_none(), preset.for_api, "{}", preset.name);
+        }
     }
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Writes the sample deliveries of this folder, one per provider preset, each signed with a
 test secret by the provider's own SDK (tests/signers: Stripe, GitHub, Standard Webhooks,
-Slack) or the algorithm its documentation publishes (Shopify, Paddle, Twilio). With
---check, writes nothing and exits 1 if a committed sample differs from what the signers
-make now (tests/it/dry_run.rs runs it so). Needs `tests/setup` (the SDKs)."""
+Svix, Slack) or the algorithm its documentation publishes (Shopify, Paddle, Twilio,
+Linear). With --check, writes nothing and exits 1 if a committed sample differs from what
+the signers make now, or if a sample is here that no signer makes (tests/it/dry_run.rs
+runs it so). Needs `tests/setup` (the SDKs)."""
 import base64
 import hashlib
 import hmac

@@ -66,7 +66,7 @@ fn routes() -> &'static [Route] {
 }
 
 fuzz_target!(|data: &[u8]| {
-    // Lines of a byte `n` and a value, for the header NAMES[n % 14]; after an empty line,
+    // Lines of a byte `n` and a value, for the header NAMES[n % NAMES.len()]; after an empty line,
     // the body.
     let (head, body) = match data.windows(2).position(|pair| pair == b"\n\n") {
         Some(at) => (&data[..at], &data[at + 2..]),

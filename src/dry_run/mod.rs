@@ -192,7 +192,7 @@ fn signature(
         if unset.is_empty() {
             pending.check(request.body())
         } else {
-            Ok(())
+            pending.judge_body_timestamp(request.body())
         }
     });
     if checked.is_ok() && !unset.is_empty() {

@@ -5,15 +5,16 @@
 //!
 //! A check runs in two steps, the cheap one first: a scheme reads its headers and refuses
 //! what needs no hashing to refuse (a missing or malformed header, more signatures than
-//! [`MAX_SIGNATURES`], a stale timestamp), leaving a [`Pending`] check: a message prefix
-//! and the signatures to compare. Every scheme signs that prefix followed by the raw body,
-//! so [`Pending::check`] hashes the body once per secret (or per public key and
-//! signature, for Ed25519), whatever the headers hold. [`SignatureWork`] runs the large
-//! checks on threads apart from the workers, at most half the cores at once, so that
-//! forged deliveries cannot starve the other routes or the admin port.
+//! [`MAX_SIGNATURES`], a stale header timestamp), leaving a [`Pending`] check: a message
+//! prefix and the signatures to compare. Every scheme signs that prefix followed by the
+//! raw body, so [`Pending::check`] hashes the body once per secret (or per public key and
+//! signature, for Ed25519), whatever the headers hold, and only then reads a timestamp
+//! the body carries (Linear's). [`SignatureWork`] runs the large checks on threads apart
+//! from the workers, at most half the cores at once, so that forged deliveries cannot
+//! starve the other routes or the admin port.
 //!
-//! The configuration side (`verify:` and presets) is here too, since each scheme decides
-//! how its secrets are read.
+//! The configuration side (`verify:`, one field of `VerifyFile` per scheme) is here too,
+//! since each scheme decides how its secrets are read; presets are `src/preset.rs`.
 
 mod github;
 mod hmac_header;

@@ -1,5 +1,5 @@
 //! What every signature scheme shares: the [`Scheme`] each one implements, the check it
-//! prepares from a delivery's headers ([`Pending`]), the secrets it checks with, why a
+//! prepares from a delivery ([`Pending`]), the secrets it checks with, why a
 //! check fails, the bounds on signatures, passes and secrets, and the helpers that read
 //! signature headers and timestamps.
 
@@ -109,9 +109,11 @@ pub trait Scheme: Settings + fmt::Debug + Send + Sync {
     fn secrets(&self) -> &Secrets;
 
     /// Reads the delivery's signature and makes every check that needs no hashing
-    /// (presence, format, the number of signatures, the timestamp's tolerance, wherever
-    /// the timestamp sits; `now` is the Unix time in seconds): what remains is the
-    /// [`Pending`] check of the body.
+    /// (presence, format, the number of signatures, a signed header timestamp's
+    /// tolerance; `now` is the Unix time in seconds): what remains is the [`Pending`]
+    /// check of the body. It runs on the worker, before the signature is known good: it
+    /// must not parse the body (a forger would choose what it costs); a timestamp inside
+    /// the body goes in [`Pending`]'s `body_timestamp`, judged once a signature matches.
     fn prepare(&self, delivery: Signed<'_>, now: i64) -> Result<Pending, VerifyError>;
 
     /// Whether the scheme signs a timestamp, whose age it judges.
@@ -139,7 +141,9 @@ pub trait Settings {
 
 impl<T: serde::Serialize> Settings for T {
     fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or_default()
+        // Plain settings always serialize; a failure must not make two checks compare
+        // equal.
+        serde_json::to_value(self).expect("a scheme's settings serialize")
     }
 }
 
@@ -280,6 +284,12 @@ impl Pending {
         if !(symmetric || self.asymmetric_matches(body)) {
             return Err(VerifyError::NoMatch);
         }
+        self.judge_body_timestamp(body)
+    }
+
+    /// Judges the timestamp inside the body, if the scheme signs one there: after a
+    /// signature matched, or (a dry run without the secret) instead of comparing it.
+    pub(crate) fn judge_body_timestamp(&self, body: &[u8]) -> Result<(), VerifyError> {
         match &self.body_timestamp {
             Some(timestamp) => timestamp.judge(body),
             None => Ok(()),

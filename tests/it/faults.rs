@@ -33,7 +33,7 @@
 //! up on; with no kills and no stalls there are none.
 //!
 //! CI runs it at a reduced size. The full size:
-//! `FAULTS_EVENTS=20000 FAULTS_KILLS=50 FAULTS_POWER_CUTS=50 cargo test --release --test it faults:: -- --nocapture`
+//! `FAULTS_EVENTS=20000 FAULTS_KILLS=50 FAULTS_POWER_CUTS=50 cargo test --release --test it faults:: -- --nocapture --test-threads 1`
 
 use crate::support;
 use crate::support::power_cut;

@@ -392,3 +392,34 @@ fn no_function_runs_past_80_lines_of_code() {
     }
     assert!(long.is_empty(), "functions over 80 lines of code: {long:?}");
 }
+
+/// Every file of `tests/it/` is a module of the test binary: one left out of `main.rs`
+/// would never be compiled, and its tests would pass by never running.
+#[test]
+fn every_test_file_is_declared_in_the_test_binary() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it");
+    let main = std::fs::read_to_string(dir.join("main.rs")).unwrap();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let module = match path.extension().and_then(|ext| ext.to_str()) {
+            Some("rs") if name != "main" => name,
+            None if path.join("mod.rs").exists() => name,
+            _ => continue,
+        };
+        files += 1;
+        assert!(
+            main.lines().any(|line| line == format!("mod {module};")),
+            "tests/it/main.rs does not declare `mod {module};`"
+        );
+    }
+    assert!(files > 40, "{files} test modules");
+    // A file directly under tests/ would be a binary of its own, without `support`.
+    let stray: Vec<_> = std::fs::read_dir(dir.parent().unwrap())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .collect();
+    assert!(stray.is_empty(), "test files outside tests/it/: {stray:?}");
+}

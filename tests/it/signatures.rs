@@ -648,8 +648,8 @@ async fn post_linear(
 
 /// Linear signs the time it sent a delivery inside the body (`webhookTimestamp`, ms): a
 /// delivery signed as Linear documents, and accepted by Linear's SDK, goes through keyed
-/// on `Linear-Delivery`; a tampered body, a well-signed body sent two minutes ago, and a
-/// signed body without the field are refused, and none of them claims the key.
+/// on `Linear-Delivery`; a wrong secret, a tampered body, a well-signed body sent two
+/// minutes ago, and a signed body without the field are refused, and none of them claims the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linear_judges_the_time_inside_the_signed_body() {
     if !signers_ready() {
@@ -667,8 +667,9 @@ async fn linear_judges_the_time_inside_the_signed_body() {
     let unstamped = r#"{"action":"create","type":"Issue","data":{"id":"iss_7"}}"#.to_owned();
     // The signer checks the fresh one with Linear's SDK before answering (a timestamp far
     // from now tells it not to: the SDK refuses the other two, as the proxy must).
-    let [signed, signed_old, signed_unstamped]: [_; 3] = sign_each(&[
+    let [signed, forged, signed_old, signed_unstamped]: [_; 4] = sign_each(&[
         ("linear", LINEAR, &fresh, now, ""),
+        ("linear", WRONG_SECRET, &fresh, 0, ""),
         ("linear", LINEAR, &old, now - 120, ""),
         ("linear", LINEAR, &unstamped, 0, ""),
     ])
@@ -676,6 +677,11 @@ async fn linear_judges_the_time_inside_the_signed_body() {
     .unwrap();
     let delivery = format!("{:x}-linear", rand::random::<u64>());
     let tampered = fresh.replace("\"priority\":2", "\"priority\":0");
+    assert_refused(
+        &post_linear(&proxy, &delivery, &fresh, &forged).await,
+        "signature_mismatch",
+        "wrong secret",
+    );
     assert_refused(
         &post_linear(&proxy, &delivery, &tampered, &signed).await,
         "signature_mismatch",

@@ -20,7 +20,7 @@ mod servers;
 mod stores;
 mod upstream;
 
-// Each test file uses its own part of the library.
+// Not every part is used by every test module.
 #[allow(unused_imports)]
 pub use {
     binary::*, client::*, failing_store::*, files::*, metrics::*, proxy::*, raw::*, records::*,
