@@ -66,8 +66,8 @@ fn routes() -> &'static [Route] {
 }
 
 fuzz_target!(|data: &[u8]| {
-    // Lines of a byte `n` and a value, for the header NAMES[n % NAMES.len()]; after an empty line,
-    // the body.
+    // Lines of a byte `n` and a value, for the header NAMES[n % NAMES.len()]; after an
+    // empty line, the body.
     let (head, body) = match data.windows(2).position(|pair| pair == b"\n\n") {
         Some(at) => (&data[..at], &data[at + 2..]),
         None => (data, &b""[..]),

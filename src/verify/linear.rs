@@ -113,6 +113,27 @@ mod tests {
         linear().prepare(delivery, now)?.check(body.as_bytes())
     }
 
+    proptest::proptest! {
+        /// Whatever a signed body holds (the fuzz target cannot sign, so cannot reach the
+        /// body's parse), judging it ends in an answer, never a panic.
+        #[test]
+        fn any_signed_body_is_judged_without_a_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256), now in proptest::prelude::any::<i64>()) {
+            let text = String::from_utf8_lossy(&body).into_owned();
+            let _ = checked(&text, &signed(&text), now);
+            let stamped = format!(r#"{{"webhookTimestamp":{}}}"#, String::from_utf8_lossy(&body));
+            let _ = checked(&stamped, &signed(&stamped), now);
+        }
+
+        /// Every number a signed body may hold, whole or not, against every clock.
+        #[test]
+        fn any_number_and_any_clock_are_judged_without_a_panic(whole in proptest::prelude::any::<i64>(), real in proptest::prelude::any::<f64>(), now in proptest::prelude::any::<i64>()) {
+            for number in [whole.to_string(), format!("{real:e}"), format!("{real}")] {
+                let body = format!(r#"{{"webhookTimestamp":{number}}}"#);
+                let _ = checked(&body, &signed(&body), now);
+            }
+        }
+    }
+
     #[test]
     fn the_timestamp_in_the_signed_body_is_judged_after_the_signature() {
         let body =
