@@ -39,13 +39,11 @@ pub struct Written {
 /// A preset's sample delivery (`examples/deliveries/`), or a message naming the samples
 /// there are.
 pub fn sample(name: &str) -> Result<&'static str, String> {
-    let samples =
-        || Preset::all().filter_map(|preset| Some((preset.name(), preset.provider().sample?)));
-    samples()
+    Preset::samples()
         .find(|(sample, _)| *sample == name)
         .map(|(_, text)| text)
         .ok_or_else(|| {
-            let names: Vec<&str> = samples().map(|(sample, _)| sample).collect();
+            let names: Vec<&str> = Preset::samples().map(|(sample, _)| sample).collect();
             format!("no sample `{name}`; the samples are {}", names.join(", "))
         })
 }
@@ -340,9 +338,7 @@ mod tests {
 
     #[test]
     fn every_sample_reads() {
-        let samples =
-            Preset::all().filter_map(|preset| Some((preset.name(), preset.provider().sample?)));
-        for (name, text) in samples {
+        for (name, text) in Preset::samples() {
             let written = parse(text.as_bytes()).unwrap_or_else(|error| panic!("{name}: {error}"));
             assert!(!written.request.body().is_empty(), "{name}");
         }

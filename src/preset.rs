@@ -286,6 +286,13 @@ impl Preset {
         self.0.for_api
     }
 
+    /// Each preset's sample delivery, by the preset's name.
+    pub fn samples() -> impl Iterator<Item = (&'static str, &'static str)> {
+        PRESETS
+            .iter()
+            .filter_map(|preset| Some((preset.name, preset.sample?)))
+    }
+
     /// The headers any preset's provider names a delivery or an event with.
     pub(crate) fn is_id_header(name: &str) -> bool {
         PRESETS

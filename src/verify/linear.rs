@@ -144,6 +144,14 @@ mod tests {
             checked(body, &headers, 1_796_126_300),
             Err(VerifyError::Stale("1m".into()))
         );
+        // A second signature header is not read: a forged one first refuses the delivery.
+        let mut forged_first = http::HeaderMap::new();
+        forged_first.append(SIGNATURE, "ab".repeat(32).parse().unwrap());
+        forged_first.append(SIGNATURE, headers[SIGNATURE].clone());
+        assert_eq!(
+            checked(body, &forged_first, 1_796_126_430),
+            Err(VerifyError::NoMatch)
+        );
         // A forgery is refused for its signature, its body not read as JSON.
         let forged = "not json at all";
         assert_eq!(
