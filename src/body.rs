@@ -45,12 +45,16 @@ pub(crate) enum BodyError {
 /// Reads a whole body of at most `limit` bytes within `timeout`. A `Content-Length` over
 /// the limit is refused before reading, so that hyper never answers `100 Continue` to it;
 /// a chunked body is cut off as soon as it passes the limit.
-pub(crate) async fn read_limited(
+pub(crate) async fn read_limited<B>(
     headers: &HeaderMap,
-    body: Incoming,
+    body: B,
     limit: u64,
     timeout: Duration,
-) -> Result<Bytes, BodyError> {
+) -> Result<Bytes, BodyError>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())

@@ -90,4 +90,5 @@ pub mod verify;
 pub(crate) mod waiting;
 pub mod workers;
 
+pub use admin::openapi_document;
 pub use app::{App, RunError, StartError, run, start, start_with_store};

@@ -40,6 +40,11 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&schema).expect("JSON"));
             ExitCode::SUCCESS
         }
+        Command::Openapi => {
+            let document = dedupe_proxy::openapi_document();
+            println!("{}", serde_json::to_string_pretty(&document).expect("JSON"));
+            ExitCode::SUCCESS
+        }
         Command::Demo(args) => {
             init_logging(LogFormat::Text, "warn", None);
             runtime().block_on(demo::run(&args))

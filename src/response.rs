@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use http::header::{
-    ALLOW, CONTENT_ENCODING, CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE,
-};
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{BodyError, ProxyBody, full};
@@ -310,11 +308,24 @@ pub fn as_problem(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
 
 /// The `{"error","detail"}` body of every refusal.
 fn error_body(code: &str, detail: &str) -> String {
-    serde_json::json!({ "error": code, "detail": detail }).to_string()
+    let body = ErrorBody {
+        error: code,
+        detail,
+    };
+    serde_json::to_string(&body).expect("two strings are JSON")
+}
+
+/// Every error the proxy answers with, on either port.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct ErrorBody<'a> {
+    /// What went wrong, as a code that stays the same (`not_found`, `read_only`).
+    pub error: &'a str,
+    /// What went wrong, for a person.
+    pub detail: &'a str,
 }
 
 /// Every reason the admin API refuses a request.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum AdminRefusal {
     /// `/v1/*` on a non-loopback listener without a token.
     Closed,
@@ -343,8 +354,8 @@ pub enum AdminRefusal {
     BadRequest(String),
     StoreUnavailable(String),
     InvalidConfig(String),
-    /// A known endpoint asked with a method it does not take; the ones it takes.
-    MethodNotAllowed(&'static str),
+    /// A known endpoint asked with a method it does not take (the router adds `Allow`).
+    MethodNotAllowed(http::Method),
     Internal(String),
     /// The request names the port by another host than its own address, `localhost` or
     /// `admin.hosts`: a web page's rebound name, say.
@@ -468,7 +479,9 @@ impl AdminRefusal {
             AdminRefusal::BadRequest(reason) => reason.clone(),
             AdminRefusal::StoreUnavailable(failure) => failure.clone(),
             AdminRefusal::InvalidConfig(error) => error.clone(),
-            AdminRefusal::MethodNotAllowed(allow) => format!("this endpoint takes {allow}"),
+            AdminRefusal::MethodNotAllowed(method) => {
+                format!("this endpoint does not take {method}; `Allow` lists the methods it takes")
+            }
             AdminRefusal::Internal(failure) => failure.clone(),
             AdminRefusal::HostNotAllowed(host) => format!("the admin port answers to its own address, localhost and admin.hosts, not to `{}`", host.chars().take(256).collect::<String>()),
             AdminRefusal::CrossOrigin => "a change from a page of another origin is refused".into(),
@@ -491,18 +504,10 @@ impl AdminRefusal {
         // A store's or a reload's message may quote what a driver was given.
         let detail = crate::redact::text(&detail);
         let mut response = json_response(status, error_body(code, &detail));
-        match self {
-            AdminRefusal::Unauthorized => {
-                response
-                    .headers_mut()
-                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            AdminRefusal::MethodNotAllowed(allow) => {
-                response
-                    .headers_mut()
-                    .insert(ALLOW, HeaderValue::from_static(allow));
-            }
-            _ => {}
+        if matches!(self, AdminRefusal::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }
@@ -763,7 +768,7 @@ mod tests {
             AdminRefusal::BadRequest(String::new()),
             AdminRefusal::StoreUnavailable(String::new()),
             AdminRefusal::InvalidConfig(String::new()),
-            AdminRefusal::MethodNotAllowed("GET"),
+            AdminRefusal::MethodNotAllowed(http::Method::PUT),
             AdminRefusal::Internal(String::new()),
             AdminRefusal::HostNotAllowed(String::new()),
             AdminRefusal::CrossOrigin,

@@ -1,6 +1,7 @@
-//! Who may use the admin port, checked in front of everything it serves: the Host and
-//! Origin rules that keep a web page the operator opens from driving it, and the bearer
-//! token of `/v1/*` and `/mcp`.
+//! Who may use the admin port: the Host and Origin rules that keep a web page the operator
+//! opens from driving it, checked in front of everything it serves ([`Rules::check`]); and
+//! the bearer token each endpoint's role needs, checked once the route table found the
+//! endpoint ([`Rules::admit`]).
 //!
 //! A page on another site can make the operator's browser send requests to the admin port
 //! (a form posted to `http://127.0.0.1:9091/v1/reload`), or rebind its own name to the
@@ -36,6 +37,18 @@ pub enum Access {
     Local,
     /// No one: the listener is reachable from the network and has no token.
     Closed,
+}
+
+/// What an endpoint asks of its caller (the route table gives each one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: the probes and the console's files, which tell nothing secret and change
+    /// nothing.
+    Anyone,
+    /// A token, the viewer's or the operator's: a read, or a `POST` that changes nothing.
+    Viewer,
+    /// The operator's token: a change.
+    Operator,
 }
 
 /// What a request that passed the rules may do, and the credential it showed.
@@ -74,31 +87,37 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// Checks a request that came to `local`: what it may do, or the refusal to answer
-    /// with.
-    pub fn check<B>(&self, request: &Request<B>, local: SocketAddr) -> Result<Role, AdminRefusal> {
-        let path = request.uri().path();
+    /// Checks a request that came to `local` against the rules every request meets,
+    /// before it is routed: the Host it names, and the page it comes from.
+    pub fn check<B>(&self, request: &Request<B>, local: SocketAddr) -> Result<(), AdminRefusal> {
         let probe = matches!(*request.method(), Method::GET | Method::HEAD)
-            && matches!(path, "/healthz" | "/readyz");
+            && matches!(request.uri().path(), "/healthz" | "/readyz");
         if !probe {
             self.check_host(request.version(), request.uri(), request.headers(), local)?;
         }
         if !request.method().is_safe() {
             check_origin(request.headers())?;
         }
-        let role = if path.starts_with("/v1/") || path == "/mcp" {
-            self.role(request.headers())?
-        } else {
-            Role::Anyone
+        Ok(())
+    }
+
+    /// What a request (its method and headers) may do at an endpoint that needs `need`,
+    /// or the refusal to answer with: the credentials first, then a `POST`'s type.
+    pub fn admit(
+        &self,
+        need: Need,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Result<Role, AdminRefusal> {
+        let role = match need {
+            Need::Anyone => Role::Anyone,
+            Need::Viewer => self.role(headers)?,
+            Need::Operator => match self.role(headers)? {
+                Role::Viewer => return Err(AdminRefusal::ReadOnly),
+                role => role,
+            },
         };
-        // `/mcp`'s messages are POSTs that may only read (its tools are limited instead), as
-        // is a dry run's. The paths open to anyone take only GET and HEAD (their endpoints
-        // answer anything else 405), so the rule is the viewer's.
-        let reads_only = super::endpoint::READ_ONLY_POSTS.contains(&path);
-        if role == Role::Viewer && !request.method().is_safe() && !reads_only {
-            return Err(AdminRefusal::ReadOnly);
-        }
-        if request.method() == Method::POST && !has_json_or_credentials(request.headers()) {
+        if *method == Method::POST && !has_json_or_credentials(headers) {
             return Err(AdminRefusal::JsonRequired);
         }
         Ok(role)
@@ -252,8 +271,13 @@ mod tests {
 
     const LOCAL: &str = "10.1.2.3:9091";
 
+    /// Both rules, as an operator's endpoint applies them.
     fn checked(rules: &Rules, request: &Request<()>) -> Result<(), AdminRefusal> {
-        rules.check(request, LOCAL.parse().unwrap()).map(|_| ())
+        rules.check(request, LOCAL.parse().unwrap())?;
+        let need = Need::Operator;
+        rules
+            .admit(need, request.method(), request.headers())
+            .map(|_| ())
     }
 
     #[test]
@@ -265,40 +289,27 @@ mod tests {
             },
             hosts: Vec::new(),
         };
-        let host = ("host", "127.0.0.1:9091");
-        let json = ("content-type", "application/json");
-        let role = |method: &str, path: &str, token: &str| {
+        let admit = |need: Need, token: &str| {
             let bearer = format!("Bearer {token}");
-            let asked = request(method, path, &[host, json, ("authorization", &bearer)]);
-            rules.check(&asked, LOCAL.parse().unwrap())
+            let asked = request("GET", "/", &[("authorization", &bearer)]);
+            rules.admit(need, &Method::GET, asked.headers())
         };
-        assert!(matches!(
-            role("GET", "/v1/keys", "viewer-token"),
-            Ok(Role::Viewer)
-        ));
-        assert!(matches!(
-            role("POST", "/mcp", "viewer-token"),
-            Ok(Role::Viewer)
-        ));
-        for (method, path) in [
-            ("POST", "/v1/reload"),
-            ("DELETE", "/v1/keys/hooks/evt_1"),
-            ("PATCH", "/v1/keys/hooks/evt_1"),
-            ("POST", "/v1/scopes/hooks/clear"),
-        ] {
-            let viewer = role(method, path, "viewer-token");
-            assert!(matches!(viewer, Err(AdminRefusal::ReadOnly)), "{path}");
-            let operator = role(method, path, "operator-token");
-            assert!(matches!(
-                operator,
-                Ok(Role::Operator {
-                    credential: "token"
-                })
-            ));
-            for wrong in ["viewer-tokem", "", "operator-token "] {
-                let refused = role(method, path, wrong);
-                assert!(
-                    matches!(refused, Err(AdminRefusal::Unauthorized)),
+        assert_eq!(admit(Need::Viewer, "viewer-token"), Ok(Role::Viewer));
+        assert_eq!(
+            admit(Need::Operator, "viewer-token"),
+            Err(AdminRefusal::ReadOnly)
+        );
+        let operator = Role::Operator {
+            credential: "token",
+        };
+        assert_eq!(admit(Need::Operator, "operator-token"), Ok(operator));
+        assert_eq!(admit(Need::Viewer, "operator-token"), Ok(operator));
+        assert_eq!(admit(Need::Anyone, ""), Ok(Role::Anyone));
+        for wrong in ["viewer-tokem", "", "operator-token "] {
+            for need in [Need::Viewer, Need::Operator] {
+                assert_eq!(
+                    admit(need, wrong),
+                    Err(AdminRefusal::Unauthorized),
                     "{wrong}"
                 );
             }

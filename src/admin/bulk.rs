@@ -175,11 +175,11 @@ impl Replay {
     }
 }
 
-/// The bulk replays started through this admin port.
-#[derive(Default)]
+/// The bulk replays started through this admin port (each clone shares them).
+#[derive(Default, Clone)]
 pub(super) struct Replays {
-    replays: Mutex<BTreeMap<u64, Arc<Replay>>>,
-    next_id: AtomicU64,
+    replays: Arc<Mutex<BTreeMap<u64, Arc<Replay>>>>,
+    next_id: Arc<AtomicU64>,
 }
 
 impl Replays {

@@ -22,14 +22,17 @@ use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::places::{Full, Place, Places};
-use crate::body::{BoxError, ProxyBody};
-use crate::delivery_log::query::{self, Filter};
-use crate::delivery_log::{Recorder, Stored};
-use crate::response::{AdminRefusal, json_response};
+use axum::Extension;
+use axum::extract::{RawQuery, State};
 
-/// Live tails at once at most: the admin port has 64 connections in all.
-pub(super) const TAILS_MAX: usize = 8;
+use super::access::Role;
+use super::extract::{Live, PathNames};
+use super::places::{Full, Place};
+use super::tails::{TAILS_MAX, Tails};
+use crate::body::{BoxError, ProxyBody};
+use crate::delivery_log::Stored;
+use crate::delivery_log::query::{self, Filter};
+use crate::response::{AdminRefusal, json_response};
 
 /// How often an idle tail sends a comment, so that proxies on the way keep it open and a
 /// client that went away is noticed.
@@ -44,31 +47,9 @@ const UNREAD_LIMIT: Duration = Duration::from_secs(30);
 /// How long a tail runs at most.
 const TAIL_LIFETIME: Duration = Duration::from_secs(15 * 60);
 
-/// The tails running now, and what ends them.
-pub(super) struct Tails {
-    places: Places,
-    closing: CancellationToken,
-}
-
-impl Default for Tails {
-    fn default() -> Self {
-        Tails {
-            places: Places::new(TAILS_MAX, TAILS_MAX / 2),
-            closing: CancellationToken::new(),
-        }
-    }
-}
-
-impl Tails {
-    /// Ends every tail, and starts none from now on.
-    pub(super) fn close(&self) {
-        self.closing.cancel();
-        self.places.close();
-    }
-}
-
 /// `GET /v1/deliveries?<filter>[&limit=N][&cursor=C]`.
-pub(super) async fn list(recorder: &Recorder, query: Option<&str>) -> Response<ProxyBody> {
+pub(super) async fn list(Live(serving): Live, RawQuery(query): RawQuery) -> Response<ProxyBody> {
+    let (recorder, query) = (serving.proxy.recorder(), query.as_deref());
     let Some(log) = recorder.log() else {
         return AdminRefusal::NoDeliveryLog.into_response();
     };
@@ -91,7 +72,11 @@ pub(super) async fn list(recorder: &Recorder, query: Option<&str>) -> Response<P
 }
 
 /// `GET /v1/deliveries/{id}`.
-pub(super) async fn get(recorder: &Recorder, id: &str) -> Response<ProxyBody> {
+pub(super) async fn get(
+    Live(serving): Live,
+    PathNames(id): PathNames<String>,
+) -> Response<ProxyBody> {
+    let recorder = serving.proxy.recorder();
     let Some(log) = recorder.log() else {
         return AdminRefusal::NoDeliveryLog.into_response();
     };
@@ -108,14 +93,16 @@ pub(super) async fn get(recorder: &Recorder, id: &str) -> Response<ProxyBody> {
     }
 }
 
-/// `GET /v1/deliveries/tail?<filter>`: an event stream, for a client showing
-/// `credential`.
-pub(super) fn tail(
-    tails: &Tails,
-    recorder: &Recorder,
-    query: Option<&str>,
-    credential: &'static str,
+/// `GET /v1/deliveries/tail?<filter>`: an event stream, each client within its
+/// credential's share of the tails.
+pub(super) async fn tail(
+    State(tails): State<Tails>,
+    Live(serving): Live,
+    Extension(role): Extension<Role>,
+    RawQuery(query): RawQuery,
 ) -> Response<ProxyBody> {
+    let (tails, recorder, query) = (&tails, serving.proxy.recorder(), query.as_deref());
+    let credential = role.credential();
     if recorder.log().is_none() {
         return AdminRefusal::NoDeliveryLog.into_response();
     }
@@ -123,7 +110,7 @@ pub(super) fn tail(
         Ok(listing) => listing.filter,
         Err(reason) => return AdminRefusal::BadRequest(reason).into_response(),
     };
-    let place = match tails.places.take(credential) {
+    let place = match tails.take(credential) {
         Ok(place) => place,
         Err(Full::All) => {
             return AdminRefusal::TooMany(format!(
@@ -142,7 +129,7 @@ pub(super) fn tail(
     let (events, frames) = mpsc::channel(TAIL_EVENTS);
     let stored = recorder.subscribe();
     let ends = Ends {
-        closing: tails.closing.clone(),
+        closing: tails.closing(),
         unread: UNREAD_LIMIT,
         lifetime: TAIL_LIFETIME,
     };
@@ -238,6 +225,7 @@ impl Body for EventStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::places::Places;
 
     fn ends(unread: Duration, lifetime: Duration) -> Ends {
         Ends {

@@ -3,10 +3,10 @@
 //! `request`; `at` (or the message's `# signed-at:`) is when its timestamp is judged. The
 //! running routes have their secrets, so a message's `# secret:` lines are not read.
 
-use bytes::Bytes;
 use http::{Response, StatusCode};
 use serde::Deserialize;
 
+use super::extract::{Live, WithBody};
 use crate::body::ProxyBody;
 use crate::dry_run::judge;
 use crate::http_file;
@@ -16,16 +16,23 @@ use crate::response::{AdminRefusal, json_response};
 /// The largest body taken: a delivery's message, which a provider keeps far smaller.
 pub(super) const REQUEST_BODY_MAX: u64 = 256 * 1024;
 
-#[derive(Deserialize)]
+/// A dry run's request.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct Asked {
+pub(super) struct Tried {
+    /// A plain HTTP message, as a `.http` file holds one.
     request: String,
+    /// When its timestamp is judged (RFC 3339); the message's `# signed-at:` without it.
     #[serde(default)]
     at: Option<String>,
 }
 
-pub(super) fn dry_run(proxy: &Proxy, body: &Bytes) -> Response<ProxyBody> {
-    let asked: Asked = match serde_json::from_slice(body) {
+pub(super) async fn dry_run(
+    Live(serving): Live,
+    WithBody(request): WithBody<REQUEST_BODY_MAX>,
+) -> Response<ProxyBody> {
+    let proxy: &Proxy = &serving.proxy;
+    let asked: Tried = match serde_json::from_slice(request.body()) {
         Ok(asked) => asked,
         Err(error) => {
             return AdminRefusal::BadRequest(format!(

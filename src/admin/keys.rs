@@ -2,13 +2,15 @@
 //! recorded), forgotten or given another expiry, a held one resolved; and the newest
 //! version done for an entity (`order:`), inspected or forgotten.
 
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
+use axum::extract::RawQuery;
+
+use super::extract::{Caller, Live, PathNames, WithBody};
 use super::queue::masked_header;
 use crate::body::{ProxyBody, empty};
 use crate::key::MAX_KEY_BYTES;
@@ -22,14 +24,6 @@ use crate::store::{
     QUEUED_STATUS, RESOLVED_STATUS, Resolution, STALE_SKIPPED_STATUS, StateFilter, SystemClock,
     entity_key, millis, parse_rfc3339, rfc3339, store_key,
 };
-
-/// Who calls the admin API: the way in and the credential (`api:token`, `mcp:loopback`)
-/// and from where; set on each request before it is answered.
-#[derive(Clone)]
-pub(super) struct Caller {
-    pub(super) by: String,
-    pub(super) client: Option<SocketAddr>,
-}
 
 /// A change an operator asked for, as the delivery log keeps it: the request (its body
 /// is small and holds no secret: an expiry, a resolution) and who sent it.
@@ -100,16 +94,15 @@ impl Change {
 
 /// `GET`, `DELETE` or `PATCH /v1/keys/{route}/{key}`; the key is percent-decoded.
 pub(super) async fn one(
-    proxy: &Proxy,
-    route_name: &str,
-    raw_key: &str,
-    request: Request<Bytes>,
+    Live(serving): Live,
+    PathNames((route_name, key)): PathNames<(String, String)>,
+    WithBody(request): WithBody,
 ) -> Response<ProxyBody> {
+    let (proxy, route_name): (&Proxy, &str) = (&serving.proxy, &route_name);
     let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
     };
-    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
     let store = proxy.store();
     let change = Change::of(&request);
@@ -192,19 +185,23 @@ async fn inspected(
 /// The longest expiry an operator may set: far beyond any provider's retries.
 const EXPIRY_MAX: Duration = Duration::from_secs(10 * 365 * 86_400);
 
+/// A key's new expiry: one of the two.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewExpiry {
+    /// When it expires (RFC 3339).
+    expires_at: Option<String>,
+    /// How long from now (`48h`).
+    expires_in: Option<String>,
+}
+
 /// The expiry a `PATCH` body asks for: `{"expires_at":"<RFC 3339>"}` or
 /// `{"expires_in":"48h"}`, in the future and at most [`EXPIRY_MAX`] away.
 fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Asked {
-        expires_at: Option<String>,
-        expires_in: Option<String>,
-    }
     let bad = |reason: String| AdminRefusal::BadRequest(reason);
     let body = request.into_body();
     let shape = r#"the body must be {"expires_in":"48h"} or {"expires_at":"2030-01-01T00:00:00Z"}"#;
-    let asked = serde_json::from_slice::<Asked>(&body).map_err(|_| bad(shape.into()))?;
+    let asked = serde_json::from_slice::<NewExpiry>(&body).map_err(|_| bad(shape.into()))?;
     let now = millis(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -234,11 +231,12 @@ fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
 /// `GET /v1/entities/{route}/{entity}`: the newest version done for an entity of a route
 /// with `order:`; `DELETE` forgets it (after a version far ahead made real events stale).
 pub(super) async fn entity(
-    proxy: &Proxy,
-    route_name: &str,
-    raw_entity: &str,
-    request: &Request<Bytes>,
+    Live(serving): Live,
+    PathNames((route_name, entity)): PathNames<(String, String)>,
+    WithBody(request): WithBody,
 ) -> Response<ProxyBody> {
+    let (proxy, route_name): (&Proxy, &str) = (&serving.proxy, &route_name);
+    let request = &request;
     let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
@@ -246,7 +244,6 @@ pub(super) async fn entity(
     if route.order.is_none() {
         return AdminRefusal::NoOrder(route_name.to_owned()).into_response();
     }
-    let entity = percent_encoding::percent_decode_str(raw_entity).decode_utf8_lossy();
     let full_key = entity_key(&route.namespace, &entity);
     let store = proxy.store();
     match *request.method() {
@@ -286,7 +283,8 @@ pub(super) const LIST_LIMIT_DEFAULT: usize = 100;
 /// `GET /v1/keys?route=R[&prefix=P][&state=in_flight|done|held][&limit=N][&after=CURSOR]`:
 /// a page of a route's keys starting with `P`, and the cursor of the next page (`null`
 /// after the last).
-pub(super) async fn list(proxy: &Proxy, query: Option<&str>) -> Response<ProxyBody> {
+pub(super) async fn list(Live(serving): Live, RawQuery(query): RawQuery) -> Response<ProxyBody> {
+    let (proxy, query): (&Proxy, Option<&str>) = (&serving.proxy, query.as_deref());
     let (mut route_name, mut prefix, mut state) = (None, String::new(), None);
     let (mut limit, mut after) = (LIST_LIMIT_DEFAULT, None);
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
@@ -422,11 +420,11 @@ impl Listing<'_> {
 /// it), and `"held_at"` if wanted (the hold the operator looked into, as `GET` showed it: a
 /// key held again since is left alone).
 pub(super) async fn resolve(
-    proxy: &Proxy,
-    route_name: &str,
-    raw_key: &str,
-    request: Request<Bytes>,
+    Live(serving): Live,
+    PathNames((route_name, key)): PathNames<(String, String)>,
+    WithBody(request): WithBody,
 ) -> Response<ProxyBody> {
+    let (proxy, route_name): (&Proxy, &str) = (&serving.proxy, &route_name);
     let routing = proxy.routing();
     let Some(route) = routing.table.by_name(route_name) else {
         return AdminRefusal::NoSuchRoute(route_name.to_owned()).into_response();
@@ -436,7 +434,6 @@ pub(super) async fn resolve(
         Ok(asked) => asked,
         Err(refusal) => return refusal.into_response(),
     };
-    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
     let full_key = store_key(&route.namespace, &key);
     let store = proxy.store();
     let is_the_hold = |held: &HeldRecord| {
@@ -477,19 +474,25 @@ pub(super) async fn resolve(
     }
 }
 
+/// How a held key is resolved.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HeldResolution {
+    /// `done` (the work happened: duplicates get the duplicate answer) or `release` (the
+    /// next delivery runs it).
+    outcome: String,
+    /// The hold the operator looked into, as `GET` showed it: a key held again since is
+    /// left alone.
+    held_at: Option<String>,
+}
+
 /// The resolution a `POST .../resolve` body asks for, and the hold it names if any.
 fn asked_resolution(
     route: &Route,
     request: Request<Bytes>,
 ) -> Result<(Resolution, Option<String>), AdminRefusal> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Asked {
-        outcome: String,
-        held_at: Option<String>,
-    }
     let body = request.into_body();
-    let asked = serde_json::from_slice::<Asked>(&body).ok();
+    let asked = serde_json::from_slice::<HeldResolution>(&body).ok();
     let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
         Some("done") => Resolution::Done {
             retention: route.policy.retention,

@@ -7,7 +7,14 @@ use std::time::{Duration, Instant};
 use http::{Response, StatusCode};
 use serde_json::{Value, json};
 
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::State;
+
 use super::access::Role;
+use super::extract::Live;
+use super::state::AdminState;
 use crate::body::ProxyBody;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -21,21 +28,13 @@ const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// A key no delivery has, read to see whether the store answers.
 const PROBE_KEY: &str = "dedupe-proxy:overview-probe";
 
-/// What the overview reads from.
-pub(super) struct Sources<'a> {
-    pub proxy: &'a Proxy,
-    pub reloader: &'a Reloader,
-    pub metrics: &'a Metrics,
-    pub started: Instant,
-}
-
-pub(super) async fn overview(sources: Sources<'_>, role: Role) -> Response<ProxyBody> {
-    let Sources {
-        proxy,
-        reloader,
-        metrics,
-        started,
-    } = sources;
+pub(super) async fn overview(
+    State(state): State<Arc<AdminState>>,
+    Live(serving): Live,
+    Extension(role): Extension<Role>,
+) -> Response<ProxyBody> {
+    let (proxy, reloader): (&Proxy, &Reloader) = (&serving.proxy, &serving.reloader);
+    let (metrics, started): (&Metrics, Instant) = (&state.metrics, state.started);
     let answered = tokio::time::timeout(STORE_CHECK_TIMEOUT, proxy.store().inspect(PROBE_KEY));
     // A store's message may quote what its driver was given: masked, as every answer's.
     let store_error = match answered.await {

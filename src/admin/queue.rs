@@ -7,7 +7,10 @@ use std::sync::Arc;
 use http::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
+use axum::extract::{RawQuery, State};
+
 use super::bulk::{self, DeadFilter};
+use super::extract::{Live, PathNames};
 use crate::body::{ProxyBody, empty};
 use crate::preset::Preset;
 use crate::proxy::Proxy;
@@ -38,7 +41,8 @@ pub(super) fn queued_route(
 }
 
 /// `GET /v1/queue`: each queued route's counts.
-pub(super) async fn overview(proxy: &Proxy) -> Response<ProxyBody> {
+pub(super) async fn overview(Live(serving): Live) -> Response<ProxyBody> {
+    let proxy: &Proxy = &serving.proxy;
     let Some(deliveries) = proxy.deliveries() else {
         return json_response(StatusCode::OK, json!({ "routes": [] }).to_string());
     };
@@ -48,6 +52,54 @@ pub(super) async fn overview(proxy: &Proxy) -> Response<ProxyBody> {
             json_response(StatusCode::OK, json!({ "routes": routes }).to_string())
         }
         Err(failure) => AdminRefusal::from(failure).into_response(),
+    }
+}
+
+/// `POST /v1/queue/{route}/replays?<filter>`: starts replaying the dead letters the
+/// filter picks (the filter of `GET .../dead`).
+pub(super) async fn replay_dead(
+    State(replays): State<bulk::Replays>,
+    Live(serving): Live,
+    PathNames(route): PathNames<String>,
+    RawQuery(query): RawQuery,
+) -> Response<ProxyBody> {
+    let (route, deliveries) = match queued_route(&serving.proxy, &route) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let filter = match DeadFilter::parse(query.as_deref(), 1, 1) {
+        Ok((filter, _, None)) => filter,
+        Ok((_, _, Some(_))) => {
+            return AdminRefusal::BadRequest("a replay takes no `after`".into()).into_response();
+        }
+        Err(reason) => return AdminRefusal::BadRequest(reason).into_response(),
+    };
+    match replays.start(deliveries, route, filter) {
+        Ok(started) => json_response(StatusCode::ACCEPTED, started.to_string()),
+        Err(reason) => AdminRefusal::TooMany(reason).into_response(),
+    }
+}
+
+/// `GET /v1/replays/{id}`: a bulk replay's progress.
+pub(super) async fn replay_progress(
+    State(replays): State<bulk::Replays>,
+    PathNames(id): PathNames<String>,
+) -> Response<ProxyBody> {
+    replay_answer(id.parse().ok().and_then(|id| replays.get(id)))
+}
+
+/// `DELETE /v1/replays/{id}`: cancels a bulk replay; what it replayed stays replayed.
+pub(super) async fn cancel_replay(
+    State(replays): State<bulk::Replays>,
+    PathNames(id): PathNames<String>,
+) -> Response<ProxyBody> {
+    replay_answer(id.parse().ok().and_then(|id| replays.cancel(id)))
+}
+
+fn replay_answer(replay: Option<Value>) -> Response<ProxyBody> {
+    match replay {
+        Some(replay) => json_response(StatusCode::OK, replay.to_string()),
+        None => AdminRefusal::NotFound.into_response(),
     }
 }
 
@@ -66,8 +118,23 @@ pub(super) fn described(route: &crate::queue::RouteQueue) -> Value {
     })
 }
 
-/// `POST /v1/queue/{route}/pause` or `/resume`.
-pub(super) async fn pause(proxy: &Proxy, name: &str, paused: bool) -> Response<ProxyBody> {
+/// `POST /v1/queue/{route}/pause`.
+pub(super) async fn pause(
+    Live(serving): Live,
+    PathNames(name): PathNames<String>,
+) -> Response<ProxyBody> {
+    set_paused(&serving.proxy, &name, true).await
+}
+
+/// `POST /v1/queue/{route}/resume`.
+pub(super) async fn resume(
+    Live(serving): Live,
+    PathNames(name): PathNames<String>,
+) -> Response<ProxyBody> {
+    set_paused(&serving.proxy, &name, false).await
+}
+
+async fn set_paused(proxy: &Proxy, name: &str, paused: bool) -> Response<ProxyBody> {
     let (_, deliveries) = match queued_route(proxy, name) {
         Ok(found) => found,
         Err(refusal) => return refusal.into_response(),
@@ -90,7 +157,12 @@ pub(super) async fn pause(proxy: &Proxy, name: &str, paused: bool) -> Response<P
 
 /// `GET /v1/queue/{route}/dead?...`: a page of the route's dead letters that match the
 /// filter, oldest death first.
-pub(super) async fn dead(proxy: &Proxy, name: &str, query: Option<&str>) -> Response<ProxyBody> {
+pub(super) async fn dead(
+    Live(serving): Live,
+    PathNames(name): PathNames<String>,
+    RawQuery(query): RawQuery,
+) -> Response<ProxyBody> {
+    let (proxy, name, query) = (&serving.proxy, name.as_str(), query.as_deref());
     let (route, deliveries) = match queued_route(proxy, name) {
         Ok(found) => found,
         Err(refusal) => return refusal.into_response(),
@@ -112,21 +184,35 @@ pub(super) async fn dead(proxy: &Proxy, name: &str, query: Option<&str>) -> Resp
     }
 }
 
-/// `GET`, `DELETE` (a dead letter) `/v1/queue/{route}/jobs/{key}`, and `POST .../replay`
-/// (a dead letter).
+/// `GET`, `DELETE` (a dead letter) `/v1/queue/{route}/jobs/{key}`.
 pub(super) async fn job(
+    Live(serving): Live,
+    PathNames((name, key)): PathNames<(String, String)>,
+    method: Method,
+) -> Response<ProxyBody> {
+    job_action(&serving.proxy, &method, &name, &key, false).await
+}
+
+/// `POST /v1/queue/{route}/jobs/{key}/replay`: a dead letter queued again.
+pub(super) async fn replay(
+    Live(serving): Live,
+    PathNames((name, key)): PathNames<(String, String)>,
+) -> Response<ProxyBody> {
+    job_action(&serving.proxy, &Method::POST, &name, &key, true).await
+}
+
+async fn job_action(
     proxy: &Proxy,
     method: &Method,
     name: &str,
-    raw_key: &str,
+    key: &str,
     replay: bool,
 ) -> Response<ProxyBody> {
     let (route, deliveries) = match queued_route(proxy, name) {
         Ok(found) => found,
         Err(refusal) => return refusal.into_response(),
     };
-    let key = percent_encoding::percent_decode_str(raw_key).decode_utf8_lossy();
-    let full_key = store_key(&route.namespace, &key);
+    let full_key = store_key(&route.namespace, key);
     let queue = deliveries.queue();
     let found = match queue.job(&route.name, &full_key).await {
         Ok(Some(job)) if job.route == route.name => job,

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use serde_json::json;
 
+use super::extract::{Live, PathNames, WithBody};
 use super::keys::{Change, Listing, checked_prefix};
 use crate::body::ProxyBody;
 use crate::proxy::Proxy;
@@ -30,7 +30,8 @@ const PAGE: usize = 1000;
 
 /// `GET /v1/scopes`: each scope, the routes that keep keys in it, and its live keys
 /// counted by state.
-pub(super) async fn list(proxy: &Proxy) -> Response<ProxyBody> {
+pub(super) async fn list(Live(serving): Live) -> Response<ProxyBody> {
+    let proxy: &Proxy = &serving.proxy;
     let routing = proxy.routing();
     let mut scopes: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for route in routing.table.routes() {
@@ -81,9 +82,9 @@ pub(super) async fn list(proxy: &Proxy) -> Response<ProxyBody> {
 }
 
 /// What a clearing asks for.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct Clearing {
+pub(super) struct Clearing {
     /// Only the keys starting with it; all of the scope's without it.
     #[serde(default)]
     prefix: String,
@@ -109,18 +110,18 @@ struct Cleared {
 /// never another scope's. Refused while such keys are in flight unless forced; held keys
 /// are left for an operator to resolve unless forced, when they are released.
 pub(super) async fn clear(
-    proxy: &Proxy,
-    raw_scope: &str,
-    request: Request<Bytes>,
+    Live(serving): Live,
+    PathNames(scope): PathNames<String>,
+    WithBody(request): WithBody,
 ) -> Response<ProxyBody> {
-    let scope = percent_encoding::percent_decode_str(raw_scope).decode_utf8_lossy();
+    let proxy: &Proxy = &serving.proxy;
     let routing = proxy.routing();
     let Some(route) = routing
         .table
         .routes()
         .find(|route| route.namespace == scope)
     else {
-        return AdminRefusal::NoSuchScope(scope.into_owned()).into_response();
+        return AdminRefusal::NoSuchScope(scope).into_response();
     };
     let change = Change::of(&request);
     let shape = r#"the body must be {} or {"prefix":"evt_","force":true,"after":"<next>"}, each field optional"#;

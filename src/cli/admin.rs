@@ -95,6 +95,7 @@ async fn carry_out(config: Option<&Path>, command: Command) -> Result<(), Failur
         | Command::Check(_)
         | Command::Try(_)
         | Command::Schema
+        | Command::Openapi
         | Command::Demo(_) => {
             unreachable!("not an admin command")
         }

@@ -78,6 +78,8 @@ pub enum Command {
     Try(TryArgs),
     /// Print the configuration file's JSON Schema, for editors (`config/schema.json`).
     Schema,
+    /// Print the admin API's OpenAPI document (`docs/openapi.json`).
+    Openapi,
     /// Run a self-contained demonstration: a sample app, the proxy, a burst of deliveries.
     Demo(DemoArgs),
     /// Print a running proxy's resolved routes.

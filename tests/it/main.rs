@@ -34,6 +34,7 @@ mod log_lines;
 mod mcp;
 mod module_map;
 mod observability;
+mod openapi;
 mod operations;
 mod order;
 mod postgres_sessions;

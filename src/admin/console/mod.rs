@@ -23,6 +23,14 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
     frame-ancestors 'none'";
 
+/// `GET` of a console file the route table names, or of `/`.
+pub(super) async fn serve(uri: http::Uri) -> Response<ProxyBody> {
+    match Asset::named(uri.path()) {
+        Some(asset) => asset.response(),
+        None => crate::response::AdminRefusal::NotFound.into_response(),
+    }
+}
+
 /// One of the console's files, or `/`, which leads to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asset {
@@ -34,7 +42,7 @@ pub enum Asset {
 
 impl Asset {
     /// The file `path` names, if any.
-    pub(super) fn named(path: &str) -> Option<Asset> {
+    fn named(path: &str) -> Option<Asset> {
         match path {
             "/" => Some(Asset::Root),
             "/console" | "/console/" => Some(Asset::Page),
@@ -45,7 +53,7 @@ impl Asset {
     }
 
     /// The file, with the headers that keep the page to itself.
-    pub(super) fn response(self) -> Response<ProxyBody> {
+    fn response(self) -> Response<ProxyBody> {
         let (text, media) = match self {
             Asset::Root => {
                 let mut moved = Response::new(empty());

@@ -34,7 +34,8 @@ use serde_json::{Value, json};
 mod tools;
 
 use self::tools::{ApiCall, TOOLS, ToolSpec};
-use super::keys::Caller;
+use super::access::Role;
+use super::extract::{Caller, Inside};
 use crate::body::ProxyBody;
 use crate::response::AdminRefusal;
 
@@ -51,11 +52,13 @@ pub(super) trait Api: Send + Sync + 'static {
     fn answer(&self, request: Request<Bytes>) -> BoxFuture<'_, Response<ProxyBody>>;
 }
 
-/// Serves one request to `/mcp` (the port's rules met, its body read whole within
-/// bounds, its [`Caller`] named); `writes` offers the tools that change keys.
+/// Serves one message to `/mcp` (the port's rules met, its body read whole within bounds,
+/// its [`Caller`] and `role` named), its tools answered by `api`; `writes` offers the
+/// tools that change keys.
 pub(super) async fn serve(
     api: Arc<dyn Api>,
     writes: bool,
+    role: Role,
     request: Request<Bytes>,
 ) -> Response<ProxyBody> {
     let caller = request.extensions().get::<Caller>().cloned();
@@ -71,6 +74,7 @@ pub(super) async fn serve(
         api,
         writes,
         caller,
+        role,
     };
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
@@ -90,6 +94,8 @@ struct McpServer {
     writes: bool,
     /// Who sent the request, named in the log of what its tools change.
     caller: Option<Caller>,
+    /// Its role, which the API's own rules apply to each tool's request too.
+    role: Role,
 }
 
 impl McpServer {
@@ -123,8 +129,12 @@ impl McpServer {
         if !tool.read_only {
             tracing::info!(tool = tool.name, path = %api_call.path_and_query, "admin change asked through MCP");
         }
-        let (status, answer) =
-            answer_in_process(self.api.as_ref(), api_call, self.caller.clone()).await;
+        let (status, answer) = answer_in_process(
+            self.api.as_ref(),
+            api_call,
+            (self.caller.clone(), self.role),
+        )
+        .await;
         let text = String::from_utf8_lossy(&answer).into_owned();
         let structured = serde_json::from_slice::<Value>(&answer).ok();
         let mut result = if status.is_success() {
@@ -181,7 +191,7 @@ impl ServerHandler for McpServer {
 async fn answer_in_process(
     api: &dyn Api,
     call: ApiCall,
-    caller: Option<Caller>,
+    (caller, role): (Option<Caller>, Role),
 ) -> (StatusCode, Bytes) {
     let body = call.body.map(|body| body.to_string()).unwrap_or_default();
     let request = Request::builder()
@@ -193,6 +203,7 @@ async fn answer_in_process(
         let refused = AdminRefusal::BadRequest("the arguments do not make a valid path".into());
         return answer_whole(refused.into_response()).await;
     };
+    request.extensions_mut().insert(Inside(role));
     if let Some(caller) = caller {
         request.extensions_mut().insert(caller);
     }

@@ -1,0 +1,333 @@
+//! The admin port's route table: every endpoint's method, path, the role it needs, whether
+//! its success changes the store, and its handler. The router built from it answers an
+//! unknown path 404, a known one asked with another method 405 with `Allow`, and `HEAD`
+//! wherever `GET` goes; the API's tools (`/mcp`) call the same table inside the process.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::middleware::{self, Next};
+use axum::{Extension, Router};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::ServiceExt;
+
+use super::access::{Need, Role};
+use super::endpoint::{Endpoint, QueryParam, Success, optional};
+use super::extract::{self, Inside, Live, WithBody};
+use super::state::AdminState;
+use super::{console, deliveries, dry_run, keys, mcp, openapi, overview, probes};
+use super::{queue, routes, scopes};
+use crate::body::ProxyBody;
+use crate::config::McpAccess;
+use crate::response::{AdminRefusal, json_response};
+
+/// `GET /v1/keys`'s parameters.
+const KEYS_QUERY: &[QueryParam] = &[
+    QueryParam {
+        name: "route",
+        required: true,
+    },
+    optional("prefix"),
+    optional("state"),
+    optional("limit"),
+    optional("after"),
+];
+
+/// The delivery log's filter, as a live tail takes it.
+const TAIL_QUERY: &[QueryParam] = &[
+    optional("route"),
+    optional("key"),
+    optional("key_prefix"),
+    optional("outcome"),
+    optional("status"),
+    optional("upstream_status"),
+    optional("since"),
+    optional("until"),
+];
+
+/// The delivery log's filter, then a page's parameters.
+const DELIVERIES_QUERY: &[QueryParam] = &[
+    optional("route"),
+    optional("key"),
+    optional("key_prefix"),
+    optional("outcome"),
+    optional("status"),
+    optional("upstream_status"),
+    optional("since"),
+    optional("until"),
+    optional("limit"),
+    optional("cursor"),
+];
+
+/// The dead letters' filter, as a bulk replay takes it.
+const REPLAY_QUERY: &[QueryParam] = &[
+    optional("status"),
+    optional("reason"),
+    optional("key_prefix"),
+    optional("since"),
+    optional("until"),
+];
+
+/// The dead letters' filter, then a page's parameters.
+const DEAD_QUERY: &[QueryParam] = &[
+    optional("status"),
+    optional("reason"),
+    optional("key_prefix"),
+    optional("since"),
+    optional("until"),
+    optional("limit"),
+    optional("after"),
+];
+
+/// Every endpoint; `/mcp` only if `mcp` is on.
+#[rustfmt::skip]
+pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
+    use Method as M;
+    use Need::{Anyone, Operator, Viewer};
+    let page = Success::Text("text/html");
+    let mut table = vec![
+        Endpoint::new(M::GET, "/healthz", Anyone, "The process answers.", probes::health),
+        Endpoint::new(M::GET, "/readyz", Anyone, "The store is open, no drain begun.", probes::readiness)
+            .answers(Success::Probe),
+        Endpoint::new(M::GET, "/metrics", Anyone, "Every metric, in OpenMetrics' text.", probes::metrics)
+            .answers(Success::Text("application/openmetrics-text")),
+        Endpoint::new(M::GET, "/", Anyone, "Sends the browser on to the console.", console::serve)
+            .answers(Success::Redirect),
+        Endpoint::new(M::GET, "/console", Anyone, "The console's page.", console::serve).answers(page),
+        Endpoint::new(M::GET, "/console/", Anyone, "The console's page.", console::serve).answers(page),
+        Endpoint::new(M::GET, "/console/app.js", Anyone, "The console's script.", console::serve)
+            .answers(Success::Text("text/javascript")),
+        Endpoint::new(M::GET, "/console/app.css", Anyone, "The console's style.", console::serve)
+            .answers(Success::Text("text/css")),
+        Endpoint::new(M::GET, "/v1/openapi.json", Viewer, "This API, described in OpenAPI 3.1.", openapi_document),
+        Endpoint::new(M::GET, "/v1/overview", Viewer, "The proxy at a glance, and who asks.", overview::overview),
+        Endpoint::new(M::GET, "/v1/routes", Viewer, "Every route's resolved settings.", routes::routes),
+        Endpoint::new(M::POST, "/v1/reload", Operator, "Reads the configuration file again.", routes::reload),
+        Endpoint::new(M::POST, "/v1/try", Viewer, "A dry run of a request on the running routes.", dry_run::dry_run)
+            .body::<dry_run::Tried>(),
+        Endpoint::new(M::GET, "/v1/scopes", Viewer, "Every scope, its keys counted by state.", scopes::list),
+        Endpoint::new(M::POST, "/v1/scopes/{scope}/clear", Operator, "Removes a scope's keys.", scopes::clear)
+            .body::<scopes::Clearing>().syncs(),
+        Endpoint::new(M::GET, "/v1/keys", Viewer, "A route's keys, a page at a time.", keys::list)
+            .query(KEYS_QUERY),
+        Endpoint::new(M::GET, "/v1/keys/{route}/{key}", Viewer, "A key, with the answer it recorded.", keys::one),
+        Endpoint::new(M::DELETE, "/v1/keys/{route}/{key}", Operator, "Forgets a key.", keys::one)
+            .answers(Success::NoContent).syncs(),
+        Endpoint::new(M::PATCH, "/v1/keys/{route}/{key}", Operator, "Gives a key another expiry.", keys::one)
+            .body::<keys::NewExpiry>().syncs(),
+        Endpoint::new(M::POST, "/v1/keys/{route}/{key}/resolve", Operator, "Resolves a held key.", keys::resolve)
+            .body::<keys::HeldResolution>().syncs(),
+        Endpoint::new(M::GET, "/v1/entities/{route}/{entity}", Viewer, "An entity's newest version done.", keys::entity),
+        Endpoint::new(M::DELETE, "/v1/entities/{route}/{entity}", Operator, "Forgets an entity's version.", keys::entity)
+            .answers(Success::NoContent).syncs(),
+        Endpoint::new(M::GET, "/v1/queue", Viewer, "Every queued route's counts.", queue::overview),
+        Endpoint::new(M::POST, "/v1/queue/{route}/pause", Operator, "Pauses a route's deliveries.", queue::pause)
+            .syncs(),
+        Endpoint::new(M::POST, "/v1/queue/{route}/resume", Operator, "Resumes a route's deliveries.", queue::resume)
+            .syncs(),
+        Endpoint::new(M::GET, "/v1/queue/{route}/dead", Viewer, "A route's dead letters, filtered.", queue::dead)
+            .query(DEAD_QUERY),
+        Endpoint::new(M::POST, "/v1/queue/{route}/replays", Operator, "Replays the dead letters a filter picks.", queue::replay_dead)
+            .query(REPLAY_QUERY).answers(Success::Json(202)),
+        Endpoint::new(M::GET, "/v1/queue/{route}/jobs/{key}", Viewer, "A queued or dead job.", queue::job),
+        Endpoint::new(M::DELETE, "/v1/queue/{route}/jobs/{key}", Operator, "Discards a dead letter.", queue::job)
+            .answers(Success::NoContent).syncs(),
+        Endpoint::new(M::POST, "/v1/queue/{route}/jobs/{key}/replay", Operator, "Replays a dead letter.", queue::replay)
+            .syncs(),
+        Endpoint::new(M::GET, "/v1/replays/{id}", Viewer, "A bulk replay's progress.", queue::replay_progress),
+        Endpoint::new(M::DELETE, "/v1/replays/{id}", Operator, "Cancels a bulk replay.", queue::cancel_replay),
+        Endpoint::new(M::GET, "/v1/deliveries", Viewer, "The delivery log, filtered.", deliveries::list)
+            .query(DELIVERIES_QUERY),
+        Endpoint::new(M::GET, "/v1/deliveries/tail", Viewer, "The log's entries from now on.", deliveries::tail)
+            .query(TAIL_QUERY).answers(Success::Events),
+        Endpoint::new(M::GET, "/v1/deliveries/{id}", Viewer, "One entry of the delivery log.", deliveries::get),
+    ];
+    if mcp != McpAccess::Off {
+        // A POST that may only read: its tools are limited to the caller's role instead.
+        table.push(Endpoint::new(M::POST, "/mcp", Viewer, "The Model Context Protocol.", mcp_message));
+    }
+    table
+}
+
+/// The router of the whole port. `/mcp`'s tools call the `/v1/` endpoints through a
+/// router of their own, made once here.
+pub(super) fn port(state: &Arc<AdminState>) -> Router {
+    let inside = InProcess(api(state));
+    router(state, endpoints(state.mcp)).layer(Extension(inside))
+}
+
+/// The router of the API under `/v1/`, as a tool calls it inside the process.
+fn api(state: &Arc<AdminState>) -> Router {
+    let table = endpoints(McpAccess::Off).into_iter();
+    let api = table.filter(|endpoint| endpoint.path.starts_with("/v1/"));
+    router(state, api.collect())
+}
+
+/// The router of `table`: each endpoint behind its role's rule, and a change's success
+/// synced to disk before it is answered.
+fn router(state: &Arc<AdminState>, table: Vec<Endpoint>) -> Router {
+    let mut router = Router::new();
+    for endpoint in table {
+        let mut handler = endpoint.handler;
+        if endpoint.syncs {
+            let state = Arc::clone(state);
+            handler = handler.layer(middleware::from_fn(
+                move |request: axum::extract::Request, next: Next| {
+                    synced(Arc::clone(&state), request, next)
+                },
+            ));
+        }
+        let (state, need) = (Arc::clone(state), endpoint.need);
+        handler = handler.layer(middleware::from_fn(
+            move |request: axum::extract::Request, next: Next| {
+                extract::admit(Arc::clone(&state), need, request, next)
+            },
+        ));
+        router = router.route(endpoint.path, handler);
+    }
+    router
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_allowed)
+        .with_state(Arc::clone(state))
+}
+
+/// The answer of a change: a success is synced to stable storage first.
+async fn synced(
+    state: Arc<AdminState>,
+    request: axum::extract::Request,
+    next: Next,
+) -> axum::response::Response {
+    let answer = next.run(request).await;
+    if !answer.status().is_success() {
+        return answer;
+    }
+    let Some(serving) = state.serving.get() else {
+        return answer;
+    };
+    match serving.proxy.store().flush().await {
+        Ok(()) => answer,
+        Err(error) => {
+            tracing::error!(%error, "an operator's change could not be synced to disk");
+            axum::response::IntoResponse::into_response(AdminRefusal::from(error))
+        }
+    }
+}
+
+/// An unknown path: `404`, under `/v1/` and at `/mcp` only once a token is shown.
+async fn not_found(
+    State(state): State<Arc<AdminState>>,
+    request: axum::extract::Request,
+) -> AdminRefusal {
+    token_first(&state, &request).unwrap_or(AdminRefusal::NotFound)
+}
+
+/// A known path asked with another method: `405` (the router adds `Allow`), under `/v1/`
+/// and at `/mcp` only once a token is shown.
+async fn not_allowed(
+    State(state): State<Arc<AdminState>>,
+    request: axum::extract::Request,
+) -> AdminRefusal {
+    let method = request.method().clone();
+    token_first(&state, &request).unwrap_or(AdminRefusal::MethodNotAllowed(method))
+}
+
+/// The refusal of a request to the API that shows no token, so that no one without one
+/// learns which paths and methods it has.
+fn token_first(state: &AdminState, request: &axum::extract::Request) -> Option<AdminRefusal> {
+    let path = request.uri().path();
+    let of_the_api = path.starts_with("/v1/") || path == "/v1" || path == "/mcp";
+    if !of_the_api || request.extensions().get::<Inside>().is_some() {
+        return None;
+    }
+    let headers = request.headers();
+    state.rules.admit(Need::Viewer, &Method::GET, headers).err()
+}
+
+/// `GET /v1/openapi.json`: the document of this port's endpoints, made once.
+async fn openapi_document(State(state): State<Arc<AdminState>>) -> Response<ProxyBody> {
+    let document = state
+        .openapi
+        .get_or_init(|| openapi::document(&endpoints(state.mcp)).to_string());
+    json_response(StatusCode::OK, document.clone())
+}
+
+/// `POST /mcp`: one message, its tools answered by the `/v1/` endpoints in process under
+/// the message's role; the tools that change keys only for a role that may change, with
+/// `admin.mcp: read_write`.
+async fn mcp_message(
+    State(state): State<Arc<AdminState>>,
+    Live(_): Live,
+    Extension(role): Extension<Role>,
+    Extension(inside): Extension<InProcess>,
+    WithBody(request): WithBody<{ mcp::REQUEST_BODY_MAX }>,
+) -> Response<ProxyBody> {
+    let writes = state.mcp == McpAccess::ReadWrite && role.may_change();
+    mcp::serve(Arc::new(inside), writes, role, request).await
+}
+
+/// The API as `/mcp`'s tools call it: a request answered inside the process by the
+/// table's `/v1/` endpoints.
+#[derive(Clone)]
+struct InProcess(Router);
+
+impl mcp::Api for InProcess {
+    fn answer(&self, request: Request<Bytes>) -> BoxFuture<'_, Response<ProxyBody>> {
+        let router = self.0.clone();
+        Box::pin(async move {
+            match router.oneshot(request.map(Full::new)).await {
+                Ok(answer) => extract::into_port_body(answer),
+                Err(never) => match never {},
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the access rules rely on: the paths open to anyone only read, every change
+    /// needs the operator, and only `/mcp` and a dry run are `POST`s a viewer may send
+    /// (they change nothing).
+    #[test]
+    fn only_the_operator_changes_anything() {
+        for endpoint in endpoints(McpAccess::ReadWrite) {
+            let (path, need) = (endpoint.path, endpoint.need);
+            if need == Need::Anyone {
+                assert_eq!(endpoint.method, Method::GET, "{path}");
+                assert!(!path.starts_with("/v1/") && path != "/mcp", "{path}");
+            }
+            if endpoint.method != Method::GET && need != Need::Operator {
+                assert!(
+                    ["/mcp", "/v1/try"].contains(&path),
+                    "{path} changes without the operator"
+                );
+                assert!(!endpoint.syncs, "{path}");
+            }
+            if endpoint.syncs {
+                assert_eq!(need, Need::Operator, "{path}");
+            }
+        }
+    }
+
+    #[test]
+    fn each_method_and_path_is_in_the_table_once() {
+        let table = endpoints(McpAccess::ReadWrite);
+        let mut seen = std::collections::BTreeSet::new();
+        for endpoint in &table {
+            assert!(
+                seen.insert((endpoint.path, endpoint.method.as_str())),
+                "{}",
+                endpoint.path
+            );
+        }
+        assert!(
+            !endpoints(McpAccess::Off)
+                .iter()
+                .any(|endpoint| endpoint.path == "/mcp")
+        );
+    }
+}
