@@ -11,6 +11,7 @@ use axum::middleware::Next;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Request, Response};
+use hyper::body::SizeHint;
 use serde::de::DeserializeOwned;
 use sync_wrapper::SyncWrapper;
 
@@ -171,12 +172,24 @@ pub(super) async fn admit(
 /// Turns an answer of the router into the port's own body type.
 pub(super) fn into_port_body(answer: Response<axum::body::Body>) -> Response<ProxyBody> {
     use http_body_util::BodyExt;
-    answer.map(|body| RouterBody(SyncWrapper::new(body)).boxed())
+    use hyper::body::Body as _;
+    answer.map(|body| {
+        let left = body.size_hint();
+        RouterBody {
+            left,
+            body: SyncWrapper::new(body),
+        }
+        .boxed()
+    })
 }
 
 /// A router's body, which is `Send` only, as the port's bodies (`Sync` too) are: it is
-/// only ever polled through `&mut`, which [`SyncWrapper`] makes safe to share.
-struct RouterBody(SyncWrapper<axum::body::Body>);
+/// only ever polled through `&mut`, which [`SyncWrapper`] makes safe to share. Its size
+/// is kept beside it, so that whoever reads it still knows its length.
+struct RouterBody {
+    body: SyncWrapper<axum::body::Body>,
+    left: SizeHint,
+}
 
 impl hyper::body::Body for RouterBody {
     type Data = Bytes;
@@ -186,7 +199,21 @@ impl hyper::body::Body for RouterBody {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        let body = self.get_mut().0.get_mut();
-        std::pin::Pin::new(body).poll_frame(cx).map_err(Into::into)
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(this.body.get_mut()).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled
+            && let (Some(data), Some(left)) = (frame.data_ref(), this.left.exact())
+        {
+            this.left = SizeHint::with_exact(left.saturating_sub(data.len() as u64));
+        }
+        polled.map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left.exact() == Some(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.left
     }
 }

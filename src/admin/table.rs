@@ -313,6 +313,34 @@ mod tests {
         }
     }
 
+    /// No fixed segment stands where a path of the same shape has a name: the router
+    /// prefers the fixed one, so a key called `count` would reach `/v1/keys/{route}/count`
+    /// rather than itself. The one such pair is safe: a delivery's id is `<ms>-<n>`, never
+    /// `tail`.
+    #[test]
+    fn no_fixed_segment_hides_a_name() {
+        let named = |segment: &str| segment.starts_with('{');
+        let table = endpoints(McpAccess::ReadWrite);
+        for a in &table {
+            for b in &table {
+                let (a, b): (Vec<&str>, Vec<&str>) =
+                    (a.path.split('/').collect(), b.path.split('/').collect());
+                let overlap = a.len() == b.len()
+                    && a.iter()
+                        .zip(&b)
+                        .all(|(x, y)| x == y || named(x) || named(y));
+                let hidden = a.iter().zip(&b).any(|(x, y)| named(x) && !named(y));
+                let (a, b) = (a.join("/"), b.join("/"));
+                if overlap
+                    && hidden
+                    && (a.as_str(), b.as_str()) != ("/v1/deliveries/{id}", "/v1/deliveries/tail")
+                {
+                    panic!("{b} hides a name of {a}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn each_method_and_path_is_in_the_table_once() {
         let table = endpoints(McpAccess::ReadWrite);

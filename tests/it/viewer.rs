@@ -1,5 +1,5 @@
 //! Every door for the viewer's token (`admin.viewer_token_env`): each changing endpoint
-//! the operations guide lists, tried through the API, `/mcp` (configured `read_write`)
+//! of the route table (as the OpenAPI document lists them), tried through the API, `/mcp` (configured `read_write`)
 //! and every changing CLI command, is refused, and nothing changed. (The console's own
 //! buttons are tried in `console.rs`.)
 
@@ -13,27 +13,18 @@ use support::*;
 const OPERATOR: &str = "operator-token";
 const VIEWER: &str = "viewer-token";
 
-/// Every `METHOD /path` of the operations guide's endpoint table that is not a `GET`.
-fn documented_changes() -> Vec<(String, String)> {
-    let guide = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
-    )
-    .unwrap();
+/// Every `METHOD /path` that is not a `GET`, as the admin API's OpenAPI document (made
+/// from the route table) lists them, and whether the operator's token alone may ask it.
+fn changes() -> Vec<(String, String, bool)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    let document: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut found = Vec::new();
-    for line in guide.lines().filter(|line| line.starts_with("| `")) {
-        let cell = line.split(" | ").next().unwrap();
-        for part in cell.split('`') {
-            let Some((method, path)) = part.split_once(' ') else {
-                continue;
-            };
-            if !["POST", "PUT", "PATCH", "DELETE"].contains(&method) || !path.starts_with('/') {
-                continue;
-            }
-            let path = path.split(['?', ' ']).next().unwrap();
-            found.push((method.to_owned(), path.to_owned()));
-            // `POST .../pause`, `.../resume`: the sibling the cell names after it.
-            if let Some(stem) = path.strip_suffix("/pause") {
-                found.push((method.to_owned(), format!("{stem}/resume")));
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            if method != "get" {
+                let operator_only = operation["security"] == json!([{ "operator": [] }]);
+                found.push((method.to_uppercase(), path.clone(), operator_only));
             }
         }
     }
@@ -58,22 +49,25 @@ async fn the_viewers_token_changes_nothing_through_any_door() {
         ("content-type", "application/json"),
     ];
 
-    // The API: every changing endpoint documented.
-    let changes = documented_changes();
+    // The API: every changing endpoint of the route table.
+    let changes = changes();
     assert!(changes.len() >= 12, "{changes:?}");
-    for (method, path) in &changes {
+    for (method, path, operator_only) in &changes {
         let path = path
             .replace("{route}", "hooks")
             .replace("{scope}", "hooks")
             .replace("{key}", "evt_v")
             .replace("{entity}", "e1")
             .replace("{id}", "1");
-        let answer = send(proxy.admin, method, &path, &headers, "{}").await;
-        if path == "/v1/try" {
-            // A dry run changes nothing: the viewer may ask one.
-            assert_ne!(answer.status, 403, "{method} {path}: {}", answer.body);
+        if !operator_only {
+            // A dry run and `/mcp` change nothing by themselves: the viewer may send them.
+            assert!(
+                ["/v1/try", "/mcp"].contains(&path.as_str()),
+                "{method} {path}"
+            );
             continue;
         }
+        let answer = send(proxy.admin, method, &path, &headers, "{}").await;
         assert_eq!(
             (answer.status, answer.json()["error"].clone()),
             (403, json!("read_only")),
@@ -81,6 +75,8 @@ async fn the_viewers_token_changes_nothing_through_any_door() {
             answer.body
         );
     }
+    let dry_run = send(proxy.admin, "POST", "/v1/try", &headers, "{}").await;
+    assert_ne!(dry_run.status, 403, "{}", dry_run.body);
 
     // `/mcp`, configured read_write: the viewer is offered no changing tool, and calling
     // one by name does nothing.
