@@ -29,6 +29,8 @@ pub(super) struct Endpoint {
     pub(super) body: Option<SchemaOf>,
     /// What a success answers.
     pub(super) success: Success,
+    /// The schema of a JSON success's body, if the answer is a type.
+    pub(super) returns: Option<SchemaOf>,
     pub(super) handler: MethodRouter<Arc<AdminState>>,
 }
 
@@ -91,6 +93,7 @@ impl Endpoint {
             query: &[],
             body: None,
             success: Success::Json(200),
+            returns: None,
             handler: on(filter, handler),
         }
     }
@@ -111,6 +114,14 @@ impl Endpoint {
     pub(super) fn body<T: schemars::JsonSchema>(self) -> Endpoint {
         Endpoint {
             body: Some(schema_of::<T>),
+            ..self
+        }
+    }
+
+    /// A JSON success is a `T`.
+    pub(super) fn returns<T: schemars::JsonSchema>(self) -> Endpoint {
+        Endpoint {
+            returns: Some(schema_of::<T>),
             ..self
         }
     }

@@ -6,10 +6,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use serde_json::json;
 
 use axum::extract::RawQuery;
 
+use super::answers::{
+    DoneBecause, EntityVersion, KeyPage, KeyStateName, KeyView, RecordedAnswer, answer_json,
+};
 use super::extract::{Caller, Live, PathNames, WithBody};
 use super::queue::masked_header;
 use crate::body::{ProxyBody, empty};
@@ -160,21 +162,21 @@ async fn inspected(
                 ..
             }) = &state
             {
-                let headers: Vec<_> = answer
+                let headers = answer
                     .headers
                     .iter()
-                    .map(|(name, value)| json!([name, masked_header(name, value)]))
+                    .map(|(name, value)| (name.clone(), masked_header(name, value)))
                     .collect();
-                described["answer"] = json!({
-                    "status": answer.status,
-                    "headers": headers,
-                    "body_bytes": answer.body.len(),
+                described.answer = Some(RecordedAnswer {
+                    status: answer.status,
+                    headers,
+                    body_bytes: answer.body.len(),
                 });
             }
             // A configured secret that the answer echoed is masked as in the log.
             json_response(
                 StatusCode::OK,
-                crate::redact::text(&described.to_string()).into_owned(),
+                crate::redact::text(&serde_json::to_string(&described).expect("JSON")).into_owned(),
             )
         }
         Ok(None) => AdminRefusal::Absent.into_response(),
@@ -261,14 +263,14 @@ pub(super) async fn entity(
         // GET, or HEAD answered as one: the endpoint takes no other.
         _ => match store.newest_version(&full_key).await {
             Ok(Some(record)) => {
-                let body = json!({
-                    "route": route_name,
-                    "entity": entity,
-                    "newest_version": record.newest.text,
-                    "recorded_at": rfc3339(record.recorded_at),
-                    "expires_at": rfc3339(record.expires_at),
-                });
-                json_response(StatusCode::OK, body.to_string())
+                let version = EntityVersion {
+                    route: route_name.to_owned(),
+                    entity,
+                    newest_version: record.newest.text,
+                    recorded_at: rfc3339(record.recorded_at),
+                    expires_at: rfc3339(record.expires_at),
+                };
+                answer_json(StatusCode::OK, &version)
             }
             Ok(None) => AdminRefusal::NoVersion.into_response(),
             Err(failure) => AdminRefusal::from(failure).into_response(),
@@ -339,8 +341,8 @@ pub(super) async fn list(Live(serving): Live, RawQuery(query): RawQuery) -> Resp
             describe(&route_name, key, state)
         })
         .collect();
-    let body = json!({ "keys": keys, "next": page.next });
-    json_response(StatusCode::OK, body.to_string())
+    let next = page.next;
+    answer_json(StatusCode::OK, &KeyPage { keys, next })
 }
 
 /// Why `prefix` cannot start keys, if it cannot: longer than a key, or with a control or
@@ -458,14 +460,8 @@ pub(super) async fn resolve(
             tracing::info!(route = route_name, key = %key, outcome, "held key resolved through the admin API");
             change.log(proxy, route, &key, StatusCode::OK);
             match store.inspect(&full_key).await {
-                Ok(Some(state)) => json_response(
-                    StatusCode::OK,
-                    describe(route_name, &key, &state).to_string(),
-                ),
-                _ => json_response(
-                    StatusCode::OK,
-                    json!({ "route": route_name, "key": key, "state": "absent" }).to_string(),
-                ),
+                Ok(Some(state)) => answer_json(StatusCode::OK, &describe(route_name, &key, &state)),
+                _ => answer_json(StatusCode::OK, &absent_key(route_name, &key)),
             }
         }
         Ok(Resolving::NotHeld) => AdminRefusal::NotHeld.into_response(),
@@ -508,52 +504,63 @@ fn asked_resolution(
 }
 
 /// The admin API's view of a key.
-fn describe(route: &str, key: &str, state: &KeyState) -> serde_json::Value {
+/// A key the store does not hold (a released one, after a resolution).
+fn absent_key(route: &str, key: &str) -> KeyView {
+    KeyView {
+        route: route.to_owned(),
+        key: key.to_owned(),
+        state: KeyStateName::Absent,
+        claimed_at: None,
+        held_at: None,
+        completed_at: None,
+        expires_at: None,
+        upstream_status: None,
+        done_because: None,
+        held_because: None,
+        body_sha256: None,
+        answer_status: None,
+        answer: None,
+    }
+}
+
+fn describe(route: &str, key: &str, state: &KeyState) -> KeyView {
+    let mut view = absent_key(route, key);
     match state {
         KeyState::InFlight {
             claimed_at,
             lease_until,
             fingerprint,
-        } => json!({
-            "route": route,
-            "key": key,
-            "state": "in_flight",
-            "claimed_at": rfc3339(*claimed_at),
-            "completed_at": null,
-            "expires_at": rfc3339(*lease_until),
-            "upstream_status": null,
-            "body_sha256": hex::encode(fingerprint),
-        }),
-        KeyState::Done(done) => json!({
-            "route": route,
-            "key": key,
-            "state": "done",
-            "claimed_at": rfc3339(done.claimed_at),
-            "completed_at": rfc3339(done.completed_at),
-            "expires_at": rfc3339(done.expires_at),
-            // None where no answer from the app was seen.
-            "upstream_status": (!matches!(done.upstream_status, RESOLVED_STATUS | STALE_SKIPPED_STATUS | QUEUED_STATUS)).then_some(done.upstream_status),
-            "done_because": match done.upstream_status {
-                RESOLVED_STATUS => "resolved",
-                STALE_SKIPPED_STATUS => "stale_skipped",
-                QUEUED_STATUS => "queued",
-                _ => "upstream_success",
-            },
-            "body_sha256": hex::encode(done.fingerprint),
+        } => {
+            view.state = KeyStateName::InFlight;
+            view.claimed_at = Some(rfc3339(*claimed_at));
+            view.expires_at = Some(rfc3339(*lease_until));
+            view.body_sha256 = Some(hex::encode(fingerprint));
+        }
+        KeyState::Done(done) => {
+            let (because, seen) = match done.upstream_status {
+                RESOLVED_STATUS => (DoneBecause::Resolved, false),
+                STALE_SKIPPED_STATUS => (DoneBecause::StaleSkipped, false),
+                QUEUED_STATUS => (DoneBecause::Queued, false),
+                _ => (DoneBecause::UpstreamSuccess, true),
+            };
+            view.state = KeyStateName::Done;
+            view.claimed_at = Some(rfc3339(done.claimed_at));
+            view.completed_at = Some(rfc3339(done.completed_at));
+            view.expires_at = Some(rfc3339(done.expires_at));
+            view.upstream_status = seen.then_some(done.upstream_status);
+            view.done_because = Some(because);
+            view.body_sha256 = Some(hex::encode(done.fingerprint));
             // The answer duplicates are replayed (`replay`), if one was recorded.
-            "answer_status": done.response.as_ref().map(|answer| answer.status),
-        }),
-        KeyState::Held(held) => json!({
-            "route": route,
-            "key": key,
-            "state": "held",
-            "claimed_at": rfc3339(held.claimed_at),
-            "held_at": rfc3339(held.held_at),
-            "completed_at": null,
-            "expires_at": rfc3339(held.expires_at),
-            "upstream_status": null,
-            "held_because": held.reason.as_str(),
-            "body_sha256": hex::encode(held.fingerprint),
-        }),
+            view.answer_status = Some(done.response.as_ref().map(|answer| answer.status));
+        }
+        KeyState::Held(held) => {
+            view.state = KeyStateName::Held;
+            view.claimed_at = Some(rfc3339(held.claimed_at));
+            view.held_at = Some(rfc3339(held.held_at));
+            view.expires_at = Some(rfc3339(held.expires_at));
+            view.held_because = Some(held.reason.as_str().to_owned());
+            view.body_sha256 = Some(hex::encode(held.fingerprint));
+        }
     }
+    view
 }

@@ -10,6 +10,7 @@
 //! token its role needs ([`extract::admit`]) before its handler runs.
 
 mod access;
+pub(crate) mod answers;
 mod bulk;
 mod console;
 mod deliveries;

@@ -65,7 +65,10 @@ fn operation(
         Need::Operator => json!([{ "operator": [] }]),
     };
     let refused = json!({ "description": "Refused; `error` says why.", "content": { "application/json": { "schema": error } } });
-    let mut responses = answers(endpoint.success);
+    let returns = endpoint
+        .returns
+        .map(|schema_of| Value::from(schema_of(generator)));
+    let mut responses = answers(endpoint.success, returns);
     if endpoint.path == "/mcp" {
         // The protocol's own refusals are JSON-RPC errors.
         responses["4XX"] =
@@ -92,14 +95,17 @@ fn operation(
 }
 
 /// A success's answers.
-fn answers(success: Success) -> Value {
+fn answers(success: Success, returns: Option<Value>) -> Value {
     let text = |media: &str| json!({ "content": { media: { "schema": { "type": "string" } } } });
     let mut answers = Map::new();
     let (status, mut described) = match success {
-        Success::Json(status) => (
-            status,
-            json!({ "content": { "application/json": { "schema": { "type": "object" } } } }),
-        ),
+        Success::Json(status) => {
+            let schema = returns.unwrap_or_else(|| json!({ "type": "object" }));
+            (
+                status,
+                json!({ "content": { "application/json": { "schema": schema } } }),
+            )
+        }
         Success::NoContent => (204, json!({})),
         Success::Events => (200, text("text/event-stream")),
         Success::Text(media) => (200, text(media)),
@@ -108,7 +114,8 @@ fn answers(success: Success) -> Value {
             json!({ "headers": { "Location": { "schema": { "type": "string" } } } }),
         ),
         Success::Probe => {
-            let probe = json!({ "content": { "application/json": { "schema": { "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } });
+            let schema = returns.unwrap_or_else(|| json!({ "type": "object" }));
+            let probe = json!({ "content": { "application/json": { "schema": schema } } });
             answers.insert("503".into(), probe.clone());
             answers["503"]["description"] = json!("Starting, or shutting down.");
             (200, probe)

@@ -4,19 +4,18 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::extract::State;
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Response, StatusCode};
-use serde_json::json;
-
+use super::answers::{Status, answer_json};
 use super::state::AdminState;
 use crate::body::{ProxyBody, full};
 use crate::metrics::KeyCounts;
-use crate::response::json_response;
+use axum::extract::State;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Response, StatusCode};
 
 /// `GET /healthz`: the process answers.
 pub(super) async fn health() -> Response<ProxyBody> {
-    json_response(StatusCode::OK, json!({"status": "ok"}).to_string())
+    let status = "ok".to_owned();
+    answer_json(StatusCode::OK, &Status { status })
 }
 
 /// `GET /readyz`: the store is open and the routes loaded, and no drain has begun.
@@ -28,7 +27,12 @@ pub(super) async fn readiness(State(state): State<Arc<AdminState>>) -> Response<
     } else {
         (StatusCode::OK, "ready")
     };
-    json_response(status, json!({ "status": text }).to_string())
+    answer_json(
+        status,
+        &Status {
+            status: text.to_owned(),
+        },
+    )
 }
 
 /// `GET /metrics`: every metric, in OpenMetrics' text.

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use axum::extract::{RawQuery, State};
 
+use super::answers::{Paused, answer_json};
 use super::bulk::{self, DeadFilter};
 use super::extract::{Live, PathNames};
 use crate::body::{ProxyBody, empty};
@@ -146,10 +147,8 @@ async fn set_paused(proxy: &Proxy, name: &str, paused: bool) -> Response<ProxyBo
                 paused,
                 "queued delivery paused or resumed through the admin API"
             );
-            json_response(
-                StatusCode::OK,
-                json!({ "route": name, "paused": paused }).to_string(),
-            )
+            let route = name.to_owned();
+            answer_json(StatusCode::OK, &Paused { route, paused })
         }
         Err(failure) => AdminRefusal::from(failure).into_response(),
     }

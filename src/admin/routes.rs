@@ -4,6 +4,7 @@
 use http::{Response, StatusCode};
 use serde_json::json;
 
+use super::answers::{Reloaded, answer_json};
 use super::extract::Live;
 use crate::body::ProxyBody;
 use crate::response::{AdminRefusal, json_response};
@@ -25,8 +26,13 @@ pub(super) async fn routes(Live(serving): Live) -> Response<ProxyBody> {
 pub(super) async fn reload(Live(serving): Live) -> Response<ProxyBody> {
     match serving.reloader.reload().await {
         Ok(reloaded) => {
-            let body = json!({ "reloaded": true, "routes": reloaded.routes, "restart_needed": reloaded.restart_needed });
-            json_response(StatusCode::OK, body.to_string())
+            let restart_needed = reloaded.restart_needed.iter().map(|s| (*s).to_owned());
+            let answer = Reloaded {
+                reloaded: true,
+                routes: reloaded.routes,
+                restart_needed: restart_needed.collect(),
+            };
+            answer_json(StatusCode::OK, &answer)
         }
         Err(invalid) => AdminRefusal::InvalidConfig(invalid.on_one_line()).into_response(),
     }

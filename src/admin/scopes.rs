@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use serde_json::json;
 
+use super::answers::{self, ScopeCount, Scopes, StateCounts, answer_json};
 use super::extract::{Live, PathNames, WithBody};
 use super::keys::{Change, Listing, checked_prefix};
 use crate::body::ProxyBody;
 use crate::proxy::Proxy;
 use crate::proxy::operator::{self, Resolving};
-use crate::response::{AdminRefusal, json_response};
+use crate::response::AdminRefusal;
 use crate::route::Route;
 use crate::store::{Forgotten, KeyState, Resolution, StateFilter, store_key};
 
@@ -71,14 +71,18 @@ pub(super) async fn list(Live(serving): Live) -> Response<ProxyBody> {
                 None => break true,
             }
         };
-        listed.push(json!({
-            "scope": scope,
-            "routes": routes,
-            "keys": { "in_flight": in_flight, "done": done, "held": held },
-            "counted_all": counted_all,
-        }));
+        listed.push(ScopeCount {
+            scope: scope.to_owned(),
+            routes: routes.into_iter().map(str::to_owned).collect(),
+            keys: StateCounts {
+                in_flight,
+                done,
+                held,
+            },
+            counted_all,
+        });
     }
-    json_response(StatusCode::OK, json!({ "scopes": listed }).to_string())
+    answer_json(StatusCode::OK, &Scopes { scopes: listed })
 }
 
 /// What a clearing asks for.
@@ -165,17 +169,17 @@ pub(super) async fn clear(
     };
     let complete = next.is_none();
     tracing::info!(scope = %scope, prefix = %asked.prefix, removed = cleared.removed, released = cleared.released, complete, "scope cleared through the admin API");
-    let body = json!({
-        "scope": scope,
-        "prefix": asked.prefix,
-        "removed": cleared.removed,
-        "released": cleared.released,
-        "held_left": cleared.held_left,
-        "in_flight_left": cleared.in_flight_left,
-        "complete": complete,
-        "next": next,
-    });
-    json_response(StatusCode::OK, body.to_string())
+    let answer = answers::Cleared {
+        scope,
+        prefix: asked.prefix,
+        removed: cleared.removed,
+        released: cleared.released,
+        held_left: cleared.held_left,
+        in_flight_left: cleared.in_flight_left,
+        complete,
+        next,
+    };
+    answer_json(StatusCode::OK, &answer)
 }
 
 /// How many of the scope's keys starting with `prefix` are in `state`, as far as the

@@ -18,7 +18,7 @@ use super::access::{Need, Role};
 use super::endpoint::{Endpoint, QueryParam, Success, optional};
 use super::extract::{self, Inside, Live, WithBody};
 use super::state::AdminState;
-use super::{console, deliveries, dry_run, keys, mcp, openapi, overview, probes};
+use super::{answers, console, deliveries, dry_run, keys, mcp, openapi, overview, probes};
 use super::{queue, routes, scopes};
 use crate::body::ProxyBody;
 use crate::config::McpAccess;
@@ -89,9 +89,10 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
     use Need::{Anyone, Operator, Viewer};
     let page = Success::Text("text/html");
     let mut table = vec![
-        Endpoint::new(M::GET, "/healthz", Anyone, "The process answers.", probes::health),
+        Endpoint::new(M::GET, "/healthz", Anyone, "The process answers.", probes::health)
+            .returns::<answers::Status>(),
         Endpoint::new(M::GET, "/readyz", Anyone, "The store is open, no drain begun.", probes::readiness)
-            .answers(Success::Probe),
+            .answers(Success::Probe).returns::<answers::Status>(),
         Endpoint::new(M::GET, "/metrics", Anyone, "Every metric, in OpenMetrics' text.", probes::metrics)
             .answers(Success::Text("application/openmetrics-text")),
         Endpoint::new(M::GET, "/", Anyone, "Sends the browser on to the console.", console::serve)
@@ -105,29 +106,33 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::GET, "/v1/openapi.json", Viewer, "This API, described in OpenAPI 3.1.", openapi_document),
         Endpoint::new(M::GET, "/v1/overview", Viewer, "The proxy at a glance, and who asks.", overview::overview),
         Endpoint::new(M::GET, "/v1/routes", Viewer, "Every route's resolved settings.", routes::routes),
-        Endpoint::new(M::POST, "/v1/reload", Operator, "Reads the configuration file again.", routes::reload),
+        Endpoint::new(M::POST, "/v1/reload", Operator, "Reads the configuration file again.", routes::reload)
+            .returns::<answers::Reloaded>(),
         Endpoint::new(M::POST, "/v1/try", Viewer, "A dry run of a request on the running routes.", dry_run::dry_run)
             .body::<dry_run::Tried>(),
-        Endpoint::new(M::GET, "/v1/scopes", Viewer, "Every scope, its keys counted by state.", scopes::list),
+        Endpoint::new(M::GET, "/v1/scopes", Viewer, "Every scope, its keys counted by state.", scopes::list)
+            .returns::<answers::Scopes>(),
         Endpoint::new(M::POST, "/v1/scopes/{scope}/clear", Operator, "Removes a scope's keys.", scopes::clear)
-            .body::<scopes::Clearing>().syncs(),
+            .body::<scopes::Clearing>().returns::<answers::Cleared>().syncs(),
         Endpoint::new(M::GET, "/v1/keys", Viewer, "A route's keys, a page at a time.", keys::list)
-            .query(KEYS_QUERY),
-        Endpoint::new(M::GET, "/v1/keys/{route}/{key}", Viewer, "A key, with the answer it recorded.", keys::one),
+            .query(KEYS_QUERY).returns::<answers::KeyPage>(),
+        Endpoint::new(M::GET, "/v1/keys/{route}/{key}", Viewer, "A key, with the answer it recorded.", keys::one)
+            .returns::<answers::KeyView>(),
         Endpoint::new(M::DELETE, "/v1/keys/{route}/{key}", Operator, "Forgets a key.", keys::one)
             .answers(Success::NoContent).syncs(),
         Endpoint::new(M::PATCH, "/v1/keys/{route}/{key}", Operator, "Gives a key another expiry.", keys::one)
-            .body::<keys::NewExpiry>().syncs(),
+            .body::<keys::NewExpiry>().returns::<answers::KeyView>().syncs(),
         Endpoint::new(M::POST, "/v1/keys/{route}/{key}/resolve", Operator, "Resolves a held key.", keys::resolve)
-            .body::<keys::HeldResolution>().syncs(),
-        Endpoint::new(M::GET, "/v1/entities/{route}/{entity}", Viewer, "An entity's newest version done.", keys::entity),
+            .body::<keys::HeldResolution>().returns::<answers::KeyView>().syncs(),
+        Endpoint::new(M::GET, "/v1/entities/{route}/{entity}", Viewer, "An entity's newest version done.", keys::entity)
+            .returns::<answers::EntityVersion>(),
         Endpoint::new(M::DELETE, "/v1/entities/{route}/{entity}", Operator, "Forgets an entity's version.", keys::entity)
             .answers(Success::NoContent).syncs(),
         Endpoint::new(M::GET, "/v1/queue", Viewer, "Every queued route's counts.", queue::overview),
         Endpoint::new(M::POST, "/v1/queue/{route}/pause", Operator, "Pauses a route's deliveries.", queue::pause)
-            .syncs(),
+            .returns::<answers::Paused>().syncs(),
         Endpoint::new(M::POST, "/v1/queue/{route}/resume", Operator, "Resumes a route's deliveries.", queue::resume)
-            .syncs(),
+            .returns::<answers::Paused>().syncs(),
         Endpoint::new(M::GET, "/v1/queue/{route}/dead", Viewer, "A route's dead letters, filtered.", queue::dead)
             .query(DEAD_QUERY),
         Endpoint::new(M::POST, "/v1/queue/{route}/replays", Operator, "Replays the dead letters a filter picks.", queue::replay_dead)

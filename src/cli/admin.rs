@@ -9,7 +9,9 @@ use http::Method;
 use serde_json::{Value, json};
 
 use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
+use super::api::{printable, typed};
 use super::{AdminArgs, Command, EntitiesCommand, KeyStateArg, KeysCommand, Outcome};
+use crate::admin::answers::{Cleared, KeyPage, KeyStateName, Reloaded, Scopes};
 
 /// Runs an admin command; exit 0 when the API did it, 1 when it refused or could not be
 /// reached, 2 when the command itself is wrong.
@@ -44,12 +46,12 @@ async fn carry_out(config: Option<&Path>, command: Command) -> Result<(), Failur
                 .call(Method::POST, "/v1/reload", Some(json!({})))
                 .await?;
             print(&admin, &answer, |answer| {
-                let mut text = format!(
-                    "reloaded: {} route(s)\n",
-                    answer["routes"].as_u64().unwrap_or(0)
-                );
-                for setting in answer["restart_needed"].as_array().into_iter().flatten() {
-                    let _ = writeln!(text, "restart needed for: {}", plain(setting));
+                let Some(reloaded) = typed::<Reloaded>(answer) else {
+                    return fields(answer);
+                };
+                let mut text = format!("reloaded: {} route(s)\n", reloaded.routes);
+                for setting in &reloaded.restart_needed {
+                    let _ = writeln!(text, "restart needed for: {}", printable(setting));
                 }
                 text
             });
@@ -208,28 +210,36 @@ async fn clear(
     let api = Api::find(config, admin)?;
     let path = format!("/v1/scopes/{}/clear", path_segment(scope));
     let mut body = json!({ "prefix": prefix.unwrap_or_default(), "force": force });
-    let (mut removed, mut released, mut held_left, mut in_flight_left) = (0, 0, 0, 0);
+    let mut all: Option<Cleared> = None;
     // Each answer that is not complete says where to go on from; the counts add up.
-    let mut answer = loop {
+    let all = loop {
         let answer = api.call(Method::POST, &path, Some(body.clone())).await?;
-        let count = |field: &str| answer[field].as_u64().unwrap_or(0);
-        removed += count("removed");
-        released += count("released");
-        held_left += count("held_left");
-        in_flight_left += count("in_flight_left");
-        match &answer["next"] {
-            Value::String(next) if answer["complete"] == false && body["after"] != *next => {
+        let Some(part) = typed::<Cleared>(&answer) else {
+            return Err(Failure::Api(format!(
+                "an answer of another shape: {answer}"
+            )));
+        };
+        let sum = match all.take() {
+            None => part,
+            Some(earlier) => Cleared {
+                removed: earlier.removed + part.removed,
+                released: earlier.released + part.released,
+                held_left: earlier.held_left + part.held_left,
+                in_flight_left: earlier.in_flight_left + part.in_flight_left,
+                ..part
+            },
+        };
+        match &sum.next {
+            Some(next) if !sum.complete && body["after"] != *next => {
                 body["after"] = json!(next);
+                all = Some(sum);
             }
-            _ => break answer,
+            _ => break sum,
         }
     };
-    answer["removed"] = json!(removed);
-    answer["released"] = json!(released);
-    answer["held_left"] = json!(held_left);
-    answer["in_flight_left"] = json!(in_flight_left);
-    print(admin, &answer, fields);
-    if answer["complete"] == false {
+    let complete = all.complete;
+    print(admin, &serde_json::to_value(all).expect("JSON"), fields);
+    if !complete {
         return Err(Failure::Api(
             "the clearing is not complete: the proxy gave no cursor to go on from, or the same one twice".into(),
         ));
@@ -269,22 +279,24 @@ fn key_path(route: &str, key: &str) -> String {
 /// A page of keys, under headings if `headings`, with the cursor of the next page if
 /// `more`.
 fn keys_table(answer: &Value, headings: bool, more: bool) -> String {
-    let rows: Vec<Vec<String>> = answer["keys"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let Some(page) = typed::<KeyPage>(answer) else {
+        return fields(answer);
+    };
+    let rows: Vec<Vec<String>> = page
+        .keys
+        .iter()
         .map(|key| {
-            let since = if key["state"] == "held" {
-                &key["held_at"]
+            let since = if key.state == KeyStateName::Held {
+                &key.held_at
             } else {
-                &key["completed_at"]
+                &key.completed_at
             };
             vec![
-                plain(&key["key"]),
-                plain(&key["state"]),
-                plain(&key["upstream_status"]),
-                plain(since),
-                plain(&key["expires_at"]),
+                printable(&key.key),
+                plain(&json!(key.state)),
+                plain(&json!(key.upstream_status)),
+                plain(&json!(since)),
+                plain(&json!(key.expires_at)),
             ]
         })
         .collect();
@@ -293,26 +305,23 @@ fn keys_table(answer: &Value, headings: bool, more: bool) -> String {
 }
 
 fn scopes_table(answer: &Value) -> String {
-    let rows: Vec<Vec<String>> = answer["scopes"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let Some(scopes) = typed::<Scopes>(answer) else {
+        return fields(answer);
+    };
+    let rows: Vec<Vec<String>> = scopes
+        .scopes
+        .iter()
         .map(|scope| {
-            let routes = scope["routes"].as_array().into_iter().flatten();
-            let counted = |state: &str| {
-                let count = plain(&scope["keys"][state]);
-                if scope["counted_all"] == false {
-                    format!("{count}+")
-                } else {
-                    count
-                }
+            let counted = |count: u64| match scope.counted_all {
+                true => count.to_string(),
+                false => format!("{count}+"),
             };
             vec![
-                plain(&scope["scope"]),
-                routes.map(plain).collect::<Vec<_>>().join(","),
-                counted("in_flight"),
-                counted("done"),
-                counted("held"),
+                printable(&scope.scope),
+                printable(&scope.routes.join(",")),
+                counted(scope.keys.in_flight),
+                counted(scope.keys.done),
+                counted(scope.keys.held),
             ]
         })
         .collect();
