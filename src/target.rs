@@ -1,6 +1,6 @@
 //! What a request is addressed to, read the way the application behind the proxy reads it:
 //! its host, checked as RFC 9112 section 3.2 asks, and its path in the normal form that
-//! routes are matched on.
+//! routes are matched on; and a name written as one segment of a path (`path_segment`).
 //!
 //! Frameworks fold many spellings of a path into one handler: Express ignores case and a
 //! trailing slash, Rails folds repeated slashes, WSGI servers and Go decode `%2F`, Spring
@@ -15,6 +15,8 @@ use std::borrow::Cow;
 use http::header::{HOST, HeaderName};
 use http::uri::Authority;
 use http::{HeaderMap, Method, Uri, Version};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::method_override;
 
@@ -540,6 +542,16 @@ pub fn under(path: &[u8], prefix: &[u8]) -> bool {
         || path
             .strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.first() == Some(&b'/'))
+}
+
+/// What a path segment escapes: all but RFC 3986's unreserved characters, and dots too,
+/// so that no intermediary reads a key `..` as a dot segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
+
+/// `text` as one segment of a path, as the admin API takes it (a route's name, a key), as the API reads
+/// it back once percent-decoded.
+pub(crate) fn path_segment(text: &str) -> String {
+    utf8_percent_encode(text, SEGMENT).to_string()
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use super::AdminArgs;
@@ -26,18 +25,10 @@ const DEFAULT_TOKEN_ENV: &str = "DEDUPE_ADMIN_TOKEN";
 /// How long one request to the admin API may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+pub(super) use crate::target::path_segment;
+
 /// The largest answer read (a page of 1 000 keys is about 300 KiB).
 const MAX_ANSWER: usize = 16 << 20;
-
-/// What a path segment escapes: all but RFC 3986's unreserved characters, and dots too,
-/// so that no intermediary reads a key `..` as a dot segment.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
-
-/// `text` as one segment of an admin API path (a route's name, a key), as the API reads
-/// it back once percent-decoded.
-pub(crate) fn path_segment(text: &str) -> String {
-    utf8_percent_encode(text, SEGMENT).to_string()
-}
 
 /// Why a command did not do what it was asked.
 pub(super) enum Failure {

@@ -2,7 +2,6 @@
 //! for a route's policy, when neither the route nor `defaults:` sets it).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use http::{HeaderValue, StatusCode};
@@ -61,20 +60,6 @@ pub fn max_header_bytes() -> Size {
 }
 
 // `store:`
-
-pub(crate) fn sled_path() -> PathBuf {
-    PathBuf::from("./dedupe-data")
-}
-
-pub fn flush_every() -> HumanDuration {
-    HumanDuration(Duration::from_millis(100))
-}
-
-/// 8 MiB: a larger sled cache costs memory without a steady measured gain
-/// (`docs/performance.md`).
-pub(crate) fn sled_cache() -> Size {
-    Size(8 << 20)
-}
 
 pub(crate) fn redis_prefix() -> String {
     "dedupe:".into()

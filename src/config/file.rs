@@ -17,7 +17,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use super::defaults;
 use super::queue::{QueueFile, queue_section};
 use super::sections::{AdminConfig, DeliveryLogConfig, Limits, TelemetryConfig};
-use super::store::{StoreConfig, store_section};
+use super::store::store_section;
 use super::whole_map::map_then;
 use crate::key::KeyTemplate;
 use crate::order::Order;
@@ -27,6 +27,7 @@ use crate::route::{
     DeliveryMode, OnAmbiguous, OnInFlight, OnMissingKey, OnPayloadMismatch, OnStoreError,
     ReplayGuard, Unmatched,
 };
+use crate::store::settings::StoreConfig;
 use crate::values::{
     HeaderText, HumanDuration, Methods, Name, RefusalStatus, ReplayHeader, Size, StatusPattern,
     StatusValue, UpstreamUrl, socket_address,

@@ -29,17 +29,16 @@ use crate::values::{HumanDuration, UpstreamUrl};
 use file::ConfigFile;
 pub use reading::read_file;
 
+pub use crate::store::settings::{
+    DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
+    StoreConfig, TlsConfig,
+};
 /// Where the admin port listens when the file does not say.
 pub(crate) use defaults::admin_listen as default_admin_listen;
 pub use errors::ConfigError;
 pub use sections::{
     AdminConfig, DeliveryLogConfig, Limits, McpAccess, OtlpProtocol, TelemetryConfig,
 };
-pub use store::{
-    DirectUrl, Durability, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
-    StoreConfig, TlsConfig,
-};
-pub(crate) use store::{LOG_POOL, QUEUE_POOL, driver_url};
 
 /// A loaded, validated configuration. It serializes to what `dedupe-proxy check` prints.
 #[derive(Debug, Clone, Serialize)]

@@ -32,6 +32,7 @@ pub mod log;
 pub mod postgres;
 pub mod queue;
 pub mod redis;
+pub mod settings;
 pub mod sled;
 mod time;
 mod tls;

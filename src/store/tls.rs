@@ -15,7 +15,7 @@ use rustls::{
 };
 
 use super::StoreError;
-use crate::config::{SslMode, TlsConfig};
+use crate::store::settings::{SslMode, TlsConfig};
 
 fn failed(what: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(format!("tls: {what}"))

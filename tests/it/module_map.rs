@@ -1,5 +1,6 @@
 //! The crate's module map stays as docs/design.md draws it: no source file imports, however
-//! indirectly, a file that imports it back (tests aside), every module is a `mod.rs` or a
+//! indirectly, a file that imports it back (tests aside), nor any top-level folder one that
+//! imports it back, every module is a `mod.rs` or a
 //! single file, and no file outgrows 700 lines of code.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -282,6 +283,58 @@ fn no_module_imports_one_that_imports_it_back() {
         })
         .collect();
     assert!(found.is_empty(), "import cycles:\n{}", described.join("\n"));
+}
+
+/// The crate's top-level modules (a folder, or a file beside `lib.rs`) import one another
+/// one way: no folder reaches, through any of its files, a folder that reaches it back.
+/// Configuration, say, is read into settings that `store/` and `route/` define, so that
+/// neither imports `config/`.
+#[test]
+fn no_folder_imports_one_that_imports_it_back() {
+    let top = |module: &str| {
+        let mut parts = module.split("::");
+        let (root, name) = (parts.next(), parts.next());
+        root.zip(name).map(|(root, name)| format!("{root}::{name}"))
+    };
+    let mut folders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut through: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for (from, targets) in imports() {
+        let Some(from_folder) = top(&from) else {
+            continue;
+        };
+        let entry = folders.entry(from_folder.clone()).or_default();
+        for to in targets {
+            if let Some(to_folder) = top(&to).filter(|folder| *folder != from_folder) {
+                entry.insert(to_folder.clone());
+                through
+                    .entry((from_folder.clone(), to_folder))
+                    .or_default()
+                    .insert(from.clone());
+            }
+        }
+    }
+    assert!(folders.len() > 20, "{folders:?}");
+    let found = cycles(&folders);
+    let described: Vec<String> = found
+        .iter()
+        .flat_map(|cycle| {
+            let ties: Vec<String> = cycle
+                .iter()
+                .flat_map(|from| {
+                    let through = &through;
+                    folders[from]
+                        .iter()
+                        .filter(|to| cycle.contains(to))
+                        .map(move |to| {
+                            let files = &through[&(from.clone(), to.clone())];
+                            format!("{from} -> {to} (in {files:?})")
+                        })
+                })
+                .collect();
+            ties
+        })
+        .collect();
+    assert!(found.is_empty(), "folder cycles:\n{}", described.join("\n"));
 }
 
 /// The check itself finds a cycle where there is one.

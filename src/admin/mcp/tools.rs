@@ -8,8 +8,8 @@ use http::Method;
 use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
-use crate::cli::api::path_segment;
 use crate::store::log::LogId;
+use crate::target::path_segment;
 
 /// One argument of a tool.
 struct Argument {

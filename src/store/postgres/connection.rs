@@ -14,7 +14,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::config::{PostgresConfig, ServerUrl, SslMode, driver_url};
+use crate::store::settings::{PostgresConfig, ServerUrl, SslMode, driver_url};
 use crate::store::{StoreError, tls, within};
 
 /// How a connection of the statement pools plans, when statements are prepared. Every

@@ -20,7 +20,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::connection::{Connector, direct_or_url, driver, invalid_url};
 use super::statements::outcomes_channel;
-use crate::config::PostgresConfig;
+use crate::store::settings::PostgresConfig;
 use crate::store::{Heard, StoreError, within};
 
 /// How often the listening connection is checked: a connection that died without a word

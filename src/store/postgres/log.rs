@@ -18,11 +18,11 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::connection::{self, Sending, Sql};
 use super::statements::beside;
-use crate::config::{LOG_POOL, PostgresConfig};
 use crate::store::log::chunk::{
     ChunkVersion, decode_chunk, encode_chunk, entry_at, read_batches, summary,
 };
 use crate::store::log::{DeliveryLog, LogId, LogRead, LoggedDelivery};
+use crate::store::settings::{LOG_POOL, PostgresConfig};
 use crate::store::{Millis, StoreError, within};
 
 /// How many rows a read asks for at a time, at most: a row may hold a batch of bodies.

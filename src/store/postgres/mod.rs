@@ -47,7 +47,7 @@ use super::{
     Forgotten, Heard, KeyState, Millis, Page, RecordedResponse, Resolution, StateFilter,
     StoreError, Swept, Version, millis, owned, page, store_key, within,
 };
-use crate::config::PostgresConfig;
+use crate::store::settings::PostgresConfig;
 use crate::workers::{PerWorker, Workers};
 
 /// The PostgreSQL store.

@@ -26,11 +26,11 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::connection::{self, Sending, Sql};
 use super::statements::beside;
-use crate::config::{PostgresConfig, QUEUE_POOL};
 use crate::store::queue::{
     BEHIND, DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken, dead_cursor,
     parse_dead_cursor, revived,
 };
+use crate::store::settings::{PostgresConfig, QUEUE_POOL};
 use crate::store::{Clock, Millis, StoreError, SystemClock, millis, within};
 
 /// The jobs' table, its indexes, the lanes' sequence and the paused routes' table, beside

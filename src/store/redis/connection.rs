@@ -6,7 +6,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::config::RedisConfig;
+use crate::store::settings::RedisConfig;
 use crate::store::{StoreError, tls};
 
 /// A connection to one Redis, or to a cluster; both reconnect by themselves.

@@ -57,7 +57,7 @@ use super::{
     StateFilter, StoreError, Swept, SystemClock, Version, count_by_namespace, millis, owned,
     store_key, within,
 };
-use crate::config::RedisConfig;
+use crate::store::settings::RedisConfig;
 use crate::workers::{PerWorker, Workers};
 
 /// The Redis store.

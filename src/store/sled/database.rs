@@ -13,7 +13,7 @@ use sled::Tree;
 
 use super::durable::{SyncCounters, SyncGroup, forget_cached, missing_directories};
 use super::epochs::{Epochs, RecordKey};
-use crate::config::{Durability, SledConfig};
+use crate::store::settings::{Durability, SledConfig};
 use crate::store::{
     DoneRecord, EntityRecord, HeldRecord, Millis, StoreError, Swept, Version, millis,
 };

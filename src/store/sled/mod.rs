@@ -58,7 +58,7 @@ use super::{
     RESOLVED_STATUS, Resolution, StateFilter, StoreError, Swept, SystemClock, Version,
     count_by_namespace, millis, store_key,
 };
-use crate::config::SledConfig;
+use crate::store::settings::SledConfig;
 
 /// What an open key is, to an operator's change.
 enum Open {
