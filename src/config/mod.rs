@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::route::{Policy, Route, Unmatched};
+use crate::route::{Policy, Route, RouteTable, Routing, Unmatched};
 use crate::values::{HumanDuration, UpstreamUrl};
 use file::ConfigFile;
 pub use reading::read_file;
@@ -83,6 +83,15 @@ pub struct Overrides {
 }
 
 impl Config {
+    /// What a reload replaces: the routes, and where requests no route takes go.
+    pub fn routing(&self) -> Routing {
+        Routing {
+            table: RouteTable::new(self.routes.clone()),
+            unmatched: self.unmatched,
+            fallback_upstream: self.upstream.clone(),
+            unmatched_timeout: self.defaults.upstream_timeout,
+        }
+    }
     /// Reads and validates the file at `path`, then applies `overrides`.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let text = read_file(path)?;

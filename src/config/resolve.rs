@@ -14,8 +14,7 @@ use crate::key::KeyTemplate;
 use crate::preset::{FingerprintScope, Preset};
 use crate::route::logging::LogPolicy;
 use crate::route::{
-    DeliveryMode, DuplicateResponse, Matcher, Policy, ReplayGuard, Route, RouteTable, Routing,
-    Unmatched,
+    DeliveryMode, DuplicateResponse, Matcher, Policy, ReplayGuard, Route, Unmatched,
 };
 use crate::values::{HumanDuration, Name, Size, UpstreamUrl};
 use crate::verify::{Verify, VerifySetting};
@@ -44,18 +43,6 @@ impl ConfigFile {
             routes,
             overrides: overrides.clone(),
             warnings,
-        }
-    }
-}
-
-impl Config {
-    /// What a reload replaces: the routes, and where requests no route takes go.
-    pub fn routing(&self) -> Routing {
-        Routing {
-            table: RouteTable::new(self.routes.clone()),
-            unmatched: self.unmatched,
-            fallback_upstream: self.upstream.clone(),
-            unmatched_timeout: self.defaults.upstream_timeout,
         }
     }
 }

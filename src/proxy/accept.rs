@@ -19,64 +19,35 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request, Response};
 
-use tokio::sync::oneshot;
-use tracing::{Instrument, Span};
-
 use super::answers::{Answer, unavailable};
-use super::ledger::OpenClaim;
-use super::{Outbound, Proxy};
+use super::ledger::{Ledger, OpenClaim};
 use crate::body::{self, ProxyBody};
 use crate::key::{Delivery, KeyTemplate};
-use crate::metrics::ReleaseReason;
-use crate::queue::Unplaced;
+use crate::metrics::{Metrics, ReleaseReason};
+use crate::queue::{Deliveries, Unplaced};
 use crate::response::{self, DedupeStatus, Refusal};
 use crate::route::Route;
-use crate::server::RequestPermit;
 use crate::store::queue::{Enqueued, Job, QueuedRequest};
 use crate::store::{Clock, Completion, QUEUED_STATUS, SystemClock};
-use crate::telemetry;
 
-impl Proxy {
-    /// Stores a claimed delivery as a job and marks its key done, in a task of its own
-    /// that keeps the request's place, then answers `accepted_status`.
-    pub(super) async fn accept_queued(
-        self: &Arc<Self>,
-        route: &Arc<Route>,
-        open: OpenClaim,
-        outbound: Outbound,
-        permit: RequestPermit,
-    ) -> Answer {
-        let (answer, answered) = oneshot::channel();
-        let proxy = Arc::clone(self);
-        let route = Arc::clone(route);
-        self.forwards.spawn(
-            async move {
-                // Boxed, as a forward's is ([`Proxy::forward_claimed`]).
-                let storing =
-                    Box::pin(proxy.store_job(&route, open, outbound.request, outbound.body));
-                let accepted = storing.instrument(telemetry::step_span!("enqueue")).await;
-                let _ = answer.send(accepted);
-                drop(permit);
-            }
-            .instrument(Span::current()),
-        );
-        match answered.await {
-            Ok(answer) => answer,
-            // The task died (a panic): its open claim was released as it dropped.
-            Err(_) => (DedupeStatus::Released, Refusal::Internal.into_response()),
-        }
-    }
+/// What storing a claimed delivery as a job needs of the proxy.
+pub(super) struct Enqueuing<'p> {
+    pub(super) ledger: &'p Ledger,
+    pub(super) metrics: &'p Metrics,
+    pub(super) deliveries: Option<&'p Arc<Deliveries>>,
+}
 
+impl Enqueuing<'_> {
     /// Stores the job and marks the key done (in one write where the store can); a store
     /// that cannot keep the job gets the claim released and a 503.
-    async fn store_job(
+    pub(super) async fn store_job(
         &self,
         route: &Arc<Route>,
         open: OpenClaim,
         request: Request<ProxyBody>,
         body: Bytes,
     ) -> Answer {
-        let (Some(deliveries), Some(policy)) = (&self.deliveries, &route.policy.queue) else {
+        let (Some(deliveries), Some(policy)) = (self.deliveries, &route.policy.queue) else {
             tracing::error!("a queued route on a store without a queue");
             return self.keep_nothing(route, open, unavailable(route)).await;
         };
@@ -122,10 +93,11 @@ impl Proxy {
                 if enqueued == Enqueued::Stored {
                     place.keep();
                 }
-                if !marked {
-                    self.ledger.mark_done(open.claims(), &done).await;
+                if marked {
+                    open.settled_by_store();
+                } else {
+                    open.finish(&done).await;
                 }
-                open.settle();
                 if enqueued == Enqueued::AlreadyQueued {
                     tracing::debug!("the event was queued already");
                     let duplicate = response::duplicate(&route.policy.duplicate_response, None);
@@ -149,10 +121,7 @@ impl Proxy {
 
     /// Releases the claim of a request whose job is not stored, and answers `answer`.
     async fn keep_nothing(&self, route: &Arc<Route>, open: OpenClaim, answer: Answer) -> Answer {
-        self.ledger
-            .release(route, open.claims(), ReleaseReason::StoreError)
-            .await;
-        open.settle();
+        open.release(route, ReleaseReason::StoreError).await;
         answer
     }
 }

@@ -157,8 +157,20 @@ impl Ledger {
     }
 
     /// Records what the forward came to: the key done (and the entity's version), released
-    /// for a retry, or held.
+    /// for a retry, or held; the claim is settled either way.
     pub(super) async fn record_outcome(
+        &self,
+        route: &Route,
+        open: OpenClaim,
+        sent: Result<Response<Incoming>, UpstreamError>,
+        advance: Option<&Ordered>,
+    ) -> Answer {
+        let outcome = self.outcome(route, &open, sent, advance).await;
+        open.settle();
+        outcome
+    }
+
+    async fn outcome(
         &self,
         route: &Route,
         open: &OpenClaim,
@@ -289,18 +301,18 @@ impl Ledger {
     }
 
     /// Marks the claims done, waking their waiters.
-    pub(super) async fn mark_done(&self, claims: &Claims, completion: &Completion) {
-        claims.progress.settling.store(true, Ordering::SeqCst);
-        for claim in claims.iter() {
-            if let Err(error) = self.store.finish(claim, completion.clone()).await {
-                self.metrics.store_error();
-                tracing::error!(%error, "the done mark was not recorded; a redelivery of this event would run again");
-            }
-            self.waiting.announce(&claim.key);
-        }
+    async fn mark_done(&self, claims: &Claims, completion: &Completion) {
+        mark_claims_done(
+            &*self.store,
+            &self.waiting,
+            &self.metrics,
+            claims,
+            completion,
+        )
+        .await;
     }
 
-    pub(super) async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
+    async fn release(&self, route: &Route, claims: &Claims, reason: ReleaseReason) {
         release_claims(
             &*self.store,
             &self.waiting,
@@ -310,6 +322,24 @@ impl Ledger {
             reason,
         )
         .await;
+    }
+}
+
+/// Marks a delivery's claims done, waking their waiters.
+async fn mark_claims_done(
+    store: &dyn ClaimStore,
+    waiting: &Waiting,
+    metrics: &Metrics,
+    claims: &Claims,
+    completion: &Completion,
+) {
+    claims.progress.settling.store(true, Ordering::SeqCst);
+    for claim in claims.iter() {
+        if let Err(error) = store.finish(claim, completion.clone()).await {
+            metrics.store_error();
+            tracing::error!(%error, "the done mark was not recorded; a redelivery of this event would run again");
+        }
+        waiting.announce(&claim.key);
     }
 }
 
@@ -501,7 +531,27 @@ impl OpenClaim {
         answer
     }
 
-    pub(super) fn settle(mut self) {
+    /// Marks the claims done (the work happened, or needs none), waking their waiters.
+    pub(super) async fn finish(self, completion: &Completion) {
+        let (store, waiting, metrics) = (&*self.store, &*self.waiting, &*self.metrics);
+        mark_claims_done(store, waiting, metrics, &self.claims, completion).await;
+        self.settle();
+    }
+
+    /// Releases the claims, so that a retry (or a waiting duplicate) runs the work.
+    pub(super) async fn release(self, route: &Route, reason: ReleaseReason) {
+        let (store, waiting, metrics) = (&*self.store, &*self.waiting, &*self.metrics);
+        release_claims(store, waiting, metrics, &route.name, &self.claims, reason).await;
+        self.settle();
+    }
+
+    /// The claims are settled already: the store ended them with the write that stored
+    /// their job ([`Ledger::enqueue_done`]).
+    pub(super) fn settled_by_store(self) {
+        self.settle();
+    }
+
+    fn settle(mut self) {
         self.settled = true;
     }
 }

@@ -44,6 +44,7 @@ mod outbound;
 mod relay;
 mod replay;
 mod routing;
+mod stale;
 
 use self::answers::{Answer, held, in_flight, unavailable};
 use self::ledger::{Ledger, OpenClaim};
@@ -51,6 +52,7 @@ use self::noted::{Captured, Noted, Replayed, UpstreamAnswer, Waited, mark};
 use self::outbound::{CheckedRequest, Outbound};
 use self::replay::fingerprint;
 use self::routing::{body_stays_on, find_route};
+use self::stale::Verdict;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,7 +68,7 @@ use crate::body::{self, ProxyBody};
 use crate::config::Config;
 use crate::delivery_log::Recorder;
 use crate::key::{Delivery, KeyError};
-use crate::metrics::{KeyCounts, Metrics, OrderCheck, ReleaseReason};
+use crate::metrics::{KeyCounts, Metrics, ReleaseReason};
 use crate::order::{Guard, OnStale, Ordered};
 use crate::queue::Deliveries;
 use crate::response::{self, DedupeStatus, Refusal};
@@ -76,7 +78,7 @@ use crate::route::{
 use crate::server::RequestPermit;
 use crate::store::{
     Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Fingerprint, STALE_SKIPPED_STATUS,
-    StoreError, Version, body_key, store_key,
+    StoreError, body_key, store_key,
 };
 use crate::telemetry;
 use crate::upstream::{self, DEDUPE_STALE, Upstream};
@@ -180,6 +182,54 @@ impl Proxy {
         &self.store
     }
 
+    /// Stores a claimed delivery as a job and marks its key done (`accept.rs`), in a task
+    /// of its own that keeps the request's place, then answers `accepted_status`.
+    async fn accept_queued(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        open: OpenClaim,
+        outbound: Outbound,
+        permit: RequestPermit,
+    ) -> Answer {
+        let (answer, answered) = oneshot::channel();
+        let (proxy, route) = (Arc::clone(self), Arc::clone(route));
+        self.forwards.spawn(
+            async move {
+                // Boxed, as a forward's is ([`Proxy::forward_claimed`]).
+                let (request, body) = (outbound.request, outbound.body);
+                let enqueuing = proxy.enqueuing();
+                let storing = Box::pin(enqueuing.store_job(&route, open, request, body));
+                let accepted = storing.instrument(telemetry::step_span!("enqueue")).await;
+                let _ = answer.send(accepted);
+                drop(permit);
+            }
+            .instrument(Span::current()),
+        );
+        match answered.await {
+            Ok(answer) => answer,
+            // The task died (a panic): its open claim was released as it dropped.
+            Err(_) => (DedupeStatus::Released, Refusal::Internal.into_response()),
+        }
+    }
+
+    /// What storing a queued delivery's job needs (`accept.rs`).
+    fn enqueuing(&self) -> accept::Enqueuing<'_> {
+        accept::Enqueuing {
+            ledger: &self.ledger,
+            metrics: &self.metrics,
+            deliveries: self.deliveries.as_ref(),
+        }
+    }
+
+    /// What relaying a request without a claim needs (`relay.rs`).
+    fn relaying(&self) -> relay::Relaying<'_> {
+        relay::Relaying {
+            upstream: &self.upstream,
+            places: &self.relay_places,
+            body_read_timeout: self.body_read_timeout,
+        }
+    }
+
     /// The delivery log's recorder.
     pub(crate) fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
@@ -222,6 +272,7 @@ impl Proxy {
             self.metrics.unmatched();
             let noted = Noted::when(self.recorder.records_unmatched(), &request, peer);
             let mut response = self
+                .relaying()
                 .pass_unmatched(&routing, request, peer, permit, overridable)
                 .await;
             noted::record(noted, &self.recorder, None, None, &mut response);
@@ -296,7 +347,9 @@ impl Proxy {
             Err(refusal) => (DedupeStatus::Rejected, refusal.into_response()),
             Ok(Checked::Unkeyed(request)) => {
                 let timeout = route.policy.upstream_timeout;
-                let response = self.relay(&route.upstream, request, timeout, permit).await;
+                let response = (self.relaying())
+                    .relay(&route.upstream, request, timeout, permit)
+                    .await;
                 (DedupeStatus::Unkeyed, response)
             }
             Ok(Checked::Keyed {
@@ -506,7 +559,9 @@ impl Proxy {
         match policy.on_store_error {
             OnStoreError::Forward => {
                 let timeout = policy.upstream_timeout;
-                let response = self.relay(&route.upstream, request, timeout, permit).await;
+                let response = (self.relaying())
+                    .relay(&route.upstream, request, timeout, permit)
+                    .await;
                 (DedupeStatus::Unkeyed, response)
             }
             OnStoreError::Reject => unavailable(route),
@@ -623,7 +678,7 @@ impl Proxy {
             mut request, guard, ..
         } = outbound;
         let on_stale = route.order.as_ref().map(|order| order.on_stale);
-        match self.order_verdict(route, guard).await {
+        match stale::verdict(&*self.store, &self.metrics, route, guard).await {
             Verdict::Unguarded => self.forward_and_record(route, open, request, None).await,
             Verdict::InOrder(ordered) => {
                 self.forward_and_record(route, open, request, Some(&ordered))
@@ -635,8 +690,7 @@ impl Proxy {
                     retention: route.policy.retention,
                     response: None,
                 };
-                self.ledger.mark_done(open.claims(), &completion).await;
-                open.settle();
+                open.finish(&completion).await;
                 (DedupeStatus::Stale, response::stale())
             }
             Verdict::Stale(newest) => {
@@ -654,53 +708,8 @@ impl Proxy {
                     .await
             }
             Verdict::StoreFailed(_) => {
-                self.ledger
-                    .release(route, open.claims(), ReleaseReason::StoreError)
-                    .await;
-                open.settle();
+                open.release(route, ReleaseReason::StoreError).await;
                 unavailable(route)
-            }
-        }
-    }
-
-    /// Compares a claimed event's version with the newest done for its entity, and counts
-    /// what it found.
-    async fn order_verdict(&self, route: &Route, guard: Guard) -> Verdict {
-        let (order, ordered) = match (&route.order, guard) {
-            (Some(order), Guard::Versioned(ordered)) => (order, ordered),
-            (_, Guard::Unversioned(reason)) => {
-                tracing::debug!(%reason, "forwarded without the order check");
-                self.metrics
-                    .order_checked(&route.name, OrderCheck::Unversioned);
-                return Verdict::Unguarded;
-            }
-            _ => return Verdict::Unguarded,
-        };
-        let newest = match self.store.newest_version(&ordered.store_key).await {
-            Ok(newest) => newest.map(|record| record.newest),
-            Err(error) => {
-                if matches!(error, StoreError::Backend(_)) {
-                    self.metrics.store_error();
-                }
-                tracing::warn!(%error, entity = %ordered.entity, "claim store failed while reading the entity's newest version");
-                self.metrics
-                    .order_checked(&route.name, OrderCheck::StoreError);
-                return Verdict::StoreFailed(ordered);
-            }
-        };
-        match newest.filter(|newest| newest.sort_key > ordered.version.sort_key) {
-            Some(newest) => {
-                let (check, action) = match order.on_stale {
-                    OnStale::Mark => (OrderCheck::StaleMarked, "marked"),
-                    OnStale::Skip => (OrderCheck::StaleSkipped, "skipped"),
-                };
-                tracing::info!(entity = %ordered.entity, version = %ordered.version.text, newest = %newest.text, action, "stale event");
-                self.metrics.order_checked(&route.name, check);
-                Verdict::Stale(newest)
-            }
-            None => {
-                self.metrics.order_checked(&route.name, OrderCheck::InOrder);
-                Verdict::InOrder(ordered)
             }
         }
     }
@@ -742,10 +751,9 @@ impl Proxy {
         tracing::debug!(elapsed_ms = elapsed * 1000.0, "upstream answered");
         let outcome = self
             .ledger
-            .record_outcome(route, &open, sent, advance)
+            .record_outcome(route, open, sent, advance)
             .instrument(telemetry::step_span!("record"))
             .await;
-        open.settle();
         (outcome.0, mark(outcome.1, answered))
     }
 
@@ -819,19 +827,6 @@ enum Checked {
     },
     /// Without a usable key, on a route that forwards such deliveries unclaimed.
     Unkeyed(Request<ProxyBody>),
-}
-
-/// What the order guard found for a claimed delivery.
-enum Verdict {
-    /// No `order:`, no usable version: forwarded as it is.
-    Unguarded,
-    /// Not older than the entity's newest done version: forwarded, and its version
-    /// recorded on success.
-    InOrder(Ordered),
-    /// Older than `Version`, the entity's newest done.
-    Stale(Version),
-    /// The store could not say: `on_store_error` decides.
-    StoreFailed(Ordered),
 }
 
 /// What claiming a delivery found.

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use tokio::sync::Semaphore;
 use tracing::{Instrument, Span};
 
-use super::Proxy;
 use super::answers::failure;
 use super::noted::{UpstreamAnswer, mark};
 use crate::body::{self, ProxyBody};
@@ -20,10 +20,18 @@ use crate::response::Refusal;
 use crate::route::{Routing, Unmatched};
 use crate::server::RequestPermit;
 use crate::telemetry;
-use crate::upstream::{self, UpstreamError};
+use crate::upstream::{self, Upstream, UpstreamError};
 use crate::values::UpstreamUrl;
 
-impl Proxy {
+/// What relaying a request without a claim needs of the proxy.
+pub(super) struct Relaying<'p> {
+    pub(super) upstream: &'p Upstream,
+    /// The relays' half of the request places.
+    pub(super) places: &'p Arc<Semaphore>,
+    pub(super) body_read_timeout: Duration,
+}
+
+impl Relaying<'_> {
     /// A request no route matches: streamed through untouched, or refused. One that a
     /// `_method` in its body could take to a route (`overridable`) is read first, within
     /// the default `max_body`, and refused if it names one.
@@ -80,7 +88,7 @@ impl Proxy {
         timeout: Duration,
         permit: RequestPermit,
     ) -> Response<ProxyBody> {
-        let Ok(place) = Arc::clone(&self.relay_places).try_acquire_owned() else {
+        let Ok(place) = Arc::clone(self.places).try_acquire_owned() else {
             return Refusal::Overloaded.into_response();
         };
         permit.also_hold(place);

@@ -1,6 +1,6 @@
 //! The crate's module map stays as docs/design.md draws it: no source file imports, however
 //! indirectly, a file that imports it back (tests aside), nor any top-level folder one that
-//! imports it back, every module is a `mod.rs` or a
+//! imports it back, no child file implements its parent's type, every module is a `mod.rs` or a
 //! single file, and no file outgrows 700 lines of code.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -335,6 +335,67 @@ fn no_folder_imports_one_that_imports_it_back() {
         })
         .collect();
     assert!(found.is_empty(), "folder cycles:\n{}", described.join("\n"));
+}
+
+/// The types a file defines: `struct` and `enum` items at its top level.
+fn defined_types(code: &[&str]) -> BTreeSet<String> {
+    let mut types = BTreeSet::new();
+    for line in code.iter().filter(|line| !line.starts_with(' ')) {
+        let rest = line
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ");
+        let rest = rest.trim_start_matches("pub ");
+        for kind in ["struct ", "enum "] {
+            if let Some(named) = rest.strip_prefix(kind) {
+                let name: String = named
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                types.insert(name);
+            }
+        }
+    }
+    types
+}
+
+/// A child file gets what it needs of its parent's type passed to it (a context struct,
+/// as `queue/attempt.rs`'s `AttemptContext`), rather than implementing the parent's type
+/// and reaching into its private fields: what a step uses stays visible where it is made.
+#[test]
+fn no_child_file_implements_its_parents_type() {
+    let modules = modules();
+    let mut found = Vec::new();
+    for (module, file) in &modules {
+        let Some((parent, _)) = module.rsplit_once("::") else {
+            continue;
+        };
+        let Some(parent_file) = modules.get(parent) else {
+            continue;
+        };
+        let parent_text = std::fs::read_to_string(parent_file).unwrap();
+        let parent_types = defined_types(&code(&parent_text));
+        let text = std::fs::read_to_string(file).unwrap();
+        for line in code(&text).iter().filter(|line| line.starts_with("impl")) {
+            let header = line.trim_end_matches('{').trim();
+            if header.contains(" for ") {
+                continue;
+            }
+            let named = header.rsplit(' ').next().unwrap_or("");
+            let name: String = named
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if parent_types.contains(&name) {
+                let relative = file.strip_prefix(src()).unwrap_or(file);
+                found.push(format!("src/{}: {header}", relative.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "child files implementing their parent's type:\n{}",
+        found.join("\n")
+    );
 }
 
 /// The check itself finds a cycle where there is one.
