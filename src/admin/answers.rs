@@ -136,6 +136,15 @@ pub(crate) struct KeyView {
     pub answer: Option<RecordedAnswer>,
 }
 
+/// A key the store no longer holds, as a resolution with `release` answers: a
+/// [`KeyView`] with its three fields alone.
+#[derive(Debug, Serialize)]
+pub(crate) struct AbsentKey {
+    pub route: String,
+    pub key: String,
+    pub state: KeyStateName,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum KeyStateName {
@@ -144,6 +153,11 @@ pub(crate) enum KeyStateName {
     Held,
     /// Released, expired or never seen: a resolution's answer after `release`.
     Absent,
+    /// A state a newer proxy names, read by an older client.
+    #[serde(other)]
+    #[schemars(skip)]
+    #[allow(dead_code)]
+    Other,
 }
 
 /// How a key came to be done.
@@ -157,6 +171,11 @@ pub(crate) enum DoneBecause {
     StaleSkipped,
     /// Its delivery was queued.
     Queued,
+    /// A reason a newer proxy names, read by an older client.
+    #[serde(other)]
+    #[schemars(skip)]
+    #[allow(dead_code)]
+    Other,
 }
 
 /// The answer recorded for a done key's duplicates.

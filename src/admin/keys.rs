@@ -10,7 +10,8 @@ use http::{Method, Request, Response, StatusCode};
 use axum::extract::RawQuery;
 
 use super::answers::{
-    DoneBecause, EntityVersion, KeyPage, KeyStateName, KeyView, RecordedAnswer, answer_json,
+    AbsentKey, DoneBecause, EntityVersion, KeyPage, KeyStateName, KeyView, RecordedAnswer,
+    answer_json,
 };
 use super::extract::{Caller, Live, PathNames, WithBody};
 use super::queue::masked_header;
@@ -461,7 +462,11 @@ pub(super) async fn resolve(
             change.log(proxy, route, &key, StatusCode::OK);
             match store.inspect(&full_key).await {
                 Ok(Some(state)) => answer_json(StatusCode::OK, &describe(route_name, &key, &state)),
-                _ => answer_json(StatusCode::OK, &absent_key(route_name, &key)),
+                _ => {
+                    let (route, key) = (route_name.to_owned(), key.clone());
+                    let state = KeyStateName::Absent;
+                    answer_json(StatusCode::OK, &AbsentKey { route, key, state })
+                }
             }
         }
         Ok(Resolving::NotHeld) => AdminRefusal::NotHeld.into_response(),
@@ -503,8 +508,7 @@ fn asked_resolution(
     Ok((resolution, asked.and_then(|asked| asked.held_at)))
 }
 
-/// The admin API's view of a key.
-/// A key the store does not hold (a released one, after a resolution).
+/// The view every state starts from: a key the store does not hold.
 fn absent_key(route: &str, key: &str) -> KeyView {
     KeyView {
         route: route.to_owned(),
@@ -523,6 +527,7 @@ fn absent_key(route: &str, key: &str) -> KeyView {
     }
 }
 
+/// The admin API's view of a key.
 fn describe(route: &str, key: &str, state: &KeyState) -> KeyView {
     let mut view = absent_key(route, key);
     match state {

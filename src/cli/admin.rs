@@ -215,6 +215,7 @@ async fn clear(
     let all = loop {
         let answer = api.call(Method::POST, &path, Some(body.clone())).await?;
         let Some(part) = typed::<Cleared>(&answer) else {
+            let answer = printable(&answer.to_string());
             return Err(Failure::Api(format!(
                 "an answer of another shape: {answer}"
             )));

@@ -231,13 +231,13 @@ pub(super) fn print(admin: &AdminArgs, answer: &Value, table: impl Fn(&Value) ->
     }
 }
 
-/// A JSON value as a cell: strings bare, nothing as `-`.
 /// An answer read as the type the API writes it as; `None` for another shape (a proxy of
 /// another version), which is then printed field by field.
 pub(super) fn typed<T: serde::de::DeserializeOwned>(answer: &Value) -> Option<T> {
     T::deserialize(answer).ok()
 }
 
+/// A JSON value as a cell: strings bare, nothing as `-`.
 pub(super) fn plain(value: &Value) -> String {
     match value {
         Value::Null => "-".to_owned(),

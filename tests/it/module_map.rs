@@ -159,6 +159,14 @@ fn collect(base: &str, rest: &str, found: &mut Vec<String>) {
     if name.is_empty() || name == "self" {
         return;
     }
+    // `super::super::x`: each `super` goes one module up.
+    if name == "super" {
+        let up = base.rsplit_once("::").map_or("crate", |(up, _)| up);
+        if let Some(after) = rest[length..].strip_prefix("::") {
+            collect(up, after, found);
+        }
+        return;
+    }
     let path = format!("{base}::{name}");
     found.push(path.clone());
     if let Some(after) = rest[length..].strip_prefix("::") {
@@ -341,10 +349,11 @@ fn no_folder_imports_one_that_imports_it_back() {
 fn defined_types(code: &[&str]) -> BTreeSet<String> {
     let mut types = BTreeSet::new();
     for line in code.iter().filter(|line| !line.starts_with(' ')) {
-        let rest = line
-            .trim_start_matches("pub(crate) ")
-            .trim_start_matches("pub(super) ");
-        let rest = rest.trim_start_matches("pub ");
+        // Past any visibility: `pub`, `pub(crate)`, `pub(in crate::a)`.
+        let rest = match line.strip_prefix("pub(") {
+            Some(scoped) => scoped.split_once(") ").map_or("", |(_, rest)| rest),
+            None => line.trim_start_matches("pub "),
+        };
         for kind in ["struct ", "enum "] {
             if let Some(named) = rest.strip_prefix(kind) {
                 let name: String = named
@@ -356,6 +365,51 @@ fn defined_types(code: &[&str]) -> BTreeSet<String> {
         }
     }
     types
+}
+
+/// The type an inherent `impl` line implements (`impl<T> super::Proxy<T> where ... {`
+/// is `Proxy`); `None` for a trait's impl.
+fn implemented_type(header: &str) -> Option<&str> {
+    let mut rest = header.strip_prefix("impl")?;
+    // Past the impl's own generic parameters, however nested.
+    if rest.starts_with('<') {
+        let mut depth = 0;
+        let end = rest.char_indices().find_map(|(at, c)| {
+            match c {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            (depth == 0).then_some(at)
+        })?;
+        rest = &rest[end + 1..];
+    }
+    let rest = rest.trim_start();
+    let path = rest.split(['<', ' ', '{']).next()?;
+    if rest.contains(" for ") || path.is_empty() {
+        return None;
+    }
+    path.rsplit("::").next()
+}
+
+/// The parser of `impl` lines reads every way an inherent impl is written.
+#[test]
+fn an_impl_line_names_its_type_however_written() {
+    for (header, implemented) in [
+        ("impl Proxy {", Some("Proxy")),
+        ("impl super::Proxy {", Some("Proxy")),
+        ("impl crate::proxy::Proxy {", Some("Proxy")),
+        ("impl<T> Parent<T> {", Some("Parent")),
+        (
+            "impl<T: Into<Vec<u8>>> Parent<T, B> where T: Send {",
+            Some("Parent"),
+        ),
+        ("impl Parent<'_> {", Some("Parent")),
+        ("impl Display for Proxy {", None),
+        ("impl<T> From<T> for Proxy {", None),
+    ] {
+        assert_eq!(implemented_type(header), implemented, "{header}");
+    }
 }
 
 /// A child file gets what it needs of its parent's type passed to it (a context struct,
@@ -375,17 +429,14 @@ fn no_child_file_implements_its_parents_type() {
         let parent_text = std::fs::read_to_string(parent_file).unwrap();
         let parent_types = defined_types(&code(&parent_text));
         let text = std::fs::read_to_string(file).unwrap();
-        for line in code(&text).iter().filter(|line| line.starts_with("impl")) {
-            let header = line.trim_end_matches('{').trim();
-            if header.contains(" for ") {
-                continue;
-            }
-            let named = header.rsplit(' ').next().unwrap_or("");
-            let name: String = named
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            if parent_types.contains(&name) {
+        for line in code(&text)
+            .iter()
+            .filter(|line| line.trim_start().starts_with("impl"))
+        {
+            let header = line.trim();
+            if let Some(name) = implemented_type(header)
+                && parent_types.contains(name)
+            {
                 let relative = file.strip_prefix(src()).unwrap_or(file);
                 found.push(format!("src/{}: {header}", relative.display()));
             }
