@@ -1,7 +1,8 @@
 //! Who may use the admin port: the Host and Origin rules that keep a web page the operator
 //! opens from driving it, checked in front of everything it serves ([`Rules::check`]); and
-//! the bearer token each endpoint's role needs, checked once the route table found the
-//! endpoint ([`Rules::admit`]).
+//! the bearer token each endpoint's role needs, then a `POST`'s type ([`Rules::admit`]),
+//! checked for the endpoint the route table found (under `/v1/` and at `/mcp`, an unknown
+//! path or method asks for the token too, before its `404` or `405`).
 //!
 //! A page on another site can make the operator's browser send requests to the admin port
 //! (a form posted to `http://127.0.0.1:9091/v1/reload`), or rebind its own name to the

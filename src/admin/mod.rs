@@ -7,7 +7,9 @@
 //!
 //! Every request first meets [`access`]'s rules (the Host and Origin that keep web pages
 //! out); then [`table`], the route table, finds its endpoint, whose own rule asks for the
-//! token its role needs ([`extract::admit`]) before its handler runs.
+//! token its role needs and a `POST`'s type ([`extract::admit`]) before its handler runs.
+//! Under `/v1/` and at `/mcp`, a path or method the table lacks asks for the token before
+//! its `404` or `405`.
 
 mod access;
 pub(crate) mod answers;

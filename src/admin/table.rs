@@ -1,7 +1,8 @@
 //! The admin port's route table: every endpoint's method, path, the role it needs, whether
 //! its success changes the store, and its handler. The router built from it answers an
-//! unknown path 404, a known one asked with another method 405 with `Allow`, and `HEAD`
-//! wherever `GET` goes; the API's tools (`/mcp`) call the same table inside the process.
+//! unknown path 404, a known one asked with another method 405 with `Allow` (under `/v1/`
+//! and at `/mcp` only once a token is shown), and `HEAD` wherever `GET` goes; the API's
+//! tools (`/mcp`) call the same table inside the process.
 
 use std::sync::Arc;
 

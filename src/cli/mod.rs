@@ -1,4 +1,4 @@
-//! Command-line arguments: `run` (the default), `check` and `demo`, and the commands that
+//! Command-line arguments: `run` (the default), `check`, `schema`, `openapi` and `demo`, and the commands that
 //! drive a running proxy through its admin API (`routes`, `reload`, `keys`, `entities`,
 //! `queue`; carried out in [`admin`] and `queue`, over `api`).
 

@@ -1,5 +1,7 @@
-//! Every built-in value, in one place: what a setting is when the file leaves it out (and,
-//! for a route's policy, when neither the route nor `defaults:` sets it).
+//! Every built-in value of the file: what a setting is when the file leaves it out (and,
+//! for a route's policy, when neither the route nor `defaults:` sets it). sled's own are
+//! beside its settings, in `store/settings.rs`, which imports nothing of the
+//! configuration.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -32,8 +32,9 @@
 //! `answers.rs` the answers to deliveries not forwarded and what a failed forward means,
 //! `replay.rs` the fingerprint and the kept answer a duplicate gets, `accept.rs` the
 //! accepting step of queued delivery, `outbound.rs` a keyed delivery's request (checked
-//! before the claim, built after it), and `relay.rs` the requests forwarded without a
-//! claim (no route, no key, or the store failing) and their places.
+//! before the claim, built after it), `relay.rs` the requests forwarded without a claim
+//! (no route, no key, or the store failing) and their places, and `stale.rs` the order
+//! guard's verdict on a claimed delivery.
 
 mod accept;
 mod answers;

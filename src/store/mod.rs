@@ -4,7 +4,8 @@
 //! [`ClaimStore`] is the contract every backend keeps: `sled` is the embedded backend,
 //! `redis` and `postgres` the shared ones (with `tls` toward them); each keeps a
 //! [`queue::DeliveryQueue`] and a [`log::DeliveryLog`] beside its claims. `error.rs` says why an operation failed,
-//! `time.rs` where the time comes from, `keys.rs` how store keys are named.
+//! `time.rs` where the time comes from, `keys.rs` how store keys are named, `settings.rs`
+//! the settings each backend takes (the configuration fills them).
 //!
 //! A key is absent, `in_flight` (an owner holds it until its lease ends), `done` (until
 //! its retention ends) or `held` (its forward's outcome is unknown: until an operator

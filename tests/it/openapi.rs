@@ -61,6 +61,41 @@ async fn a_property_based_tester_finds_no_server_error_and_no_answer_outside_the
         "the port serves the committed document"
     );
 
+    // Without the token every endpoint of the API is `401`, and so are the paths and
+    // methods it does not have: no one learns what it has without one. A form's `POST`
+    // (no JSON type) is `401` too, before its type is looked at.
+    let json_type = [("content-type", "application/json")];
+    let mut asked = Vec::new();
+    for (path, operations) in committed()["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            if operation["security"] != serde_json::json!([]) {
+                asked.push((method.to_uppercase(), path.replace(['{', '}'], "")));
+            }
+        }
+    }
+    assert!(asked.len() > 25, "{asked:?}");
+    for (method, path) in [
+        ("GET", "/v1/nope"),
+        ("PUT", "/v1/keys"),
+        ("GET", "/v1/reload"),
+        ("GET", "/mcp"),
+        ("GET", "/v1"),
+        ("DELETE", "/v1/keys/a/b/c"),
+    ] {
+        asked.push((method.to_owned(), path.to_owned()));
+    }
+    for (method, path) in &asked {
+        let answer = send(proxy.admin, method, path, &json_type, "{}").await;
+        assert_eq!(
+            (answer.status, answer.json()["error"].as_str()),
+            (401, Some("unauthorized")),
+            "{method} {path}"
+        );
+    }
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let posted = send(proxy.admin, "POST", "/v1/reload", &form, "a=b").await;
+    assert_eq!(posted.status, 401, "{}", posted.body);
+
     // Every check of the document's promises: no 5xx, statuses, media types, headers and
     // bodies as documented, 401 without the token, 405 with `Allow` for other methods.
     // The live tail is left out: an event stream ends only with its client. One worker:
