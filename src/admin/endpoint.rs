@@ -23,8 +23,8 @@ pub(super) struct Endpoint {
     pub(super) syncs: bool,
     /// What it does, in a line.
     pub(super) summary: &'static str,
-    /// The query parameters it reads.
-    pub(super) query: &'static [QueryParam],
+    /// The query parameters it reads, in groups (a filter, then a page's).
+    pub(super) query: Vec<&'static [QueryParam]>,
     /// The schema of the JSON body it takes, if it takes one.
     pub(super) body: Option<SchemaOf>,
     /// What a success answers.
@@ -90,7 +90,7 @@ impl Endpoint {
             need,
             syncs: false,
             summary,
-            query: &[],
+            query: Vec::new(),
             body: None,
             success: Success::Json(200),
             returns: None,
@@ -106,8 +106,10 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn query(self, query: &'static [QueryParam]) -> Endpoint {
-        Endpoint { query, ..self }
+    /// The endpoint reads `params` too.
+    pub(super) fn query(mut self, params: &'static [QueryParam]) -> Endpoint {
+        self.query.push(params);
+        self
     }
 
     /// The endpoint takes a JSON body of type `T`.

@@ -56,7 +56,7 @@ fn operation(
     let mut parameters: Vec<Value> = names(endpoint.path)
         .map(|name| json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string", "minLength": 1 } }))
         .collect();
-    parameters.extend(endpoint.query.iter().map(|param| {
+    parameters.extend(endpoint.query.iter().copied().flatten().map(|param| {
         json!({ "name": param.name, "in": "query", "required": param.required, "schema": { "type": "string", "minLength": 1 } })
     }));
     let security = match endpoint.need {

@@ -37,8 +37,8 @@ const KEYS_QUERY: &[QueryParam] = &[
     optional("after"),
 ];
 
-/// The delivery log's filter, as a live tail takes it.
-const TAIL_QUERY: &[QueryParam] = &[
+/// The delivery log's filter.
+const DELIVERIES_FILTER: &[QueryParam] = &[
     optional("route"),
     optional("key"),
     optional("key_prefix"),
@@ -49,22 +49,11 @@ const TAIL_QUERY: &[QueryParam] = &[
     optional("until"),
 ];
 
-/// The delivery log's filter, then a page's parameters.
-const DELIVERIES_QUERY: &[QueryParam] = &[
-    optional("route"),
-    optional("key"),
-    optional("key_prefix"),
-    optional("outcome"),
-    optional("status"),
-    optional("upstream_status"),
-    optional("since"),
-    optional("until"),
-    optional("limit"),
-    optional("cursor"),
-];
+/// A page of the delivery log.
+const DELIVERIES_PAGE: &[QueryParam] = &[optional("limit"), optional("cursor")];
 
-/// The dead letters' filter, as a bulk replay takes it.
-const REPLAY_QUERY: &[QueryParam] = &[
+/// The dead letters' filter.
+const DEAD_FILTER: &[QueryParam] = &[
     optional("status"),
     optional("reason"),
     optional("key_prefix"),
@@ -72,16 +61,8 @@ const REPLAY_QUERY: &[QueryParam] = &[
     optional("until"),
 ];
 
-/// The dead letters' filter, then a page's parameters.
-const DEAD_QUERY: &[QueryParam] = &[
-    optional("status"),
-    optional("reason"),
-    optional("key_prefix"),
-    optional("since"),
-    optional("until"),
-    optional("limit"),
-    optional("after"),
-];
+/// A page of dead letters.
+const DEAD_PAGE: &[QueryParam] = &[optional("limit"), optional("after")];
 
 /// Every endpoint; `/mcp` only if `mcp` is on.
 #[rustfmt::skip]
@@ -135,9 +116,9 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::POST, "/v1/queue/{route}/resume", Operator, "Resumes a route's deliveries.", queue::resume)
             .returns::<answers::Paused>().syncs(),
         Endpoint::new(M::GET, "/v1/queue/{route}/dead", Viewer, "A route's dead letters, filtered.", queue::dead)
-            .query(DEAD_QUERY),
+            .query(DEAD_FILTER).query(DEAD_PAGE),
         Endpoint::new(M::POST, "/v1/queue/{route}/replays", Operator, "Replays the dead letters a filter picks.", queue::replay_dead)
-            .query(REPLAY_QUERY).answers(Success::Json(202)),
+            .query(DEAD_FILTER).answers(Success::Json(202)),
         Endpoint::new(M::GET, "/v1/queue/{route}/jobs/{key}", Viewer, "A queued or dead job.", queue::job),
         Endpoint::new(M::DELETE, "/v1/queue/{route}/jobs/{key}", Operator, "Discards a dead letter.", queue::job)
             .answers(Success::NoContent).syncs(),
@@ -146,9 +127,9 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::GET, "/v1/replays/{id}", Viewer, "A bulk replay's progress.", queue::replay_progress),
         Endpoint::new(M::DELETE, "/v1/replays/{id}", Operator, "Cancels a bulk replay.", queue::cancel_replay),
         Endpoint::new(M::GET, "/v1/deliveries", Viewer, "The delivery log, filtered.", deliveries::list)
-            .query(DELIVERIES_QUERY),
+            .query(DELIVERIES_FILTER).query(DELIVERIES_PAGE),
         Endpoint::new(M::GET, "/v1/deliveries/tail", Viewer, "The log's entries from now on.", deliveries::tail)
-            .query(TAIL_QUERY).answers(Success::Events),
+            .query(DELIVERIES_FILTER).answers(Success::Events),
         Endpoint::new(M::GET, "/v1/deliveries/{id}", Viewer, "One entry of the delivery log.", deliveries::get),
     ];
     if mcp != McpAccess::Off {

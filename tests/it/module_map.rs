@@ -275,22 +275,24 @@ fn no_module_imports_one_that_imports_it_back() {
         graph.len()
     );
     let found = cycles(&graph);
-    let described: Vec<String> = found
-        .iter()
-        .map(|cycle| {
-            let ties: Vec<String> = cycle
-                .iter()
-                .flat_map(|from| {
-                    graph[from]
-                        .iter()
-                        .filter(|to| cycle.contains(to))
-                        .map(move |to| format!("{from} -> {to}"))
-                })
-                .collect();
-            ties.join(", ")
-        })
-        .collect();
+    let described = ties(&found, &graph, |from, to| format!("{from} -> {to}"));
     assert!(found.is_empty(), "import cycles:\n{}", described.join("\n"));
+}
+
+/// Each import inside each cycle of `graph`, as `tie` describes it, a cycle a line.
+fn ties(
+    found: &[Vec<String>],
+    graph: &BTreeMap<String, BTreeSet<String>>,
+    tie: impl Fn(&str, &str) -> String,
+) -> Vec<String> {
+    let each = |cycle: &Vec<String>| {
+        let inside = cycle.iter().flat_map(|from| {
+            let targets = graph[from].iter().filter(|to| cycle.contains(to));
+            targets.map(|to| tie(from, to)).collect::<Vec<_>>()
+        });
+        inside.collect::<Vec<_>>().join(", ")
+    };
+    found.iter().map(each).collect()
 }
 
 /// The crate's top-level modules (a folder, or a file beside `lib.rs`) import one another
@@ -323,25 +325,10 @@ fn no_folder_imports_one_that_imports_it_back() {
     }
     assert!(folders.len() > 20, "{folders:?}");
     let found = cycles(&folders);
-    let described: Vec<String> = found
-        .iter()
-        .flat_map(|cycle| {
-            let ties: Vec<String> = cycle
-                .iter()
-                .flat_map(|from| {
-                    let through = &through;
-                    folders[from]
-                        .iter()
-                        .filter(|to| cycle.contains(to))
-                        .map(move |to| {
-                            let files = &through[&(from.clone(), to.clone())];
-                            format!("{from} -> {to} (in {files:?})")
-                        })
-                })
-                .collect();
-            ties
-        })
-        .collect();
+    let described = ties(&found, &folders, |from, to| {
+        let files = &through[&(from.to_owned(), to.to_owned())];
+        format!("{from} -> {to} (in {files:?})")
+    });
     assert!(found.is_empty(), "folder cycles:\n{}", described.join("\n"));
 }
 
