@@ -34,6 +34,29 @@ pub(crate) struct Reloaded {
     pub restart_needed: Vec<String>,
 }
 
+/// `GET /v1/queue`'s answer: each queued route's counts.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct QueueList {
+    pub routes: Vec<QueueRoute>,
+}
+
+/// A queued route's counts, as `GET /v1/queue` and `/v1/overview` show them.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct QueueRoute {
+    pub route: String,
+    pub paused: bool,
+    /// Not tried yet.
+    pub waiting: u64,
+    /// Tried, not delivered, not dead.
+    pub retrying: u64,
+    /// Being attempted by this replica now.
+    pub in_flight: u64,
+    pub dead: u64,
+    /// When the oldest job that is not dead was received; `null` with none.
+    pub oldest_received_at: Option<String>,
+    pub oldest_age_seconds: Option<u64>,
+}
+
 /// `POST /v1/queue/{route}/pause` and `/resume`'s answer.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct Paused {

@@ -13,6 +13,7 @@ use axum::Extension;
 use axum::extract::State;
 
 use super::access::Role;
+use super::answers::QueueRoute;
 use super::extract::Live;
 use super::state::AdminState;
 use crate::body::ProxyBody;
@@ -60,7 +61,7 @@ pub(super) async fn overview(
                 "delivery": route.policy.delivery,
                 "requests": requests,
                 "held_keys": metrics.held_of(&route.name),
-                "queue": queues.iter().find(|queue| queue["route"] == route.name.as_str()),
+                "queue": queues.iter().find(|queue| queue.route == route.name),
             })
         })
         .collect();
@@ -85,7 +86,7 @@ pub(super) async fn overview(
 }
 
 /// Each queued route's counts, or none where the store keeps no queue or did not say.
-async fn queue_counts(proxy: &Proxy) -> Vec<Value> {
+async fn queue_counts(proxy: &Proxy) -> Vec<QueueRoute> {
     let Some(deliveries) = proxy.deliveries() else {
         return Vec::new();
     };

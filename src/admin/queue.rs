@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use axum::extract::{RawQuery, State};
 
-use super::answers::{Paused, answer_json};
+use super::answers::{Paused, QueueList, QueueRoute, answer_json};
 use super::bulk::{self, DeadFilter};
 use super::extract::{Live, PathNames};
 use crate::body::{ProxyBody, empty};
@@ -45,12 +45,12 @@ pub(super) fn queued_route(
 pub(super) async fn overview(Live(serving): Live) -> Response<ProxyBody> {
     let proxy: &Proxy = &serving.proxy;
     let Some(deliveries) = proxy.deliveries() else {
-        return json_response(StatusCode::OK, json!({ "routes": [] }).to_string());
+        return answer_json(StatusCode::OK, &QueueList { routes: Vec::new() });
     };
     match deliveries.routes().await {
         Ok(routes) => {
-            let routes: Vec<Value> = routes.iter().map(described).collect();
-            json_response(StatusCode::OK, json!({ "routes": routes }).to_string())
+            let routes = routes.iter().map(described).collect();
+            answer_json(StatusCode::OK, &QueueList { routes })
         }
         Err(failure) => AdminRefusal::from(failure).into_response(),
     }
@@ -105,18 +105,19 @@ fn replay_answer(replay: Option<Value>) -> Response<ProxyBody> {
 }
 
 /// A queued route's counts, as `GET /v1/queue` and `/v1/overview` show them.
-pub(super) fn described(route: &crate::queue::RouteQueue) -> Value {
+pub(super) fn described(route: &crate::queue::RouteQueue) -> QueueRoute {
     let now = crate::store::Clock::now(&crate::store::SystemClock);
-    json!({
-        "route": route.route,
-        "paused": route.paused,
-        "waiting": route.counts.waiting,
-        "retrying": route.counts.retrying,
-        "in_flight": route.in_flight,
-        "dead": route.counts.dead,
-        "oldest_received_at": route.counts.oldest.map(rfc3339),
-        "oldest_age_seconds": route.counts.oldest.map(|oldest| now.saturating_sub(oldest) / 1000),
-    })
+    let oldest = route.counts.oldest;
+    QueueRoute {
+        route: route.route.clone(),
+        paused: route.paused,
+        waiting: route.counts.waiting,
+        retrying: route.counts.retrying,
+        in_flight: route.in_flight,
+        dead: route.counts.dead,
+        oldest_received_at: oldest.map(rfc3339),
+        oldest_age_seconds: oldest.map(|oldest| now.saturating_sub(oldest) / 1000),
+    }
 }
 
 /// `POST /v1/queue/{route}/pause`.

@@ -110,7 +110,8 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
             .returns::<answers::EntityVersion>(),
         Endpoint::new(M::DELETE, "/v1/entities/{route}/{entity}", Operator, "Forgets an entity's version.", keys::entity)
             .answers(Success::NoContent).syncs(),
-        Endpoint::new(M::GET, "/v1/queue", Viewer, "Every queued route's counts.", queue::overview),
+        Endpoint::new(M::GET, "/v1/queue", Viewer, "Every queued route's counts.", queue::overview)
+            .returns::<answers::QueueList>(),
         Endpoint::new(M::POST, "/v1/queue/{route}/pause", Operator, "Pauses a route's deliveries.", queue::pause)
             .returns::<answers::Paused>().syncs(),
         Endpoint::new(M::POST, "/v1/queue/{route}/resume", Operator, "Resumes a route's deliveries.", queue::resume)

@@ -8,7 +8,9 @@ use http::Method;
 use serde_json::{Value, json};
 
 use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
+use super::api::{printable, typed};
 use super::{DeadFilterArgs, PageArgs, QueueCommand};
+use crate::admin::answers::QueueList;
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
     match command {
@@ -154,21 +156,23 @@ fn filter_query(filter: &DeadFilterArgs) -> form_urlencoded::Serializer<'static,
 }
 
 fn status_table(answer: &Value) -> String {
-    let rows: Vec<Vec<String>> = answer["routes"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let Some(list) = typed::<QueueList>(answer) else {
+        return fields(answer);
+    };
+    let rows: Vec<Vec<String>> = list
+        .routes
+        .iter()
         .map(|route| {
-            let age = route["oldest_age_seconds"]
-                .as_u64()
+            let age = route
+                .oldest_age_seconds
                 .map_or_else(|| "-".to_owned(), |age| format!("{age}s"));
             vec![
-                plain(&route["route"]),
-                plain(&route["paused"]),
-                plain(&route["waiting"]),
-                plain(&route["retrying"]),
-                plain(&route["in_flight"]),
-                plain(&route["dead"]),
+                printable(&route.route),
+                route.paused.to_string(),
+                route.waiting.to_string(),
+                route.retrying.to_string(),
+                route.in_flight.to_string(),
+                route.dead.to_string(),
                 age,
             ]
         })
