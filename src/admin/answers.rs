@@ -57,6 +57,33 @@ pub(crate) struct QueueRoute {
     pub oldest_age_seconds: Option<u64>,
 }
 
+/// A bulk replay of dead letters, as it started and as it goes on
+/// (`POST /v1/queue/{route}/replays`, `GET` and `DELETE /v1/replays/{id}`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct ReplayProgress {
+    pub id: u64,
+    pub route: String,
+    pub filter: DeadFilterView,
+    /// `running`, `done`, `cancelled` or `failed`.
+    pub state: String,
+    /// Dead letters the filter picked so far.
+    pub matched: u64,
+    /// Of those, replayed so far.
+    pub replayed: u64,
+    /// Why it failed; `null` otherwise.
+    pub error: Option<String>,
+}
+
+/// Which dead letters a replay picks, as it was asked (times RFC 3339).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeadFilterView {
+    pub status: Option<u16>,
+    pub reason: Option<String>,
+    pub key_prefix: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+}
+
 /// `POST /v1/queue/{route}/pause` and `/resume`'s answer.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct Paused {

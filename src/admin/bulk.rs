@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::answers::{DeadFilterView, ReplayProgress};
 use parking_lot::Mutex;
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::queue::Deliveries;
@@ -104,14 +104,14 @@ impl DeadFilter {
             && self.until.is_none_or(|until| died < until)
     }
 
-    fn describe(&self) -> Value {
-        json!({
-            "status": self.status,
-            "reason": self.reason,
-            "key_prefix": self.key_prefix,
-            "since": self.since.map(rfc3339),
-            "until": self.until.map(rfc3339),
-        })
+    fn describe(&self) -> DeadFilterView {
+        DeadFilterView {
+            status: self.status,
+            reason: self.reason.clone(),
+            key_prefix: self.key_prefix.clone(),
+            since: self.since.map(rfc3339),
+            until: self.until.map(rfc3339),
+        }
     }
 }
 
@@ -153,7 +153,7 @@ pub(super) async fn matching(
 struct Replay {
     id: u64,
     route: String,
-    filter: Value,
+    filter: DeadFilterView,
     matched: AtomicU64,
     replayed: AtomicU64,
     state: Mutex<&'static str>,
@@ -162,16 +162,16 @@ struct Replay {
 }
 
 impl Replay {
-    fn describe(&self) -> Value {
-        json!({
-            "id": self.id,
-            "route": self.route,
-            "filter": self.filter,
-            "state": *self.state.lock(),
-            "matched": self.matched.load(Ordering::Relaxed),
-            "replayed": self.replayed.load(Ordering::Relaxed),
-            "error": *self.error.lock(),
-        })
+    fn describe(&self) -> ReplayProgress {
+        ReplayProgress {
+            id: self.id,
+            route: self.route.clone(),
+            filter: self.filter.clone(),
+            state: (*self.state.lock()).to_owned(),
+            matched: self.matched.load(Ordering::Relaxed),
+            replayed: self.replayed.load(Ordering::Relaxed),
+            error: self.error.lock().clone(),
+        }
     }
 }
 
@@ -190,7 +190,7 @@ impl Replays {
         deliveries: Arc<Deliveries>,
         route: Arc<Route>,
         mut filter: DeadFilter,
-    ) -> Result<Value, String> {
+    ) -> Result<ReplayProgress, String> {
         // Only letters dead before the start: one that dies again while the replay runs
         // is not replayed again by it.
         let now = crate::store::Clock::now(&crate::store::SystemClock);
@@ -232,12 +232,12 @@ impl Replays {
         Ok(described)
     }
 
-    pub(super) fn get(&self, id: u64) -> Option<Value> {
+    pub(super) fn get(&self, id: u64) -> Option<ReplayProgress> {
         self.replays.lock().get(&id).map(|replay| replay.describe())
     }
 
     /// Cancels a running replay; what it replayed stays replayed.
-    pub(super) fn cancel(&self, id: u64) -> Option<Value> {
+    pub(super) fn cancel(&self, id: u64) -> Option<ReplayProgress> {
         let replays = self.replays.lock();
         let replay = replays.get(&id)?;
         replay.cancel.cancel();

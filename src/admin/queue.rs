@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use axum::extract::{RawQuery, State};
 
-use super::answers::{Paused, QueueList, QueueRoute, answer_json};
+use super::answers::{Paused, QueueList, QueueRoute, ReplayProgress, answer_json};
 use super::bulk::{self, DeadFilter};
 use super::extract::{Live, PathNames};
 use crate::body::{ProxyBody, empty};
@@ -76,7 +76,7 @@ pub(super) async fn replay_dead(
         Err(reason) => return AdminRefusal::BadRequest(reason).into_response(),
     };
     match replays.start(deliveries, route, filter) {
-        Ok(started) => json_response(StatusCode::ACCEPTED, started.to_string()),
+        Ok(started) => answer_json(StatusCode::ACCEPTED, &started),
         Err(reason) => AdminRefusal::TooMany(reason).into_response(),
     }
 }
@@ -97,9 +97,9 @@ pub(super) async fn cancel_replay(
     replay_answer(id.parse().ok().and_then(|id| replays.cancel(id)))
 }
 
-fn replay_answer(replay: Option<Value>) -> Response<ProxyBody> {
+fn replay_answer(replay: Option<ReplayProgress>) -> Response<ProxyBody> {
     match replay {
-        Some(replay) => json_response(StatusCode::OK, replay.to_string()),
+        Some(replay) => answer_json(StatusCode::OK, &replay),
         None => AdminRefusal::NotFound.into_response(),
     }
 }

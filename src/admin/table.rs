@@ -119,14 +119,16 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::GET, "/v1/queue/{route}/dead", Viewer, "A route's dead letters, filtered.", queue::dead)
             .query(DEAD_FILTER).query(DEAD_PAGE),
         Endpoint::new(M::POST, "/v1/queue/{route}/replays", Operator, "Replays the dead letters a filter picks.", queue::replay_dead)
-            .query(DEAD_FILTER).answers(Success::Json(202)),
+            .query(DEAD_FILTER).answers(Success::Json(202)).returns::<answers::ReplayProgress>(),
         Endpoint::new(M::GET, "/v1/queue/{route}/jobs/{key}", Viewer, "A queued or dead job.", queue::job),
         Endpoint::new(M::DELETE, "/v1/queue/{route}/jobs/{key}", Operator, "Discards a dead letter.", queue::job)
             .answers(Success::NoContent).syncs(),
         Endpoint::new(M::POST, "/v1/queue/{route}/jobs/{key}/replay", Operator, "Replays a dead letter.", queue::replay)
             .syncs(),
-        Endpoint::new(M::GET, "/v1/replays/{id}", Viewer, "A bulk replay's progress.", queue::replay_progress),
-        Endpoint::new(M::DELETE, "/v1/replays/{id}", Operator, "Cancels a bulk replay.", queue::cancel_replay),
+        Endpoint::new(M::GET, "/v1/replays/{id}", Viewer, "A bulk replay's progress.", queue::replay_progress)
+            .returns::<answers::ReplayProgress>(),
+        Endpoint::new(M::DELETE, "/v1/replays/{id}", Operator, "Cancels a bulk replay.", queue::cancel_replay)
+            .returns::<answers::ReplayProgress>(),
         Endpoint::new(M::GET, "/v1/deliveries", Viewer, "The delivery log, filtered.", deliveries::list)
             .query(DELIVERIES_FILTER).query(DELIVERIES_PAGE),
         Endpoint::new(M::GET, "/v1/deliveries/tail", Viewer, "The log's entries from now on.", deliveries::tail)

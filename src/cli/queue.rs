@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
 use super::api::{printable, typed};
 use super::{DeadFilterArgs, PageArgs, QueueCommand};
-use crate::admin::answers::QueueList;
+use crate::admin::answers::{QueueList, ReplayProgress};
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
     match command {
@@ -65,7 +65,10 @@ pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> R
             );
             let answer = api.call(Method::POST, &path, Some(json!({}))).await?;
             print(&admin, &answer, |answer| {
-                let id = plain(&answer["id"]);
+                let Some(started) = typed::<ReplayProgress>(answer) else {
+                    return fields(answer);
+                };
+                let id = started.id;
                 format!("replay {id} started (watch: dedupe-proxy queue replays {id})\n")
             });
         }
