@@ -12,9 +12,9 @@
 //!
 //! - [`config`] reads the YAML file and resolves every route's settings ([`values`] are
 //!   their typed values); [`route`] is a route as it runs and the table that finds it;
-//!   [`target`] checks a request's Host and gives the path's normal form routes match on;
-//!   [`key`] extracts keys; [`verify`] checks signatures; [`preset`] knows the major
-//!   providers; [`order`] reads an event's entity and version for the stale-event guard.
+//!   `target` checks a request's Host and gives the path's normal form routes match on;
+//!   [`key`] extracts keys; [`verify`] checks signatures; `preset` knows the major
+//!   providers; `order` reads an event's entity and version for the stale-event guard.
 //! - `proxy` is the lifecycle of one delivery: match, check (read, verify, key), claim,
 //!   compare with the entity's newest version (`order:`), forward, finish; or, with
 //!   `delivery: queued`, store the request as a job and acknowledge it.
@@ -26,12 +26,12 @@
 //!   the duplicates that wait for an outcome.
 //! - `delivery_log` records what became of each request, off the request path, in the
 //!   store's log ([`store::log`]), and reads it back for the admin API.
-//! - [`upstream`] holds the pooled clients, one per worker; `response` writes every
+//! - `upstream` holds the pooled clients, one per worker; `response` writes every
 //!   answer the proxy makes.
 //! - `server` accepts connections within [`config::Limits`] and hands each to one of
-//!   the [`workers`] (a single-threaded runtime per core); `admin` serves the admin
+//!   the `workers` (a single-threaded runtime per core); `admin` serves the admin
 //!   port; `metrics` names every metric; `reload` applies a changed configuration;
-//!   [`shutdown`] waits for signals.
+//!   `shutdown` waits for signals.
 //!
 //! # A delivery's life
 //!
@@ -49,46 +49,52 @@
 //! records and count held keys.
 //!
 //! [`start`] brings the proxy up and returns an [`App`]; [`App::shutdown`] drains it.
-//! [`run`] does both around a shutdown signal, for the binary.
+//! `app::run` does both around a shutdown signal, for the binary ([`cli::process`]).
+//!
+//! Seven modules are public, for the binary, the integration tests and the fuzz targets;
+//! the rest are the proxy's own. With the `testing` feature (this crate's tests and fuzz
+//! targets only) an eighth, `testing`, reaches the private items they exercise.
 
 #![forbid(unsafe_code)]
 
-pub(crate) mod admin;
+mod admin;
 mod app;
 mod background;
-pub mod body;
+mod body;
 pub mod cli;
 pub mod config;
 mod cursor_mark;
-pub(crate) mod delivery_log;
-pub(crate) mod descriptors;
-pub mod dry_run;
-pub mod dsn;
-pub(crate) mod frame_budget;
-pub mod http_file;
+mod delivery_log;
+mod descriptors;
+mod dry_run;
+mod dsn;
+mod frame_budget;
+mod http_file;
 pub mod key;
-pub mod log_text;
-pub mod method_override;
-pub(crate) mod metrics;
-pub mod misleading;
-pub mod order;
-pub mod preset;
-pub(crate) mod proxy;
-pub(crate) mod queue;
-pub mod redact;
-pub(crate) mod reload;
-pub(crate) mod response;
+mod log_text;
+mod method_override;
+mod metrics;
+mod misleading;
+mod order;
+mod preset;
+mod proxy;
+mod queue;
+mod redact;
+mod reload;
+mod response;
 pub mod route;
-pub(crate) mod server;
-pub mod shutdown;
+mod server;
+mod shutdown;
 pub mod store;
-pub mod target;
-pub mod telemetry;
-pub mod upstream;
+mod target;
+mod telemetry;
+mod upstream;
 pub mod values;
 pub mod verify;
-pub(crate) mod waiting;
-pub mod workers;
+mod waiting;
+mod workers;
 
-pub use admin::openapi_document;
-pub use app::{App, RunError, StartError, run, start, start_with_store};
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use app::{App, StartError, start, start_with_store};

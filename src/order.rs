@@ -19,7 +19,7 @@ use crate::store::keys::{Version, entity_key};
 
 /// How many digits a sort key has: 20 whole (any `u64` and more), 9 fractional
 /// (nanoseconds). Digits past the ninth fractional one are not compared.
-pub const SORT_KEY_DIGITS: usize = 29;
+pub const SORT_KEY_DIGITS: usize = WHOLE_DIGITS + FRACTION_DIGITS;
 const WHOLE_DIGITS: usize = 20;
 const FRACTION_DIGITS: usize = 9;
 
@@ -105,6 +105,11 @@ impl Order {
 /// before its point, or an RFC 3339 time from 1970 on.
 pub fn parse_version(text: &str) -> Option<Version> {
     let sort_key = decimal_sort_key(text).or_else(|| time_sort_key(text))?;
+    debug_assert_eq!(
+        sort_key.len(),
+        SORT_KEY_DIGITS,
+        "the stores compare keys byte by byte"
+    );
     Some(Version {
         sort_key,
         text: text.to_owned(),

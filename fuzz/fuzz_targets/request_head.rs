@@ -11,11 +11,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use dedupe_proxy::body;
 use dedupe_proxy::config::{Config, Overrides};
 use dedupe_proxy::key::Delivery;
 use dedupe_proxy::route::Routing;
-use dedupe_proxy::{target, upstream};
+use dedupe_proxy::testing::{addressed, empty_body, normal_path, outbound};
 use libfuzzer_sys::fuzz_target;
 
 const CONFIG: &str = r#"
@@ -65,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let (head, ()) = request.into_parts();
 
-    let Ok(normal) = target::normal_path(head.uri.path()) else {
+    let Ok(normal) = normal_path(head.uri.path()) else {
         return;
     };
     assert!(normal.starts_with(b"/"), "{normal:?}");
@@ -85,11 +84,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(&normal)
         && !text.contains(['%', ';', '\\'])
     {
-        let again = target::normal_path(text).expect("a normal path has no `..`");
+        let again = normal_path(text).expect("a normal path has no `..`");
         assert_eq!(again.as_ref(), normal.as_ref(), "idempotent");
     }
     let routing = routing();
-    let Ok(target) = target::addressed(
+    let Ok(target) = addressed(
         head.version,
         &head.method,
         &head.uri,
@@ -116,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
         None => (&routing.fallback_upstream, None),
     };
     let peer: SocketAddr = "203.0.113.7:4000".parse().unwrap();
-    let Ok(outbound) = upstream::outbound(head, body::empty(), upstream_url, peer, key.as_deref()) else {
+    let Ok(outbound) = outbound(head, empty_body(), upstream_url, peer, key.as_deref()) else {
         return;
     };
     let sent = outbound.uri().to_string();

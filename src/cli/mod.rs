@@ -1,10 +1,13 @@
 //! Command-line arguments: `run` (the default), `check`, `schema`, `openapi` and `demo`, and the commands that
 //! drive a running proxy through its admin API (`routes`, `reload`, `keys`, `entities`,
-//! `queue`; carried out in [`admin`] and `queue`, over `api`).
+//! `queue`; carried out in `admin` and `queue`, over `api`). [`process`] runs the one
+//! given.
 
-pub mod admin;
-pub(crate) mod api;
-pub mod dry_run;
+mod admin;
+mod api;
+mod demo;
+mod dry_run;
+pub mod process;
 mod queue;
 
 use std::net::SocketAddr;

@@ -16,8 +16,7 @@ use bytes::Bytes;
 use http::Request;
 
 pub use report::{
-    Answered, Asked, Checked, KeyRead, NotTaken, OrderRead, PartRead, Report, RouteTaken,
-    Signature, Verdict,
+    Checked, KeyRead, NotTaken, OrderRead, PartRead, Report, RouteTaken, Signature, Verdict,
 };
 
 use crate::key::{Delivery, KeyError};

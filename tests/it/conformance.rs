@@ -19,15 +19,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dedupe_proxy::config::PostgresConfig;
-use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, DoneRecord, Expiry, Forgotten,
     KeyState, RESOLVED_STATUS, RecordedResponse, Resolution, StateFilter, StoreError, entity_key,
 };
+use dedupe_proxy::testing::parse_version;
+use dedupe_proxy::testing::{Workers, current_worker};
 use dedupe_proxy::values::TableName;
-use dedupe_proxy::workers::{self, Workers};
 use support::{
     BODY, Harness, LEASE, done, plain_postgres_config, plain_redis_config, redis_cluster_config,
     unavailable,
@@ -1050,11 +1050,7 @@ async fn workers_connections_share_one_store(store: Arc<dyn ClaimStore>, workers
     let on = |worker: usize, step: &'static str| {
         let (store, key) = (Arc::clone(&store), key.clone());
         let running = workers.run_on(worker, async move {
-            assert_eq!(
-                workers::current(),
-                Some(worker),
-                "{step} runs on its worker"
-            );
+            assert_eq!(current_worker(), Some(worker), "{step} runs on its worker");
             match step {
                 "claim" => Some(store.claim(&key, BODY, LEASE).await.unwrap()),
                 _ => None,

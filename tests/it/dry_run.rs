@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use dedupe_proxy::preset::Preset;
+use dedupe_proxy::testing::Preset;
 use serde_json::Value;
 use support::*;
 

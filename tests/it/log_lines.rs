@@ -169,7 +169,7 @@ async fn lines_of(format: &str) -> Vec<String> {
 /// quoted string that does not end or a character a terminal would act on.
 fn text_fields(line: &str) -> Vec<String> {
     assert!(
-        !line.chars().any(dedupe_proxy::misleading::is_misleading),
+        !line.chars().any(dedupe_proxy::testing::is_misleading),
         "a raw control or formatting character: {line:?}"
     );
     let mut names = Vec::new();

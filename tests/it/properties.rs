@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use dedupe_proxy::config::{Config, Overrides};
 use dedupe_proxy::key::{Delivery, KeyError, KeyTemplate, MAX_KEY_BYTES};
-use dedupe_proxy::order::{SORT_KEY_DIGITS, parse_version};
 use dedupe_proxy::store::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, KeyState, ManualClock, Resolution,
     StoreError,
 };
+use dedupe_proxy::testing::{SORT_KEY_DIGITS, parse_version};
 use proptest::prelude::*;
 use support::open_sled;
 

@@ -292,7 +292,7 @@ async fn fsync_durability_shares_flushes_between_concurrent_finishes() {
 #[tokio::test]
 async fn entity_records_are_swept_by_expiry_and_survive_a_restart() {
     let Fixture { store, clock, dir } = fixture();
-    let version = |text: &str| dedupe_proxy::order::parse_version(text).unwrap();
+    let version = |text: &str| dedupe_proxy::testing::parse_version(text).unwrap();
     let short = Duration::from_secs(10);
     for n in 0..25 {
         let entity = format!("t#entity:{n}");

@@ -8,13 +8,13 @@ use std::time::Duration;
 use dedupe_proxy::config::{
     DirectUrl, PostgresConfig, RedisConfig, ServerUrl, SledConfig, SslMode,
 };
-use dedupe_proxy::order::parse_version;
 use dedupe_proxy::store::postgres::PostgresStore;
 use dedupe_proxy::store::redis::RedisStore;
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
     Claim, ClaimOutcome, ClaimStore, KeyState, ManualClock, StoreError, entity_key,
 };
+use dedupe_proxy::testing::parse_version;
 use dedupe_proxy::values::{HumanDuration, Secret, TableName};
 
 /// The lease of the harness's claims: no test outlives it unless it waits on purpose.

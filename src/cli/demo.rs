@@ -22,9 +22,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use dedupe_proxy::body::{ProxyBody, full};
-use dedupe_proxy::cli::DemoArgs;
-use dedupe_proxy::config::{Config, Overrides};
+use super::DemoArgs;
+use crate::body::{ProxyBody, full};
+use crate::config::{Config, Overrides};
 
 /// Senders that deliver each event at the same moment, as a provider's retry storm does.
 const SENDERS_PER_EVENT: usize = 3;
@@ -192,7 +192,7 @@ async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>
 
     let data = tempfile::tempdir()?;
     let config = demo_config(app_addr, data.path())?;
-    let proxy = dedupe_proxy::start(config).await?;
+    let proxy = crate::start(config).await?;
     let proxy_addr = proxy.proxy_addr;
     println!(
         "sample app on {app_addr}, dedupe-proxy on {proxy_addr}, store in {}",
@@ -228,7 +228,7 @@ async fn demonstrate(events: usize) -> Result<Report, Box<dyn std::error::Error>
     Ok(report)
 }
 
-fn demo_config(app: SocketAddr, data: &Path) -> Result<Config, dedupe_proxy::config::ConfigError> {
+fn demo_config(app: SocketAddr, data: &Path) -> Result<Config, crate::config::ConfigError> {
     let yaml = format!(
         r#"
 listen: 127.0.0.1:0
