@@ -3,27 +3,39 @@
 //! `serde_json::Value` first would take tens of MiB, per delivery, at the sender's choice.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 
 use dedupe_proxy::key::{Delivery, KeyTemplate};
 use http::HeaderMap;
 
-/// Counts the bytes allocated and not yet freed, and their peak.
+/// Counts the bytes this thread allocated and has not freed, and their peak. Per thread:
+/// the other tests of the binary allocate at the same time, on threads of their own.
 struct Counting;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    // Negative while this thread frees more than it allocated since it started.
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn counted(change: isize) {
+    // `try_with`: an allocation while the thread's locals are torn down goes uncounted.
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + change;
+        live.set(now);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
-        PEAK.fetch_max(live, Ordering::SeqCst);
+        counted(layout.size().cast_signed());
         // SAFETY: forwards the caller's layout to the system allocator.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
+        counted(-layout.size().cast_signed());
         // SAFETY: `ptr` came from `alloc` above with this layout.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -32,12 +44,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// The most memory `work` held at once beyond what was live before it.
+/// The most memory `work` held at once, on this thread, beyond what was live before it.
 fn peak_of<T>(work: impl FnOnce() -> T) -> (T, usize) {
-    let before = LIVE.load(Ordering::SeqCst);
-    PEAK.store(before, Ordering::SeqCst);
+    let before = LIVE.with(Cell::get);
+    PEAK.with(|peak| peak.set(before));
     let result = work();
-    (result, PEAK.load(Ordering::SeqCst) - before)
+    let peak = PEAK.with(Cell::get) - before;
+    (result, peak.unsigned_abs())
 }
 
 #[test]
