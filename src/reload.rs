@@ -38,7 +38,7 @@ pub struct Reloaded {
 }
 
 /// The last reload tried: when, and what came of it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct LastReload {
     /// RFC 3339.
     pub at: String,

@@ -1,13 +1,17 @@
-//! The admin API's answers as types: the port writes them, the CLI reads them, and the
-//! OpenAPI document gives their schemas (`Endpoint::returns`). An answer not typed here
-//! is documented as an object.
+//! The admin API's answers as types: the port writes them, the CLI reads those it shows
+//! (the ones deriving `Deserialize`), and the OpenAPI document and the MCP tools give
+//! their schemas (`Endpoint::returns`).
+
+use std::collections::BTreeMap;
 
 use http::{Response, StatusCode};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::body::ProxyBody;
+use crate::reload::LastReload;
 use crate::response::json_response;
+use crate::route::{DeliveryMode, Unmatched};
 
 /// A typed answer as JSON.
 pub(super) fn answer_json(status: StatusCode, answer: &impl Serialize) -> Response<ProxyBody> {
@@ -15,6 +19,15 @@ pub(super) fn answer_json(status: StatusCode, answer: &impl Serialize) -> Respon
         status,
         serde_json::to_string(answer).expect("an answer is JSON"),
     )
+}
+
+/// Headers as `[name, value]` pairs. Written as an array of two strings rather than
+/// schemars' `prefixItems`, which Schemathesis 4.32 fails to read in an answer's schema.
+fn header_pairs(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": { "type": "array", "items": { "type": "string" }, "minItems": 2, "maxItems": 2 },
+    })
 }
 
 /// A probe's answer.
@@ -41,7 +54,7 @@ pub(crate) struct QueueList {
 }
 
 /// A queued route's counts, as `GET /v1/queue` and `/v1/overview` show them.
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct QueueRoute {
     pub route: String,
     pub paused: bool,
@@ -233,6 +246,225 @@ pub(crate) enum DoneBecause {
 pub(crate) struct RecordedAnswer {
     pub status: u16,
     /// `[name, value]`, values masked unless the header is known to carry no secret.
+    #[schemars(schema_with = "header_pairs")]
     pub headers: Vec<(String, String)>,
     pub body_bytes: usize,
+}
+
+/// `GET /v1/queue/{route}/dead`'s answer: a page of dead letters, oldest death first, and
+/// the cursor of the next (`null` after the last).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeadLetterPage {
+    pub jobs: Vec<JobSummary>,
+    pub next: Option<String>,
+}
+
+/// A queued or dead job as a listing shows it. Times are RFC 3339 with milliseconds.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct JobSummary {
+    pub route: String,
+    /// The event's key, without its scope.
+    pub key: String,
+    /// `waiting`, `retrying` or `dead`.
+    pub state: String,
+    /// The lane of a route with `queue.order_by`.
+    pub lane: Option<String>,
+    pub received_at: String,
+    /// Attempts made in all.
+    pub attempts: u32,
+    /// The app's status at the last attempt; `null` without an answer.
+    pub last_status: Option<u16>,
+    pub dead_at: Option<String>,
+    /// A dead letter's: `max_attempts`, `max_age` or `refused`.
+    pub dead_because: Option<String>,
+}
+
+/// `GET /v1/queue/{route}/jobs/{key}`'s answer: a job with its request's head and every
+/// attempt kept. Configured secrets are masked wherever they appear.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct JobDetail {
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    pub request: QueuedRequestView,
+    /// The attempts kept, oldest first.
+    pub history: Vec<AttemptView>,
+    pub attempts_kept: usize,
+}
+
+/// A queued request's head: header values masked unless known to carry no secret, the
+/// query's values masked.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct QueuedRequestView {
+    pub method: String,
+    pub target: String,
+    /// `[name, value]`.
+    #[schemars(schema_with = "header_pairs")]
+    pub headers: Vec<(String, String)>,
+    pub body_bytes: usize,
+}
+
+/// One attempt to deliver a job.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct AttemptView {
+    pub at: String,
+    /// The app's status; `null` when it gave no answer.
+    pub status: Option<u16>,
+    pub latency_ms: u64,
+    /// Why there was no answer, or the answer's first bytes.
+    pub answer: String,
+}
+
+/// `POST /v1/queue/{route}/jobs/{key}/replay`'s answer: the job queued again, or, when a
+/// worker delivered it before this answer was written, its route, key and `delivered`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum ReplayedJob {
+    Queued(Box<JobDetail>),
+    Delivered(DeliveredJob),
+}
+
+/// A replayed job that is no longer in the queue.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeliveredJob {
+    pub route: String,
+    pub key: String,
+    /// `delivered`.
+    pub state: String,
+}
+
+/// `GET /v1/deliveries`'s answer: a page of the delivery log, newest first, and the
+/// cursor of the next (`null` after the last).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeliveryPage {
+    pub deliveries: Vec<DeliverySummary>,
+    pub next: Option<String>,
+}
+
+/// An entry of the delivery log, as a page and the tail's events show it. Times are RFC
+/// 3339 with milliseconds.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeliverySummary {
+    pub id: String,
+    /// When it was answered (an attempt: when it started).
+    pub at: String,
+    /// `null` for a request no route took.
+    pub route: Option<String>,
+    /// The route's key namespace: its `scope`, else its name.
+    pub scope: Option<String>,
+    pub key: Option<String>,
+    /// One of the overview's `outcomes` (`forwarded`, `duplicate`, `refused`, ...).
+    pub outcome: String,
+    /// The code of the proxy's own refusal, if it refused.
+    pub refusal: Option<String>,
+    /// It waited for another delivery of its key (`on_in_flight: wait`).
+    pub waited: bool,
+    /// It was answered with the app's recorded answer (`duplicate_response.replay`).
+    pub replayed: bool,
+    /// A queued job's attempt: its number.
+    pub attempt: Option<u32>,
+    /// What the sender was answered; `null` for a queued attempt (no sender waits).
+    pub status: Option<u16>,
+    pub upstream_status: Option<u16>,
+    pub upstream_ms: Option<u32>,
+    pub duration_ms: u32,
+    /// The request body's size in bytes, when known.
+    pub size: Option<u64>,
+    pub method: String,
+    /// The request's path, without its query.
+    pub path: String,
+    pub request_id: Option<String>,
+    pub trace_id: Option<String>,
+    /// The sender's address, as the connection came.
+    pub client: Option<String>,
+    /// The replica that logged it (its host name), when known.
+    pub replica: Option<String>,
+    pub body_recorded: bool,
+    /// Who changed the key, for a `changed` entry: the way in and the credential
+    /// (`api:token`, `mcp:loopback`).
+    pub by: Option<String>,
+}
+
+/// `GET /v1/deliveries/{id}`'s answer: an entry whole, with the headers its route's
+/// `log.headers` names and the body its `log.bodies` kept.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeliveryDetail {
+    #[serde(flatten)]
+    pub summary: DeliverySummary,
+    /// `[name, value]`.
+    #[schemars(schema_with = "header_pairs")]
+    pub headers: Vec<(String, String)>,
+    pub body_truncated: bool,
+    /// The body as text when it is UTF-8, else in base64; `null` when none was kept.
+    pub body: Option<String>,
+    /// `utf-8` or `base64`; `null` when no body was kept.
+    pub body_encoding: Option<String>,
+}
+
+/// `GET /v1/routes`' answer.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct RouteList {
+    /// Each route's resolved settings, as `dedupe-proxy check` prints them under
+    /// `routes:`.
+    pub routes: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// What a request no route matches gets.
+    pub unmatched: Unmatched,
+    /// Where such a request is forwarded.
+    pub upstream: String,
+}
+
+/// `GET /v1/overview`'s answer: the proxy at a glance, as the console's first page shows
+/// it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct Overview {
+    pub version: String,
+    pub uptime_seconds: f64,
+    pub access: AccessView,
+    pub store: StoreHealth,
+    /// Claims this replica holds open now.
+    pub claims_in_flight: u64,
+    /// The last reload tried, `null` before the first.
+    pub reload: Option<LastReload>,
+    /// Whether the delivery log is on.
+    pub delivery_log: bool,
+    /// Every outcome the delivery log and `requests` name.
+    pub outcomes: Vec<String>,
+    pub routes: Vec<RouteOverview>,
+}
+
+/// Who asks, and whether they may change anything.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct AccessView {
+    /// `operator` or `viewer`.
+    pub role: String,
+    /// Which credential admitted the request (`token`, `viewer_token`, `loopback`, ...).
+    pub credential: String,
+}
+
+/// The store's health, as this replica sees it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct StoreHealth {
+    /// `sled`, `redis` or `postgres`.
+    pub kind: String,
+    /// Whether the store answered a read within 2 s.
+    pub healthy: bool,
+    /// Why not, when not.
+    pub error: Option<String>,
+    /// Done keys held, where the store counts them (sled); `null` elsewhere.
+    pub done_keys: Option<u64>,
+    /// Store errors since this replica started.
+    pub errors: u64,
+}
+
+/// A route's line on the overview: its requests since this replica started, by outcome.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct RouteOverview {
+    pub route: String,
+    pub scope: String,
+    pub delivery: DeliveryMode,
+    /// Requests by outcome (`forwarded`, `duplicate`, ...), since this replica started.
+    pub requests: BTreeMap<String, u64>,
+    /// Keys held for an operator now.
+    pub held_keys: i64,
+    /// A queued route's counts; `null` for a route that forwards.
+    pub queue: Option<QueueRoute>,
 }

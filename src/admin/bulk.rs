@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::queue::Deliveries;
 use crate::route::Route;
-use crate::store::queue::{DeliveryQueue, Job, dead_cursor};
+use crate::store::queue::{DeadReason, DeliveryQueue, Job, dead_cursor};
 use crate::store::{Millis, StoreError, parse_rfc3339, rfc3339};
 
 /// The most dead letters read to fill one page of matches: a filter that matches little
@@ -56,16 +56,13 @@ impl DeadFilter {
                             .ok_or_else(|| format!("status `{value}` is not an HTTP status"))?,
                     );
                 }
-                "reason" => match &*value {
-                    "refused" | "max_attempts" | "max_age" => {
-                        filter.reason = Some(value.into_owned());
-                    }
-                    _ => {
-                        return Err(format!(
-                            "reason `{value}` is not one of refused, max_attempts, max_age"
-                        ));
-                    }
-                },
+                "reason" if DeadReason::NAMES.contains(&&*value) => {
+                    filter.reason = Some(value.into_owned());
+                }
+                "reason" => {
+                    let names = DeadReason::NAMES.join(", ");
+                    return Err(format!("reason `{value}` is not one of {names}"));
+                }
                 "key_prefix" => filter.key_prefix = Some(value.into_owned()),
                 "since" => filter.since = Some(parse_rfc3339(&name, &value)?),
                 "until" => filter.until = Some(parse_rfc3339(&name, &value)?),

@@ -13,6 +13,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use base64::Engine;
+use base64::prelude::BASE64_STANDARD;
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
@@ -26,13 +28,16 @@ use axum::Extension;
 use axum::extract::{RawQuery, State};
 
 use super::access::Role;
+use super::answers::{DeliveryDetail, DeliveryPage, DeliverySummary, answer_json};
 use super::extract::{Live, PathNames};
 use super::places::{Full, Place};
 use super::tails::{TAILS_MAX, Tails};
 use crate::body::{BoxError, ProxyBody};
 use crate::delivery_log::Stored;
 use crate::delivery_log::query::{self, Filter};
-use crate::response::{AdminRefusal, json_response};
+use crate::response::AdminRefusal;
+use crate::store::log::{LogId, LoggedDelivery};
+use crate::store::rfc3339;
 
 /// How often an idle tail sends a comment, so that proxies on the way keep it open and a
 /// client that went away is noticed.
@@ -59,13 +64,15 @@ pub(super) async fn list(Live(serving): Live, RawQuery(query): RawQuery) -> Resp
     };
     match query::page(log.as_ref(), &listing).await {
         Ok(page) => {
-            let entries: Vec<_> = page
-                .entries
-                .iter()
-                .map(|(id, entry)| query::describe(*id, entry, false))
-                .collect();
-            let body = json!({ "deliveries": entries, "next": page.next });
-            json_response(StatusCode::OK, body.to_string())
+            let deliveries = page.entries.iter().map(|(id, entry)| summary(*id, entry));
+            let deliveries = deliveries.collect();
+            answer_json(
+                StatusCode::OK,
+                &DeliveryPage {
+                    deliveries,
+                    next: page.next,
+                },
+            )
         }
         Err(failure) => AdminRefusal::from(failure).into_response(),
     }
@@ -84,10 +91,7 @@ pub(super) async fn get(
         return AdminRefusal::NoSuchDelivery.into_response();
     };
     match log.get(id).await {
-        Ok(Some(entry)) => json_response(
-            StatusCode::OK,
-            query::describe(id, &entry, true).to_string(),
-        ),
+        Ok(Some(entry)) => answer_json(StatusCode::OK, &detail(id, &entry)),
         Ok(None) => AdminRefusal::NoSuchDelivery.into_response(),
         Err(failure) => AdminRefusal::from(failure).into_response(),
     }
@@ -184,7 +188,7 @@ async fn follow(
             received = stored.recv() => match received {
                 Ok(entry) if filter.admits(&entry.1) => {
                     let (id, entry) = &*entry;
-                    let data = query::describe(*id, entry, false);
+                    let data = serde_json::to_string(&summary(*id, entry)).expect("JSON");
                     Bytes::from(format!("id: {id}\nevent: delivery\ndata: {data}\n\n"))
                 }
                 Ok(_) => continue,
@@ -219,6 +223,54 @@ impl Body for EventStream {
         self.0
             .poll_recv(cx)
             .map(|event| event.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+/// An entry as a page and the tail show it.
+fn summary(id: LogId, entry: &LoggedDelivery) -> DeliverySummary {
+    DeliverySummary {
+        id: id.to_string(),
+        at: rfc3339(entry.at),
+        route: entry.route.clone(),
+        scope: entry.scope.clone(),
+        key: entry.key.clone(),
+        outcome: entry.fate.as_str().to_owned(),
+        refusal: entry.refusal.clone(),
+        waited: entry.waited,
+        replayed: entry.replayed,
+        attempt: entry.attempt,
+        status: (entry.status != 0).then_some(entry.status),
+        upstream_status: entry.upstream_status,
+        upstream_ms: entry.upstream_ms,
+        duration_ms: entry.duration_ms,
+        size: entry.size,
+        method: entry.method.clone(),
+        path: entry.path.clone(),
+        request_id: entry.request_id.clone(),
+        trace_id: entry.trace_id.clone(),
+        client: entry.client.clone(),
+        replica: entry.replica.clone(),
+        body_recorded: entry.body.is_some(),
+        by: entry.by.clone(),
+    }
+}
+
+/// An entry whole: its recorded headers and body too.
+fn detail(id: LogId, entry: &LoggedDelivery) -> DeliveryDetail {
+    // Text when it is, else base64: the answer is always valid JSON.
+    let (body, encoding) = match &entry.body {
+        None => (None, None),
+        Some(body) => match std::str::from_utf8(body) {
+            Ok(text) => (Some(text.to_owned()), Some("utf-8")),
+            Err(_) => (Some(BASE64_STANDARD.encode(body)), Some("base64")),
+        },
+    };
+    DeliveryDetail {
+        summary: summary(id, entry),
+        headers: entry.headers.clone(),
+        body_truncated: entry.body_truncated,
+        body,
+        body_encoding: encoding.map(str::to_owned),
     }
 }
 

@@ -27,6 +27,9 @@ pub(super) struct Endpoint {
     pub(super) query: Vec<&'static [QueryParam]>,
     /// The schema of the JSON body it takes, if it takes one.
     pub(super) body: Option<SchemaOf>,
+    /// The handler reads a request without a body as `{}`: the document marks the body
+    /// optional.
+    pub(super) body_optional: bool,
     /// What a success answers.
     pub(super) success: Success,
     /// The schema of a JSON success's body, if the answer is a type.
@@ -34,16 +37,69 @@ pub(super) struct Endpoint {
     pub(super) handler: MethodRouter<Arc<AdminState>>,
 }
 
-/// A query parameter, by name; `required` if the endpoint refuses a request without it.
+/// A query parameter: its name, whether the endpoint refuses a request without it, and
+/// the values it takes.
+#[derive(Clone, Copy)]
 pub(super) struct QueryParam {
     pub(super) name: &'static str,
     pub(super) required: bool,
+    pub(super) takes: Takes,
 }
 
-pub(super) const fn optional(name: &'static str) -> QueryParam {
+/// The values a query parameter takes: its schema in the OpenAPI document. A count's
+/// limit and a list of names are the ones its parser uses; Schemathesis' negative cases
+/// (`tests/it/openapi.rs`) check that the parsers refuse what the schema excludes.
+#[derive(Clone, Copy)]
+pub(super) enum Takes {
+    /// Any text, the empty one too.
+    Text,
+    /// A count from 1 to the maximum.
+    Count(usize),
+    /// An HTTP status, 100 to 599.
+    Status,
+    /// A status (502) or a class of them (5xx).
+    StatusOrClass,
+    /// An RFC 3339 time.
+    Time,
+    /// One of these names.
+    OneOf(&'static [&'static str]),
+    /// Some of these names, joined by commas.
+    SomeOf(&'static [&'static str]),
+}
+
+impl Takes {
+    pub(super) fn schema(self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            Takes::Text => json!({ "type": "string" }),
+            Takes::Count(max) => json!({ "type": "integer", "minimum": 1, "maximum": max }),
+            Takes::Status => json!({ "type": "integer", "minimum": 100, "maximum": 599 }),
+            Takes::StatusOrClass => {
+                json!({ "type": "string", "pattern": "^[1-5]([0-9][0-9]|[xX][xX])$" })
+            }
+            Takes::Time => json!({ "type": "string", "format": "date-time" }),
+            Takes::OneOf(names) => json!({ "type": "string", "enum": names }),
+            Takes::SomeOf(names) => {
+                let name = names.join("|");
+                json!({ "type": "string", "pattern": format!("^({name})(,({name}))*$") })
+            }
+        }
+    }
+}
+
+pub(super) const fn optional(name: &'static str, takes: Takes) -> QueryParam {
     QueryParam {
         name,
         required: false,
+        takes,
+    }
+}
+
+pub(super) const fn required(name: &'static str, takes: Takes) -> QueryParam {
+    QueryParam {
+        name,
+        required: true,
+        takes,
     }
 }
 
@@ -92,6 +148,7 @@ impl Endpoint {
             summary,
             query: Vec::new(),
             body: None,
+            body_optional: false,
             success: Success::Json(200),
             returns: None,
             handler: on(filter, handler),
@@ -116,6 +173,14 @@ impl Endpoint {
     pub(super) fn body<T: schemars::JsonSchema>(self) -> Endpoint {
         Endpoint {
             body: Some(schema_of::<T>),
+            ..self
+        }
+    }
+
+    /// The handler reads a request without a body as `{}`.
+    pub(super) fn body_optional(self) -> Endpoint {
+        Endpoint {
+            body_optional: true,
             ..self
         }
     }

@@ -2,6 +2,7 @@
 //! endpoint's method, path and its names, query parameters, request body (the schema of
 //! the type its handler reads), the role it needs, and its answers; every refusal is an
 //! [`ErrorBody`]. Served at `/v1/openapi.json`, and committed as `docs/openapi.json`.
+//! Each answer's schema, whole in itself, is also an MCP tool's `outputSchema`.
 
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
@@ -48,6 +49,40 @@ pub(super) fn document(table: &[Endpoint]) -> Value {
     })
 }
 
+/// The JSON Schema of an endpoint's typed answer, whole in itself (its definitions under
+/// `$defs`), as an MCP tool's `outputSchema`; `None` unless the answer is a typed object
+/// (a tool's schema must be one).
+pub(super) fn answer_schema(endpoint: &Endpoint) -> Option<Map<String, Value>> {
+    let (Success::Json(_), Some(schema_of)) = (endpoint.success, endpoint.returns) else {
+        return None;
+    };
+    let settings = SchemaSettings::draft2020_12().with(|settings| settings.meta_schema = None);
+    let mut generator = settings.into_generator();
+    let found = Value::from(schema_of(&mut generator));
+    let mut definitions = generator.take_definitions(true);
+    let named = found["$ref"]
+        .as_str()
+        .and_then(|to| to.strip_prefix("#/$defs/"));
+    let root = match named {
+        // The answer's own definition is the root; what it names stays beside it.
+        Some(name) => definitions.get(name).cloned()?,
+        None => found,
+    };
+    let Value::Object(mut root) = root else {
+        return None;
+    };
+    if root.get("type") != Some(&json!("object")) {
+        return None;
+    }
+    if !definitions.is_empty() {
+        root.insert(
+            "$defs".into(),
+            Value::Object(std::mem::take(&mut definitions)),
+        );
+    }
+    Some(root)
+}
+
 fn operation(
     endpoint: &Endpoint,
     generator: &mut schemars::SchemaGenerator,
@@ -57,7 +92,7 @@ fn operation(
         .map(|name| json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string", "minLength": 1 } }))
         .collect();
     parameters.extend(endpoint.query.iter().copied().flatten().map(|param| {
-        json!({ "name": param.name, "in": "query", "required": param.required, "schema": { "type": "string", "minLength": 1 } })
+        json!({ "name": param.name, "in": "query", "required": param.required, "schema": param.takes.schema() })
     }));
     let security = match endpoint.need {
         Need::Anyone => json!([]),
@@ -88,8 +123,8 @@ fn operation(
     });
     if let Some(schema_of) = endpoint.body {
         let schema = Value::from(schema_of(generator));
-        operation["requestBody"] =
-            json!({ "required": true, "content": { "application/json": { "schema": schema } } });
+        let required = !endpoint.body_optional;
+        operation["requestBody"] = json!({ "required": required, "content": { "application/json": { "schema": schema } } });
     }
     operation
 }

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use serde_json::{Value, json};
 
 use std::sync::Arc;
 
@@ -13,14 +12,13 @@ use axum::Extension;
 use axum::extract::State;
 
 use super::access::Role;
-use super::answers::QueueRoute;
+use super::answers::{AccessView, Overview, QueueRoute, RouteOverview, StoreHealth, answer_json};
 use super::extract::Live;
 use super::state::AdminState;
 use crate::body::ProxyBody;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
-use crate::response::json_response;
 use crate::store::log::Fate;
 
 /// How long the store's health check waits for an answer.
@@ -35,6 +33,7 @@ pub(super) async fn overview(
     Extension(role): Extension<Role>,
 ) -> Response<ProxyBody> {
     let (proxy, reloader): (&Proxy, &Reloader) = (&serving.proxy, &serving.reloader);
+    let role_credential = role.credential();
     let (metrics, started): (&Metrics, Instant) = (&state.metrics, state.started);
     let answered = tokio::time::timeout(STORE_CHECK_TIMEOUT, proxy.store().inspect(PROBE_KEY));
     // A store's message may quote what its driver was given: masked, as every answer's.
@@ -46,43 +45,53 @@ pub(super) async fn overview(
     let counts = proxy.key_counts();
     let queues = queue_counts(proxy).await;
     let routing = proxy.routing();
-    let routes: Vec<Value> = routing
+    let routes = routing
         .table
         .routes()
-        .map(|route| {
-            let requests: serde_json::Map<String, Value> = metrics
+        .map(|route| RouteOverview {
+            route: route.name.clone(),
+            scope: route.namespace.clone(),
+            delivery: route.policy.delivery,
+            requests: metrics
                 .requests_of(&route.name)
                 .into_iter()
-                .map(|(outcome, count)| (outcome.to_owned(), json!(count)))
-                .collect();
-            json!({
-                "route": route.name,
-                "scope": route.namespace,
-                "delivery": route.policy.delivery,
-                "requests": requests,
-                "held_keys": metrics.held_of(&route.name),
-                "queue": queues.iter().find(|queue| queue.route == route.name),
-            })
+                .map(|(outcome, count)| (outcome.to_owned(), count))
+                .collect(),
+            held_keys: metrics.held_of(&route.name),
+            queue: queues
+                .iter()
+                .find(|queue| queue.route == route.name)
+                .cloned(),
         })
         .collect();
-    let body = json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_seconds": started.elapsed().as_secs_f64(),
-        "access": { "role": match role { Role::Operator { .. } => "operator", Role::Viewer | Role::Anyone => "viewer" }, "credential": role.credential() },
-        "store": {
-            "kind": reloader.store_kind(),
-            "healthy": store_error.is_none(),
-            "error": store_error,
-            "done_keys": counts.done,
-            "errors": metrics.store_errors(),
+    let role = match role {
+        Role::Operator { .. } => "operator",
+        Role::Viewer | Role::Anyone => "viewer",
+    };
+    let answer = Overview {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_seconds: started.elapsed().as_secs_f64(),
+        access: AccessView {
+            role: role.to_owned(),
+            credential: role_credential.to_owned(),
         },
-        "claims_in_flight": counts.in_flight,
-        "reload": reloader.last(),
-        "delivery_log": proxy.recorder().log().is_some(),
-        "outcomes": Fate::ALL.iter().map(|fate| fate.as_str()).collect::<Vec<_>>(),
-        "routes": routes,
-    });
-    json_response(StatusCode::OK, body.to_string())
+        store: StoreHealth {
+            kind: reloader.store_kind().to_owned(),
+            healthy: store_error.is_none(),
+            error: store_error,
+            done_keys: counts.done,
+            errors: metrics.store_errors(),
+        },
+        claims_in_flight: counts.in_flight as u64,
+        reload: reloader.last(),
+        delivery_log: proxy.recorder().log().is_some(),
+        outcomes: Fate::ALL
+            .iter()
+            .map(|fate| fate.as_str().to_owned())
+            .collect(),
+        routes,
+    };
+    answer_json(StatusCode::OK, &answer)
 }
 
 /// Each queued route's counts, or none where the store keeps no queue or did not say.

@@ -2,14 +2,19 @@
 //! pausing and resuming a route, dead letters listed with filters, a job inspected with
 //! every attempt, a dead letter replayed or discarded, and bulk replays (`bulk.rs`).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::{Method, Response, StatusCode};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use axum::extract::{RawQuery, State};
 
-use super::answers::{Paused, QueueList, QueueRoute, ReplayProgress, answer_json};
+use super::answers::{
+    AttemptView, DeadLetterPage, DeliveredJob, JobDetail, JobSummary, Paused, QueueList,
+    QueueRoute, QueuedRequestView, ReplayProgress, ReplayedJob, answer_json,
+};
 use super::bulk::{self, DeadFilter};
 use super::extract::{Live, PathNames};
 use crate::body::{ProxyBody, empty};
@@ -22,7 +27,7 @@ use crate::store::queue::Job;
 use crate::store::{rfc3339, store_key};
 
 /// The most dead letters one page lists, and how many without `limit`.
-const DEAD_LIMIT_MAX: usize = 100;
+pub(super) const DEAD_LIMIT_MAX: usize = 100;
 const DEAD_LIMIT_DEFAULT: usize = 50;
 
 /// The queued route `name` and the deliveries, or the refusal.
@@ -174,11 +179,8 @@ pub(super) async fn dead(
     };
     match bulk::matching(deliveries.queue().as_ref(), &route, &filter, after, limit).await {
         Ok((jobs, next)) => {
-            let jobs: Vec<Value> = jobs.iter().map(|job| summary(&route, job)).collect();
-            json_response(
-                StatusCode::OK,
-                json!({ "jobs": jobs, "next": next }).to_string(),
-            )
+            let jobs = jobs.iter().map(|job| summary(&route, job)).collect();
+            answer_json(StatusCode::OK, &DeadLetterPage { jobs, next })
         }
         Err(failure) => AdminRefusal::from(failure).into_response(),
     }
@@ -220,7 +222,7 @@ async fn job_action(
         Err(failure) => return AdminRefusal::from(failure).into_response(),
     };
     if !replay && *method != Method::DELETE {
-        return json_response(StatusCode::OK, detail(&route, &found).to_string());
+        return masked_json(&detail(&route, &found));
     }
     if found.dead.is_none() {
         return AdminRefusal::NotDead.into_response();
@@ -234,13 +236,15 @@ async fn job_action(
         Ok(true) if replay => {
             tracing::info!(route = name, key = %key, "dead letter replayed through the admin API");
             deliveries.accepted(name);
-            match queue.job(&route.name, &full_key).await {
-                Ok(Some(job)) => json_response(StatusCode::OK, detail(&route, &job).to_string()),
-                _ => json_response(
-                    StatusCode::OK,
-                    json!({ "route": name, "key": key, "state": "delivered" }).to_string(),
-                ),
-            }
+            let answer = match queue.job(&route.name, &full_key).await {
+                Ok(Some(job)) => ReplayedJob::Queued(Box::new(detail(&route, &job))),
+                _ => ReplayedJob::Delivered(DeliveredJob {
+                    route: name.to_owned(),
+                    key: key.to_owned(),
+                    state: "delivered".to_owned(),
+                }),
+            };
+            masked_json(&answer)
         }
         Ok(true) => {
             tracing::info!(route = name, key = %key, "dead letter discarded through the admin API");
@@ -262,58 +266,77 @@ fn short_key<'j>(route: &Route, job: &'j Job) -> &'j str {
 }
 
 /// A job as a listing shows it.
-fn summary(route: &Route, job: &Job) -> Value {
+fn summary(route: &Route, job: &Job) -> JobSummary {
     let (state, died, reason) = match job.dead {
-        Some((at, reason)) => ("dead", Some(rfc3339(at)), Some(reason.as_str())),
+        Some((at, reason)) => ("dead", Some(rfc3339(at)), Some(reason.as_str().to_owned())),
         None if job.attempts_this_round() == 0 => ("waiting", None, None),
         None => ("retrying", None, None),
     };
-    json!({
-        "route": route.name,
-        "key": short_key(route, job),
-        "state": state,
-        "lane": job.lane,
-        "received_at": rfc3339(job.received_at),
-        "attempts": job.attempted,
-        "last_status": job.last_status(),
-        "dead_at": died,
-        "dead_because": reason,
-    })
+    JobSummary {
+        route: route.name.clone(),
+        key: short_key(route, job).to_owned(),
+        state: state.to_owned(),
+        lane: job.lane.clone(),
+        received_at: rfc3339(job.received_at),
+        attempts: job.attempted,
+        last_status: job.last_status(),
+        dead_at: died,
+        dead_because: reason,
+    }
 }
 
-/// A job with its request's head and every attempt kept.
-fn detail(route: &Route, job: &Job) -> Value {
-    let mut value = summary(route, job);
-    let attempts: Vec<Value> = job
+/// A job with its request's head and every attempt kept (answered through `masked_json`).
+fn detail(route: &Route, job: &Job) -> JobDetail {
+    let history = job
         .history
         .iter()
-        .map(|attempt| {
-            json!({
-                "at": rfc3339(attempt.at),
-                "status": attempt.status,
-                "latency_ms": attempt.latency_ms,
-                "answer": String::from_utf8_lossy(&attempt.detail),
-            })
+        .map(|attempt| AttemptView {
+            at: rfc3339(attempt.at),
+            status: attempt.status,
+            latency_ms: attempt.latency_ms,
+            answer: String::from_utf8_lossy(&attempt.detail).into_owned(),
         })
         .collect();
     // Only headers known to carry no secret are shown: a signature or a token under a
     // name no rule foresaw stays masked. Query values are masked too.
-    let headers: Vec<Value> = job
+    let headers = job
         .request
         .headers
         .iter()
-        .map(|(name, value)| json!([name, masked_header(name, value)]))
+        .map(|(name, value)| (name.clone(), masked_header(name, value)))
         .collect();
-    value["request"] = json!({
-        "method": job.request.method,
-        "target": masked_query(&job.request.target),
-        "headers": headers,
-        "body_bytes": job.request.body.len(),
-    });
-    value["history"] = json!(attempts);
-    value["attempts_kept"] = json!(job.history.len());
-    // A configured secret that an answer or a value echoed is masked as in the log.
-    serde_json::from_str(&crate::redact::text(&value.to_string())).unwrap_or(value)
+    JobDetail {
+        summary: summary(route, job),
+        request: QueuedRequestView {
+            method: job.request.method.clone(),
+            target: masked_query(&job.request.target),
+            headers,
+            body_bytes: job.request.body.len(),
+        },
+        history,
+        attempts_kept: job.history.len(),
+    }
+}
+
+/// An answer as JSON with every configured secret masked in its strings, as in the log
+/// (an app's answer or a header may echo one). Masked string by string, so that no mask
+/// can break the JSON around it.
+fn masked_json(answer: &impl Serialize) -> Response<ProxyBody> {
+    fn mask(value: &mut Value) {
+        match value {
+            Value::String(text) => {
+                if let Cow::Owned(masked) = crate::redact::text(text) {
+                    *text = masked;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(mask),
+            Value::Object(fields) => fields.values_mut().for_each(mask),
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    let mut value = serde_json::to_value(answer).expect("an answer is JSON");
+    mask(&mut value);
+    json_response(StatusCode::OK, value.to_string())
 }
 
 /// A header's value as the admin API shows it: masked unless the header is known to

@@ -2,24 +2,30 @@
 //! (`POST /v1/reload`).
 
 use http::{Response, StatusCode};
-use serde_json::json;
+use serde_json::Value;
 
-use super::answers::{Reloaded, answer_json};
+use super::answers::{Reloaded, RouteList, answer_json};
 use super::extract::Live;
 use crate::body::ProxyBody;
-use crate::response::{AdminRefusal, json_response};
+use crate::response::AdminRefusal;
 
 /// `GET /v1/routes`: every route with its resolved settings, and where unmatched
 /// requests go.
 pub(super) async fn routes(Live(serving): Live) -> Response<ProxyBody> {
     let routing = serving.proxy.routing();
-    let routes: Vec<_> = routing.table.routes().collect();
-    let body = json!({
-        "routes": routes,
-        "unmatched": routing.unmatched,
-        "upstream": routing.fallback_upstream.to_string(),
-    });
-    json_response(StatusCode::OK, body.to_string())
+    let routes = routing
+        .table
+        .routes()
+        .map(|route| match serde_json::to_value(route) {
+            Ok(Value::Object(settings)) => settings,
+            _ => unreachable!("a route is written as a map"),
+        });
+    let answer = RouteList {
+        routes: routes.collect(),
+        unmatched: routing.unmatched,
+        upstream: routing.fallback_upstream.to_string(),
+    };
+    answer_json(StatusCode::OK, &answer)
 }
 
 /// `POST /v1/reload`: reads the configuration file again.

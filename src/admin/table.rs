@@ -4,7 +4,8 @@
 //! and at `/mcp` only once a token is shown), and `HEAD` wherever `GET` goes; the API's
 //! tools (`/mcp`) call the same table inside the process.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::middleware::{self, Next};
@@ -16,53 +17,62 @@ use http_body_util::Full;
 use tower::ServiceExt;
 
 use super::access::{Need, Role};
-use super::endpoint::{Endpoint, QueryParam, Success, optional};
+use super::endpoint::{Endpoint, QueryParam, Success, Takes, optional, required};
 use super::extract::{self, Inside, Live, WithBody};
 use super::state::AdminState;
 use super::{answers, console, deliveries, dry_run, keys, mcp, openapi, overview, probes};
 use super::{queue, routes, scopes};
 use crate::body::ProxyBody;
 use crate::config::McpAccess;
+use crate::delivery_log::query;
 use crate::response::{AdminRefusal, json_response};
+use crate::store::StateFilter;
+use crate::store::queue::DeadReason;
+
+/// A JSON object, as MCP gives a tool's schemas.
+type JsonObject = serde_json::Map<String, serde_json::Value>;
 
 /// `GET /v1/keys`'s parameters.
 const KEYS_QUERY: &[QueryParam] = &[
-    QueryParam {
-        name: "route",
-        required: true,
-    },
-    optional("prefix"),
-    optional("state"),
-    optional("limit"),
-    optional("after"),
+    required("route", Takes::Text),
+    optional("prefix", Takes::Text),
+    optional("state", Takes::OneOf(&StateFilter::NAMES)),
+    optional("limit", Takes::Count(keys::LIST_LIMIT_MAX)),
+    optional("after", Takes::Text),
 ];
 
 /// The delivery log's filter.
 const DELIVERIES_FILTER: &[QueryParam] = &[
-    optional("route"),
-    optional("key"),
-    optional("key_prefix"),
-    optional("outcome"),
-    optional("status"),
-    optional("upstream_status"),
-    optional("since"),
-    optional("until"),
+    optional("route", Takes::Text),
+    optional("key", Takes::Text),
+    optional("key_prefix", Takes::Text),
+    optional("outcome", Takes::SomeOf(&query::OUTCOME_NAMES)),
+    optional("status", Takes::StatusOrClass),
+    optional("upstream_status", Takes::StatusOrClass),
+    optional("since", Takes::Time),
+    optional("until", Takes::Time),
 ];
 
 /// A page of the delivery log.
-const DELIVERIES_PAGE: &[QueryParam] = &[optional("limit"), optional("cursor")];
+const DELIVERIES_PAGE: &[QueryParam] = &[
+    optional("limit", Takes::Count(query::LIMIT_MAX)),
+    optional("cursor", Takes::Text),
+];
 
 /// The dead letters' filter.
 const DEAD_FILTER: &[QueryParam] = &[
-    optional("status"),
-    optional("reason"),
-    optional("key_prefix"),
-    optional("since"),
-    optional("until"),
+    optional("status", Takes::Status),
+    optional("reason", Takes::OneOf(&DeadReason::NAMES)),
+    optional("key_prefix", Takes::Text),
+    optional("since", Takes::Time),
+    optional("until", Takes::Time),
 ];
 
 /// A page of dead letters.
-const DEAD_PAGE: &[QueryParam] = &[optional("limit"), optional("after")];
+const DEAD_PAGE: &[QueryParam] = &[
+    optional("limit", Takes::Count(queue::DEAD_LIMIT_MAX)),
+    optional("after", Takes::Text),
+];
 
 /// Every endpoint; `/mcp` only if `mcp` is on.
 #[rustfmt::skip]
@@ -86,16 +96,18 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::GET, "/console/app.css", Anyone, "The console's style.", console::serve)
             .answers(Success::Text("text/css")),
         Endpoint::new(M::GET, "/v1/openapi.json", Viewer, "This API, described in OpenAPI 3.1.", openapi_document),
-        Endpoint::new(M::GET, "/v1/overview", Viewer, "The proxy at a glance, and who asks.", overview::overview),
-        Endpoint::new(M::GET, "/v1/routes", Viewer, "Every route's resolved settings.", routes::routes),
+        Endpoint::new(M::GET, "/v1/overview", Viewer, "The proxy at a glance, and who asks.", overview::overview)
+            .returns::<answers::Overview>(),
+        Endpoint::new(M::GET, "/v1/routes", Viewer, "Every route's resolved settings.", routes::routes)
+            .returns::<answers::RouteList>(),
         Endpoint::new(M::POST, "/v1/reload", Operator, "Reads the configuration file again.", routes::reload)
             .returns::<answers::Reloaded>(),
         Endpoint::new(M::POST, "/v1/try", Viewer, "A dry run of a request on the running routes.", dry_run::dry_run)
-            .body::<dry_run::Tried>(),
+            .body::<dry_run::Tried>().returns::<crate::dry_run::Report>(),
         Endpoint::new(M::GET, "/v1/scopes", Viewer, "Every scope, its keys counted by state.", scopes::list)
             .returns::<answers::Scopes>(),
         Endpoint::new(M::POST, "/v1/scopes/{scope}/clear", Operator, "Removes a scope's keys.", scopes::clear)
-            .body::<scopes::Clearing>().returns::<answers::Cleared>().syncs(),
+            .body::<scopes::Clearing>().body_optional().returns::<answers::Cleared>().syncs(),
         Endpoint::new(M::GET, "/v1/keys", Viewer, "A route's keys, a page at a time.", keys::list)
             .query(KEYS_QUERY).returns::<answers::KeyPage>(),
         Endpoint::new(M::GET, "/v1/keys/{route}/{key}", Viewer, "A key, with the answer it recorded.", keys::one)
@@ -117,23 +129,25 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::POST, "/v1/queue/{route}/resume", Operator, "Resumes a route's deliveries.", queue::resume)
             .returns::<answers::Paused>().syncs(),
         Endpoint::new(M::GET, "/v1/queue/{route}/dead", Viewer, "A route's dead letters, filtered.", queue::dead)
-            .query(DEAD_FILTER).query(DEAD_PAGE),
+            .query(DEAD_FILTER).query(DEAD_PAGE).returns::<answers::DeadLetterPage>(),
         Endpoint::new(M::POST, "/v1/queue/{route}/replays", Operator, "Replays the dead letters a filter picks.", queue::replay_dead)
             .query(DEAD_FILTER).answers(Success::Json(202)).returns::<answers::ReplayProgress>(),
-        Endpoint::new(M::GET, "/v1/queue/{route}/jobs/{key}", Viewer, "A queued or dead job.", queue::job),
+        Endpoint::new(M::GET, "/v1/queue/{route}/jobs/{key}", Viewer, "A queued or dead job.", queue::job)
+            .returns::<answers::JobDetail>(),
         Endpoint::new(M::DELETE, "/v1/queue/{route}/jobs/{key}", Operator, "Discards a dead letter.", queue::job)
             .answers(Success::NoContent).syncs(),
         Endpoint::new(M::POST, "/v1/queue/{route}/jobs/{key}/replay", Operator, "Replays a dead letter.", queue::replay)
-            .syncs(),
+            .returns::<answers::ReplayedJob>().syncs(),
         Endpoint::new(M::GET, "/v1/replays/{id}", Viewer, "A bulk replay's progress.", queue::replay_progress)
             .returns::<answers::ReplayProgress>(),
         Endpoint::new(M::DELETE, "/v1/replays/{id}", Operator, "Cancels a bulk replay.", queue::cancel_replay)
             .returns::<answers::ReplayProgress>(),
         Endpoint::new(M::GET, "/v1/deliveries", Viewer, "The delivery log, filtered.", deliveries::list)
-            .query(DELIVERIES_FILTER).query(DELIVERIES_PAGE),
+            .query(DELIVERIES_FILTER).query(DELIVERIES_PAGE).returns::<answers::DeliveryPage>(),
         Endpoint::new(M::GET, "/v1/deliveries/tail", Viewer, "The log's entries from now on.", deliveries::tail)
             .query(DELIVERIES_FILTER).answers(Success::Events),
-        Endpoint::new(M::GET, "/v1/deliveries/{id}", Viewer, "One entry of the delivery log.", deliveries::get),
+        Endpoint::new(M::GET, "/v1/deliveries/{id}", Viewer, "One entry of the delivery log.", deliveries::get)
+            .returns::<answers::DeliveryDetail>(),
     ];
     if mcp != McpAccess::Off {
         // A POST that may only read: its tools are limited to the caller's role instead.
@@ -272,6 +286,20 @@ impl mcp::Api for InProcess {
                 Err(never) => match never {},
             }
         })
+    }
+
+    fn answer_schema(&self, method: &Method, path: &str) -> Option<Arc<JsonObject>> {
+        static SCHEMAS: OnceLock<HashMap<(Method, &'static str), Arc<JsonObject>>> =
+            OnceLock::new();
+        let schemas = SCHEMAS.get_or_init(|| {
+            let table = endpoints(McpAccess::Off).into_iter();
+            let typed = table.filter_map(|endpoint| {
+                let schema = openapi::answer_schema(&endpoint)?;
+                Some(((endpoint.method, endpoint.path), Arc::new(schema)))
+            });
+            typed.collect()
+        });
+        schemas.get(&(method.clone(), path)).cloned()
     }
 }
 

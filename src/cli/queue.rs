@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::api::{Api, Failure, fields, page_table, pages, path_segment, plain, print, table};
 use super::api::{printable, typed};
 use super::{DeadFilterArgs, PageArgs, QueueCommand};
-use crate::admin::answers::{QueueList, ReplayProgress};
+use crate::admin::answers::{DeadLetterPage, JobDetail, QueueList, ReplayProgress};
 
 pub(super) async fn carry_out(config: Option<&Path>, command: QueueCommand) -> Result<(), Failure> {
     match command {
@@ -197,17 +197,19 @@ fn status_table(answer: &Value) -> String {
 /// A page of dead letters, under headings if `headings`, with the cursor of the next page
 /// if `more`.
 fn dead_table(answer: &Value, headings: bool, more: bool) -> String {
-    let rows: Vec<Vec<String>> = answer["jobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let Some(page) = typed::<DeadLetterPage>(answer) else {
+        return fields(answer);
+    };
+    let rows: Vec<Vec<String>> = page
+        .jobs
+        .iter()
         .map(|job| {
             vec![
-                plain(&job["key"]),
-                plain(&job["dead_because"]),
-                plain(&job["last_status"]),
-                plain(&job["attempts"]),
-                plain(&job["dead_at"]),
+                printable(&job.key),
+                plain(&json!(job.dead_because)),
+                plain(&json!(job.last_status)),
+                job.attempts.to_string(),
+                plain(&json!(job.dead_at)),
             ]
         })
         .collect();
@@ -226,24 +228,25 @@ fn answer_cell(answer: &str) -> String {
 
 /// A job's fields, then its attempts as a table.
 fn job_fields(answer: &Value) -> String {
-    let mut job = answer.clone();
-    let history = job
-        .as_object_mut()
-        .and_then(|fields| fields.remove("history"))
-        .unwrap_or(Value::Null);
-    let mut text = fields(&job);
-    let rows: Vec<Vec<String>> = history
-        .as_array()
-        .into_iter()
-        .flatten()
+    let Some(job) = typed::<JobDetail>(answer) else {
+        return fields(answer);
+    };
+    let mut shown = answer.clone();
+    if let Some(fields) = shown.as_object_mut() {
+        fields.remove("history");
+    }
+    let mut text = fields(&shown);
+    let rows: Vec<Vec<String>> = job
+        .history
+        .iter()
         .map(|attempt| {
             vec![
-                plain(&attempt["at"]),
-                plain(&attempt["status"]),
-                plain(&attempt["latency_ms"]),
+                printable(&attempt.at),
+                plain(&json!(attempt.status)),
+                attempt.latency_ms.to_string(),
                 // The app's answer, on one line and without control characters (a
                 // terminal would act on them).
-                answer_cell(&plain(&attempt["answer"])),
+                answer_cell(&printable(&attempt.answer)),
             ]
         })
         .collect();

@@ -1,17 +1,14 @@
 //! Reading the delivery log back: a [`Filter`] from a query string, pages newest first
-//! with a cursor bound to their filter, and each entry as the admin API shows it.
+//! with a cursor bound to their filter.
 //!
 //! A page reads at most about [`EXAMINED_MAX`] entries (each read of the store counts as
 //! [`READ_BATCH`], whatever it found): one whose filter matches few of a large log, or
 //! that meets a run of entries that do not read, ends early, with a cursor to go on from
 //! (as Redis's key listing does).
 
-use base64::Engine;
-use serde_json::{Value, json};
-
 use crate::cursor_mark;
 use crate::store::log::{DeliveryLog, Fate, LogId, LoggedDelivery};
-use crate::store::{Millis, StoreError, parse_rfc3339, rfc3339};
+use crate::store::{Millis, StoreError, parse_rfc3339};
 
 /// Entries one page shows at most, and without `limit`.
 pub const LIMIT_MAX: usize = 500;
@@ -182,14 +179,11 @@ impl Filter {
 fn outcomes(text: &str) -> Result<Vec<OutcomeTerm>, String> {
     text.split(',')
         .map(|term| match term {
-            "waited" => Ok(OutcomeTerm::Waited),
-            "replayed" => Ok(OutcomeTerm::Replayed),
+            WAITED => Ok(OutcomeTerm::Waited),
+            REPLAYED => Ok(OutcomeTerm::Replayed),
             _ => Fate::parse(term).map(OutcomeTerm::Fate).ok_or_else(|| {
-                let names: Vec<_> = Fate::ALL.iter().map(|fate| fate.as_str()).collect();
-                format!(
-                    "outcome `{term}` is not one of {}, waited, replayed",
-                    names.join(", ")
-                )
+                let names = OUTCOME_NAMES.join(", ");
+                format!("outcome `{term}` is not one of {names}")
             }),
         })
         .collect()
@@ -199,6 +193,23 @@ fn status(name: &str, text: &str) -> Result<StatusMatch, String> {
     StatusMatch::parse(text)
         .ok_or_else(|| format!("{name} `{text}` is not a status (like 502) or a class (like 5xx)"))
 }
+
+/// The marks an `outcome` filter takes beside the fates.
+const WAITED: &str = "waited";
+const REPLAYED: &str = "replayed";
+
+/// Every name an `outcome` filter takes: the fates, then the marks.
+pub const OUTCOME_NAMES: [&str; Fate::ALL.len() + 2] = {
+    let mut names = [""; Fate::ALL.len() + 2];
+    let mut at = 0;
+    while at < Fate::ALL.len() {
+        names[at] = Fate::ALL[at].as_str();
+        at += 1;
+    }
+    names[at] = WAITED;
+    names[at + 1] = REPLAYED;
+    names
+};
 
 /// One page of a listing, newest first, and the cursor of the next (none after the last).
 pub struct Page {
@@ -242,58 +253,6 @@ pub async fn page(log: &dyn DeliveryLog, listing: &Listing) -> Result<Page, Stor
             });
         }
     }
-}
-
-/// An entry as the API shows it; with `whole`, its headers and body too.
-pub fn describe(id: LogId, entry: &LoggedDelivery, whole: bool) -> Value {
-    let mut shown = json!({
-        "id": id.to_string(),
-        "at": rfc3339(entry.at),
-        "route": entry.route,
-        "scope": entry.scope,
-        "key": entry.key,
-        "outcome": entry.fate.as_str(),
-        "refusal": entry.refusal,
-        "waited": entry.waited,
-        "replayed": entry.replayed,
-        "attempt": entry.attempt,
-        "status": (entry.status != 0).then_some(entry.status),
-        "upstream_status": entry.upstream_status,
-        "upstream_ms": entry.upstream_ms,
-        "duration_ms": entry.duration_ms,
-        "size": entry.size,
-        "method": entry.method,
-        "path": entry.path,
-        "request_id": entry.request_id,
-        "trace_id": entry.trace_id,
-        "client": entry.client,
-        "replica": entry.replica,
-        "body_recorded": entry.body.is_some(),
-        "by": entry.by,
-    });
-    if whole {
-        let headers: Vec<_> = entry
-            .headers
-            .iter()
-            .map(|(name, value)| json!([name, value]))
-            .collect();
-        shown["headers"] = Value::Array(headers);
-        shown["body_truncated"] = Value::Bool(entry.body_truncated);
-        // Text when it is, else base64: the API's answer is always valid JSON.
-        let (body, encoding) = match &entry.body {
-            None => (Value::Null, Value::Null),
-            Some(body) => match std::str::from_utf8(body) {
-                Ok(text) => (Value::String(text.to_owned()), json!("utf-8")),
-                Err(_) => (
-                    Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
-                    json!("base64"),
-                ),
-            },
-        };
-        shown["body"] = body;
-        shown["body_encoding"] = encoding;
-    }
-    shown
 }
 
 #[cfg(test)]

@@ -15,39 +15,40 @@ use crate::route::{DeliveryMode, OnAmbiguous, OnInFlight, OnPayloadMismatch, Rep
 use crate::values::{HumanDuration, UpstreamUrl};
 use crate::verify::VerifyError;
 
-/// What the proxy would do with a request.
-#[derive(Debug, Serialize)]
+/// What the proxy would do with a request. A field left out when empty is `default` too,
+/// so that its schema does not call it required.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Report {
     pub verdict: Verdict,
     pub request: Asked,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<RouteTaken>,
     /// Each route, and why it does not take the request: only when none does.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_taken_by: Vec<NotTaken>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<KeyRead>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<OrderRead>,
     /// What the first delivery of the key gets, in words.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_delivery: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate: Option<Answered>,
     /// The answer while another delivery of the key is running, or while it is held.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<Answered>,
     /// The answer a refused request gets.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<Answered>,
     /// What the caller of the dry run adds (where a secret came from, say).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// A route takes it: forwarded, or queued.
@@ -62,7 +63,7 @@ pub enum Verdict {
 }
 
 /// The request, as the dry run read it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Asked {
     pub method: String,
     pub target: String,
@@ -70,7 +71,7 @@ pub struct Asked {
     pub body_bytes: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RouteTaken {
     pub name: String,
     pub scope: String,
@@ -78,15 +79,19 @@ pub struct RouteTaken {
     pub upstream: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct NotTaken {
     pub route: String,
     pub because: String,
 }
 
 /// What became of the signature.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "`not_checked` is the report's word"
+)]
 pub enum Checked {
     Verified,
     Refused,
@@ -96,22 +101,22 @@ pub enum Checked {
     None,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Signature {
     pub result: Checked,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<&'static str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
     /// When a timestamped scheme's timestamp was judged at.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judged_at: Option<String>,
     /// Why it was refused or not checked, or what a route without a check misses.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct KeyRead {
     pub template: String,
     /// The key, or none when a part read nothing.
@@ -120,36 +125,36 @@ pub struct KeyRead {
     pub parts: Vec<PartRead>,
     /// The key in its scope, as the admin API and the sled and PostgreSQL stores name it
     /// (a Redis store puts its prefix in front).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_key: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct PartRead {
     pub part: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missing: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct OrderRead {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entity: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// Why the guard cannot use the event (it goes unguarded).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unusable: Option<String>,
 }
 
 /// An answer the proxy gives itself.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Answered {
     pub status: u16,
     /// The `error` code of a refusal.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
     /// A refusal's detail, or the body of another answer and when it is given.
     pub detail: String,

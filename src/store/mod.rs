@@ -178,13 +178,13 @@ pub enum StateFilter {
 }
 
 impl StateFilter {
+    /// The names a listing's `state` takes, in the order of [`StateFilter::ALL`].
+    pub const NAMES: [&str; 3] = ["in_flight", "done", "held"];
+    const ALL: [StateFilter; 3] = [StateFilter::InFlight, StateFilter::Done, StateFilter::Held];
+
     pub fn parse(text: &str) -> Option<StateFilter> {
-        match text {
-            "in_flight" => Some(StateFilter::InFlight),
-            "done" => Some(StateFilter::Done),
-            "held" => Some(StateFilter::Held),
-            _ => None,
-        }
+        let at = StateFilter::NAMES.iter().position(|name| *name == text)?;
+        Some(StateFilter::ALL[at])
     }
 
     pub fn admits(self, state: &KeyState) -> bool {

@@ -82,7 +82,14 @@ pub enum DeadReason {
 }
 
 impl DeadReason {
-    pub fn as_str(self) -> &'static str {
+    /// Every reason's name, as a dead-letter filter takes it.
+    pub const NAMES: [&str; 3] = [
+        DeadReason::Refused.as_str(),
+        DeadReason::Attempts.as_str(),
+        DeadReason::Age.as_str(),
+    ];
+
+    pub const fn as_str(self) -> &'static str {
         match self {
             DeadReason::Refused => "refused",
             DeadReason::Attempts => "max_attempts",

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+import jsonschema
+
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
@@ -44,8 +46,10 @@ async def main(url, calls):
                             "description": tool.description,
                             "annotations": annotations(tool),
                             "required": tool.input_schema.get("required", []),
+                            "output_schema": tool.output_schema is not None,
                         }
                     )
+                schemas = {tool.name: tool.output_schema for tool in listed.tools}
                 for name, arguments in calls:
                     try:
                         result = await session.call_tool(name, arguments)
@@ -55,14 +59,22 @@ async def main(url, calls):
                     text = "".join(
                         block.text for block in result.content if block.type == "text"
                     )
-                    seen["calls"].append(
-                        {
-                            "tool": name,
-                            "is_error": bool(result.is_error),
-                            "json": json.loads(text) if text else None,
-                            "structured": result.structured_content,
-                        }
-                    )
+                    call = {
+                        "tool": name,
+                        "is_error": bool(result.is_error),
+                        "json": json.loads(text) if text else None,
+                        "structured": result.structured_content,
+                    }
+                    # A success's structured result is held to the tool's outputSchema
+                    # here, whatever the client library checks itself.
+                    schema = schemas.get(name)
+                    if schema is not None and not result.is_error:
+                        try:
+                            jsonschema.validate(result.structured_content, schema)
+                            call["matches_output_schema"] = True
+                        except jsonschema.ValidationError as error:
+                            call["matches_output_schema"] = error.message
+                    seen["calls"].append(call)
     print(json.dumps(seen))
 
 

@@ -28,6 +28,19 @@ fn tool_names(seen: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// Every call that succeeded and has an `outputSchema` matched it (checked by the agent
+/// with `jsonschema`); at least one did.
+fn assert_each_success_matches_its_schema(calls: &[Value]) {
+    let checked: Vec<_> = calls
+        .iter()
+        .filter(|call| call.get("matches_output_schema").is_some())
+        .collect();
+    assert!(!checked.is_empty(), "{calls:?}");
+    for call in checked {
+        assert_eq!(call["matches_output_schema"], true, "{call}");
+    }
+}
+
 const READ_TOOLS: [&str; 7] = [
     "list_routes",
     "list_keys",
@@ -96,6 +109,12 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         );
     }
     let calls = seen["calls"].as_array().unwrap();
+    // Each tool says the shape of its answer (the API's typed answer), and each success
+    // the agent got matched it.
+    for tool in seen["tools"].as_array().unwrap() {
+        assert_eq!(tool["output_schema"], true, "{tool}");
+    }
+    assert_each_success_matches_its_schema(calls);
     let answer = |index: usize| -> &Value {
         assert_eq!(calls[index]["is_error"], false, "{}", calls[index]);
         &calls[index]["json"]
@@ -117,6 +136,7 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["get_delivery", {"id": id}],
     ]);
     let seen_more = agent(proxy.admin, None, more).await;
+    assert_each_success_matches_its_schema(seen_more["calls"].as_array().unwrap());
     let second = &seen_more["calls"][0]["json"];
     assert_eq!(second["deliveries"][0]["outcome"], "forwarded", "{second}");
     assert_eq!(seen_more["calls"][1]["json"]["id"], id);
@@ -222,8 +242,12 @@ async fn with_read_write_an_agent_forgets_and_clears_keys_and_their_events_run_a
     for tool in &seen["tools"].as_array().unwrap()[READ_TOOLS.len()..] {
         assert_eq!(tool["annotations"]["read_only"], false, "{tool}");
         assert_eq!(tool["annotations"]["destructive"], true, "{tool}");
+        // Forgetting a key answers nothing: no shape to give.
+        let answers = tool["name"] != "forget_key";
+        assert_eq!(tool["output_schema"], answers, "{tool}");
     }
     let calls = seen["calls"].as_array().unwrap();
+    assert_each_success_matches_its_schema(calls);
     assert_eq!(calls[0]["json"]["key"], key, "{}", calls[0]);
     assert_eq!(calls[0]["json"]["state"], "done");
     // Only a held key is resolved; the done key is forgotten once.

@@ -8,6 +8,7 @@ use crate::support;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use support::*;
 
@@ -289,4 +290,42 @@ async fn signature_secrets_and_the_admin_token_never_show() {
             "{what} shows the admin token:\n{text}"
         );
     }
+}
+
+/// A queued job's view masks a configured secret wherever the app's answer or the request
+/// echoes it, string by string: the answer stays JSON, and the secret shows nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_view_masks_a_configured_secret_the_app_echoed() {
+    const TOKEN: &str = "tok-s3cret-value-789";
+    let upstream = Upstream::start().await;
+    // Refused by the app (not retried): the job is a dead letter at once.
+    upstream.script([Answer::status(400).body(&format!("bad key \"{TOKEN}\", null"))]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0, token_env: TEST_ADMIN_TOKEN }}\nupstream: http://{}\nstore: {{ sled: {{ path: \"{}\" }} }}\nroutes:\n  - name: hooks\n    match: {{ path: /hooks }}\n    key: \"{{json:/id}}\"\n    delivery: queued\n",
+            upstream.addr,
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let proxy = Binary::start_with_env(&config, &[("TEST_ADMIN_TOKEN", TOKEN)]);
+    let body = format!(r#"{{"id":"evt_echo","note":"{TOKEN}"}}"#);
+    let target = format!("/hooks?echo={TOKEN}");
+    let sent = post_json(proxy.addr, &target, &body).await;
+    assert_eq!(sent.status, 202, "{}", sent.body);
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let path = "/v1/queue/hooks/jobs/evt_echo";
+    eventually(Duration::from_secs(10), "a dead letter", || async {
+        let job = send(proxy.admin, "GET", path, &auth, "").await;
+        job.status == 200 && job.json()["state"] == "dead"
+    })
+    .await;
+    let job = send(proxy.admin, "GET", path, &auth, "").await;
+    let answer = job.json()["history"][0]["answer"].as_str().unwrap().to_owned();
+    assert_eq!(answer, "bad key \"***\", null", "{}", job.body);
+    assert!(!job.body.contains(TOKEN), "{}", job.body);
 }

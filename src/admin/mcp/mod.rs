@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -50,6 +50,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// the port's answer, and a future that holds itself needs a box to have a size.
 pub(super) trait Api: Send + Sync + 'static {
     fn answer(&self, request: Request<Bytes>) -> BoxFuture<'_, Response<ProxyBody>>;
+
+    /// The JSON Schema of the success of the endpoint at `method` and `path` (as the route
+    /// table writes it), if that answer is a typed object: a tool's `outputSchema`.
+    fn answer_schema(&self, method: &Method, path: &str) -> Option<Arc<JsonObject>>;
 }
 
 /// Serves one message to `/mcp` (the port's rules met, its body read whole within bounds,
@@ -101,6 +105,16 @@ struct McpServer {
 impl McpServer {
     fn offered(&self) -> impl Iterator<Item = &'static ToolSpec> + '_ {
         TOOLS.iter().filter(|tool| tool.read_only || self.writes)
+    }
+
+    /// A tool as the client sees it, with the schema of its endpoint's answer.
+    fn described(&self, tool: &ToolSpec) -> Tool {
+        let (method, path) = &tool.endpoint;
+        let described = tool.tool();
+        match self.api.answer_schema(method, path) {
+            Some(schema) => described.with_raw_output_schema(schema),
+            None => described,
+        }
     }
 
     /// Runs the tool `call` names and gives the API's answer.
@@ -162,14 +176,14 @@ impl ServerHandler for McpServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         Ok(ListToolsResult::with_all_items(
-            self.offered().map(ToolSpec::tool).collect(),
+            self.offered().map(|tool| self.described(tool)).collect(),
         ))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.offered()
             .find(|tool| tool.name == name)
-            .map(ToolSpec::tool)
+            .map(|tool| self.described(tool))
     }
 
     async fn call_tool(

@@ -23,6 +23,8 @@ struct Argument {
 /// A tool: what it is called, says and takes, and the API request it makes.
 pub(super) struct ToolSpec {
     pub(super) name: &'static str,
+    /// The method and path of the endpoint its calls ask, as the route table writes them.
+    pub(super) endpoint: (Method, &'static str),
     description: &'static str,
     /// Changes nothing; offered whatever `admin.mcp` says (unless `off`).
     pub(super) read_only: bool,
@@ -83,6 +85,7 @@ const SENDERS_TEXT_ABSENT: [&str; 2] = ["list_routes", "list_scopes"];
 pub(super) const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "list_routes",
+        endpoint: (Method::GET, "/v1/routes"),
         description: "The proxy's routes with their resolved settings (secrets masked): each route's name is what the key tools take.",
         read_only: true,
         idempotent: true,
@@ -91,6 +94,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "list_keys",
+        endpoint: (Method::GET, "/v1/keys"),
         description: "A page of the live keys in a route's scope (in flight, done or held), with each key's state, times and the app's recorded status; pass `next` back as `after`, with the same route, prefix and state, for the next page.",
         read_only: true,
         idempotent: true,
@@ -128,6 +132,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "list_scopes",
+        endpoint: (Method::GET, "/v1/scopes"),
         description: "The scopes keys are kept in (a route's own, or one several routes share), each with its routes and its live keys counted by state (in_flight, done, held); `counted_all` is false where a large store was counted only in part.",
         read_only: true,
         idempotent: true,
@@ -136,6 +141,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "get_key",
+        endpoint: (Method::GET, "/v1/keys/{route}/{key}"),
         description: "One key of a route: its state (in_flight, done, held), when it was claimed, finished or held and why, when it expires, and the answer it recorded for duplicates.",
         read_only: true,
         idempotent: true,
@@ -144,6 +150,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "list_deliveries",
+        endpoint: (Method::GET, "/v1/deliveries"),
         description: "The delivery log, newest first: every request a route took, with its outcome, the app's status and latency. Filters combine; pass `next` back as `cursor` with the same filters.",
         read_only: true,
         idempotent: true,
@@ -218,6 +225,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "get_delivery",
+        endpoint: (Method::GET, "/v1/deliveries/{id}"),
         description: "One delivery log entry whole, with the headers and body its route records (if any).",
         read_only: true,
         idempotent: true,
@@ -238,6 +246,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "try_request",
+        endpoint: (Method::POST, "/v1/try"),
         description: "A dry run of one request against the running routes, contacting neither the app nor the store: the route that takes it (or why each does not), whether its signature verifies and why not, the key and what each part of the route's key template read, the store key, and the answers a first delivery, a duplicate and one in flight get. For checking a route's rules while writing them.",
         read_only: true,
         idempotent: true,
@@ -273,6 +282,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "forget_key",
+        endpoint: (Method::DELETE, "/v1/keys/{route}/{key}"),
         description: "Forgets a done key, so that the next delivery of that event is forwarded to the app again (its work runs again). Refused for a key in flight or held.",
         read_only: false,
         idempotent: true,
@@ -287,6 +297,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "set_key_expiry",
+        endpoint: (Method::PATCH, "/v1/keys/{route}/{key}"),
         description: "Moves a done key's expiry, sooner or later (give expires_at or expires_in): until then its deliveries are duplicates, after it the next one is forwarded again. Refused for a key in flight or held.",
         read_only: false,
         idempotent: false,
@@ -322,6 +333,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "clear_keys",
+        endpoint: (Method::POST, "/v1/scopes/{scope}/clear"),
         description: "Clears a scope's done keys, all of them or those starting with a prefix, so that their events' next deliveries are forwarded again (their work runs again); never another scope's keys. Refused while any of those keys is in flight unless forced; held keys are left (`held_left`) unless forced, when they are released. A large scope answers `complete: false` with a `next`: call again with it as `after` until `complete` is true.",
         read_only: false,
         idempotent: true,
@@ -368,6 +380,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "resolve_key",
+        endpoint: (Method::POST, "/v1/keys/{route}/{key}/resolve"),
         description: "Resolves a held key (one whose forward may or may not have run): `done` if the work happened (duplicates get the duplicate answer), `release` if it did not (the next delivery runs it).",
         read_only: false,
         idempotent: true,
@@ -557,5 +570,61 @@ mod tests {
         );
         let one = (tool("get_delivery").api_call)(&arguments(&[("id", "12-0")])).unwrap();
         assert_eq!(one.path_and_query, "/v1/deliveries/12-0");
+    }
+
+    #[test]
+    fn each_tool_asks_the_endpoint_it_names() {
+        let samples: &[(&str, &[(&str, Value)])] = &[
+            ("list_routes", &[]),
+            ("list_keys", &[("route", json!("r"))]),
+            ("list_scopes", &[]),
+            ("get_key", &[("route", json!("r")), ("key", json!("k"))]),
+            ("list_deliveries", &[]),
+            ("get_delivery", &[("id", json!("1-0"))]),
+            (
+                "try_request",
+                &[("request", json!("GET / HTTP/1.1\r\n\r\n"))],
+            ),
+            ("forget_key", &[("route", json!("r")), ("key", json!("k"))]),
+            (
+                "set_key_expiry",
+                &[
+                    ("route", json!("r")),
+                    ("key", json!("k")),
+                    ("expires_in", json!("1h")),
+                ],
+            ),
+            (
+                "clear_keys",
+                &[("scope", json!("s")), ("prefix", json!("p"))],
+            ),
+            (
+                "resolve_key",
+                &[
+                    ("route", json!("r")),
+                    ("key", json!("k")),
+                    ("outcome", json!("done")),
+                ],
+            ),
+        ];
+        assert_eq!(samples.len(), TOOLS.len());
+        for (name, arguments) in samples {
+            let spec = tool(name);
+            let arguments = arguments.iter().map(|(n, v)| ((*n).to_owned(), v.clone()));
+            let call = (spec.api_call)(&arguments.collect()).unwrap();
+            let path = call.path_and_query.split('?').next().unwrap();
+            let (method, pattern) = &spec.endpoint;
+            let asked: Vec<_> = path.split('/').collect();
+            let named: Vec<_> = pattern.split('/').collect();
+            let fits = asked.len() == named.len()
+                && asked.iter().zip(&named).all(|(segment, part)| {
+                    part.starts_with('{') && !segment.is_empty() || segment == part
+                });
+            assert!(
+                call.method == method && fits,
+                "{name}: {} {path}",
+                call.method
+            );
+        }
     }
 }

@@ -109,7 +109,7 @@ impl Fate {
         Fate::Changed,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Fate::Forwarded => "forwarded",
             Fate::Duplicate => "duplicate",
