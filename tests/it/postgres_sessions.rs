@@ -1,6 +1,7 @@
 //! What the PostgreSQL store leaves on a server it shares with others: behind PgBouncer in
-//! transaction mode, nothing in the pooler's sessions (settings, prepared statements,
-//! `LISTEN`s), and a warning when `url` seems to be a pooler without `direct_url`; beside
+//! transaction mode, with `direct_url` or without, nothing in the pooler's sessions
+//! (settings, prepared statements, `LISTEN`s, locks), and a warning when `url` seems to be
+//! a pooler without `direct_url`; beside
 //! a replica that stopped reading its notifications, a notification queue that does not
 //! fill. (Skipped locally without the servers; a failure in CI.)
 
@@ -74,35 +75,7 @@ async fn behind_pgbouncer_the_pooled_sessions_are_left_as_they_were() {
     while let Some(done) = work.join_next().await {
         done.unwrap();
     }
-    let pooled = servers.pgbouncer_url();
-    let (first, second) = (client(&pooled).await, client(&pooled).await);
-    first.batch_execute("BEGIN").await.unwrap();
-    second.batch_execute("BEGIN").await.unwrap();
-    for session in [&first, &second] {
-        // A simple query: the test's own statement is not a prepared one.
-        let rows = session
-            .simple_query(
-                "SELECT pg_backend_pid(), current_setting('enable_seqscan'),
-                        current_setting('plan_cache_mode'),
-                        (SELECT count(*) FROM pg_prepared_statements),
-                        (SELECT count(*) FROM pg_listening_channels())",
-            )
-            .await
-            .unwrap();
-        let Some(row) = rows.iter().find_map(|message| match message {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
-            _ => None,
-        }) else {
-            panic!("no row: {rows:?}");
-        };
-        let [pid, seqscan, plans, prepared, channels] =
-            [0, 1, 2, 3, 4].map(|column| row.get(column).unwrap_or_default());
-        assert_eq!(
-            (seqscan, plans, prepared, channels),
-            ("on", "auto", "0", "0"),
-            "server session {pid}"
-        );
-    }
+    assert_sessions_as_new(&servers.pgbouncer_url()).await;
 }
 
 /// A `direct_url` that reaches another database than `url` is refused at start: the
@@ -125,16 +98,20 @@ async fn a_direct_url_to_another_database_than_url_is_refused() {
     assert!(error.contains("reach different databases"), "{error}");
 }
 
-/// Through a pooler without `direct_url`, the log says what to do; reached directly (or
-/// with `direct_url`), it says nothing of the kind.
-#[test]
-fn a_store_that_seems_to_be_behind_a_pooler_says_to_set_direct_url() {
+/// Through a pooler without `direct_url`, the proxy still deduplicates and leaves nothing
+/// in the pooler's sessions (no setting, prepared statement, `LISTEN` or lock: the pool's
+/// other clients find them as new), and the log says to set `direct_url`; reached
+/// directly, or with `direct_url`, it says nothing of the kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_pooler_without_direct_url_the_pooled_sessions_keep_their_defaults() {
     let Some(servers) = TestServers::get() else {
         return;
     };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
+    let table = "sessions_warning";
+    drop_postgres_tables(table).await;
+    let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    // A pool of its own: the proxy without `direct_url` leaves its settings in it.
+    // A pool of its own, which no other test's proxy uses.
     let pooled = servers.pgbouncer_url().replace("/test", "/unguarded");
     for (name, store, warned) in [
         ("behind", format!("url: \"{pooled}\""), true),
@@ -147,16 +124,70 @@ fn a_store_that_seems_to_be_behind_a_pooler_says_to_set_direct_url() {
     ] {
         let path = dir.path().join(format!("{name}.yaml"));
         let text = format!(
-            "listen: 127.0.0.1:0\nupstream: http://{upstream}\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ postgres: {{ {store}, table: sessions_warning }} }}\n{}",
-            json_route("")
+            "listen: 127.0.0.1:0\nupstream: http://{}\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ postgres: {{ {store}, table: {table} }} }}\n{}",
+            upstream.addr,
+            json_route("    on_in_flight: wait\n")
         );
         std::fs::write(&path, text).unwrap();
         let proxy = Binary::start(&path);
+        for round in 0..3 {
+            let id = format!("evt_{name}_{round}");
+            assert_eq!(
+                post_event(proxy.addr, &id).await.dedupe(),
+                "forwarded",
+                "{name}"
+            );
+            assert_eq!(
+                post_event(proxy.addr, &id).await.dedupe(),
+                "duplicate",
+                "{name}"
+            );
+        }
         let log = proxy.log_text();
         assert_eq!(
             log.contains("set `direct_url`"),
             warned,
             "{name}: {store}\n{log}"
+        );
+        drop(proxy);
+        if name == "behind" {
+            assert_sessions_as_new(&pooled).await;
+        }
+    }
+}
+
+/// Two clients of `pooled`, each in a transaction (so that between them they hold both of
+/// the pooler's server sessions), find those sessions as a new one: the planner's
+/// settings at their defaults, no prepared statement, no channel listened to, no lock.
+async fn assert_sessions_as_new(pooled: &str) {
+    let (first, second) = (client(pooled).await, client(pooled).await);
+    first.batch_execute("BEGIN").await.unwrap();
+    second.batch_execute("BEGIN").await.unwrap();
+    for session in [&first, &second] {
+        // A simple query: the test's own statement is not a prepared one.
+        let rows = session
+            .simple_query(
+                "SELECT pg_backend_pid(), current_setting('enable_seqscan'),
+                        current_setting('plan_cache_mode'),
+                        (SELECT count(*) FROM pg_prepared_statements),
+                        (SELECT count(*) FROM pg_listening_channels()),
+                        (SELECT count(*) FROM pg_locks
+                         WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
+            )
+            .await
+            .unwrap();
+        let Some(row) = rows.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        }) else {
+            panic!("no row: {rows:?}");
+        };
+        let [pid, seqscan, plans, prepared, channels, locks] =
+            [0, 1, 2, 3, 4, 5].map(|column| row.get(column).unwrap_or_default());
+        assert_eq!(
+            (seqscan, plans, prepared, channels, locks),
+            ("on", "auto", "0", "0", "0"),
+            "server session {pid}"
         );
     }
 }

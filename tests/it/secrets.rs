@@ -325,7 +325,10 @@ async fn a_jobs_view_masks_a_configured_secret_the_app_echoed() {
     })
     .await;
     let job = send(proxy.admin, "GET", path, &auth, "").await;
-    let answer = job.json()["history"][0]["answer"].as_str().unwrap().to_owned();
+    let answer = job.json()["history"][0]["answer"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(answer, "bad key \"***\", null", "{}", job.body);
     assert!(!job.body.contains(TOKEN), "{}", job.body);
 }

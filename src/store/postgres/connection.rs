@@ -31,21 +31,55 @@ pub(super) enum Sending {
     /// The connection is a session of its own: statements are prepared once per
     /// connection and planned as [`SESSION_SETTINGS`] says.
     Prepared,
-    /// The connection goes through a pooler in transaction mode (`direct_url` is set):
-    /// each transaction may run in a session that other clients use next, so nothing is
-    /// left in one: statements travel unnamed with their parameters' types, and are
-    /// planned each time with the table's size at that time.
+    /// The connection goes, or may go, through a pooler in transaction mode
+    /// ([`sessions`]): each transaction may run in a session that other clients use
+    /// next, so nothing is left in one: statements travel unnamed with their parameters'
+    /// types, and are planned each time with the table's size at that time.
     Unnamed,
 }
 
-impl Sending {
-    pub(super) fn of(config: &PostgresConfig) -> Sending {
-        if config.direct_url.is_some() {
-            Sending::Unnamed
-        } else {
-            Sending::Prepared
-        }
+/// What the store may leave in the server sessions it uses, decided at its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Sessions {
+    /// How statements are sent on the statement pools.
+    pub(super) sending: Sending,
+    /// Whether [`direct_or_url`] reaches a session of the store's own, as `LISTEN` and
+    /// the index build's session lock need: not through a pooler without `direct_url`.
+    pub(super) own: bool,
+}
+
+/// What the store may leave in sessions, from `config` and `client`, a connection on
+/// [`direct_or_url`] that has run nothing yet. With `direct_url`, statements travel
+/// unnamed on `url` and the rest goes to the server itself. Without it, a `url` whose
+/// server was reached on another port than the URL's, or over its Unix socket, may be a
+/// pooler in transaction mode, whose sessions other clients share next: then nothing is
+/// left in them (no setting, no prepared statement, no `LISTEN`, no session lock), and
+/// the log says to set `direct_url`. A port that is only mapped (a container's) costs
+/// the prepared statements and the notifications, never a start.
+pub(super) async fn sessions(
+    config: &PostgresConfig,
+    client: &Object,
+) -> Result<Sessions, StoreError> {
+    if config.direct_url.is_some() {
+        return Ok(Sessions {
+            sending: Sending::Unnamed,
+            own: true,
+        });
     }
+    let Some(reached) = elsewhere(config, client).await? else {
+        return Ok(Sessions {
+            sending: Sending::Prepared,
+            own: true,
+        });
+    };
+    tracing::warn!(
+        url = %config.url.masked(),
+        "the PostgreSQL server was reached on {reached}: `url` may go through a pooler in transaction mode (PgBouncer's pool_mode = transaction, Supavisor's port 6543), whose sessions other clients share, so this proxy leaves nothing in them: statements are not prepared, waiters are not told of outcomes (they look at the store again from time to time) and the keys' state indexes are not built; set `direct_url` to the server itself for all of them"
+    );
+    Ok(Sessions {
+        sending: Sending::Unnamed,
+        own: false,
+    })
 }
 
 /// A statement's text and its parameters' types, and how it is sent.
@@ -214,9 +248,14 @@ pub(super) fn direct_or_url(config: &PostgresConfig) -> &ServerUrl {
         .map_or(&config.url, |direct| &direct.0)
 }
 
-/// A pool of at most `size` connections for statements, opened when first needed.
-pub(super) fn pool(config: &PostgresConfig, size: usize) -> Result<Pool, StoreError> {
-    pool_at(config, &config.url, size, Sending::of(config))
+/// A pool of at most `size` connections for statements sent as `sending` says, opened
+/// when first needed.
+pub(super) fn pool(
+    config: &PostgresConfig,
+    size: usize,
+    sending: Sending,
+) -> Result<Pool, StoreError> {
+    pool_at(config, &config.url, size, sending)
 }
 
 /// One connection with a session of its own, past any pooler: the schema's steps at start
@@ -263,35 +302,28 @@ fn pool_at(
     builder.build().map_err(|error| invalid_url(url, &error))
 }
 
-/// Warns when `url` seems to reach the server through a pooler (the server was reached on
-/// another port, or over its Unix socket): in transaction mode, such a pooler hands this
-/// proxy's session settings to its other clients, and `LISTEN` hears nothing.
-pub(super) async fn warn_if_pooled(
-    config: &PostgresConfig,
-    client: &Object,
-) -> Result<(), StoreError> {
+/// Where the server was reached, if not on the port `url` names: another port, or its
+/// Unix socket (a pooler, or a port mapped on the way). `None` for a `url` of several
+/// hosts or a socket, which names no one port.
+async fn elsewhere(config: &PostgresConfig, client: &Object) -> Result<Option<String>, StoreError> {
     let Ok(server) = driver(config, &config.url)?.0.get_pg_config() else {
-        return Ok(());
+        return Ok(None);
     };
     let one_tcp_host = matches!(server.get_hosts(), [tokio_postgres::config::Host::Tcp(_)]);
     if !one_tcp_host {
-        return Ok(());
+        return Ok(None);
     }
     let port = server.get_ports().first().copied().unwrap_or(5432);
-    // A simple query: behind the pooler this warns of, a prepared one may not be found.
+    // A simple query: behind a pooler, a prepared one may not be found.
     let reached = first_value(client, "SELECT inet_server_port()").await?;
     let reached: Option<i32> = reached.and_then(|port| port.parse().ok());
-    if reached != Some(i32::from(port)) {
-        let reached = reached.map_or_else(
-            || "its Unix socket".to_owned(),
-            |port| format!("port {port}"),
-        );
-        tracing::warn!(
-            url = %config.url.masked(),
-            "the PostgreSQL server was reached on {reached}, not the URL's port {port}: if `url` goes through a pooler in transaction mode (PgBouncer's pool_mode = transaction, Supavisor's port 6543), set `direct_url` to the server itself, or this proxy's settings reach the pooler's other clients and waiters are not told of outcomes"
-        );
+    if reached == Some(i32::from(port)) {
+        return Ok(None);
     }
-    Ok(())
+    Ok(Some(reached.map_or_else(
+        || format!("its Unix socket, not the URL's port {port}"),
+        |reached| format!("port {reached}, not the URL's port {port}"),
+    )))
 }
 
 /// Warns when the sessions this proxy's statements run in do not wait for their commits

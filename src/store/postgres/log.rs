@@ -146,11 +146,14 @@ fn signed(value: u64) -> i64 {
 }
 
 impl PostgresLog {
-    pub(super) fn new(config: &PostgresConfig) -> Result<PostgresLog, StoreError> {
+    pub(super) fn new(
+        config: &PostgresConfig,
+        sending: Sending,
+    ) -> Result<PostgresLog, StoreError> {
         Ok(PostgresLog {
-            pool: connection::pool(config, LOG_POOL)?,
+            pool: connection::pool(config, LOG_POOL, sending)?,
             timeout: config.timeout.0,
-            statements: Statements::for_table(&config.table.0, Sending::of(config)),
+            statements: Statements::for_table(&config.table.0, sending),
         })
     }
 

@@ -33,8 +33,7 @@ use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
 
-use self::connection::Sending;
-use self::connection::Sql;
+use self::connection::{Sessions, Sql};
 use self::lane::{ClaimRequest, FinishRequest, Found, Lane};
 use self::listener::{Listener, hear};
 use self::log::PostgresLog;
@@ -59,7 +58,8 @@ pub struct PostgresStore {
     lanes: PerWorker<Lane>,
     timeout: Duration,
     statements: Arc<Statements>,
-    listener: Listener,
+    /// None where `LISTEN` would be left in a pooler's session (`connection::sessions`).
+    listener: Option<Listener>,
     /// Ends the listening when the store is dropped.
     stop_hearing: CancellationToken,
     queue: Arc<PostgresQueue>,
@@ -80,7 +80,36 @@ impl PostgresStore {
         workers: Option<&Workers>,
     ) -> Result<PostgresStore, StoreError> {
         let url = config.url.masked();
-        let sending = Sending::of(config);
+        let cannot =
+            |error: StoreError| error.context(&format!("cannot prepare postgres at {url}"));
+        // The first connection runs nothing before it is known what sessions may keep.
+        let decided = async {
+            let direct = connection::schema_pool(config)?.get().await?;
+            let sessions = connection::sessions(config, &direct).await?;
+            Ok::<_, StoreError>((direct, sessions))
+        };
+        let (mut direct, sessions) = decided.await.map_err(cannot)?;
+        let store = PostgresStore::with_pools(config, workers, sessions).await?;
+        let prepared = async {
+            schema::prepare(&mut direct, &config.table.0, sessions.own).await?;
+            let client = store.lanes.get().pool.get().await?;
+            if config.direct_url.is_some() {
+                connection::same_server(&client, &direct).await?;
+            }
+            connection::warn_if_commits_unsynced(config, &client).await?;
+            Ok::<_, StoreError>(())
+        };
+        prepared.await.map_err(cannot)?;
+        Ok(store)
+    }
+
+    /// The store's pools (opened when first needed), statements sent as `sessions` says.
+    async fn with_pools(
+        config: &PostgresConfig,
+        workers: Option<&Workers>,
+        sessions: Sessions,
+    ) -> Result<PostgresStore, StoreError> {
+        let sending = sessions.sending;
         let statements = Arc::new(Statements::for_table(&config.table.0, sending));
         let timeout = config.timeout.0;
         let mut each = Vec::new();
@@ -89,7 +118,7 @@ impl PostgresStore {
             Some(workers) => {
                 let share = config.pool_size.div_ceil(workers.count()).max(1);
                 for index in 0..workers.count() {
-                    let pool = connection::pool(config, share)?;
+                    let pool = connection::pool(config, share, sending)?;
                     let statements = Arc::clone(&statements);
                     let starting = async move { Lane::start(pool, &statements, timeout) };
                     each.push(
@@ -103,35 +132,19 @@ impl PostgresStore {
             }
         };
         let outside = Lane::start(
-            connection::pool(config, outside_size)?,
+            connection::pool(config, outside_size, sending)?,
             &statements,
             timeout,
         );
-        let listener = Listener::new(config)?;
-        let store = PostgresStore {
+        Ok(PostgresStore {
             lanes: PerWorker::new(outside, each),
             timeout,
             statements,
-            listener,
+            listener: sessions.own.then(|| Listener::new(config)).transpose()?,
             stop_hearing: CancellationToken::new(),
-            queue: Arc::new(PostgresQueue::new(config)?),
-            log: Arc::new(PostgresLog::new(config)?),
-        };
-        let prepared = async {
-            let mut direct = connection::schema_pool(config)?.get().await?;
-            schema::prepare(&mut direct, &config.table.0).await?;
-            let client = store.lanes.get().pool.get().await?;
-            match sending {
-                Sending::Prepared => connection::warn_if_pooled(config, &client).await?,
-                Sending::Unnamed => connection::same_server(&client, &direct).await?,
-            }
-            connection::warn_if_commits_unsynced(config, &client).await?;
-            Ok::<_, StoreError>(())
-        };
-        prepared
-            .await
-            .map_err(|error| error.context(&format!("cannot prepare postgres at {url}")))?;
-        Ok(store)
+            queue: Arc::new(PostgresQueue::new(config, sending)?),
+            log: Arc::new(PostgresLog::new(config, sending)?),
+        })
     }
 
     /// Runs `statement` with `params` within the timeout, returning its rows.
@@ -452,7 +465,11 @@ impl ClaimStore for PostgresStore {
     }
 
     fn hear_outcomes(&self, heard: Heard) {
-        let (listener, stop) = (self.listener.clone(), self.stop_hearing.clone());
+        // Without a session of its own, waiters look at the store from time to time.
+        let Some(listener) = self.listener.clone() else {
+            return;
+        };
+        let stop = self.stop_hearing.clone();
         tokio::spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}

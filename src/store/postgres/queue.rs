@@ -288,11 +288,14 @@ fn signed(value: u64) -> i64 {
 }
 
 impl PostgresQueue {
-    pub(super) fn new(config: &PostgresConfig) -> Result<PostgresQueue, StoreError> {
+    pub(super) fn new(
+        config: &PostgresConfig,
+        sending: Sending,
+    ) -> Result<PostgresQueue, StoreError> {
         Ok(PostgresQueue {
-            pool: connection::pool(config, QUEUE_POOL)?,
+            pool: connection::pool(config, QUEUE_POOL, sending)?,
             timeout: config.timeout.0,
-            statements: Statements::for_table(&config.table.0, Sending::of(config)),
+            statements: Statements::for_table(&config.table.0, sending),
             clock: Arc::new(SystemClock),
         })
     }

@@ -17,12 +17,14 @@ use crate::store::StoreError;
 const ATTEMPTS: u32 = 5;
 
 /// Creates the claims table and its entities' table, or brings those of an earlier
-/// version up to date, keeping their records.
-pub(super) async fn prepare(client: &mut Object, table: &str) -> Result<(), StoreError> {
+/// version up to date, keeping their records. The state indexes of an earlier version's
+/// table are built only on a session of the store's `own` (their lock is a session's).
+pub(super) async fn prepare(client: &mut Object, table: &str, own: bool) -> Result<(), StoreError> {
     let mut attempt = 1;
     loop {
         let prepared = match update_tables(client, table).await {
-            Ok(()) => build_state_indexes(client, table).await,
+            Ok(()) if own => build_state_indexes(client, table).await,
+            Ok(()) => Ok(()),
             Err(error) => Err(error),
         };
         match prepared {
