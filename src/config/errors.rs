@@ -3,12 +3,13 @@
 //! not only the first.
 //!
 //! serde stops at the first error. To find the next, the part of the file that holds it
-//! (one route, or one top-level section) is blanked out, keeping every other line and
-//! column where it was, and the file is read again; a required `upstream` gets a stand-in
-//! instead. The parts' extents come from a YAML parser that reports positions
-//! (`yaml-rust2`), since serde_yaml keeps none. Blanking a part can only hide errors that
-//! depend on it (a duplicate name), never make one up, and the search stops at an error it
-//! cannot place in a part.
+//! (a route's unknown key, one route, or one top-level section) is blanked out, keeping
+//! every other line and column where it was, and the file is read again; a required
+//! `upstream` gets a stand-in instead. The parts' extents come from a YAML parser that
+//! reports positions (`yaml-rust2`), since serde_yaml keeps none. Blanking a part can only
+//! hide errors that depend on it (a duplicate name), never make one up (what a route
+//! misses once its unknown key is left out is not told: the route is left out whole
+//! instead), and the search stops at an error it cannot place in a part.
 
 use std::path::Path;
 
@@ -58,42 +59,69 @@ pub(super) fn every_error(text: &str, path: &Path, first: &serde_yaml::Error) ->
     let mut text = text.to_owned();
     // The routes left out so far: serde counts the routes after them from fewer.
     let mut routes_left_out = 0;
-    while errors.len() < MOST_ERRORS {
+    'errors: while errors.len() < MOST_ERRORS {
         let Some(ConfigError::Invalid { line, column, .. }) = errors.last() else {
             break;
         };
         let at = (*line, *column);
-        let Some(part) = parts(&text).into_iter().find(|part| part.holds(at)) else {
-            break;
+        // A route's own key that is unknown is left out alone first, so that the route's
+        // other mistakes are found too. What the route then misses (`a route needs a
+        // match`, for a misspelt `match`) is told at one of its keys: an error found there
+        // that is not itself an unknown key was made up, and the route is left out whole
+        // instead, as for any other error.
+        let unknown_key = errors.last().is_some_and(is_unknown_field);
+        let all = parts(&text);
+        let key = all
+            .iter()
+            .find(|part| part.route_key && unknown_key && part.from == at);
+        let enclosing = all.iter().find(|part| !part.route_key && part.holds(at));
+        let at_a_key = |error: &ConfigError| {
+            matches!(error, ConfigError::Invalid { line, column, .. }
+                if all.iter().any(|part| part.route_key && part.from == (*line, *column)))
         };
-        text = part.left_out(&text);
-        routes_left_out += usize::from(part.route);
-        let Err(error) = serde_yaml::from_str::<ConfigFile>(&text) else {
-            break;
-        };
-        let next = counted_from_the_file(located(path, &error), routes_left_out);
-        // An error at or before the last one, or one already told (a missing field,
-        // told again where the file's top-level map now ends), is not a new one.
-        let told = |message: &str| {
-            errors.iter().any(|error| {
-                matches!(error, ConfigError::Invalid { message: earlier, .. } if earlier == message)
-            })
-        };
-        match &next {
-            ConfigError::Invalid {
-                line,
-                column,
-                message,
-                ..
-            } if (*line, *column) > at && !told(message) => errors.push(next),
-            _ => break,
+        for part in key.into_iter().chain(enclosing) {
+            let shorter = part.left_out(&text);
+            let Err(error) = serde_yaml::from_str::<ConfigFile>(&shorter) else {
+                break 'errors;
+            };
+            let left_out = routes_left_out + usize::from(part.route);
+            let next = counted_from_the_file(located(path, &error), left_out);
+            let made_up = part.route_key && at_a_key(&next) && !is_unknown_field(&next);
+            if is_new(&next, at, &errors) && !made_up {
+                (text, routes_left_out) = (shorter, left_out);
+                errors.push(next);
+                continue 'errors;
+            }
         }
+        break;
     }
     if errors.len() == 1 {
         errors.remove(0)
     } else {
         ConfigError::Several(errors)
     }
+}
+
+/// Whether `next` is an error after `at` not told yet: one at or before it, or one
+/// already told (a missing field, told again where the file's top-level map now ends),
+/// is not a new one.
+fn is_new(next: &ConfigError, at: (usize, usize), told: &[ConfigError]) -> bool {
+    let ConfigError::Invalid {
+        line,
+        column,
+        message,
+        ..
+    } = next
+    else {
+        return false;
+    };
+    let earlier = |error: &ConfigError| matches!(error, ConfigError::Invalid { message: earlier, .. } if earlier == message);
+    (*line, *column) > at && !told.iter().any(earlier)
+}
+
+/// Whether `error` is serde's for a field the file names and the type does not have.
+fn is_unknown_field(error: &ConfigError) -> bool {
+    matches!(error, ConfigError::Invalid { message, .. } if message.contains("unknown field `"))
 }
 
 /// `error` with its route's index counted as in the file, where `left_out` routes before
@@ -134,6 +162,8 @@ struct Part {
     required_value: Option<usize>,
     /// An entry of `routes:`.
     route: bool,
+    /// One key of a route and its value, up to the route's next key.
+    route_key: bool,
 }
 
 impl Part {
@@ -189,9 +219,11 @@ fn parts(text: &str) -> Vec<Part> {
     let Some(mut parts) = route_parts(text, &walk, &offsets) else {
         return Vec::new();
     };
+    let keys = route_key_parts(&walk, &parts, &offsets);
     // A route lies inside the `routes:` entry: the innermost part holding an error is
     // found first.
     parts.reverse();
+    parts.splice(0..0, keys);
     let mut top = top_parts(&walk, top_end, &offsets);
     top.reverse();
     parts.extend(top);
@@ -260,6 +292,7 @@ fn top_parts(walk: &Walk, end: Marker, offsets: &Offsets) -> Vec<Part> {
                 to: (next.line(), next.col() + 1),
                 required_value: value.map(|value| offsets.byte(value)),
                 route: false,
+                route_key: false,
             }
         })
         .collect()
@@ -273,11 +306,14 @@ fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> 
     };
     let mut dashes = Vec::new();
     for start in &walk.routes {
-        let before = text[..offsets.byte(*start)].trim_end_matches(' ');
+        // Spaces lie between the `-` and the route, and line breaks where the route's
+        // first key was left out.
+        let before = text[..offsets.byte(*start)].trim_end_matches([' ', '\n', '\r']);
         let dash = before.strip_suffix('-')?;
-        // Only spaces lie between the `-` and the route: a byte is a column.
-        let column = (start.col() + 1).saturating_sub(offsets.byte(*start) - dash.len());
-        dashes.push((dash.len(), (start.line(), column)));
+        let line_start = dash.rfind('\n').map_or(0, |at| at + 1);
+        let line = 1 + dash.matches('\n').count();
+        let column = 1 + dash[line_start..].chars().count();
+        dashes.push((dash.len(), (line, column)));
     }
     let end = (
         offsets.byte(routes_end),
@@ -295,10 +331,47 @@ fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> 
                 to,
                 required_value: None,
                 route: true,
+                route_key: false,
             }
         })
         .collect();
     Some(parts)
+}
+
+/// Each route's keys, each up to the next (the last up to the route's end), for the routes
+/// written in block style: every key on a line of its own, at one column. None for a
+/// route written inline, where leaving a key out would leave a stray comma.
+fn route_key_parts(walk: &Walk, routes: &[Part], offsets: &Offsets) -> Vec<Part> {
+    let mut parts = Vec::new();
+    for (index, route) in routes.iter().enumerate() {
+        let keys: Vec<Marker> = walk
+            .route_keys
+            .iter()
+            .filter(|(of, _)| *of == index)
+            .map(|(_, key)| *key)
+            .collect();
+        let block = keys
+            .windows(2)
+            .all(|pair| pair[0].col() == pair[1].col() && pair[0].line() < pair[1].line());
+        if !block {
+            continue;
+        }
+        for (at, key) in keys.iter().enumerate() {
+            let (end, to) = keys.get(at + 1).map_or((route.end, route.to), |next| {
+                (offsets.byte(*next), (next.line(), next.col() + 1))
+            });
+            parts.push(Part {
+                start: offsets.byte(*key),
+                end,
+                from: (key.line(), key.col() + 1),
+                to,
+                required_value: None,
+                route: false,
+                route_key: true,
+            });
+        }
+    }
+    parts
 }
 
 /// Where the top-level entries and the routes start, from the parser's events.
@@ -321,6 +394,12 @@ struct Walk {
     anchored: bool,
     routes: Vec<Marker>,
     routes_end: Option<Marker>,
+    /// Inside a route that is a map (depth 3): whether the next scalar or collection is
+    /// one of its keys.
+    expecting_route_key: bool,
+    route_is_map: bool,
+    /// Each route's keys: the route's index and where the key starts.
+    route_keys: Vec<(usize, Marker)>,
 }
 
 impl MarkedEventReceiver for Walk {
@@ -334,6 +413,13 @@ impl MarkedEventReceiver for Walk {
         );
         let opens = matches!(event, Event::MappingStart(..) | Event::SequenceStart(..));
         let closes = matches!(event, Event::MappingEnd | Event::SequenceEnd);
+        if self.depth == 3 && self.in_routes && self.route_is_map && !closes {
+            if self.expecting_route_key {
+                self.route_keys
+                    .push((self.routes.len().saturating_sub(1), mark));
+            }
+            self.expecting_route_key = !self.expecting_route_key;
+        }
         if self.depth == 1 && !closes {
             if self.expecting_key {
                 let key = match &event {
@@ -355,6 +441,8 @@ impl MarkedEventReceiver for Walk {
         } else if self.depth == 2 && self.in_routes && !closes {
             self.routes.push(mark);
             self.route_opened = opens;
+            self.route_is_map = matches!(event, Event::MappingStart(..));
+            self.expecting_route_key = true;
         } else if self.route_opened {
             self.route_opened = false;
             if let Some(route) = self.routes.last_mut()

@@ -202,6 +202,33 @@ mod tests {
     }
 
     #[test]
+    fn every_unknown_key_of_one_route_is_told_and_nothing_it_makes_up() {
+        // `nmae` and `retension` in one route, then a later route's error: all three, and
+        // not the `a route needs a name` that leaving `nmae` out would make up.
+        let text = "upstream: http://127.0.0.1:1\nroutes:\n  - nmae: a\n    match: { path: /a }\n    key: \"{json:/id}\"\n    retension: 1d\n  - name: b\n    match: { path: /b }\n    key: \"{json:/id}\"\n    lease: 0s\n";
+        let errors = errors_of(text);
+        let found: Vec<(usize, usize, &str)> = errors
+            .iter()
+            .map(|(line, column, message)| (*line, *column, message.split(',').next().unwrap()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (3, 5, "routes[0]: unknown field `nmae`"),
+                (6, 5, "routes[0]: unknown field `retension`"),
+                (
+                    10,
+                    12,
+                    "routes[1].lease: `0s`: the duration must be longer than zero"
+                ),
+            ]
+        );
+        // Written inline, a route's keys cannot be left out one by one: its first error.
+        let inline = "upstream: http://127.0.0.1:1\nroutes:\n  - { name: a, mtach: { path: /a }, retension: 1d }\n";
+        assert_eq!(errors_of(inline).len(), 1);
+    }
+
+    #[test]
     fn leaving_a_route_out_makes_up_no_error() {
         // The second `a` would be a duplicate of the first, which is left out once its
         // own error is found: no duplicate is reported, and the later error is.
