@@ -84,10 +84,44 @@ struct Pod {
 }
 
 fn pod(variant: &str) -> Pod {
-    let resources = kustomize(&repo(&format!("deploy/kubernetes/{variant}")));
-    let workload = of_kind(&resources, &["Deployment", "StatefulSet"]);
-    let config_map = of_kind(&resources, &["ConfigMap"]);
-    let service = of_kind(&resources, &["Service"]);
+    pod_of(
+        variant,
+        &kustomize(&repo(&format!("deploy/kubernetes/{variant}"))),
+    )
+}
+
+/// The chart's resources as `helm template` renders them with its `ci/<values>-values.yaml`
+/// and the application on the pod's own port (as the kustomizations have it); `None`
+/// where helm is not installed.
+fn chart(values: &str) -> Option<Vec<Value>> {
+    if !installed("Helm", "helm", &["version"]) {
+        return None;
+    }
+    let chart = repo("deploy/helm/dedupe-proxy");
+    let output = std::process::Command::new("helm")
+        .args(["template", "dedupe-proxy"])
+        .arg(&chart)
+        .arg("--values")
+        .arg(chart.join(format!("ci/{values}-values.yaml")))
+        .args(["--set", "upstream=http://127.0.0.1:8080"])
+        .output()
+        .unwrap();
+    let rendered = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let documents = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|document| Value::deserialize(document).unwrap())
+        .filter(|document| !document.is_null());
+    Some(documents.collect())
+}
+
+fn pod_of(variant: &str, resources: &[Value]) -> Pod {
+    let workload = of_kind(resources, &["Deployment", "StatefulSet"]);
+    let config_map = of_kind(resources, &["ConfigMap"]);
+    let service = of_kind(resources, &["Service"]);
     let spec = &workload["spec"]["template"]["spec"];
     let container = spec["containers"]
         .as_sequence()
@@ -205,6 +239,7 @@ fn pod(variant: &str) -> Pod {
                 None => match e["valueFrom"]["secretKeyRef"]["key"].as_str() {
                     Some("admin-token") => "token-from-the-secret".to_owned(),
                     Some("redis-url") => REDIS_URL.to_owned(),
+                    Some("database-url" | "database-direct-url") => POSTGRES_URL.to_owned(),
                     other => panic!("{variant}: an unexpected secret {other:?}"),
                 },
             };
@@ -241,7 +276,10 @@ fn the_sidecar_keeps_keys_on_an_empty_dir_and_the_statefulset_on_a_claim() {
 /// this test (ports 0, directories in a temp dir, the upstream a test server), probes it
 /// as the kubelet would, delivers an event, and stops it with SIGTERM.
 async fn run_as_deployed(variant: &str) {
-    let pod = pod(variant);
+    run_as(variant, pod(variant)).await;
+}
+
+async fn run_as(variant: &str, pod: Pod) {
     let upstream = Upstream::start().await;
     let root = tempfile::tempdir().unwrap();
     let (etc, data) = (root.path().join("etc"), root.path().join("data"));
@@ -524,4 +562,122 @@ async fn the_image_runs_its_command_as_a_non_root_user_and_stops_on_sigterm() {
     );
     proxy.signal("TERM");
     assert_eq!(proxy.wait(Duration::from_secs(30)).code(), Some(0));
+}
+
+/// The Helm chart on sled: one replica, a StatefulSet whose keys live on a volume claim,
+/// started as rendered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_on_sled_runs_as_rendered() {
+    let Some(resources) = chart("sled") else {
+        return;
+    };
+    let workload = of_kind(&resources, &["StatefulSet"]);
+    assert_eq!(workload["spec"]["replicas"], 1);
+    assert_eq!(
+        workload["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+        "data"
+    );
+    run_as("chart, sled", pod_of("chart, sled", &resources)).await;
+}
+
+/// The chart on Redis: a Deployment of three replicas sharing the store, rolled one at a
+/// time and drained one at a time, started as rendered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_on_redis_runs_as_rendered() {
+    if !support::service_available("Redis", 6379).await {
+        return;
+    }
+    let Some(resources) = chart("redis") else {
+        return;
+    };
+    let workload = of_kind(&resources, &["Deployment"]);
+    assert_eq!(workload["spec"]["replicas"], 3);
+    assert_eq!(
+        of_kind(&resources, &["PodDisruptionBudget"])["spec"]["maxUnavailable"],
+        1
+    );
+    assert!(!resources.iter().any(|r| r["kind"] == "StatefulSet"));
+    run_as("chart, redis", pod_of("chart, redis", &resources)).await;
+}
+
+/// The chart on PostgreSQL through a pooler: `url` and `direct_url` from the Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_on_postgres_runs_as_rendered() {
+    if !support::service_available("PostgreSQL", 5432).await {
+        return;
+    }
+    let Some(resources) = chart("postgres") else {
+        return;
+    };
+    let config = of_kind(&resources, &["ConfigMap"])["data"]["config.yaml"]
+        .as_str()
+        .unwrap();
+    assert!(
+        config.contains("direct_url_env: DATABASE_DIRECT_URL"),
+        "{config}"
+    );
+    run_as("chart, postgres", pod_of("chart, postgres", &resources)).await;
+}
+
+/// A store the chart does not know stops the rendering, naming the ones it does.
+#[test]
+fn the_chart_refuses_a_store_it_does_not_know() {
+    if !installed("Helm", "helm", &["version"]) {
+        return;
+    }
+    let output = std::process::Command::new("helm")
+        .args(["template", "dedupe-proxy"])
+        .arg(repo("deploy/helm/dedupe-proxy"))
+        .args(["--set", "store.kind=mongo"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(said.contains("one of sled, redis, postgres"), "{said}");
+}
+
+/// The sidecar as values for an application's own chart runs the same container as the
+/// sidecar kustomization: same image, arguments, environment, ports, probes and mounts.
+#[test]
+fn the_sidecar_values_run_the_sidecar_kustomizations_container() {
+    let values = &documents(&repo("deploy/helm/sidecar-values.yaml"))[0];
+    let shown = &values["sidecars"][0];
+    let sidecar = kustomize(&repo("deploy/kubernetes/sidecar"));
+    let spec = &of_kind(&sidecar, &["Deployment"])["spec"]["template"]["spec"];
+    let container = spec["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "dedupe-proxy")
+        .unwrap();
+    for field in [
+        "image",
+        "args",
+        "env",
+        "ports",
+        "livenessProbe",
+        "readinessProbe",
+        "securityContext",
+    ] {
+        assert_eq!(shown[field], container[field], "{field}");
+    }
+    let mounts = |container: &Value| -> Vec<String> {
+        let mounts = container["volumeMounts"].as_sequence().unwrap().iter();
+        mounts
+            .map(|m| m["mountPath"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(mounts(shown), mounts(container));
+    let volumes: Vec<&str> = values["extraVolumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|volume| volume["name"].as_str().unwrap())
+        .collect();
+    for mount in shown["volumeMounts"].as_sequence().unwrap() {
+        assert!(
+            volumes.contains(&mount["name"].as_str().unwrap()),
+            "{mount:?}"
+        );
+    }
 }
