@@ -3,12 +3,12 @@
 //! not only the first.
 //!
 //! serde stops at the first error. To find the next, the part of the file that holds it
-//! (a route's unknown key, one route, or one top-level section) is blanked out, keeping
+//! (a route's key and its value, one route, or one top-level section) is blanked out, keeping
 //! every other line and column where it was, and the file is read again; a required
 //! `upstream` gets a stand-in instead. The parts' extents come from a YAML parser that
 //! reports positions (`yaml-rust2`), since serde_yaml keeps none. Blanking a part can only
 //! hide errors that depend on it (a duplicate name), never make one up (what a route
-//! misses once its unknown key is left out is not told: the route is left out whole
+//! misses once one of its keys is left out is not told: the route is left out whole
 //! instead), and the search stops at an error it cannot place in a part.
 
 use std::path::Path;
@@ -64,16 +64,13 @@ pub(super) fn every_error(text: &str, path: &Path, first: &serde_yaml::Error) ->
             break;
         };
         let at = (*line, *column);
-        // A route's own key that is unknown is left out alone first, so that the route's
-        // other mistakes are found too. What the route then misses (`a route needs a
-        // match`, for a misspelt `match`) is told at one of its keys: an error found there
-        // that is not itself an unknown key was made up, and the route is left out whole
-        // instead, as for any other error.
-        let unknown_key = errors.last().is_some_and(is_unknown_field);
+        // The route's key (with its value) that holds the error is left out alone first,
+        // so that the route's other mistakes are found too. What the route then misses
+        // (`a route needs a match`, for a misspelt `match`) is told at one of its keys: an
+        // error found there that is not itself an unknown key was made up, and the route
+        // is left out whole instead.
         let all = parts(&text);
-        let key = all
-            .iter()
-            .find(|part| part.route_key && unknown_key && part.from == at);
+        let key = all.iter().find(|part| part.route_key && part.holds(at));
         let enclosing = all.iter().find(|part| !part.route_key && part.holds(at));
         let at_a_key = |error: &ConfigError| {
             matches!(error, ConfigError::Invalid { line, column, .. }

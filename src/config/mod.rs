@@ -202,10 +202,11 @@ mod tests {
     }
 
     #[test]
-    fn every_unknown_key_of_one_route_is_told_and_nothing_it_makes_up() {
-        // `nmae` and `retension` in one route, then a later route's error: all three, and
-        // not the `a route needs a name` that leaving `nmae` out would make up.
-        let text = "upstream: http://127.0.0.1:1\nroutes:\n  - nmae: a\n    match: { path: /a }\n    key: \"{json:/id}\"\n    retension: 1d\n  - name: b\n    match: { path: /b }\n    key: \"{json:/id}\"\n    lease: 0s\n";
+    fn every_mistake_of_one_route_is_told_and_nothing_leaving_a_key_out_makes_up() {
+        // `nmae` and `retension` in one route, a bad `match` and `lease` in the next: all
+        // four, and not the `a route needs a name` (or `a match`) that leaving `nmae` (or
+        // `match`) out would make up.
+        let text = "upstream: http://127.0.0.1:1\nroutes:\n  - nmae: a\n    match: { path: /a }\n    key: \"{json:/id}\"\n    retension: 1d\n  - name: b\n    match: { path: /b, metod: POST }\n    key: \"{json:/id}\"\n    lease: 0s\n";
         let errors = errors_of(text);
         let found: Vec<(usize, usize, &str)> = errors
             .iter()
@@ -216,6 +217,7 @@ mod tests {
             [
                 (3, 5, "routes[0]: unknown field `nmae`"),
                 (6, 5, "routes[0]: unknown field `retension`"),
+                (8, 24, "routes[1].match: unknown field `metod`"),
                 (
                     10,
                     12,
