@@ -262,6 +262,12 @@ impl<'t> Offsets<'t> {
         Offsets { text, line_starts }
     }
 
+    /// The line (from 1) of the byte at `offset`, and where that line starts.
+    fn line_of(&self, offset: usize) -> (usize, usize) {
+        let line = self.line_starts.partition_point(|start| *start <= offset);
+        (line, self.line_starts[line - 1])
+    }
+
     fn byte(&self, mark: Marker) -> usize {
         let Some(&start) = self.line_starts.get(mark.line().saturating_sub(1)) else {
             return self.text.len();
@@ -307,8 +313,7 @@ fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> 
         // first key was left out.
         let before = text[..offsets.byte(*start)].trim_end_matches([' ', '\n', '\r']);
         let dash = before.strip_suffix('-')?;
-        let line_start = dash.rfind('\n').map_or(0, |at| at + 1);
-        let line = 1 + dash.matches('\n').count();
+        let (line, line_start) = offsets.line_of(dash.len());
         let column = 1 + dash[line_start..].chars().count();
         dashes.push((dash.len(), (line, column)));
     }
@@ -339,17 +344,22 @@ fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> 
 /// written in block style: every key on a line of its own, at one column. None for a
 /// route written inline, where leaving a key out would leave a stray comma.
 fn route_key_parts(walk: &Walk, routes: &[Part], offsets: &Offsets) -> Vec<Part> {
+    let mut keys_of: Vec<Vec<Marker>> = vec![Vec::new(); routes.len()];
+    for (of, key) in &walk.route_keys {
+        if let Some(keys) = keys_of.get_mut(*of) {
+            keys.push(*key);
+        }
+    }
     let mut parts = Vec::new();
-    for (index, route) in routes.iter().enumerate() {
-        let keys: Vec<Marker> = walk
-            .route_keys
-            .iter()
-            .filter(|(of, _)| *of == index)
-            .map(|(_, key)| *key)
-            .collect();
-        let block = keys
-            .windows(2)
-            .all(|pair| pair[0].col() == pair[1].col() && pair[0].line() < pair[1].line());
+    for (route, keys) in routes.iter().zip(keys_of) {
+        // `- { ... }`, on one line or several: its closing brace goes with its last key.
+        let inline = offsets.text[route.start + 1..]
+            .trim_start()
+            .starts_with('{');
+        let block = !inline
+            && keys
+                .windows(2)
+                .all(|pair| pair[0].col() == pair[1].col() && pair[0].line() < pair[1].line());
         if !block {
             continue;
         }

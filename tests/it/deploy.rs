@@ -94,6 +94,11 @@ fn pod(variant: &str) -> Pod {
 /// and the application on the pod's own port (as the kustomizations have it); `None`
 /// where helm is not installed.
 fn chart(values: &str) -> Option<Vec<Value>> {
+    chart_with(values, "upstream=http://127.0.0.1:8080")
+}
+
+/// The chart rendered with `ci/<values>-values.yaml` and `set` (`name=value`).
+fn chart_with(values: &str, set: &str) -> Option<Vec<Value>> {
     if !installed("Helm", "helm", &["version"]) {
         return None;
     }
@@ -103,7 +108,7 @@ fn chart(values: &str) -> Option<Vec<Value>> {
         .arg(&chart)
         .arg("--values")
         .arg(chart.join(format!("ci/{values}-values.yaml")))
-        .args(["--set", "upstream=http://127.0.0.1:8080"])
+        .args(["--set-string", set])
         .output()
         .unwrap();
     let rendered = String::from_utf8_lossy(&output.stdout);
@@ -573,6 +578,10 @@ async fn the_chart_on_sled_runs_as_rendered() {
     };
     let workload = of_kind(&resources, &["StatefulSet"]);
     assert_eq!(workload["spec"]["replicas"], 1);
+    // Providers reach the proxy's port alone: the admin port stays on the pod.
+    let ports = &of_kind(&resources, &["Service"])["spec"]["ports"];
+    assert_eq!(ports.as_sequence().unwrap().len(), 1, "{ports:?}");
+    assert_eq!(ports[0]["targetPort"], "http");
     assert_eq!(
         workload["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
         "data"
@@ -680,4 +689,20 @@ fn the_sidecar_values_run_the_sidecar_kustomizations_container() {
             "{mount:?}"
         );
     }
+}
+
+/// A value the chart writes into config.yaml stays one value, whatever it holds: an
+/// upstream with `#`, `: ` and a line break does not add keys to the configuration.
+#[test]
+fn the_chart_writes_its_values_into_the_configuration_as_values() {
+    let upstream = "http://app:8080/in#x: y\nadmin: {}";
+    let Some(resources) = chart_with("sled", &format!("upstream={upstream}")) else {
+        return;
+    };
+    let text = of_kind(&resources, &["ConfigMap"])["data"]["config.yaml"]
+        .as_str()
+        .unwrap();
+    let config: Value = serde_yaml::from_str(text).unwrap();
+    assert_eq!(config["upstream"], upstream, "{text}");
+    assert_eq!(config["admin"]["token_env"], "DEDUPE_ADMIN_TOKEN", "{text}");
 }

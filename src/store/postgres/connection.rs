@@ -74,7 +74,7 @@ pub(super) async fn sessions(
     };
     tracing::warn!(
         url = %config.url.masked(),
-        "the PostgreSQL server was reached on {reached}: `url` may go through a pooler in transaction mode (PgBouncer's pool_mode = transaction, Supavisor's port 6543), whose sessions other clients share, so this proxy leaves nothing in them: statements are not prepared, waiters are not told of outcomes (they look at the store again from time to time) and the keys' state indexes are not built; set `direct_url` to the server itself for all of them"
+        "the PostgreSQL server was reached on {reached}: `url` may go through a pooler in transaction mode (PgBouncer's pool_mode = transaction, Supavisor's port 6543), whose sessions other clients share, so this proxy leaves nothing in them: statements are not prepared, waiters are not told of outcomes (they look at the store again from time to time) and a table from an earlier version does not get its state indexes; set `direct_url` to the server itself for all of them (a pooler on the server's own port is not told apart: set `direct_url` there too)"
     );
     Ok(Sessions {
         sending: Sending::Unnamed,

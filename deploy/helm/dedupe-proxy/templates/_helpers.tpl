@@ -33,11 +33,18 @@ metadata:
   labels:
     {{- include "dedupe-proxy.selectorLabels" . | nindent 4 }}
   annotations:
-    # A changed configuration is reloaded in place; the hash rolls the pods only for
-    # what a reload cannot change (the store, the ports).
+    # A change of the store rolls the pods (a reload cannot make it). With replicas, so
+    # does a change of the routes: a configuration the new pods refuse stalls the rollout
+    # (they never get ready) while the old ones serve. One sled replica reloads it in
+    # place instead, keeping the running routes if it is refused.
     checksum/store: {{ toYaml .Values.store | sha256sum | trunc 16 }}
+    {{- if not (include "dedupe-proxy.sled" .) }}
+    checksum/config: {{ printf "%s%s%s" (toYaml .Values.routes) (toYaml .Values.defaults) .Values.upstream | sha256sum | trunc 16 }}
+    {{- end }}
 spec:
   terminationGracePeriodSeconds: {{ add .Values.shutdownGraceSeconds 15 }}
+  # The proxy talks to no Kubernetes API.
+  automountServiceAccountToken: false
   securityContext:
     runAsNonRoot: true
     fsGroup: 65532
