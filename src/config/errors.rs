@@ -3,13 +3,15 @@
 //! not only the first.
 //!
 //! serde stops at the first error. To find the next, the part of the file that holds it
-//! (a route's key and its value, one route, or one top-level section) is blanked out, keeping
+//! (one field of a route, one route, or one top-level section) is blanked out, keeping
 //! every other line and column where it was, and the file is read again; a required
 //! `upstream` gets a stand-in instead. The parts' extents come from a YAML parser that
-//! reports positions (`yaml-rust2`), since serde_yaml keeps none. Blanking a part can only
-//! hide errors that depend on it (a duplicate name), never make one up (what a route
-//! misses once one of its keys is left out is not told: the route is left out whole
-//! instead), and the search stops at an error it cannot place in a part.
+//! reports positions (`yaml-rust2`), since serde_yaml keeps none. Blanking a route or a
+//! section can only hide errors that depend on it (a duplicate name), never make one up.
+//! Blanking a field can (the route then misses what the field was meant to be): such an
+//! error is recognised by where it is told (at a field's start, and not an unknown field),
+//! dropped, and the route blanked whole instead; so is a route written inline. The search
+//! stops at an error it cannot place in a part.
 
 use std::path::Path;
 
@@ -64,26 +66,26 @@ pub(super) fn every_error(text: &str, path: &Path, first: &serde_yaml::Error) ->
             break;
         };
         let at = (*line, *column);
-        // The route's key (with its value) that holds the error is left out alone first,
-        // so that the route's other mistakes are found too. What the route then misses
-        // (`a route needs a match`, for a misspelt `match`) is told at one of its keys: an
-        // error found there that is not itself an unknown key was made up, and the route
-        // is left out whole instead.
+        // The route's field that holds the error is left out alone first, so that the
+        // route's other mistakes are found too. What the route then misses (`a route needs
+        // a match`, for a misspelt `match`) is told at the start of one of its fields: an
+        // error found there that is not itself an unknown field was made up, and the
+        // route is left out whole instead.
         let all = parts(&text);
-        let key = all.iter().find(|part| part.route_key && part.holds(at));
-        let enclosing = all.iter().find(|part| !part.route_key && part.holds(at));
+        let field = all.iter().find(|part| part.route_field && part.holds(at));
+        let enclosing = all.iter().find(|part| !part.route_field && part.holds(at));
         let at_a_key = |error: &ConfigError| {
             matches!(error, ConfigError::Invalid { line, column, .. }
-                if all.iter().any(|part| part.route_key && part.from == (*line, *column)))
+                if all.iter().any(|part| part.route_field && part.from == (*line, *column)))
         };
-        for part in key.into_iter().chain(enclosing) {
+        for part in field.into_iter().chain(enclosing) {
             let shorter = part.left_out(&text);
             let Err(error) = serde_yaml::from_str::<ConfigFile>(&shorter) else {
                 break 'errors;
             };
             let left_out = routes_left_out + usize::from(part.route);
             let next = counted_from_the_file(located(path, &error), left_out);
-            let made_up = part.route_key && at_a_key(&next) && !is_unknown_field(&next);
+            let made_up = part.route_field && at_a_key(&next) && !is_unknown_field(&next);
             if is_new(&next, at, &errors) && !made_up {
                 (text, routes_left_out) = (shorter, left_out);
                 errors.push(next);
@@ -146,7 +148,8 @@ fn counted_from_the_file(error: ConfigError, left_out: usize) -> ConfigError {
     }
 }
 
-/// A part of the file that can be left out on its own: a top-level entry or a route.
+/// A part of the file that can be left out on its own: a top-level entry, a route, or one
+/// field of a route.
 #[derive(Debug)]
 struct Part {
     /// Byte offsets: from its first character (a route's `-`) to the next part's.
@@ -159,8 +162,8 @@ struct Part {
     required_value: Option<usize>,
     /// An entry of `routes:`.
     route: bool,
-    /// One key of a route and its value, up to the route's next key.
-    route_key: bool,
+    /// One field of a route (its name and value), up to the route's next field.
+    route_field: bool,
 }
 
 impl Part {
@@ -216,9 +219,9 @@ fn parts(text: &str) -> Vec<Part> {
     let Some(mut parts) = route_parts(text, &walk, &offsets) else {
         return Vec::new();
     };
-    let keys = route_key_parts(&walk, &parts, &offsets);
+    let keys = route_field_parts(&walk, &parts, &offsets);
     // A route lies inside the `routes:` entry: the innermost part holding an error is
-    // found first.
+    // found first (fields are told apart by `route_field`, whatever their place).
     parts.reverse();
     parts.splice(0..0, keys);
     let mut top = top_parts(&walk, top_end, &offsets);
@@ -295,7 +298,7 @@ fn top_parts(walk: &Walk, end: Marker, offsets: &Offsets) -> Vec<Part> {
                 to: (next.line(), next.col() + 1),
                 required_value: value.map(|value| offsets.byte(value)),
                 route: false,
-                route_key: false,
+                route_field: false,
             }
         })
         .collect()
@@ -333,7 +336,7 @@ fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> 
                 to,
                 required_value: None,
                 route: true,
-                route_key: false,
+                route_field: false,
             }
         })
         .collect();
@@ -343,9 +346,9 @@ fn route_parts(text: &str, walk: &Walk, offsets: &Offsets) -> Option<Vec<Part>> 
 /// Each route's keys, each up to the next (the last up to the route's end), for the routes
 /// written in block style: every key on a line of its own, at one column. None for a
 /// route written inline, where leaving a key out would leave a stray comma.
-fn route_key_parts(walk: &Walk, routes: &[Part], offsets: &Offsets) -> Vec<Part> {
+fn route_field_parts(walk: &Walk, routes: &[Part], offsets: &Offsets) -> Vec<Part> {
     let mut keys_of: Vec<Vec<Marker>> = vec![Vec::new(); routes.len()];
-    for (of, key) in &walk.route_keys {
+    for (of, key) in &walk.route_fields {
         if let Some(keys) = keys_of.get_mut(*of) {
             keys.push(*key);
         }
@@ -374,7 +377,7 @@ fn route_key_parts(walk: &Walk, routes: &[Part], offsets: &Offsets) -> Vec<Part>
                 to,
                 required_value: None,
                 route: false,
-                route_key: true,
+                route_field: true,
             });
         }
     }
@@ -402,11 +405,12 @@ struct Walk {
     routes: Vec<Marker>,
     routes_end: Option<Marker>,
     /// Inside a route that is a map (depth 3): whether the next scalar or collection is
-    /// one of its keys.
-    expecting_route_key: bool,
+    /// the name of one of its fields.
+    expecting_route_field: bool,
+    /// The route being read is a map (not a scalar or a list).
     route_is_map: bool,
-    /// Each route's keys: the route's index and where the key starts.
-    route_keys: Vec<(usize, Marker)>,
+    /// Each route's fields: the route's index and where the field's name starts.
+    route_fields: Vec<(usize, Marker)>,
 }
 
 impl MarkedEventReceiver for Walk {
@@ -421,11 +425,11 @@ impl MarkedEventReceiver for Walk {
         let opens = matches!(event, Event::MappingStart(..) | Event::SequenceStart(..));
         let closes = matches!(event, Event::MappingEnd | Event::SequenceEnd);
         if self.depth == 3 && self.in_routes && self.route_is_map && !closes {
-            if self.expecting_route_key {
-                self.route_keys
+            if self.expecting_route_field {
+                self.route_fields
                     .push((self.routes.len().saturating_sub(1), mark));
             }
-            self.expecting_route_key = !self.expecting_route_key;
+            self.expecting_route_field = !self.expecting_route_field;
         }
         if self.depth == 1 && !closes {
             if self.expecting_key {
@@ -449,7 +453,7 @@ impl MarkedEventReceiver for Walk {
             self.routes.push(mark);
             self.route_opened = opens;
             self.route_is_map = matches!(event, Event::MappingStart(..));
-            self.expecting_route_key = true;
+            self.expecting_route_field = true;
         } else if self.route_opened {
             self.route_opened = false;
             if let Some(route) = self.routes.last_mut()

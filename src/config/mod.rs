@@ -230,8 +230,14 @@ mod tests {
         let inline = "upstream: http://127.0.0.1:1\nroutes:\n  - { name: a, mtach: { path: /a }, retension: 1d }\n  - {\n    nmae: b }\n  - name: c\n    match: { path: /c }\n    key: \"{json:/id}\"\n    lease: 0s\n";
         let messages: Vec<String> = errors_of(inline).into_iter().map(|e| e.2).collect();
         assert_eq!(messages.len(), 3, "{messages:?}");
-        assert!(messages[0].starts_with("routes[0]: unknown field `mtach`"), "{messages:?}");
-        assert!(messages[1].starts_with("routes[1]: unknown field `nmae`"), "{messages:?}");
+        assert!(
+            messages[0].starts_with("routes[0]: unknown field `mtach`"),
+            "{messages:?}"
+        );
+        assert!(
+            messages[1].starts_with("routes[1]: unknown field `nmae`"),
+            "{messages:?}"
+        );
         assert!(messages[2].starts_with("routes[2].lease"), "{messages:?}");
     }
 

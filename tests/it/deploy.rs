@@ -609,7 +609,8 @@ async fn the_chart_on_redis_runs_as_rendered() {
     run_as("chart, redis", pod_of("chart, redis", &resources)).await;
 }
 
-/// The chart on PostgreSQL through a pooler: `url` and `direct_url` from the Secret.
+/// The chart on PostgreSQL with `directUrl`: `url` and `direct_url` from the Secret (both
+/// the server itself here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_on_postgres_runs_as_rendered() {
     if !support::service_available("PostgreSQL", 5432).await {

@@ -1,9 +1,8 @@
 //! What the PostgreSQL store leaves on a server it shares with others: behind PgBouncer in
 //! transaction mode, with `direct_url` or without, nothing in the pooler's sessions
 //! (settings, prepared statements, `LISTEN`s, locks), and a warning when `url` seems to be
-//! a pooler without `direct_url`; beside
-//! a replica that stopped reading its notifications, a notification queue that does not
-//! fill. (Skipped locally without the servers; a failure in CI.)
+//! a pooler without `direct_url`; beside a replica that stopped reading its notifications,
+//! a notification queue that does not fill. (Skipped locally without the servers; a failure in CI.)
 
 use crate::support;
 

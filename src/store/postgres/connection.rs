@@ -45,7 +45,7 @@ pub(super) struct Sessions {
     pub(super) sending: Sending,
     /// Whether [`direct_or_url`] reaches a session of the store's own, as `LISTEN` and
     /// the index build's session lock need: not through a pooler without `direct_url`.
-    pub(super) own: bool,
+    pub(super) own_session: bool,
 }
 
 /// What the store may leave in sessions, from `config` and `client`, a connection on
@@ -63,13 +63,13 @@ pub(super) async fn sessions(
     if config.direct_url.is_some() {
         return Ok(Sessions {
             sending: Sending::Unnamed,
-            own: true,
+            own_session: true,
         });
     }
     let Some(reached) = elsewhere(config, client).await? else {
         return Ok(Sessions {
             sending: Sending::Prepared,
-            own: true,
+            own_session: true,
         });
     };
     tracing::warn!(
@@ -78,7 +78,7 @@ pub(super) async fn sessions(
     );
     Ok(Sessions {
         sending: Sending::Unnamed,
-        own: false,
+        own_session: false,
     })
 }
 
@@ -239,8 +239,8 @@ pub(super) fn invalid_url(url: &ServerUrl, error: &dyn Display) -> StoreError {
     StoreError::Backend(format!("postgres URL {}: {error}", url.masked()))
 }
 
-/// The URL for what needs a session of its own (the schema's locks, `LISTEN`): the
-/// server itself, past any pooler.
+/// The URL for what needs a session of its own (the schema's locks, `LISTEN`):
+/// `direct_url`, the server itself, else `url` (see [`sessions`] for when that is used).
 pub(super) fn direct_or_url(config: &PostgresConfig) -> &ServerUrl {
     config
         .direct_url
@@ -258,7 +258,7 @@ pub(super) fn pool(
     pool_at(config, &config.url, size, sending)
 }
 
-/// One connection with a session of its own, past any pooler: the schema's steps at start
+/// One connection on [`direct_or_url`]: the schema's steps at start
 /// (the planner settings are not for them).
 pub(super) fn schema_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
     pool_at(config, direct_or_url(config), 1, Sending::Unnamed)

@@ -64,7 +64,8 @@ pub(super) struct Listener {
 }
 
 impl Listener {
-    /// The server itself (past any pooler), under a name other replicas' checks find.
+    /// On [`direct_or_url`] (made only where that is a session of the store's own), under
+    /// a name other replicas' checks find.
     pub(super) fn new(config: &PostgresConfig) -> Result<Listener, StoreError> {
         let url = direct_or_url(config);
         let (driver, connector) = driver(config, url)?;

@@ -91,7 +91,7 @@ impl PostgresStore {
         let (mut direct, sessions) = decided.await.map_err(cannot)?;
         let store = PostgresStore::with_pools(config, workers, sessions).await?;
         let prepared = async {
-            schema::prepare(&mut direct, &config.table.0, sessions.own).await?;
+            schema::prepare(&mut direct, &config.table.0, sessions.own_session).await?;
             let client = store.lanes.get().pool.get().await?;
             if config.direct_url.is_some() {
                 connection::same_server(&client, &direct).await?;
@@ -140,7 +140,10 @@ impl PostgresStore {
             lanes: PerWorker::new(outside, each),
             timeout,
             statements,
-            listener: sessions.own.then(|| Listener::new(config)).transpose()?,
+            listener: sessions
+                .own_session
+                .then(|| Listener::new(config))
+                .transpose()?,
             stop_hearing: CancellationToken::new(),
             queue: Arc::new(PostgresQueue::new(config, sending)?),
             log: Arc::new(PostgresLog::new(config, sending)?),

@@ -2,8 +2,9 @@
 //! earlier version's. Replicas start together (a Deployment rolling out), so every step
 //! here may meet another replica's same step: the table's changes run one replica at a
 //! time under a transaction lock, the held index is built by whichever replica takes its
-//! lock first (the others ask again until it is built), and a step the server aborted
-//! to break a deadlock or a lock wait is tried again, a bounded number of times.
+//! lock first (the others ask again until it is built; not at all without a session of
+//! the store's own, behind a pooler), and a step the server aborted to break a deadlock or
+//! a lock wait is tried again, a bounded number of times.
 
 use std::time::Duration;
 
@@ -18,12 +19,16 @@ const ATTEMPTS: u32 = 5;
 
 /// Creates the claims table and its entities' table, or brings those of an earlier
 /// version up to date, keeping their records. The state indexes of an earlier version's
-/// table are built only on a session of the store's `own` (their lock is a session's).
-pub(super) async fn prepare(client: &mut Object, table: &str, own: bool) -> Result<(), StoreError> {
+/// table are built only on a session of the store's own (their lock is a session's).
+pub(super) async fn prepare(
+    client: &mut Object,
+    table: &str,
+    own_session: bool,
+) -> Result<(), StoreError> {
     let mut attempt = 1;
     loop {
         let prepared = match update_tables(client, table).await {
-            Ok(()) if own => build_state_indexes(client, table).await,
+            Ok(()) if own_session => build_state_indexes(client, table).await,
             Ok(()) => Ok(()),
             Err(error) => Err(error),
         };

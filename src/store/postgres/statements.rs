@@ -430,7 +430,7 @@ mod tests {
             }
         };
         let table = "dedupe_statement_types";
-        super::super::schema::prepare(&mut client, table, true)
+        super::super::schema::prepare(&mut client, table, /* own session */ true)
             .await
             .unwrap();
         let statements = Statements::for_table(table, Sending::Unnamed);
