@@ -453,6 +453,10 @@ pub(crate) struct StoreHealth {
     pub done_keys: Option<u64>,
     /// Store errors since this replica started.
     pub errors: u64,
+    /// On a shared store, whether waiters are told of the outcomes other replicas
+    /// announce: `false` behind a PostgreSQL pooler without `direct_url` (they look at the
+    /// store again every 0.25 to 2 s instead); `null` on sled, which nothing shares.
+    pub outcomes_announced: Option<bool>,
 }
 
 /// A route's line on the overview: its requests since this replica started, by outcome.

@@ -81,6 +81,7 @@ pub(super) async fn overview(
             error: store_error,
             done_keys: counts.done,
             errors: metrics.store_errors(),
+            outcomes_announced: proxy.store().announces_outcomes(),
         },
         claims_in_flight: counts.in_flight as u64,
         reload: reloader.last(),

@@ -588,6 +588,13 @@ pub trait ClaimStore: Send + Sync + 'static {
         drop(heard);
     }
 
+    /// On a shared store, whether [`ClaimStore::hear_outcomes`] hears other processes'
+    /// outcomes at all (not behind a pooler without a session of the store's own): else
+    /// waiters learn them by looking at the store again. `None` where nothing is shared.
+    fn announces_outcomes(&self) -> Option<bool> {
+        None
+    }
+
     /// The delivery queue kept beside the claims (`delivery: queued`), if this store has
     /// one.
     fn queue(&self) -> Option<Arc<dyn queue::DeliveryQueue>> {

@@ -566,6 +566,11 @@ async fn a_page_on_another_site_cannot_act_as_the_operator() {
     assert_eq!(log.json()["deliveries"], json!([]), "nothing was changed");
     let overview = admin_get(&proxy, "/v1/overview").await;
     assert_eq!(overview.json()["reload"], json!(null), "no reload ran");
+    assert_eq!(
+        overview.json()["store"]["outcomes_announced"],
+        json!(null),
+        "sled shares nothing"
+    );
 
     // Nor can another site frame the console.
     let page = send(admin, "GET", "/console/", &[], "").await;

@@ -148,6 +148,14 @@ async fn behind_a_pooler_without_direct_url_the_pooled_sessions_keep_their_defau
             warned,
             "{name}: {store}\n{log}"
         );
+        // The overview (and the console's store card) says whether waiters are told.
+        let overview = send(proxy.admin, "GET", "/v1/overview", &[], "").await;
+        assert_eq!(
+            overview.json()["store"]["outcomes_announced"],
+            !warned,
+            "{name}: {}",
+            overview.body
+        );
         drop(proxy);
         if name == "behind" {
             assert_sessions_as_new(&pooled).await;

@@ -467,6 +467,10 @@ impl ClaimStore for PostgresStore {
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>("live")))
     }
 
+    fn announces_outcomes(&self) -> Option<bool> {
+        Some(self.listener.is_some())
+    }
+
     fn hear_outcomes(&self, heard: Heard) {
         // Without a session of its own, waiters look at the store from time to time.
         let Some(listener) = self.listener.clone() else {

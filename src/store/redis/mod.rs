@@ -483,6 +483,10 @@ impl ClaimStore for RedisStore {
         ))
     }
 
+    fn announces_outcomes(&self) -> Option<bool> {
+        Some(true)
+    }
+
     fn hear_outcomes(&self, heard: Heard) {
         let subscribers = self.subscribers.clone();
         let (channel, prefix) = (self.outcomes_channel.clone(), self.prefix.clone());
