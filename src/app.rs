@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin, Serving};
-use crate::background::{count_held_forever, sweep_forever};
+use crate::background::{count_held_forever, report_forever, sweep_forever};
 use crate::config::{Config, Limits};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -59,6 +59,7 @@ pub struct App {
     admin_server: Running,
     sweeper: JoinHandle<()>,
     held_counter: JoinHandle<()>,
+    reporter: JoinHandle<()>,
     /// Reloads on SIGHUP until shutdown.
     hangups: JoinHandle<()>,
     /// Reloads when the configuration file changes, while it lives.
@@ -117,6 +118,7 @@ async fn start_with(
     let proxy_server = serve_proxy(proxy_listener, &serving, &proxy, &workers);
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store), Arc::clone(&metrics)));
     let held_counter = tokio::spawn(count_held_forever(Arc::clone(&proxy), Arc::clone(&metrics)));
+    let reporter = tokio::spawn(report_forever(Arc::clone(&proxy), Arc::clone(&metrics)));
     let (routes, source) = (config.routes.len(), config.source.clone());
     let shutdown_grace = config.shutdown_grace.0;
     let reloader = Arc::new(Reloader::new(config, Arc::clone(&proxy), metrics));
@@ -145,6 +147,7 @@ async fn start_with(
         admin_server,
         sweeper,
         held_counter,
+        reporter,
         hangups,
         _watcher: watcher,
         _workers: workers,
@@ -330,6 +333,7 @@ impl App {
             .await;
         self.sweeper.abort();
         self.held_counter.abort();
+        self.reporter.abort();
         self.hangups.abort();
         self.proxy.recorder().close(LOG_CLOSE_WITHIN).await;
         let flushed = self.store.flush().await;

@@ -1,12 +1,15 @@
 //! The proxy's background tasks while it runs: the sweeper that removes expired records,
-//! and the count of held keys behind `dedupe_keys_held`.
+//! the count of held keys behind `dedupe_keys_held`, and this replica's report to a
+//! shared store (`store::replicas`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use crate::store::ClaimStore;
+use crate::store::replicas::{REPORT_EVERY, ReplicaReport};
+use crate::store::{ClaimStore, Clock, SystemClock};
 
 /// How often the sweeper looks for expired records, and how many one sweep call reads
 /// before yielding.
@@ -70,6 +73,49 @@ pub(crate) async fn count_held_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>)
                 metrics.store_error();
                 tracing::warn!(%error, "counting the held keys failed");
             }
+        }
+    }
+}
+
+/// This replica's name among others: the host's (a pod's name on Kubernetes) and the
+/// process's id, so that processes on one host differ and a restarted container keeps
+/// its pod's name.
+pub(crate) fn replica_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|name| !name.is_empty());
+    format!(
+        "{}:{}",
+        host.as_deref().unwrap_or("host"),
+        std::process::id()
+    )
+}
+
+/// Reports this replica to a shared store at once and every [`REPORT_EVERY`]: its
+/// identity, version, start and requests so far. A failed report is tried at the next.
+pub(crate) async fn report_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>) {
+    let clock = SystemClock;
+    let (id, started_at) = (replica_id(), clock.now());
+    let mut ticks = tokio::time::interval(REPORT_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let mut requests = BTreeMap::new();
+        for route in proxy.routing().table.routes() {
+            for (outcome, count) in metrics.requests_of(&route.name) {
+                *requests.entry(outcome.to_owned()).or_insert(0) += count;
+            }
+        }
+        let report = ReplicaReport {
+            id: id.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at,
+            seen_at: clock.now(),
+            requests,
+        };
+        if let Err(error) = proxy.store().report_replica(&report).await {
+            metrics.store_error();
+            tracing::debug!(%error, "this replica's report to the store failed");
         }
     }
 }

@@ -429,6 +429,34 @@ pub(crate) struct Overview {
     /// Every outcome the delivery log and `requests` name.
     pub outcomes: Vec<String>,
     pub routes: Vec<RouteOverview>,
+    /// Every replica sharing the store, as each last reported; `null` on sled, whose
+    /// store is this process's alone.
+    pub replicas: Option<ReplicaList>,
+}
+
+/// The replicas of a shared store.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct ReplicaList {
+    /// This replica's id.
+    pub this: String,
+    /// By id; empty when the store did not answer.
+    pub replicas: Vec<ReplicaView>,
+    /// Their requests added up, by outcome.
+    pub totals: BTreeMap<String, u64>,
+}
+
+/// A replica as it last reported (every 15 s).
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct ReplicaView {
+    /// The host's name and the process's id.
+    pub id: String,
+    pub version: String,
+    pub started_at: String,
+    pub last_seen: String,
+    /// Not heard from for 45 s: stopped, or cut off from the store.
+    pub silent: bool,
+    /// Requests since it started, by outcome.
+    pub requests: BTreeMap<String, u64>,
 }
 
 /// Who asks, and whether they may change anything.

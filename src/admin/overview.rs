@@ -2,6 +2,7 @@
 //! shows it: who asks (and whether they may change anything), the version and uptime, the
 //! store's health, the last reload, and each route's counts.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
@@ -12,7 +13,10 @@ use axum::Extension;
 use axum::extract::State;
 
 use super::access::Role;
-use super::answers::{AccessView, Overview, QueueRoute, RouteOverview, StoreHealth, answer_json};
+use super::answers::{
+    AccessView, Overview, QueueRoute, ReplicaList, ReplicaView, RouteOverview, StoreHealth,
+    answer_json,
+};
 use super::extract::Live;
 use super::state::AdminState;
 use crate::body::ProxyBody;
@@ -20,6 +24,8 @@ use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::store::log::Fate;
+use crate::store::replicas::SILENT_AFTER;
+use crate::store::{Clock, SystemClock, millis, rfc3339};
 
 /// How long the store's health check waits for an answer.
 const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -91,8 +97,44 @@ pub(super) async fn overview(
             .map(|fate| fate.as_str().to_owned())
             .collect(),
         routes,
+        replicas: replicas(proxy).await,
     };
     answer_json(StatusCode::OK, &answer)
+}
+
+/// The replicas sharing the store as they last reported; none on a store that is not
+/// shared, an empty list where it did not answer.
+async fn replicas(proxy: &Proxy) -> Option<ReplicaList> {
+    let asked = tokio::time::timeout(STORE_CHECK_TIMEOUT, proxy.store().replicas());
+    let reported = match asked.await {
+        Ok(Ok(None)) => return None,
+        Ok(Ok(Some(reported))) => reported,
+        Ok(Err(_)) | Err(_) => Vec::new(),
+    };
+    let now = SystemClock.now();
+    let mut totals = BTreeMap::new();
+    let mut replicas: Vec<ReplicaView> = reported
+        .into_iter()
+        .map(|report| {
+            for (outcome, count) in &report.requests {
+                *totals.entry(outcome.clone()).or_insert(0) += count;
+            }
+            ReplicaView {
+                silent: now.saturating_sub(report.seen_at) > millis(SILENT_AFTER),
+                started_at: rfc3339(report.started_at),
+                last_seen: rfc3339(report.seen_at),
+                id: report.id,
+                version: report.version,
+                requests: report.requests,
+            }
+        })
+        .collect();
+    replicas.sort_by(|a, b| a.id.cmp(&b.id));
+    Some(ReplicaList {
+        this: crate::background::replica_id(),
+        replicas,
+        totals,
+    })
 }
 
 /// Each queued route's counts, or none where the store keeps no queue or did not say.

@@ -33,6 +33,7 @@ pub mod log;
 pub mod postgres;
 pub mod queue;
 pub mod redis;
+pub mod replicas;
 pub mod settings;
 pub mod sled;
 mod time;
@@ -586,6 +587,18 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// shared, so it hears nothing.
     fn hear_outcomes(&self, heard: Heard) {
         drop(heard);
+    }
+
+    /// Records `report` as its replica's latest, in a shared store (nothing elsewhere),
+    /// and drops reports older than [`replicas::FORGOTTEN_AFTER`].
+    async fn report_replica(&self, report: &replicas::ReplicaReport) -> Result<(), StoreError> {
+        let _ = report;
+        Ok(())
+    }
+
+    /// Every replica's latest report, in a shared store; `None` where nothing is shared.
+    async fn replicas(&self) -> Result<Option<Vec<replicas::ReplicaReport>>, StoreError> {
+        Ok(None)
     }
 
     /// On a shared store, whether [`ClaimStore::hear_outcomes`] hears other processes'

@@ -247,6 +247,9 @@ async fn an_operator_watches_deliveries_forgets_a_key_and_its_next_delivery_runs
     ]);
     assert_eq!(cells, expected);
     browser.wait_for_text("main .cards", "1 done key ·").await;
+    browser
+        .wait_for_text("main", "This page shows this process")
+        .await;
     browser.screenshot("overview").await;
 
     // The log as a table, newest first; a new event appears without reloading.
@@ -1018,4 +1021,65 @@ async fn a_viewer_tries_requests_on_the_page_and_nothing_is_stored() {
         "nothing stored"
     );
     assert_eq!(upstream.total_executions(), 0, "nothing sent");
+}
+
+/// On a shared store the overview lists every replica sharing it, this one marked, and
+/// their totals: two replicas on Redis, each having forwarded one event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_lists_every_replica_of_a_shared_store() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    if !service_available("Redis", 6379).await {
+        return;
+    }
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("console-{:x}:", rand::random::<u64>());
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let path = dir.path().join(format!("{name}.yaml"));
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://{}\nadmin: {{ listen: 127.0.0.1:0, token_env: CONSOLE_TOKEN }}\nstore: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{prefix}\" }} }}\n{}",
+            upstream.addr,
+            json_route("")
+        );
+        std::fs::write(&path, text).unwrap();
+        let replica = Binary::start_with_env(&path, &[("CONSOLE_TOKEN", OPERATOR)]);
+        let event = format!("evt_{name}");
+        assert_eq!(post_event(replica.addr, &event).await.dedupe(), "forwarded");
+        replicas.push(replica);
+    }
+    // The first report of each came at its start, before its delivery: the next (every
+    // 15 s) counts it.
+    let bearer = format!("Bearer {OPERATOR}");
+    eventually(
+        Duration::from_secs(25),
+        "both deliveries reported",
+        || async {
+            let overview = send(
+                replicas[0].admin,
+                "GET",
+                "/v1/overview",
+                &[("authorization", &bearer)],
+                "",
+            )
+            .await;
+            overview.json()["replicas"]["totals"]["forwarded"] == 2
+        },
+    )
+    .await;
+    browser.sign_in(replicas[0].admin, OPERATOR).await;
+    browser.wait_for_text("main", "(this one)").await;
+    let text = browser
+        .script("return [...document.querySelectorAll('main table')].pop().innerText")
+        .await;
+    let text = text.as_str().unwrap();
+    for replica in &replicas {
+        let id = format!(":{}", replica.child.id());
+        assert!(text.contains(&id), "{id}: {text}");
+    }
+    let all = text.lines().find(|line| line.starts_with("All")).unwrap();
+    assert_eq!(all.split_whitespace().nth(1), Some("2"), "{text}");
+    browser.screenshot("replicas").await;
 }

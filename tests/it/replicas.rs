@@ -454,3 +454,95 @@ async fn replicas_sharing_the_token_take_each_others_listing_cursors() {
     let on_c = list(2, "other-token-2", Some(cursor)).await;
     assert_eq!(on_c.status, 400, "{}", on_c.body);
 }
+
+/// Every replica reports itself to the shared store: each one's overview lists all three,
+/// with their version, start and requests, and the totals; a replica killed (SIGKILL: no
+/// goodbye) is marked silent within a minute while the others are not.
+async fn every_replica_shows_in_each_overview_and_a_killed_one_goes_silent(kind: &str) {
+    let Some(store) = shared_store(kind, "replica_board").await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let (replicas, _dir) = start_replicas(upstream.addr, &store, "").await;
+    for (n, replica) in replicas.iter().enumerate() {
+        let reply = post_event(replica.addr, &format!("evt_board_{n}")).await;
+        assert_eq!(reply.dedupe(), "forwarded");
+    }
+    let board = |replica: &Binary| {
+        let admin = replica.admin;
+        async move { send(admin, "GET", "/v1/overview", &[], "").await.json()["replicas"].clone() }
+    };
+    let ids: Vec<String> = replicas
+        .iter()
+        .map(|replica| format!(":{}", replica.child.id()))
+        .collect();
+    // The deliveries show at the replicas' next reports (every 15 s).
+    eventually(
+        Duration::from_secs(25),
+        "three reports with a delivery each",
+        || async {
+            let seen = board(&replicas[1]).await;
+            seen["totals"]["forwarded"] == 3
+                && seen["replicas"]
+                    .as_array()
+                    .is_some_and(|all| all.len() == 3)
+        },
+    )
+    .await;
+    let seen = board(&replicas[0]).await;
+    let listed = seen["replicas"].as_array().unwrap();
+    let listed_ids: Vec<&str> = listed.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    for id in &ids {
+        let found = listed_ids
+            .iter()
+            .any(|listed| listed.ends_with(id.as_str()));
+        assert!(found, "{id}: {seen}");
+    }
+    for replica in listed {
+        assert_eq!(replica["version"], env!("CARGO_PKG_VERSION"), "{seen}");
+        assert_eq!(replica["requests"]["forwarded"], 1, "{seen}");
+        assert_eq!(replica["silent"], false, "{seen}");
+    }
+    assert!(seen["this"].as_str().unwrap().ends_with(&ids[0]), "{seen}");
+
+    replicas[2].signal("KILL");
+    let started = Instant::now();
+    eventually(
+        Duration::from_secs(70),
+        "the killed replica marked silent",
+        || async {
+            let seen = board(&replicas[0]).await;
+            let silent: Vec<&str> = seen["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|replica| replica["silent"] == true)
+                .map(|replica| replica["id"].as_str().unwrap())
+                .collect();
+            match silent.as_slice() {
+                [] => false,
+                [one] => {
+                    assert!(one.ends_with(&ids[2]), "{seen}");
+                    true
+                }
+                more => panic!("more than the killed one silent: {more:?}"),
+            }
+        },
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(61),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_every_replica_shows_in_each_overview_and_a_killed_one_goes_silent() {
+    every_replica_shows_in_each_overview_and_a_killed_one_goes_silent("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_every_replica_shows_in_each_overview_and_a_killed_one_goes_silent() {
+    every_replica_shows_in_each_overview_and_a_killed_one_goes_silent("postgres").await;
+}

@@ -272,7 +272,28 @@ async function overviewPage() {
     table([['Route'], ['Scope', 'hide-narrow'], ['Delivery', 'hide-narrow'], ['Forwarded', 'num'], ['Duplicates', 'num'],
       ['Refused', 'num'], ['Store unavailable', 'num'], ['Released', 'num hide-narrow'], ['Answered in flight', 'num hide-narrow'], ['Held keys', 'num'], ['Queued', 'num'], ['Dead', 'num']], rows,
     'No routes: every request goes to the default upstream. Add one under routes: in the configuration file, then reload.'),
-    h('p', { class: 'muted' }, 'Requests counted since this replica started; held keys and queues as the store last said.'));
+    h('p', { class: 'muted' }, 'Requests counted since this replica started; held keys and queues as the store last said.'),
+    ...replicaSection(o.replicas));
+}
+
+// Every replica sharing the store, as each last reported, and their totals; on sled, a
+// line saying the page shows this process alone.
+function replicaSection(list) {
+  if (!list) return [h('p', { class: 'muted' }, 'This page shows this process: its sled store is not shared with other replicas.')];
+  const row = (name, r, n) => h('tr', { class: r && r.silent ? 'silent' : null },
+    h('td', {}, name),
+    h('td', {}, r ? r.version : ''),
+    h('td', { class: 'hide-narrow' }, r ? time(r.started_at) : ''),
+    h('td', {}, r ? [time(r.last_seen), r.silent ? ' · silent' : ''] : ''),
+    h('td', { class: 'num' }, num((n.forwarded || 0) + (n.queued || 0))),
+    h('td', { class: 'num' }, num(n.duplicate || 0)),
+    h('td', { class: 'num hide-narrow' }, num(n.rejected || 0)));
+  const rows = list.replicas.map((r) => row(r.id === list.this ? `${r.id} (this one)` : r.id, r, r.requests));
+  if (rows.length > 0) rows.push(row('All', null, list.totals));
+  return [h('h2', {}, 'Replicas'),
+    table([['Replica'], ['Version'], ['Started', 'hide-narrow'], ['Last seen'], ['Forwarded', 'num'], ['Duplicates', 'num'], ['Refused', 'num hide-narrow']], rows,
+      'No replica has reported yet, or the store did not answer.'),
+    h('p', { class: 'muted' }, 'Each replica reports every 15 s; one not heard from for 45 s is marked silent.')];
 }
 
 function card(label, value, sub) {

@@ -41,6 +41,7 @@ use self::queue::PostgresQueue;
 use self::record::{live_state, signed, unsigned};
 use self::statements::Statements;
 use super::queue::DeliveryQueue;
+use super::replicas::{FORGOTTEN_AFTER, ReplicaReport};
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Completion, EntityRecord, Expiry, Fingerprint,
     Forgotten, Heard, KeyState, Millis, Page, RecordedResponse, Resolution, StateFilter,
@@ -469,6 +470,27 @@ impl ClaimStore for PostgresStore {
 
     fn announces_outcomes(&self) -> Option<bool> {
         Some(self.listener.is_some())
+    }
+
+    async fn report_replica(&self, report: &ReplicaReport) -> Result<(), StoreError> {
+        let (id, seen_at) = (&report.id, signed(report.seen_at));
+        let (text, forgotten) = (
+            report.encode(),
+            signed(report.seen_at.saturating_sub(millis(FORGOTTEN_AFTER))),
+        );
+        self.query(&self.statements.report_replica, &[id, &seen_at, &text])
+            .await?;
+        self.query(&self.statements.forget_replicas, &[&forgotten])
+            .await?;
+        Ok(())
+    }
+
+    async fn replicas(&self) -> Result<Option<Vec<ReplicaReport>>, StoreError> {
+        let rows = self.query(&self.statements.replicas, &[]).await?;
+        let reports = rows
+            .iter()
+            .filter_map(|row| ReplicaReport::decode(row.get("report")).ok());
+        Ok(Some(reports.collect()))
     }
 
     fn hear_outcomes(&self, heard: Heard) {

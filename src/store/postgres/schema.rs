@@ -11,7 +11,7 @@ use std::time::Duration;
 use deadpool_postgres::Object;
 
 use super::connection::passes_when_tried_again;
-use super::statements::entities_table;
+use super::statements::{entities_table, replicas_table};
 use crate::store::StoreError;
 
 /// How many times a start tries the schema steps when another replica's get in the way.
@@ -77,6 +77,16 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
     }
     transaction.batch_execute(&upgrade_claims(table)).await?;
     transaction.batch_execute(&create_entities(table)).await?;
+    transaction
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+               id text PRIMARY KEY,
+               seen_at bigint NOT NULL,
+               report text NOT NULL
+             )",
+            replicas_table(table)
+        ))
+        .await?;
     transaction
         .batch_execute(&super::queue::create_tables(table))
         .await?;

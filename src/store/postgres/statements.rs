@@ -35,6 +35,11 @@ pub(super) fn entities_table(table: &str) -> String {
     beside(table, "_entities")
 }
 
+/// The table of the replicas' reports beside `table`.
+pub(super) fn replicas_table(table: &str) -> String {
+    beside(table, "_replicas")
+}
+
 /// `table` (its first 54 bytes: names are ASCII) followed by `suffix`.
 pub(super) fn beside(table: &str, suffix: &str) -> String {
     format!("{}{suffix}", &table[..table.len().min(54)])
@@ -63,6 +68,9 @@ pub(super) struct Statements {
     pub(super) record_version: Sql,
     pub(super) forget_entity: Sql,
     pub(super) sweep_entities: Sql,
+    pub(super) report_replica: Sql,
+    pub(super) replicas: Sql,
+    pub(super) forget_replicas: Sql,
 }
 
 impl Statements {
@@ -74,6 +82,7 @@ impl Statements {
         };
         let channel = outcomes_channel(table);
         let entities = entities_table(table);
+        let replicas = replicas_table(table);
         Statements {
             claim_many: sql(claim_many(table)),
             current: sql(current(table)),
@@ -96,6 +105,18 @@ impl Statements {
             record_version: sql(record_version(&entities)),
             forget_entity: sql(forget_entity(&entities)),
             sweep_entities: sql(sweep(&entities)),
+            report_replica: sql((
+                &[Type::TEXT, Type::INT8, Type::TEXT],
+                format!(
+                    "INSERT INTO {replicas} (id, seen_at, report) VALUES ($1, $2, $3)
+                     ON CONFLICT (id) DO UPDATE SET seen_at = $2, report = $3"
+                ),
+            )),
+            replicas: sql((&[], format!("SELECT report FROM {replicas}"))),
+            forget_replicas: sql((
+                &[Type::INT8],
+                format!("DELETE FROM {replicas} WHERE seen_at < $1"),
+            )),
         }
     }
 }
@@ -361,7 +382,7 @@ mod tests {
 
     impl Statements {
         /// Every statement: the pattern names every field, so a new one must be added.
-        fn every(&self) -> [&Sql; 21] {
+        fn every(&self) -> [&Sql; 24] {
             let Statements {
                 claim_many,
                 current,
@@ -384,6 +405,9 @@ mod tests {
                 record_version,
                 forget_entity,
                 sweep_entities,
+                report_replica,
+                replicas,
+                forget_replicas,
             } = self;
             [
                 claim_many,
@@ -407,6 +431,9 @@ mod tests {
                 record_version,
                 forget_entity,
                 sweep_entities,
+                report_replica,
+                replicas,
+                forget_replicas,
             ]
         }
     }

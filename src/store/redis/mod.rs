@@ -51,6 +51,7 @@ use self::stored::{
 };
 use self::subscription::hear;
 use super::queue::DeliveryQueue;
+use super::replicas::{FORGOTTEN_AFTER, ReplicaReport};
 use super::{
     Ambiguity, Claim, ClaimOutcome, ClaimStore, Clock, Completion, EntityRecord, Expiry,
     Fingerprint, Forgotten, Heard, KeyState, Millis, Page, RESOLVED_STATUS, Resolution,
@@ -165,6 +166,18 @@ impl RedisStore {
     /// `<prefix>held`, which no store key can be, having no `:`.
     fn held_index(&self) -> String {
         format!("{}held", self.prefix)
+    }
+
+    /// The reports in the hash `replicas`; one that does not read is passed over.
+    async fn replicas_reported(&self, replicas: &str) -> Result<Vec<ReplicaReport>, StoreError> {
+        let mut connection = self.connection();
+        let mut all = redis::cmd("HVALS");
+        all.arg(replicas);
+        let values: Vec<String> = self.bounded(all.query_async(&mut connection)).await?;
+        Ok(values
+            .iter()
+            .filter_map(|value| ReplicaReport::decode(value).ok())
+            .collect())
     }
 
     /// Replaces an owned in-flight value by `opening` followed by the claim's fields, for
@@ -485,6 +498,34 @@ impl ClaimStore for RedisStore {
 
     fn announces_outcomes(&self) -> Option<bool> {
         Some(true)
+    }
+
+    /// A field of the hash `<prefix>replicas` (no store key: it has no `:`) per replica.
+    async fn report_replica(&self, report: &ReplicaReport) -> Result<(), StoreError> {
+        let mut connection = self.connection();
+        let replicas = format!("{}replicas", self.prefix);
+        let mut set = redis::cmd("HSET");
+        set.arg(&replicas).arg(&report.id).arg(report.encode());
+        let _: i64 = self.bounded(set.query_async(&mut connection)).await?;
+        let forgotten = report.seen_at.saturating_sub(millis(FORGOTTEN_AFTER));
+        let old: Vec<String> = self
+            .replicas_reported(&replicas)
+            .await?
+            .into_iter()
+            .filter(|reported| reported.seen_at < forgotten)
+            .map(|reported| reported.id)
+            .collect();
+        if !old.is_empty() {
+            let mut remove = redis::cmd("HDEL");
+            remove.arg(&replicas).arg(old);
+            let _: i64 = self.bounded(remove.query_async(&mut connection)).await?;
+        }
+        Ok(())
+    }
+
+    async fn replicas(&self) -> Result<Option<Vec<ReplicaReport>>, StoreError> {
+        let replicas = format!("{}replicas", self.prefix);
+        Ok(Some(self.replicas_reported(&replicas).await?))
     }
 
     fn hear_outcomes(&self, heard: Heard) {
