@@ -54,6 +54,60 @@ async fn announced(h: &Harness, name: &str) -> Claim {
 
 /// A finish or release of an announced claim is heard by whoever listens to the store
 /// (another replica); an unannounced one is not. The embedded store has no one to tell.
+/// A shared store keeps each replica's latest report, whatever its version (a rolling
+/// upgrade's replicas side by side): a newer report replaces its replica's, and one older
+/// than a day is dropped by the next report. A store nothing shares keeps none.
+async fn each_replicas_latest_report_is_kept_whatever_its_version(h: Harness) {
+    use dedupe_proxy::store::replicas::{FORGOTTEN_AFTER, ReplicaReport};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let run = format!("{:x}", rand::random::<u64>());
+    let report = |name: &str, version: &str, seen_at: u64, forwarded: u64| ReplicaReport {
+        id: format!("{name}-{run}"),
+        version: version.into(),
+        started_at: seen_at - 60_000,
+        seen_at,
+        requests: [("forwarded".to_owned(), forwarded)].into(),
+    };
+    if h.store.replicas().await.unwrap().is_none() {
+        h.store
+            .report_replica(&report("a", "0.1.0", now, 1))
+            .await
+            .unwrap();
+        assert_eq!(h.store.replicas().await.unwrap(), None, "nothing is shared");
+        return;
+    }
+    let day_ago = now - FORGOTTEN_AFTER.as_millis() as u64 - 60_000;
+    for written in [
+        report("old", "0.0.9", day_ago, 7),
+        report("a", "0.1.0", now, 1),
+        report("b", "0.2.0", now, 2),
+        report("a", "0.1.0", now + 1000, 4),
+    ] {
+        h.store.report_replica(&written).await.unwrap();
+    }
+    let mut ours: Vec<(String, String, u64)> = h
+        .store
+        .replicas()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_iter()
+        .filter(|report| report.id.ends_with(&run))
+        .map(|report| (report.id, report.version, report.requests["forwarded"]))
+        .collect();
+    ours.sort();
+    assert_eq!(
+        ours,
+        [
+            (format!("a-{run}"), "0.1.0".to_owned(), 4),
+            (format!("b-{run}"), "0.2.0".to_owned(), 2),
+        ]
+    );
+}
+
 async fn announced_outcomes_are_heard(h: Harness) {
     let (tell, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
     h.store.hear_outcomes(Arc::new(move |key: &str| {
@@ -1025,6 +1079,7 @@ conformance!(
     the_newest_version_of_an_entity_only_grows,
     an_entity_record_expires_with_its_retention,
     concurrent_versions_leave_the_largest,
+    each_replicas_latest_report_is_kept_whatever_its_version,
 );
 
 /// A test of `$test` on a `$store` opened with two workers, skipped (or failed in CI) as
