@@ -77,15 +77,20 @@ pub(crate) async fn count_held_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>)
     }
 }
 
-/// This replica's name among others: the host's (a pod's name on Kubernetes) and the
-/// process's id, so that processes on one host differ and a restarted container keeps
-/// its pod's name.
+/// This replica's name among others: the host's (a pod's name on Kubernetes), the
+/// process's id and a number drawn once, so that replicas sharing a host name (host
+/// networking) and a pid (1, in containers) differ.
 pub(crate) fn replica_id() -> String {
+    // `HOSTNAME` is set in containers and pods; a service manager may leave it out.
     let host = std::env::var("HOSTNAME")
         .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty());
+    static DRAWN: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    let drawn = DRAWN.get_or_init(rand::random);
     format!(
-        "{}:{}",
+        "{}:{}:{drawn:04x}",
         host.as_deref().unwrap_or("host"),
         std::process::id()
     )

@@ -117,7 +117,8 @@ async fn replicas(proxy: &Proxy) -> Option<ReplicaList> {
         .into_iter()
         .map(|report| {
             for (outcome, count) in &report.requests {
-                *totals.entry(outcome.clone()).or_insert(0) += count;
+                let total: &mut u64 = totals.entry(outcome.clone()).or_insert(0);
+                *total = total.saturating_add(*count);
             }
             ReplicaView {
                 silent: now.saturating_sub(report.seen_at) > millis(SILENT_AFTER),

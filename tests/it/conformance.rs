@@ -56,7 +56,7 @@ async fn announced(h: &Harness, name: &str) -> Claim {
 /// (another replica); an unannounced one is not. The embedded store has no one to tell.
 /// A shared store keeps each replica's latest report, whatever its version (a rolling
 /// upgrade's replicas side by side): a newer report replaces its replica's, and one older
-/// than a day is dropped by the next report. A store nothing shares keeps none.
+/// than an hour is dropped by the next report. A store nothing shares keeps none.
 async fn each_replicas_latest_report_is_kept_whatever_its_version(h: Harness) {
     use dedupe_proxy::store::replicas::{FORGOTTEN_AFTER, ReplicaReport};
     let now = std::time::SystemTime::now()

@@ -1076,7 +1076,7 @@ async fn the_overview_lists_every_replica_of_a_shared_store() {
         .await;
     let text = text.as_str().unwrap();
     for replica in &replicas {
-        let id = format!(":{}", replica.child.id());
+        let id = format!(":{}:", replica.child.id());
         assert!(text.contains(&id), "{id}: {text}");
     }
     let all = text.lines().find(|line| line.starts_with("All")).unwrap();

@@ -474,7 +474,7 @@ async fn every_replica_shows_in_each_overview_and_a_killed_one_goes_silent(kind:
     };
     let ids: Vec<String> = replicas
         .iter()
-        .map(|replica| format!(":{}", replica.child.id()))
+        .map(|replica| format!(":{}:", replica.child.id()))
         .collect();
     // The deliveries show at the replicas' next reports (every 15 s).
     eventually(
@@ -493,9 +493,7 @@ async fn every_replica_shows_in_each_overview_and_a_killed_one_goes_silent(kind:
     let listed = seen["replicas"].as_array().unwrap();
     let listed_ids: Vec<&str> = listed.iter().map(|r| r["id"].as_str().unwrap()).collect();
     for id in &ids {
-        let found = listed_ids
-            .iter()
-            .any(|listed| listed.ends_with(id.as_str()));
+        let found = listed_ids.iter().any(|listed| listed.contains(id.as_str()));
         assert!(found, "{id}: {seen}");
     }
     for replica in listed {
@@ -503,7 +501,7 @@ async fn every_replica_shows_in_each_overview_and_a_killed_one_goes_silent(kind:
         assert_eq!(replica["requests"]["forwarded"], 1, "{seen}");
         assert_eq!(replica["silent"], false, "{seen}");
     }
-    assert!(seen["this"].as_str().unwrap().ends_with(&ids[0]), "{seen}");
+    assert!(seen["this"].as_str().unwrap().contains(&ids[0]), "{seen}");
 
     replicas[2].signal("KILL");
     let started = Instant::now();
@@ -522,7 +520,7 @@ async fn every_replica_shows_in_each_overview_and_a_killed_one_goes_silent(kind:
             match silent.as_slice() {
                 [] => false,
                 [one] => {
-                    assert!(one.ends_with(&ids[2]), "{seen}");
+                    assert!(one.contains(&ids[2]), "{seen}");
                     true
                 }
                 more => panic!("more than the killed one silent: {more:?}"),

@@ -487,9 +487,10 @@ impl ClaimStore for PostgresStore {
 
     async fn replicas(&self) -> Result<Option<Vec<ReplicaReport>>, StoreError> {
         let rows = self.query(&self.statements.replicas, &[]).await?;
-        let reports = rows
-            .iter()
-            .filter_map(|row| ReplicaReport::decode(row.get("report")).ok());
+        let reports = rows.iter().filter_map(|row| {
+            let text: &str = row.get("report");
+            ReplicaReport::decode(text.as_bytes()).ok()
+        });
         Ok(Some(reports.collect()))
     }
 

@@ -168,16 +168,24 @@ impl RedisStore {
         format!("{}held", self.prefix)
     }
 
-    /// The reports in the hash `replicas`; one that does not read is passed over.
-    async fn replicas_reported(&self, replicas: &str) -> Result<Vec<ReplicaReport>, StoreError> {
+    /// The reports in the hash `replicas`, and the fields of those that do not read.
+    async fn replicas_reported(
+        &self,
+        replicas: &str,
+    ) -> Result<(Vec<ReplicaReport>, Vec<Vec<u8>>), StoreError> {
         let mut connection = self.connection();
-        let mut all = redis::cmd("HVALS");
+        let mut all = redis::cmd("HGETALL");
         all.arg(replicas);
-        let values: Vec<String> = self.bounded(all.query_async(&mut connection)).await?;
-        Ok(values
-            .iter()
-            .filter_map(|value| ReplicaReport::decode(value).ok())
-            .collect())
+        let fields: Vec<(Vec<u8>, Vec<u8>)> =
+            self.bounded(all.query_async(&mut connection)).await?;
+        let (mut reports, mut unreadable) = (Vec::new(), Vec::new());
+        for (field, value) in fields {
+            match ReplicaReport::decode(&value) {
+                Ok(report) => reports.push(report),
+                Err(_) => unreadable.push(field),
+            }
+        }
+        Ok((reports, unreadable))
     }
 
     /// Replaces an owned in-flight value by `opening` followed by the claim's fields, for
@@ -508,13 +516,11 @@ impl ClaimStore for RedisStore {
         set.arg(&replicas).arg(&report.id).arg(report.encode());
         let _: i64 = self.bounded(set.query_async(&mut connection)).await?;
         let forgotten = report.seen_at.saturating_sub(millis(FORGOTTEN_AFTER));
-        let old: Vec<String> = self
-            .replicas_reported(&replicas)
-            .await?
+        let (reports, mut old) = self.replicas_reported(&replicas).await?;
+        let stale = reports
             .into_iter()
-            .filter(|reported| reported.seen_at < forgotten)
-            .map(|reported| reported.id)
-            .collect();
+            .filter(|reported| reported.seen_at < forgotten);
+        old.extend(stale.map(|reported| reported.id.into_bytes()));
         if !old.is_empty() {
             let mut remove = redis::cmd("HDEL");
             remove.arg(&replicas).arg(old);
@@ -525,7 +531,7 @@ impl ClaimStore for RedisStore {
 
     async fn replicas(&self) -> Result<Option<Vec<ReplicaReport>>, StoreError> {
         let replicas = format!("{}replicas", self.prefix);
-        Ok(Some(self.replicas_reported(&replicas).await?))
+        Ok(Some(self.replicas_reported(&replicas).await?.0))
     }
 
     fn hear_outcomes(&self, heard: Heard) {
