@@ -445,7 +445,7 @@ pub(crate) struct ReplicaList {
     pub totals: BTreeMap<String, u64>,
 }
 
-/// A replica as it last reported (every 15 s).
+/// A replica as it last reported (every 5 s).
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct ReplicaView {
     /// The host's name and the process's id.
@@ -453,7 +453,7 @@ pub(crate) struct ReplicaView {
     pub version: String,
     pub started_at: String,
     pub last_seen: String,
-    /// Not heard from for 45 s: stopped, or cut off from the store.
+    /// Not heard from for 15 s: stopped, or cut off from the store.
     pub silent: bool,
     /// Requests since it started, by outcome.
     pub requests: BTreeMap<String, u64>,

@@ -12,10 +12,10 @@ use super::error::StoreError;
 use super::time::Millis;
 
 /// How often a replica reports.
-pub const REPORT_EVERY: Duration = Duration::from_secs(15);
+pub const REPORT_EVERY: Duration = Duration::from_secs(5);
 
 /// A replica not heard from for this long has stopped reporting (three reports missed).
-pub const SILENT_AFTER: Duration = Duration::from_secs(45);
+pub const SILENT_AFTER: Duration = Duration::from_secs(15);
 
 /// A report this old is dropped from the store: a replica stopped an hour ago is gone.
 pub const FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);

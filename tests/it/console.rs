@@ -1051,7 +1051,7 @@ async fn the_overview_lists_every_replica_of_a_shared_store() {
         replicas.push(replica);
     }
     // The first report of each came at its start, before its delivery: the next (every
-    // 15 s) counts it.
+    // 5 s) counts it.
     let bearer = format!("Bearer {OPERATOR}");
     eventually(
         Duration::from_secs(25),

@@ -476,7 +476,7 @@ async fn every_replica_shows_in_each_overview_and_a_killed_one_goes_silent(kind:
         .iter()
         .map(|replica| format!(":{}:", replica.child.id()))
         .collect();
-    // The deliveries show at the replicas' next reports (every 15 s).
+    // The deliveries show at the replicas' next reports (every 5 s).
     eventually(
         Duration::from_secs(25),
         "three reports with a delivery each",

@@ -293,7 +293,7 @@ function replicaSection(list) {
   return [h('h2', {}, 'Replicas'),
     table([['Replica'], ['Version'], ['Started', 'hide-narrow'], ['Last seen'], ['Forwarded', 'num'], ['Duplicates', 'num'], ['Refused', 'num hide-narrow']], rows,
       'No replica has reported yet, or the store did not answer.'),
-    h('p', { class: 'muted' }, 'Each replica reports every 15 s; one not heard from for 45 s is marked silent.')];
+    h('p', { class: 'muted' }, 'Each replica reports every 5 s; one not heard from for 15 s is marked silent.')];
 }
 
 function card(label, value, sub) {
