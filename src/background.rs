@@ -81,12 +81,7 @@ pub(crate) async fn count_held_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>)
 /// process's id and a number drawn once, so that replicas sharing a host name (host
 /// networking) and a pid (1, in containers) differ.
 pub(crate) fn replica_id() -> String {
-    // `HOSTNAME` is set in containers and pods; a service manager may leave it out.
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|name| name.trim().to_owned())
-        .filter(|name| !name.is_empty());
+    let host = crate::delivery_log::replica_name();
     static DRAWN: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
     let drawn = DRAWN.get_or_init(rand::random);
     format!(

@@ -168,9 +168,12 @@ impl Recorder {
 }
 
 /// This replica's name for its entries: the host's (a pod's name on Kubernetes).
-fn replica_name() -> Option<String> {
+/// `HOSTNAME` is set in containers and pods; a service manager may leave it out.
+pub(crate) fn replica_name() -> Option<String> {
     std::env::var("HOSTNAME")
         .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
 }
 
