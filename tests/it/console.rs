@@ -121,6 +121,16 @@ impl Browser {
         }
     }
 
+    /// Opens `page` from the navigation and waits until it is in place (the console sets
+    /// `body[data-page]` once a page is shown), so that text the page before also held
+    /// (the overview's table names the routes too) cannot pass for the new page's.
+    async fn go(&self, page: &str) {
+        self.script("delete document.body.dataset.page; return null")
+            .await;
+        self.click(&format!("nav a[data-page={page}]")).await;
+        self.wait_for(&format!("body[data-page={page}]")).await;
+    }
+
     async fn click(&self, css: &str) {
         self.wait_for(css).await.click().await.unwrap();
     }
@@ -253,7 +263,7 @@ async fn an_operator_watches_deliveries_forgets_a_key_and_its_next_delivery_runs
     browser.screenshot("overview").await;
 
     // The log as a table, newest first; a new event appears without reloading.
-    browser.click("nav a[data-page=deliveries]").await;
+    browser.go("deliveries").await;
     browser.wait_for_text("#deliveries tbody", "evt_1").await;
     let rows = browser
         .script("return document.querySelectorAll('#deliveries tbody tr').length")
@@ -334,7 +344,7 @@ async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page(
     browser.sign_in(proxy.admin, OPERATOR).await;
 
     // The scopes, counted; a scope's keys by prefix.
-    browser.click("nav a[data-page=keys]").await;
+    browser.go("keys").await;
     browser.wait_for_text("main table", "hooks").await;
     browser.click("main table a").await;
     browser.type_into("input[name=prefix]", "evt_a").await;
@@ -374,14 +384,14 @@ async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page(
     assert_eq!(again.dedupe(), "forwarded");
 
     // Held keys and dead letters: empty states that say what to do.
-    browser.click("nav a[data-page=held]").await;
+    browser.go("held").await;
     browser.wait_for_text("main", "No held keys").await;
     browser.wait_for_text("main", "No queued routes").await;
     browser.screenshot("held").await;
 
     // The resolved routes, and a reload with its result: the page shows the routes now
     // running.
-    browser.click("nav a[data-page=routes]").await;
+    browser.go("routes").await;
     browser.wait_for_text("main h2", "hooks").await;
     let config = dir.path().join("config.yaml");
     let more = "  - name: more\n    match: { path: /more }\n    key: \"{json:/id}\"\n";
@@ -393,13 +403,13 @@ async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page(
         .wait_for_text("main section:last-of-type h2", "more")
         .await;
     browser.screenshot("routes").await;
-    browser.click("nav a[data-page=overview]").await;
+    browser.go("overview").await;
     browser.wait_for_text("main .cards", "succeeded").await;
     browser.wait_for_text("main .cards", "(2 routes)").await;
 
     // At a phone's width nothing runs off the side.
     browser.client.set_window_size(390, 844).await.unwrap();
-    browser.click("nav a[data-page=deliveries]").await;
+    browser.go("deliveries").await;
     browser.wait_for_text("#deliveries tbody", "evt_b1").await;
     let overflow = browser
         .script("return document.documentElement.scrollWidth - window.innerWidth")
@@ -617,7 +627,7 @@ async fn held_keys_are_resolved_from_the_page_with_progress() {
     assert_eq!(post_event(proxy.addr, "evt_h3").await.dedupe(), "duplicate");
 
     // The others, all at once: run again.
-    browser.click("nav a[data-page=held]").await;
+    browser.go("held").await;
     browser.wait_for_text("main table", "evt_h2").await;
     let listed = browser
         .script("return document.querySelector('main table').textContent")
@@ -952,7 +962,7 @@ async fn a_viewer_tries_requests_on_the_page_and_nothing_is_stored() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = start_with_tokens(dir.path(), upstream.addr);
     browser.sign_in(proxy.admin, VIEWER).await;
-    browser.click("nav a[data-page=try]").await;
+    browser.go("try").await;
     // The page starts from an example on the first route's path, once it is built.
     browser.wait_for("#try-request").await;
     let example = browser
