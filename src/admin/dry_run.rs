@@ -32,7 +32,7 @@ pub(super) async fn dry_run(
     WithBody(request): WithBody<REQUEST_BODY_MAX>,
 ) -> Response<ProxyBody> {
     let proxy: &Proxy = &serving.proxy;
-    let asked: Tried = match serde_json::from_slice(request.body()) {
+    let asked: Tried = match super::extract::json_object(request.body()) {
         Ok(asked) => asked,
         Err(error) => {
             return AdminRefusal::BadRequest(format!(

@@ -1,7 +1,8 @@
 //! What the admin API's handlers take from a request, each refused as a JSON error: the
 //! running proxy ([`Live`]), the names in the path, decoded ([`PathNames`]), and the request
-//! with its body read within bounds ([`WithBody`]); and the rule each endpoint of the table
-//! applies to its caller ([`admit`]).
+//! with its body read within bounds ([`WithBody`]) and read as a JSON object
+//! ([`json_object`]); and the rule each endpoint of the table applies to its caller
+//! ([`admit`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -216,4 +217,14 @@ impl hyper::body::Body for RouterBody {
     fn size_hint(&self) -> SizeHint {
         self.left
     }
+}
+
+/// A body read as the JSON object `T` is: anything else (an array too, which serde would
+/// otherwise read as a struct's fields in order) is an error.
+pub(super) fn json_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    let value: serde_json::Value = serde_json::from_slice(body)?;
+    if !value.is_object() {
+        return Err(serde::de::Error::custom("the body is not a JSON object"));
+    }
+    serde_json::from_value(value)
 }

@@ -13,7 +13,7 @@ use super::answers::{
     AbsentKey, DoneBecause, EntityVersion, KeyPage, KeyStateName, KeyView, RecordedAnswer,
     answer_json,
 };
-use super::extract::{Caller, Live, PathNames, WithBody};
+use super::extract::{Caller, Live, PathNames, WithBody, json_object};
 use super::queue::masked_header;
 use crate::body::{ProxyBody, empty};
 use crate::key::MAX_KEY_BYTES;
@@ -204,7 +204,7 @@ fn asked_expiry(request: Request<Bytes>) -> Result<Millis, AdminRefusal> {
     let bad = |reason: String| AdminRefusal::BadRequest(reason);
     let body = request.into_body();
     let shape = r#"the body must be {"expires_in":"48h"} or {"expires_at":"2030-01-01T00:00:00Z"}"#;
-    let asked = serde_json::from_slice::<NewExpiry>(&body).map_err(|_| bad(shape.into()))?;
+    let asked = json_object::<NewExpiry>(&body).map_err(|_| bad(shape.into()))?;
     let now = millis(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -493,7 +493,7 @@ fn asked_resolution(
     request: Request<Bytes>,
 ) -> Result<(Resolution, Option<String>), AdminRefusal> {
     let body = request.into_body();
-    let asked = serde_json::from_slice::<HeldResolution>(&body).ok();
+    let asked = json_object::<HeldResolution>(&body).ok();
     let resolution = match asked.as_ref().map(|asked| asked.outcome.as_str()) {
         Some("done") => Resolution::Done {
             retention: route.policy.retention,

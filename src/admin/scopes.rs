@@ -129,7 +129,7 @@ pub(super) async fn clear(
     };
     let change = Change::of(&request);
     let shape = r#"the body must be {} or {"prefix":"evt_","force":true,"after":"<next>"}, each field optional"#;
-    let asked = match serde_json::from_slice::<Clearing>(request.body()) {
+    let asked = match super::extract::json_object::<Clearing>(request.body()) {
         Ok(asked) => asked,
         Err(_) if request.body().is_empty() => Clearing {
             prefix: String::new(),

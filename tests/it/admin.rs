@@ -822,3 +822,37 @@ async fn a_read_is_answered_without_waiting_for_a_body_held_back() {
         assert!(!answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
     }
 }
+
+/// A body that is JSON but not an object (an array, which serde reads as a struct's fields
+/// in order, a string, a number) is refused where the API takes an object, and changes
+/// nothing: Schemathesis' stateful phase found `[]` clearing a scope.
+#[tokio::test]
+async fn a_body_that_is_not_a_json_object_is_refused_and_changes_nothing() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(upstream.addr, &json_route("    on_ambiguous: hold\n")).await;
+    assert_eq!(
+        post_event(proxy.addr, "evt_obj").await.dedupe(),
+        "forwarded"
+    );
+    let json = [("content-type", "application/json")];
+    for body in ["[]", "[\"evt_\", true]", "\"x\"", "7", "null"] {
+        for (method, path) in [
+            ("POST", "/v1/scopes/hooks/clear"),
+            ("PATCH", "/v1/keys/hooks/evt_obj"),
+            ("POST", "/v1/keys/hooks/evt_obj/resolve"),
+            ("POST", "/v1/try"),
+        ] {
+            let refused = send(proxy.admin, method, path, &json, body).await;
+            assert_eq!(
+                refused.status, 400,
+                "{method} {path} {body}: {}",
+                refused.body
+            );
+            assert_eq!(refused.json()["error"], "bad_request", "{}", refused.body);
+        }
+    }
+    assert_eq!(
+        post_event(proxy.addr, "evt_obj").await.dedupe(),
+        "duplicate"
+    );
+}
