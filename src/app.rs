@@ -14,7 +14,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin, Serving};
-use crate::background::{count_held_forever, report_forever, sweep_forever};
+use crate::background::{
+    count_held_forever, record_last_minute, record_minutes_forever, report_forever, sweep_forever,
+};
 use crate::config::{Config, Limits};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -60,6 +62,8 @@ pub struct App {
     sweeper: JoinHandle<()>,
     held_counter: JoinHandle<()>,
     reporter: JoinHandle<()>,
+    minute_recorder: JoinHandle<()>,
+    metrics: Arc<Metrics>,
     /// Reloads on SIGHUP until shutdown.
     hangups: JoinHandle<()>,
     /// Reloads when the configuration file changes, while it lives.
@@ -119,9 +123,17 @@ async fn start_with(
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&store), Arc::clone(&metrics)));
     let held_counter = tokio::spawn(count_held_forever(Arc::clone(&proxy), Arc::clone(&metrics)));
     let reporter = tokio::spawn(report_forever(Arc::clone(&proxy), Arc::clone(&metrics)));
+    let minute_recorder = tokio::spawn(record_minutes_forever(
+        Arc::clone(&proxy),
+        Arc::clone(&metrics),
+    ));
     let (routes, source) = (config.routes.len(), config.source.clone());
     let shutdown_grace = config.shutdown_grace.0;
-    let reloader = Arc::new(Reloader::new(config, Arc::clone(&proxy), metrics));
+    let reloader = Arc::new(Reloader::new(
+        config,
+        Arc::clone(&proxy),
+        Arc::clone(&metrics),
+    ));
     let hangups = reload::reload_on_hangup(Arc::clone(&reloader));
     let watcher = watch_file(&reloader, &source);
     admin.ready(Serving {
@@ -148,6 +160,8 @@ async fn start_with(
         sweeper,
         held_counter,
         reporter,
+        minute_recorder,
+        metrics,
         hangups,
         _watcher: watcher,
         _workers: workers,
@@ -317,6 +331,9 @@ impl Running {
     }
 }
 
+/// How long the store gets to take the charts' last minutes at shutdown.
+const LAST_MINUTE_WITHIN: Duration = Duration::from_secs(2);
+
 /// How long the delivery log gets to store its last entries at shutdown.
 const LOG_CLOSE_WITHIN: Duration = Duration::from_secs(2);
 
@@ -334,7 +351,9 @@ impl App {
         self.sweeper.abort();
         self.held_counter.abort();
         self.reporter.abort();
+        self.minute_recorder.abort();
         self.hangups.abort();
+        record_last_minute(&self.proxy, &self.metrics, LAST_MINUTE_WITHIN).await;
         self.proxy.recorder().close(LOG_CLOSE_WITHIN).await;
         let flushed = self.store.flush().await;
         self.admin_server.stop().await;

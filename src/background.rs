@@ -1,13 +1,16 @@
 //! The proxy's background tasks while it runs: the sweeper that removes expired records,
-//! the count of held keys behind `dedupe_keys_held`, and this replica's report to a
-//! shared store (`store::replicas`).
+//! the count of held keys behind `dedupe_keys_held`, this replica's report to a shared
+//! store (`store::replicas`), and each minute's figures for the charts (`store::minutes`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
+use crate::metrics::RouteCounters;
 use crate::proxy::Proxy;
+use crate::route::DeliveryMode;
+use crate::store::minutes::{MINUTE, minute_of};
 use crate::store::replicas::{REPORT_EVERY, ReplicaReport};
 use crate::store::{ClaimStore, Clock, SystemClock};
 
@@ -118,4 +121,64 @@ pub(crate) async fn report_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>) {
             tracing::debug!(%error, "this replica's report to the store failed");
         }
     }
+}
+
+/// At each minute's end, keeps what this replica's counters gained in it, then writes the
+/// minutes the store has not taken yet (a day of them at most, while it fails).
+pub(crate) async fn record_minutes_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>) {
+    // The counters start at zero with the process, as the book's last reading does.
+    let replica = replica_id();
+    loop {
+        let now = SystemClock.now();
+        let next = minute_of(now) + MINUTE;
+        tokio::time::sleep(Duration::from_millis(next - now)).await;
+        let counters = route_counters(&proxy, &metrics);
+        metrics
+            .minutes
+            .end_minute(&replica, next - MINUTE, counters);
+        write_minutes(&proxy, &metrics).await;
+    }
+}
+
+/// At shutdown: ends the minute running (what it holds so far) and writes what waits,
+/// giving the store `within`.
+pub(crate) async fn record_last_minute(proxy: &Proxy, metrics: &Metrics, within: Duration) {
+    let counters = route_counters(proxy, metrics);
+    let minute = minute_of(SystemClock.now());
+    metrics.minutes.end_minute(&replica_id(), minute, counters);
+    if tokio::time::timeout(within, write_minutes(proxy, metrics))
+        .await
+        .is_err()
+    {
+        tracing::warn!("the charts' last minutes were not stored in time at shutdown");
+    }
+}
+
+/// Each route's counters now.
+pub(crate) fn route_counters(
+    proxy: &Proxy,
+    metrics: &Metrics,
+) -> std::collections::HashMap<String, RouteCounters> {
+    let routing = proxy.routing();
+    let routes = routing.table.routes();
+    metrics.counters_of(routes.map(|route| {
+        let queued = route.policy.delivery == DeliveryMode::Queued;
+        (route.name.as_str(), queued)
+    }))
+}
+
+/// Writes the ended minutes in order, up to the first the store does not take.
+async fn write_minutes(proxy: &Proxy, metrics: &Metrics) {
+    let waiting = metrics.minutes.unwritten();
+    let mut written = 0;
+    for figures in &waiting {
+        if let Err(error) = proxy.store().record_minute(figures).await {
+            metrics.store_error();
+            tracing::debug!(%error, "the store did not take a minute of the charts' figures");
+            break;
+        }
+        written += 1;
+    }
+    metrics.minutes.written(&waiting[..written]);
+    metrics.minutes_unwritten(metrics.minutes.backlog().0);
 }

@@ -500,3 +500,73 @@ pub(crate) struct RouteOverview {
     /// A queued route's counts; `null` for a route that forwards.
     pub queue: Option<QueueRoute>,
 }
+
+/// `GET /v1/charts`'s answer: the range's minutes, oldest first, the running one last.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct Charts {
+    /// `hour` (60 minutes) or `day` (1440).
+    pub range: String,
+    /// The route charted; `null` for every route.
+    pub route: Option<String>,
+    /// The first minute's start.
+    pub from: String,
+    pub minutes: Vec<ChartMinute>,
+    /// The replicas whose figures are counted.
+    pub replicas: Vec<String>,
+    /// A queued route's depth was counted in the range: the minutes carry it.
+    pub queued: bool,
+    /// The store's error where it did not give the minutes: they are this replica's own.
+    pub store_error: Option<String>,
+}
+
+/// One minute of the charts, every replica's figures added up.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct ChartMinute {
+    /// The minute's start.
+    pub at: String,
+    pub deliveries: DeliveryGroups,
+    /// The app's answers to forwarded deliveries.
+    pub answers: u64,
+    /// The app's latency: the median and the 99th percentile of those answers, in
+    /// milliseconds (placed inside power-of-two buckets from 1 ms); `null` without answers.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// Queued routes' jobs not delivered yet at the minute's end; `null` unless
+    /// `queued`, 0 where no replica counted any.
+    pub queue_waiting: Option<u64>,
+    /// The age of the oldest of those jobs.
+    pub queue_oldest_seconds: Option<f64>,
+}
+
+/// Deliveries of a minute by what became of them (`Dedupe-Status` values in groups).
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct DeliveryGroups {
+    /// `forwarded` and `unkeyed`: the app ran them.
+    pub forwarded: u64,
+    /// `duplicate`, `in-flight` and `stale`: answered without the app.
+    pub duplicate: u64,
+    /// `rejected` and `unavailable`: refused before a claim (bad requests, signatures,
+    /// the store down).
+    pub refused: u64,
+    /// `released`: the app failed; the claim was released for the sender's retry.
+    pub released: u64,
+    /// `held`: waiting for an operator.
+    pub held: u64,
+    /// `queued`: stored for queued delivery.
+    pub queued: u64,
+}
+
+impl DeliveryGroups {
+    /// The count an outcome adds to; `None` for one not charted.
+    pub(super) fn group_of(&mut self, outcome: &str) -> Option<&mut u64> {
+        Some(match outcome {
+            "forwarded" | "unkeyed" => &mut self.forwarded,
+            "duplicate" | "in-flight" | "stale" => &mut self.duplicate,
+            "rejected" | "unavailable" => &mut self.refused,
+            "released" => &mut self.released,
+            "held" => &mut self.held,
+            "queued" => &mut self.queued,
+            _ => return None,
+        })
+    }
+}

@@ -14,6 +14,7 @@
 mod access;
 pub(crate) mod answers;
 mod bulk;
+mod charts;
 mod console;
 mod deliveries;
 mod dry_run;

@@ -20,7 +20,7 @@ use super::access::{Need, Role};
 use super::endpoint::{Endpoint, QueryParam, Success, Takes, optional, required};
 use super::extract::{self, Inside, Live, WithBody};
 use super::state::AdminState;
-use super::{answers, console, deliveries, dry_run, keys, mcp, openapi, overview, probes};
+use super::{answers, charts, console, deliveries, dry_run, keys, mcp, openapi, overview, probes};
 use super::{queue, routes, scopes};
 use crate::body::ProxyBody;
 use crate::config::McpAccess;
@@ -39,6 +39,12 @@ const KEYS_QUERY: &[QueryParam] = &[
     optional("state", Takes::OneOf(&StateFilter::NAMES)),
     optional("limit", Takes::Count(keys::LIST_LIMIT_MAX)),
     optional("after", Takes::Text),
+];
+
+/// `GET /v1/charts`'s parameters.
+const CHARTS_QUERY: &[QueryParam] = &[
+    optional("range", Takes::OneOf(&charts::RANGES)),
+    optional("route", Takes::Text),
 ];
 
 /// The delivery log's filter.
@@ -98,6 +104,8 @@ pub(super) fn endpoints(mcp: McpAccess) -> Vec<Endpoint> {
         Endpoint::new(M::GET, "/v1/openapi.json", Viewer, "This API, described in OpenAPI 3.1.", openapi_document),
         Endpoint::new(M::GET, "/v1/overview", Viewer, "The proxy at a glance, and who asks.", overview::overview)
             .returns::<answers::Overview>(),
+        Endpoint::new(M::GET, "/v1/charts", Viewer, "The last hour or day, minute by minute.", charts::charts)
+            .query(CHARTS_QUERY).returns::<answers::Charts>(),
         Endpoint::new(M::GET, "/v1/routes", Viewer, "Every route's resolved settings.", routes::routes)
             .returns::<answers::RouteList>(),
         Endpoint::new(M::POST, "/v1/reload", Operator, "Reads the configuration file again.", routes::reload)

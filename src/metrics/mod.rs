@@ -7,14 +7,15 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 mod log;
+mod per_minute;
 mod queue;
 
 pub(crate) use log::{LogDrop, LogMetrics};
+pub(crate) use per_minute::{LATENCY_BUCKETS, MinuteBook, RouteCounters, quantile_ms};
 pub(crate) use queue::{AttemptResult, QueueGauges, QueueMetrics};
 
 use crate::response::DedupeStatus;
@@ -187,7 +188,7 @@ pub struct KeyCounts {
 pub struct Metrics {
     registry: Registry,
     requests: Family<RouteOutcome, Counter>,
-    upstream_duration: Family<RouteLabel, Histogram>,
+    upstream_duration: Family<RouteLabel, per_minute::LatencyHistogram>,
     claims_released: Family<RouteReason, Counter>,
     store_errors: Counter,
     store_keys: Family<StateLabel, Gauge>,
@@ -212,6 +213,9 @@ pub struct Metrics {
     pub(crate) queue: QueueMetrics,
     /// `dedupe_delivery_log_*`.
     pub(crate) log: LogMetrics,
+    /// Each minute's figures for the charts, until the store takes them.
+    pub(crate) minutes: MinuteBook,
+    minutes_unwritten: Gauge,
 }
 
 impl Default for Metrics {
@@ -225,10 +229,7 @@ impl Metrics {
         let mut metrics = Metrics {
             registry: Registry::default(),
             requests: Family::default(),
-            // 1 ms to about 33 s: a local application's answer, up to the longest timeouts.
-            upstream_duration: Family::new_with_constructor(
-                (|| Histogram::new(exponential_buckets(0.001, 2.0, 16))) as fn() -> Histogram,
-            ),
+            upstream_duration: Family::default(),
             claims_released: Family::default(),
             store_errors: Counter::default(),
             store_keys: Family::default(),
@@ -249,6 +250,8 @@ impl Metrics {
             lease_renewals: Family::default(),
             queue: QueueMetrics::new(),
             log: LogMetrics::default(),
+            minutes: MinuteBook::default(),
+            minutes_unwritten: Gauge::default(),
         };
         metrics.register_deliveries();
         metrics.queue.register(&mut metrics.registry);
@@ -321,6 +324,11 @@ impl Metrics {
 
     /// Registers the metrics of the store, the sweep, the trace export and reloads.
     fn register_the_rest(&mut self) {
+        self.registry.register(
+            "dedupe_chart_minutes_unwritten",
+            "Ended minutes of the console's charts that the store has not taken yet (kept for a day, then dropped)",
+            self.minutes_unwritten.clone(),
+        );
         self.registry.register(
             "dedupe_store_errors",
             "Claim-store operations that failed",
@@ -448,6 +456,33 @@ impl Metrics {
                 (outcome.as_str(), self.requests.get_or_create(&labels).get())
             })
             .collect()
+    }
+
+    /// Each of `routes`' counters now, for the minute's figures: `(name, queued)` pairs.
+    pub fn counters_of<'a>(
+        &self,
+        routes: impl IntoIterator<Item = (&'a str, bool)>,
+    ) -> std::collections::HashMap<String, RouteCounters> {
+        let mut counters = std::collections::HashMap::new();
+        for (route, queued) in routes {
+            let label = RouteLabel {
+                route: route.to_owned(),
+            };
+            let latency = self.upstream_duration.get_or_create(&label).counts();
+            let of_route = RouteCounters {
+                outcomes: self.requests_of(route),
+                latency,
+                queue: queued.then(|| self.queue.depth_of(route)),
+            };
+            counters.insert(route.to_owned(), of_route);
+        }
+        counters
+    }
+
+    /// How many ended minutes wait for the store, for `dedupe_chart_minutes_unwritten`.
+    pub fn minutes_unwritten(&self, count: usize) {
+        self.minutes_unwritten
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// `route`'s held keys, as the store last counted them.

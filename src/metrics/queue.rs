@@ -212,6 +212,25 @@ impl QueueMetrics {
             .set(held.oldest_age_seconds);
     }
 
+    /// `route`'s jobs not delivered yet (waiting and retrying) and the oldest one's age,
+    /// as last counted.
+    pub fn depth_of(&self, route: &str) -> crate::store::minutes::QueueDepth {
+        let jobs = |state: &'static str| {
+            let label = RouteState {
+                route: route.to_owned(),
+                state,
+            };
+            u64::try_from(self.jobs.get_or_create(&label).get()).unwrap_or(0)
+        };
+        let label = RouteLabel {
+            route: route.to_owned(),
+        };
+        crate::store::minutes::QueueDepth {
+            waiting: jobs("waiting") + jobs("retrying"),
+            oldest_age_seconds: self.oldest_age.get_or_create(&label).get(),
+        }
+    }
+
     pub fn attempted(&self, route: &str, result: AttemptResult) {
         self.attempts
             .get_or_create(&RouteResult {

@@ -30,6 +30,7 @@
 mod error;
 pub(crate) mod keys;
 pub mod log;
+pub mod minutes;
 pub mod postgres;
 pub mod queue;
 pub mod redis;
@@ -600,6 +601,15 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn replicas(&self) -> Result<Option<Vec<replicas::ReplicaReport>>, StoreError> {
         Ok(None)
     }
+
+    /// Records one replica's figures of a minute; figures more than
+    /// [`minutes::KEPT_FOR`] older are dropped meanwhile. A minute written twice with the
+    /// same figures (a write retried) is kept once.
+    async fn record_minute(&self, figures: &minutes::MinuteFigures) -> Result<(), StoreError>;
+
+    /// Every replica's figures of the minutes from `since` on, in no set order; records
+    /// that do not read are left out.
+    async fn minutes(&self, since: Millis) -> Result<Vec<minutes::MinuteFigures>, StoreError>;
 
     /// On a shared store, whether [`ClaimStore::hear_outcomes`] hears other processes'
     /// outcomes at all (not behind a pooler without a session of the store's own): else

@@ -108,6 +108,81 @@ async fn each_replicas_latest_report_is_kept_whatever_its_version(h: Harness) {
     );
 }
 
+/// Every store keeps each replica's figures of each minute for a day: minutes of several
+/// replicas side by side are read from a given minute on, and a write drops the minutes
+/// more than a day older than its own.
+async fn each_replicas_minutes_are_kept_a_day(h: Harness) {
+    use dedupe_proxy::store::minutes::{
+        KEPT_FOR, MINUTE, MinuteFigures, QueueDepth, RouteMinute, minute_of,
+    };
+    let now = minute_of(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+    );
+    let run = format!("{:x}", rand::random::<u64>());
+    let figures = |name: &str, minute: u64, forwarded: u64| MinuteFigures {
+        replica: format!("{name}-{run}"),
+        minute,
+        routes: [(
+            "hooks".to_owned(),
+            RouteMinute {
+                outcomes: [("forwarded".to_owned(), forwarded)].into(),
+                latency: vec![0, forwarded],
+                queue: Some(QueueDepth {
+                    waiting: forwarded,
+                    oldest_age_seconds: 1.5,
+                }),
+            },
+        )]
+        .into(),
+    };
+    let day = KEPT_FOR.as_millis() as u64;
+    let old = figures("a", now - day - MINUTE, 9);
+    h.store.record_minute(&old).await.unwrap();
+    let ours = |read: Vec<MinuteFigures>| {
+        let mut ours: Vec<(String, u64, u64)> = read
+            .into_iter()
+            .filter(|figures| figures.replica.ends_with(&run))
+            .map(|figures| {
+                let forwarded = figures.routes["hooks"].outcomes["forwarded"];
+                (figures.replica, figures.minute, forwarded)
+            })
+            .collect();
+        ours.sort();
+        ours
+    };
+    let since_before = now - day - 2 * MINUTE;
+    assert_eq!(ours(h.store.minutes(since_before).await.unwrap()).len(), 1);
+    let written = [
+        figures("a", now - MINUTE, 1),
+        figures("b", now - MINUTE, 2),
+        figures("a", now, 3),
+    ];
+    for figures in &written {
+        h.store.record_minute(figures).await.unwrap();
+    }
+    // The same minute written again (a retried write) is kept once.
+    h.store.record_minute(&written[2]).await.unwrap();
+    let all = h.store.minutes(since_before).await.unwrap();
+    let read_back = all.iter().find(|figures| figures == &&written[1]);
+    assert!(read_back.is_some(), "a minute reads back whole");
+    assert_eq!(
+        ours(all),
+        [
+            (format!("a-{run}"), now - MINUTE, 1),
+            (format!("a-{run}"), now, 3),
+            (format!("b-{run}"), now - MINUTE, 2),
+        ],
+        "the minute more than a day older is dropped"
+    );
+    assert_eq!(
+        ours(h.store.minutes(now).await.unwrap()),
+        [(format!("a-{run}"), now, 3)]
+    );
+}
+
 async fn announced_outcomes_are_heard(h: Harness) {
     let (tell, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
     h.store.hear_outcomes(Arc::new(move |key: &str| {
@@ -1080,6 +1155,7 @@ conformance!(
     an_entity_record_expires_with_its_retention,
     concurrent_versions_leave_the_largest,
     each_replicas_latest_report_is_kept_whatever_its_version,
+    each_replicas_minutes_are_kept_a_day,
 );
 
 /// A test of `$test` on a `$store` opened with two workers, skipped (or failed in CI) as

@@ -1093,3 +1093,173 @@ async fn the_overview_lists_every_replica_of_a_shared_store() {
     assert_eq!(all.split_whitespace().nth(1), Some("2"), "{text}");
     browser.screenshot("replicas").await;
 }
+
+/// A Redis server of the test's own on a free loopback port, to stop while the proxy
+/// runs; ended on drop.
+struct OwnRedis {
+    server: Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    async fn start() -> Option<OwnRedis> {
+        if !installed("Redis", "redis-server", &["--version"]) {
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let address = format!("127.0.0.1:{port}");
+        eventually(WAIT, "the test's Redis answers", || async {
+            tokio::net::TcpStream::connect(&address).await.is_ok()
+        })
+        .await;
+        Some(OwnRedis { server, port })
+    }
+
+    fn stop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The overview and a route's page draw the last hour minute by minute (deliveries by
+/// outcome, the app's latency), each chart with a caption in words; an empty hour says
+/// so; the last day comes in place; nothing runs off a phone's width; and when the store
+/// stops answering, the page says so above the charts, which keep this replica's figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_draw_each_minute_and_say_it_in_words() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let Some(mut redis) = OwnRedis::start().await else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n\
+         admin: {{ listen: 127.0.0.1:0, token_env: CONSOLE_TOKEN }}\n\
+         store: {{ redis: {{ url: \"redis://127.0.0.1:{}\", timeout: 1s }} }}\n{}\
+         \x20 - name: jobs\n    match: {{ path: /jobs }}\n    key: \"{{json:/id}}\"\n    delivery: queued\n",
+        upstream.addr,
+        redis.port,
+        json_route("")
+    );
+    std::fs::write(&config, text).unwrap();
+    let proxy = Binary::start_with_env(&config, &[("CONSOLE_TOKEN", OPERATOR)]);
+    browser.sign_in(proxy.admin, OPERATOR).await;
+
+    let deliveries = "#chart-deliveries figcaption";
+    browser
+        .wait_for_text(deliveries, "No deliveries in the last hour.")
+        .await;
+    browser
+        .wait_for_text(
+            "#chart-latency figcaption",
+            "No answers from the app in the last hour.",
+        )
+        .await;
+    browser.screenshot("charts-empty").await;
+
+    for id in ["evt_g1", "evt_g2", "evt_g3"] {
+        assert_eq!(post_event(proxy.addr, id).await.dedupe(), "forwarded");
+    }
+    assert_eq!(post_event(proxy.addr, "evt_g1").await.dedupe(), "duplicate");
+    upstream.script([Answer::status(503)]);
+    assert_eq!(post_event(proxy.addr, "evt_g4").await.dedupe(), "released");
+
+    // The route's page, from the routes.
+    browser.go("routes").await;
+    browser.click("main h2 a").await;
+    browser.wait_for("body[data-page=route]").await;
+    browser
+        .wait_for_text(
+            deliveries,
+            "forwarded 3, duplicates 1, refused 0, released 1, held 0, queued 0",
+        )
+        .await;
+    browser
+        .wait_for_text("#chart-latency figcaption", "over 4 answers")
+        .await;
+    let stacked = browser
+        .script("return document.querySelectorAll('#chart-deliveries path').length")
+        .await;
+    assert_eq!(
+        stacked,
+        json!(3),
+        "forwarded, duplicates and released drawn"
+    );
+    browser.screenshot("charts").await;
+    browser.click("#range-day").await;
+    browser.wait_for("#charts[data-range=day]").await;
+    browser.wait_for_text(deliveries, "in the last day").await;
+
+    // At a phone's width nothing runs off the side.
+    browser.client.set_window_size(390, 844).await.unwrap();
+    let overflow = browser
+        .script("return document.documentElement.scrollWidth - window.innerWidth")
+        .await;
+    assert!(
+        overflow.as_i64().unwrap() <= 0,
+        "the page is wider than the phone: {overflow}"
+    );
+    browser.screenshot("charts-phone").await;
+    browser.client.set_window_size(1280, 900).await.unwrap();
+
+    // A queued route's page charts its jobs waiting (paused here) and the oldest's age.
+    let bearer = format!("Bearer {OPERATOR}");
+    let auth = [("authorization", bearer.as_str())];
+    let paused = send(proxy.admin, "POST", "/v1/queue/jobs/pause", &auth, "").await;
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    for id in ["evt_j1", "evt_j2"] {
+        let queued = post_json(proxy.addr, "/jobs", &format!(r#"{{"id":"{id}"}}"#)).await;
+        assert_eq!(queued.dedupe(), "queued");
+    }
+    // The queue's counts are taken every few seconds: the page is opened once they are.
+    eventually(WAIT, "the jobs counted", || async {
+        let charts = send(proxy.admin, "GET", "/v1/charts?route=jobs", &auth, "").await;
+        charts.json()["minutes"][59]["queue_waiting"] == 2
+    })
+    .await;
+    browser
+        .script("location.hash = '#/route/jobs'; return null")
+        .await;
+    browser
+        .wait_for_text(
+            "#chart-waiting figcaption",
+            "Jobs waiting in the last hour: 2 now",
+        )
+        .await;
+    browser
+        .wait_for_text(
+            "#chart-oldest figcaption",
+            "The oldest job's age in the last hour",
+        )
+        .await;
+    browser.screenshot("charts-queued").await;
+
+    // The store stops answering: the overview says so, and still charts this replica.
+    redis.stop();
+    browser.go("overview").await;
+    browser
+        .wait_for_text("#charts p.warning", "The store did not give the figures")
+        .await;
+    browser.wait_for_text(deliveries, "forwarded 3").await;
+    browser.screenshot("charts-outage").await;
+}

@@ -8,6 +8,7 @@ mod support;
 
 mod admin;
 mod bypass;
+mod charts;
 mod cli;
 mod config_errors;
 mod config_schema;

@@ -41,10 +41,11 @@ fn assert_each_success_matches_its_schema(calls: &[Value]) {
     }
 }
 
-const READ_TOOLS: [&str; 7] = [
+const READ_TOOLS: [&str; 8] = [
     "list_routes",
     "list_keys",
     "list_scopes",
+    "get_charts",
     "get_key",
     "list_deliveries",
     "get_delivery",
@@ -81,6 +82,8 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         ["clear_keys", {"scope": "hooks"}],
         ["try_request", {"request": "POST /hooks HTTP/1.1\nHost: localhost\nContent-Type: application/json\n\n{\"id\":\"evt_9\"}"}],
         ["get_key", {"route": "hooks", "key": "evt_9"}],
+        ["get_charts", {"route": "hooks"}],
+        ["get_charts", {"range": "week"}],
     ]);
     let seen = agent(proxy.admin, None, calls).await;
     assert_eq!(seen["server"], "dedupe-proxy");
@@ -94,7 +97,8 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         seen["instructions"]
     );
     for tool in seen["tools"].as_array().unwrap() {
-        let carries = !["list_routes", "list_scopes"].contains(&tool["name"].as_str().unwrap());
+        let carries =
+            !["list_routes", "list_scopes", "get_charts"].contains(&tool["name"].as_str().unwrap());
         assert_eq!(
             tool["description"].as_str().unwrap().contains(untrusted),
             carries,
@@ -182,6 +186,16 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
     assert_eq!(answer(16)["key"]["value"], "evt_9");
     assert_eq!(answer(16)["route"]["name"], "hooks");
     assert_eq!(*refusal(17), "absent");
+    // The hour, minute by minute: the forward and the duplicate in it.
+    let minutes = answer(18)["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    let sum = |group: &str| -> u64 {
+        (minutes.iter())
+            .map(|m| m["deliveries"][group].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!((sum("forwarded"), sum("duplicate")), (1, 1));
+    assert_eq!(*refusal(19), "bad_request");
     // Nothing changed: the key is still done, so its next delivery is a duplicate.
     assert_eq!(post_event(proxy.addr, "evt_1").await.dedupe(), "duplicate");
     assert_eq!(upstream.received().len(), 1);

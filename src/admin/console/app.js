@@ -268,6 +268,7 @@ async function overviewPage() {
       card('Claims in flight', num(o.claims_in_flight)),
       card('Last reload', reload),
       card('Delivery log', o.delivery_log ? 'on' : 'off: set delivery_log in the configuration to see deliveries')),
+    chartsSection(null),
     h('h2', {}, 'Routes'),
     table([['Route'], ['Scope', 'hide-narrow'], ['Delivery', 'hide-narrow'], ['Forwarded', 'num'], ['Duplicates', 'num'],
       ['Refused', 'num'], ['Store unavailable', 'num'], ['Released', 'num hide-narrow'], ['Answered in flight', 'num hide-narrow'], ['Held keys', 'num'], ['Queued', 'num'], ['Dead', 'num']], rows,
@@ -294,6 +295,222 @@ function replicaSection(list) {
     table([['Replica'], ['Version'], ['Started', 'hide-narrow'], ['Last seen'], ['Forwarded', 'num'], ['Duplicates', 'num'], ['Refused', 'num hide-narrow']], rows,
       'No replica has reported yet, or the store did not answer.'),
     h('p', { class: 'muted' }, 'Each replica reports every 5 s; one not heard from for 15 s is marked silent.')];
+}
+
+// ---- charts --------------------------------------------------------------------------
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const CHART = { width: 600, height: 120, top: 4 };
+const GROUPS = [['forwarded', 'forwarded'], ['duplicate', 'duplicates'], ['refused', 'refused'],
+  ['released', 'released'], ['held', 'held'], ['queued', 'queued']];
+const RANGE_WORDS = { hour: 'the last hour', day: 'the last day' };
+const CHARTS_EVERY = 15000;
+// The most steps a chart draws: a day's minutes go five to a step, each step the busiest
+// of its five (the captions stay per minute), so that a minute is never thinner than a
+// pixel at a phone's width.
+const CHART_STEPS = 300;
+
+// An SVG element; its text, like the page's, is set as text.
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value !== null && value !== undefined) node.setAttribute(name, String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child !== null && child !== undefined) node.append(child instanceof Node ? child : visible(child));
+  }
+  return node;
+}
+
+// The charts of the last hour (or day) of every route, or of `route`: drawn in place once
+// loaded, and again every CHARTS_EVERY ms while on show; `data-range` on the section says
+// which range is on show.
+function chartsSection(route) {
+  const body = h('div', { class: 'charts' });
+  const section = h('section', { id: 'charts' });
+  const buttons = Object.keys(RANGE_WORDS).map((range) => h('button', {
+    type: 'button', id: `range-${range}`, 'aria-pressed': String(range === 'hour'), onclick: () => load(range),
+  }, range === 'hour' ? 'Last hour' : 'Last day'));
+  const load = async (range) => {
+    for (const button of buttons) button.setAttribute('aria-pressed', String(button.id === `range-${range}`));
+    const query = new URLSearchParams({ range });
+    if (route) query.set('route', route);
+    try {
+      body.replaceChildren(...drawCharts(await api('GET', '/v1/charts?' + query)));
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) return failed(error);
+      body.replaceChildren(h('p', { class: 'empty' }, `The charts could not be loaded: ${error.message}`));
+    }
+    section.dataset.range = range;
+  };
+  const again = async () => {
+    await new Promise((resolve) => setTimeout(resolve, CHARTS_EVERY));
+    // Dropped with its page: a page left for another stops here.
+    if (!section.isConnected) return;
+    await load(section.dataset.range || 'hour');
+    again();
+  };
+  load('hour').then(again);
+  section.append(h('div', { class: 'chart-head' }, h('h2', {}, 'Per minute'), h('div', { class: 'actions' }, buttons)), body);
+  return section;
+}
+
+function drawCharts(c) {
+  const words = RANGE_WORDS[c.range];
+  const minutes = c.minutes;
+  const parts = [];
+  if (c.store_error) {
+    parts.push(h('p', { class: 'warning', role: 'status' }, `The store did not give the figures (${c.store_error}): these charts show this replica's own minutes only.`));
+  }
+  parts.push(h('div', { class: 'chart-grid' }, deliveryChart(minutes, words), latencyChart(minutes, words),
+    c.queued ? queueCharts(minutes, words) : null));
+  const per = Math.ceil(minutes.length / CHART_STEPS);
+  parts.push(h('p', { class: 'muted' }, c.replicas.length > 1
+    ? `Figures of ${count(c.replicas.length, 'replica')}, added up; the minute running is this replica's so far.`
+    : 'The minute running is counted so far.',
+  per > 1 ? ` Each step shows the busiest of its ${per} minutes.` : ''));
+  return parts;
+}
+
+// Deliveries per minute, stacked by what became of them.
+function deliveryChart(minutes, words) {
+  const totals = Object.fromEntries(GROUPS.map(([key]) => [key, minutes.reduce((sum, m) => sum + m.deliveries[key], 0)]));
+  const perMinute = minutes.map((m) => sumOf(m.deliveries));
+  const all = perMinute.reduce((a, b) => a + b, 0);
+  const top = Math.max(...perMinute);
+  const busiest = minutes[perMinute.indexOf(top)];
+  const summary = all === 0 ? `No deliveries in ${words}.`
+    : `Deliveries per minute in ${words}: ${GROUPS.map(([key, noun]) => `${noun} ${num(totals[key])}`).join(', ')}. The busiest minute, ${clock(busiest.at)}, had ${num(top)}.`;
+  const shown = steps(minutes).map((step) => step.reduce((busiest, m) =>
+    (sumOf(m.deliveries) > sumOf(busiest.deliveries) ? m : busiest)));
+  const plot = frame(minutes, shown.length, top, '/min');
+  const below = new Array(shown.length).fill(0);
+  for (const [key] of GROUPS) {
+    if (totals[key] === 0) continue;
+    const above = shown.map((m, i) => below[i] + m.deliveries[key]);
+    plot.scale.append(svg('path', { class: `g-${key}`, d: stackedArea(below, above, plot) }));
+    above.forEach((value, i) => { below[i] = value; });
+  }
+  if (all === 0) plot.node.append(h('p', { class: 'chart-empty' }, `No deliveries in ${words}`));
+  const legend = h('ul', { class: 'legend' }, GROUPS.map(([key, noun]) =>
+    h('li', {}, h('span', { class: `swatch g-${key}`, 'aria-hidden': 'true' }), `${noun} ${num(totals[key])}`)));
+  return figure('chart-deliveries', 'Deliveries', summary, plot.node, legend);
+}
+
+// The app's latency per minute: the median and the 99th percentile.
+function latencyChart(minutes, words) {
+  const answers = minutes.reduce((sum, m) => sum + m.answers, 0);
+  const p99s = minutes.map((m) => m.p99_ms).filter((v) => v !== null);
+  const top = Math.max(0, ...p99s);
+  const worst = minutes.find((m) => m.p99_ms === top);
+  const p50s = minutes.map((m) => m.p50_ms).filter((v) => v !== null);
+  const summary = answers === 0 ? `No answers from the app in ${words}.`
+    : `The app's latency in ${words}, over ${count(answers, 'answer')}: the median from ${ms(Math.min(...p50s))} to ${ms(Math.max(...p50s))} per minute; the 99th percentile at most ${ms(top)}, at ${clock(worst.at)}.`;
+  const p50 = largest(minutes, (m) => m.p50_ms);
+  const plot = frame(minutes, p50.length, top, ' ms');
+  plot.scale.append(svg('path', { class: 'line p50', d: line(p50, plot) }),
+    svg('path', { class: 'line p99', d: line(largest(minutes, (m) => m.p99_ms), plot) }));
+  if (answers === 0) plot.node.append(h('p', { class: 'chart-empty' }, `No answers from the app in ${words}`));
+  const legend = h('ul', { class: 'legend' }, h('li', {}, h('span', { class: 'swatch p50', 'aria-hidden': 'true' }), 'median (p50)'),
+    h('li', {}, h('span', { class: 'swatch p99', 'aria-hidden': 'true' }), '99th percentile'));
+  return figure('chart-latency', "The app's latency", summary, plot.node, legend);
+}
+
+// Queued routes: jobs not delivered yet, and the oldest one's age.
+function queueCharts(minutes, words) {
+  const series = (pick, unit, title, id, noun) => {
+    const values = minutes.map(pick);
+    const top = Math.max(0, ...values.filter((v) => v !== null));
+    const now = values[values.length - 1];
+    const summary = `${title} in ${words}: ${unit(now ?? 0)} now, at most ${unit(top)}${top > 0 ? `, at ${clock(minutes[values.indexOf(top)].at)}` : ''}.`;
+    const drawn = largest(minutes, pick);
+    const plot = frame(minutes, drawn.length, top, noun);
+    plot.scale.append(svg('path', { class: 'line queue', d: line(drawn, plot) }));
+    return figure(id, title, summary, plot.node, null);
+  };
+  return h('div', { class: 'chart-pair' },
+    series((m) => m.queue_waiting, (v) => num(v), 'Jobs waiting', 'chart-waiting', ''),
+    series((m) => m.queue_oldest_seconds, (v) => `${num(Math.round(v))} s`, "The oldest job's age", 'chart-oldest', ' s'));
+}
+
+function figure(id, title, summary, drawing, legend) {
+  const caption = `${id}-caption`;
+  drawing.setAttribute('aria-labelledby', caption);
+  return h('figure', { class: 'chart', id }, h('h3', {}, title), drawing, legend,
+    h('figcaption', { id: caption }, summary));
+}
+
+// The drawing's frame: the shapes in an SVG stretched to the width, the top value and
+// the range's ends as text beside it (text in a stretched SVG would stretch too); `scale`
+// maps a minute's index and a value into it.
+function frame(minutes, count, top, unit) {
+  const { width, height, top: over } = CHART;
+  const ceiling = top > 0 ? niceCeiling(top) : 1;
+  const x = (i) => (i / count) * width;
+  const y = (value) => height - (value / ceiling) * (height - over);
+  const scale = svg('g', {});
+  const drawing = svg('svg', { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: 'none', 'aria-hidden': 'true' },
+    svg('line', { x1: 0, y1: y(ceiling), x2: width, y2: y(ceiling), class: 'grid' }),
+    svg('line', { x1: 0, y1: height, x2: width, y2: height, class: 'axis' }),
+    scale);
+  const node = h('div', { class: 'plot', role: 'img' },
+    h('span', { class: 'tick top' }, `${num(ceiling)}${unit}`), drawing,
+    h('div', { class: 'ticks' }, h('span', {}, clock(minutes[0].at)), h('span', {}, 'now')));
+  return { node, scale, x, y };
+}
+
+// The minutes in steps of CHART_STEPS at most.
+function steps(minutes) {
+  const per = Math.ceil(minutes.length / CHART_STEPS);
+  const all = [];
+  for (let i = 0; i < minutes.length; i += per) all.push(minutes.slice(i, i + per));
+  return all;
+}
+
+// Each step's largest value of `pick`, null where no minute of it has one.
+function largest(minutes, pick) {
+  return steps(minutes).map((step) => step.map(pick).reduce((most, value) =>
+    (value !== null && (most === null || value > most) ? value : most), null));
+}
+
+function sumOf(deliveries) {
+  return GROUPS.reduce((sum, [key]) => sum + deliveries[key], 0);
+}
+
+// 1, 2 or 5 times a power of ten, at or above `value`.
+function niceCeiling(value) {
+  const power = 10 ** Math.floor(Math.log10(value));
+  return [1, 2, 5, 10].map((step) => step * power).find((step) => step >= value);
+}
+
+// The area between `below` and `above`, each minute a step.
+function stackedArea(below, above, plot) {
+  const points = [];
+  above.forEach((value, i) => points.push([plot.x(i), plot.y(value)], [plot.x(i + 1), plot.y(value)]));
+  for (let i = below.length - 1; i >= 0; i -= 1) points.push([plot.x(i + 1), plot.y(below[i])], [plot.x(i), plot.y(below[i])]);
+  return 'M' + points.map(([px, py]) => `${px.toFixed(1)},${py.toFixed(1)}`).join('L') + 'Z';
+}
+
+// A line in steps, each minute's value across its minute (one minute alone shows too),
+// broken where a minute has none.
+function line(values, plot) {
+  let d = '';
+  let drawing = false;
+  values.forEach((value, i) => {
+    if (value === null) { drawing = false; return; }
+    const y = plot.y(value).toFixed(1);
+    d += `${drawing ? 'L' : 'M'}${plot.x(i).toFixed(1)},${y}L${plot.x(i + 1).toFixed(1)},${y}`;
+    drawing = true;
+  });
+  return d || 'M0,0';
+}
+
+function clock(text) {
+  return new Date(text).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+}
+
+function ms(value) {
+  return value >= 100 ? `${num(Math.round(value))} ms` : `${num(Math.round(value * 10) / 10)} ms`;
 }
 
 function card(label, value, sub) {
@@ -771,7 +988,18 @@ async function routesPage() {
       alertBox(said(answer), true);
     } }, 'Reload the configuration file')) : null,
     routes.routes.length === 0 ? h('p', { class: 'empty' }, 'No routes configured.') : null,
-    routes.routes.map((r) => h('section', {}, h('h2', {}, r.name), h('pre', {}, JSON.stringify(r, null, 2)))));
+    routes.routes.map((r) => h('section', {}, h('h2', {}, link(`#/route/${enc(r.name)}`, r.name)), h('pre', {}, JSON.stringify(r, null, 2)))));
+}
+
+// One route: its charts, where to look next, and its resolved settings.
+async function routePage(name) {
+  const routes = await api('GET', '/v1/routes');
+  const settings = routes.routes.find((r) => r.name === name);
+  show(h('h1', {}, 'Route ', h('code', {}, name)),
+    h('div', { class: 'actions' }, link(`#/deliveries?route=${enc(name)}`, 'Its deliveries'), link(`#/keys?route=${enc(name)}`, 'Its keys')),
+    settings ? null : h('p', { class: 'empty' }, 'No route of this name runs now; the charts show what it recorded.'),
+    chartsSection(name),
+    settings ? [h('h2', {}, 'Settings'), h('pre', {}, JSON.stringify(settings, null, 2))] : null);
 }
 
 // A dry run (POST /v1/try): a request pasted as it arrives, judged by the running routes
@@ -871,6 +1099,7 @@ async function route() {
       case 'key': await keyPage(parts[1], parts.slice(2).join('/')); break;
       case 'held': await heldPage(); break;
       case 'routes': await routesPage(); break;
+      case 'route': await routePage(parts[1]); break;
       case 'try': await tryPage(); break;
       default: show(h('p', { class: 'empty' }, 'No such page. ', link('#/', 'Overview')));
     }
@@ -889,7 +1118,7 @@ async function route() {
 
 function markNavigation(name) {
   for (const a of document.querySelectorAll('header nav a')) {
-    const current = a.dataset.page === name || (a.dataset.page === 'deliveries' && name === 'delivery') || (a.dataset.page === 'keys' && name === 'key');
+    const current = a.dataset.page === name || (a.dataset.page === 'deliveries' && name === 'delivery') || (a.dataset.page === 'keys' && name === 'key') || (a.dataset.page === 'routes' && name === 'route');
     if (current) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
   }
 }

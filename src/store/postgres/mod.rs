@@ -40,6 +40,7 @@ use self::log::PostgresLog;
 use self::queue::PostgresQueue;
 use self::record::{live_state, signed, unsigned};
 use self::statements::Statements;
+use super::minutes::{KEPT_FOR, MinuteFigures, READ_MAX};
 use super::queue::DeliveryQueue;
 use super::replicas::{FORGOTTEN_AFTER, ReplicaReport};
 use super::{
@@ -492,6 +493,28 @@ impl ClaimStore for PostgresStore {
             ReplicaReport::decode(text.as_bytes()).ok()
         });
         Ok(Some(reports.collect()))
+    }
+
+    async fn record_minute(&self, figures: &MinuteFigures) -> Result<(), StoreError> {
+        let (replica, minute, text) = (&figures.replica, signed(figures.minute), figures.encode());
+        let kept_from = signed(figures.minute.saturating_sub(millis(KEPT_FOR)));
+        self.query(&self.statements.record_minute, &[replica, &minute, &text])
+            .await?;
+        self.query(&self.statements.forget_minutes, &[&kept_from])
+            .await?;
+        Ok(())
+    }
+
+    async fn minutes(&self, since: Millis) -> Result<Vec<MinuteFigures>, StoreError> {
+        let (since, most) = (signed(since), i64::try_from(READ_MAX).unwrap_or(i64::MAX));
+        let rows = self
+            .query(&self.statements.minutes, &[&since, &most])
+            .await?;
+        let read = rows.iter().filter_map(|row| {
+            let text: &str = row.get("figures");
+            MinuteFigures::decode(text.as_bytes()).ok()
+        });
+        Ok(read.collect())
     }
 
     fn hear_outcomes(&self, heard: Heard) {

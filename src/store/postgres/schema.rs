@@ -11,7 +11,7 @@ use std::time::Duration;
 use deadpool_postgres::Object;
 
 use super::connection::passes_when_tried_again;
-use super::statements::{entities_table, replicas_table};
+use super::statements::{entities_table, minutes_table, replicas_table};
 use crate::store::StoreError;
 
 /// How many times a start tries the schema steps when another replica's get in the way.
@@ -85,6 +85,17 @@ async fn update_tables(client: &mut Object, table: &str) -> Result<(), tokio_pos
                report text NOT NULL
              )",
             replicas_table(table)
+        ))
+        .await?;
+    transaction
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+               minute bigint NOT NULL,
+               replica text NOT NULL,
+               figures text NOT NULL,
+               PRIMARY KEY (minute, replica)
+             )",
+            minutes_table(table)
         ))
         .await?;
     transaction

@@ -40,6 +40,11 @@ pub(super) fn replicas_table(table: &str) -> String {
     beside(table, "_replicas")
 }
 
+/// The table of the replicas' figures per minute beside `table`.
+pub(super) fn minutes_table(table: &str) -> String {
+    beside(table, "_minutes")
+}
+
 /// `table` (its first 54 bytes: names are ASCII) followed by `suffix`.
 pub(super) fn beside(table: &str, suffix: &str) -> String {
     format!("{}{suffix}", &table[..table.len().min(54)])
@@ -71,6 +76,9 @@ pub(super) struct Statements {
     pub(super) report_replica: Sql,
     pub(super) replicas: Sql,
     pub(super) forget_replicas: Sql,
+    pub(super) record_minute: Sql,
+    pub(super) minutes: Sql,
+    pub(super) forget_minutes: Sql,
 }
 
 impl Statements {
@@ -83,6 +91,7 @@ impl Statements {
         let channel = outcomes_channel(table);
         let entities = entities_table(table);
         let replicas = replicas_table(table);
+        let minutes = minutes_table(table);
         Statements {
             claim_many: sql(claim_many(table)),
             current: sql(current(table)),
@@ -116,6 +125,23 @@ impl Statements {
             forget_replicas: sql((
                 &[Type::INT8],
                 format!("DELETE FROM {replicas} WHERE seen_at < $1"),
+            )),
+            record_minute: sql((
+                &[Type::TEXT, Type::INT8, Type::TEXT],
+                format!(
+                    "INSERT INTO {minutes} (replica, minute, figures) VALUES ($1, $2, $3)
+                     ON CONFLICT (minute, replica) DO UPDATE SET figures = $3"
+                ),
+            )),
+            minutes: sql((
+                &[Type::INT8, Type::INT8],
+                format!(
+                    "SELECT figures FROM {minutes} WHERE minute >= $1 ORDER BY minute LIMIT $2"
+                ),
+            )),
+            forget_minutes: sql((
+                &[Type::INT8],
+                format!("DELETE FROM {minutes} WHERE minute < $1"),
             )),
         }
     }
@@ -382,7 +408,7 @@ mod tests {
 
     impl Statements {
         /// Every statement: the pattern names every field, so a new one must be added.
-        fn every(&self) -> [&Sql; 24] {
+        fn every(&self) -> [&Sql; 27] {
             let Statements {
                 claim_many,
                 current,
@@ -408,6 +434,9 @@ mod tests {
                 report_replica,
                 replicas,
                 forget_replicas,
+                record_minute,
+                minutes,
+                forget_minutes,
             } = self;
             [
                 claim_many,
@@ -434,6 +463,9 @@ mod tests {
                 report_replica,
                 replicas,
                 forget_replicas,
+                record_minute,
+                minutes,
+                forget_minutes,
             ]
         }
     }

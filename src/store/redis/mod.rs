@@ -50,6 +50,7 @@ use self::stored::{
     owner_prefix, with_expiry,
 };
 use self::subscription::hear;
+use super::minutes::{KEPT_FOR, MinuteFigures, READ_MAX};
 use super::queue::DeliveryQueue;
 use super::replicas::{FORGOTTEN_AFTER, ReplicaReport};
 use super::{
@@ -532,6 +533,38 @@ impl ClaimStore for RedisStore {
     async fn replicas(&self) -> Result<Option<Vec<ReplicaReport>>, StoreError> {
         let replicas = format!("{}replicas", self.prefix);
         Ok(Some(self.replicas_reported(&replicas).await?.0))
+    }
+
+    /// Members of the sorted set `<prefix>minutes` (no store key: it has no `:`), each
+    /// scored by its minute.
+    async fn record_minute(&self, figures: &MinuteFigures) -> Result<(), StoreError> {
+        let mut connection = self.connection();
+        let minutes = format!("{}minutes", self.prefix);
+        let mut add = redis::cmd("ZADD");
+        add.arg(&minutes).arg(figures.minute).arg(figures.encode());
+        let _: i64 = self.bounded(add.query_async(&mut connection)).await?;
+        let kept_from = figures.minute.saturating_sub(millis(KEPT_FOR));
+        let mut old = redis::cmd("ZREMRANGEBYSCORE");
+        old.arg(&minutes).arg("-inf").arg(format!("({kept_from}"));
+        let _: i64 = self.bounded(old.query_async(&mut connection)).await?;
+        Ok(())
+    }
+
+    async fn minutes(&self, since: Millis) -> Result<Vec<MinuteFigures>, StoreError> {
+        let mut connection = self.connection();
+        let mut range = redis::cmd("ZRANGEBYSCORE");
+        range
+            .arg(format!("{}minutes", self.prefix))
+            .arg(since)
+            .arg("+inf")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(READ_MAX);
+        let stored: Vec<Vec<u8>> = self.bounded(range.query_async(&mut connection)).await?;
+        let read = stored
+            .iter()
+            .filter_map(|bytes| MinuteFigures::decode(bytes).ok());
+        Ok(read.collect())
     }
 
     fn hear_outcomes(&self, heard: Heard) {

@@ -13,6 +13,7 @@ use sled::Tree;
 
 use super::durable::{SyncCounters, SyncGroup, forget_cached, missing_directories};
 use super::epochs::{Epochs, RecordKey};
+use crate::store::minutes::{MinuteFigures, READ_MAX};
 use crate::store::settings::{Durability, SledConfig};
 use crate::store::{
     DoneRecord, EntityRecord, HeldRecord, Millis, StoreError, Swept, Version, millis,
@@ -109,6 +110,9 @@ pub(super) struct OpenDatabase {
     pub(super) entities: sled::Tree,
     pub(super) entity_expiry: sled::Tree,
     pub(super) queue: QueueTrees,
+    /// The figures of each minute (`store::minutes`), under the minute (big-endian) and
+    /// the replica's id.
+    pub(super) minutes: sled::Tree,
     /// Makes queued jobs and operators' changes stable always, and settlements (done
     /// marks, holds, entities' versions) with `durability: fsync`.
     pub(super) syncs: SyncGroup,
@@ -150,6 +154,7 @@ impl OpenDatabase {
         let entities = db.open_tree("entities")?;
         let entity_expiry = db.open_tree("entity_expiry")?;
         let queue = QueueTrees::open(&db)?;
+        let minutes = db.open_tree("minutes")?;
         let syncs = SyncGroup::start(db.clone(), &config.path, &created, counters)
             .map_err(|error| error.context(&format!("data directory {path}")))?;
         queue.drop_former_jobs()?;
@@ -160,6 +165,7 @@ impl OpenDatabase {
             entities,
             entity_expiry,
             queue,
+            minutes,
             syncs,
             sync_settlements: config.durability == Durability::Fsync,
         })
@@ -242,6 +248,32 @@ impl OpenDatabase {
             self.entity_expiry.remove(index_key)?;
         }
         Ok(swept)
+    }
+
+    /// Records a replica's minute, and drops the minutes before `kept_from`.
+    pub(super) fn record_minute(
+        &self,
+        figures: &MinuteFigures,
+        kept_from: Millis,
+    ) -> Result<(), StoreError> {
+        let mut key = figures.minute.to_be_bytes().to_vec();
+        key.extend_from_slice(figures.replica.as_bytes());
+        self.minutes.insert(key, figures.encode().as_bytes())?;
+        let old: Vec<sled::IVec> =
+            (self.minutes.range(..kept_from.to_be_bytes()).keys()).collect::<Result<_, _>>()?;
+        for key in old {
+            self.minutes.remove(key)?;
+        }
+        Ok(())
+    }
+
+    /// The minutes from `since` on that read.
+    pub(super) fn minutes(&self, since: Millis) -> Result<Vec<MinuteFigures>, StoreError> {
+        let mut read = Vec::new();
+        for stored in (self.minutes.range(since.to_be_bytes()..).values()).take(READ_MAX) {
+            read.extend(MinuteFigures::decode(&stored?).ok());
+        }
+        Ok(read)
     }
 
     /// The held keys on disk that have not expired; the expired ones are removed.

@@ -58,6 +58,7 @@ use super::{
     RESOLVED_STATUS, Resolution, StateFilter, StoreError, Swept, SystemClock, Version,
     count_by_namespace, millis, store_key,
 };
+use crate::store::minutes::{KEPT_FOR, MinuteFigures};
 use crate::store::settings::SledConfig;
 
 /// What an open key is, to an operator's change.
@@ -587,6 +588,19 @@ impl ClaimStore for SledStore {
         .map_err(|error| StoreError::Backend(error.to_string()))
         .and_then(|swept| swept);
         self.reopen_if_failed(&database, swept)
+    }
+
+    async fn record_minute(&self, figures: &MinuteFigures) -> Result<(), StoreError> {
+        let database = self.database()?;
+        let kept_from = figures.minute.saturating_sub(millis(KEPT_FOR));
+        let recorded = database.record_minute(figures, kept_from);
+        self.reopen_if_failed(&database, recorded)
+    }
+
+    async fn minutes(&self, since: Millis) -> Result<Vec<MinuteFigures>, StoreError> {
+        let database = self.database()?;
+        let read = database.minutes(since);
+        self.reopen_if_failed(&database, read)
     }
 
     async fn newest_version(&self, entity: &str) -> Result<Option<EntityRecord>, StoreError> {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_proxy::config::StoreConfig;
+use dedupe_proxy::store::minutes::MinuteFigures;
 use dedupe_proxy::store::queue::{DeadPage, DeliveryQueue, Enqueued, Job, QueueCounts, Taken};
 use dedupe_proxy::store::sled::SledStore;
 use dedupe_proxy::store::{
@@ -37,6 +38,8 @@ pub struct FailingStore {
     pub forgets: AtomicUsize,
     /// The delivery queue queued routes use (none unless set).
     pub queue: Option<Arc<dyn DeliveryQueue>>,
+    /// Fails writing and reading the minutes' figures while set.
+    pub fail_minutes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FailingStore {
@@ -55,6 +58,7 @@ impl FailingStore {
             fail_forgets_after: None,
             forgets: AtomicUsize::new(0),
             queue: None,
+            fail_minutes: Arc::default(),
         }
     }
 }
@@ -108,6 +112,18 @@ impl ClaimStore for FailingStore {
     }
     async fn resolve(&self, key: &str, resolution: Resolution) -> Result<bool, StoreError> {
         self.inner.resolve(key, resolution).await
+    }
+    async fn record_minute(&self, figures: &MinuteFigures) -> Result<(), StoreError> {
+        if self.fail_minutes.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected minute failure".into()));
+        }
+        self.inner.record_minute(figures).await
+    }
+    async fn minutes(&self, since: u64) -> Result<Vec<MinuteFigures>, StoreError> {
+        if self.fail_minutes.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected minute failure".into()));
+        }
+        self.inner.minutes(since).await
     }
     async fn list(
         &self,

@@ -76,7 +76,7 @@ pub async fn drop_postgres_tables(table: &str) {
         .batch_execute(&format!(
             "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_entities;
              DROP TABLE IF EXISTS {table}_jobs; DROP TABLE IF EXISTS {table}_paused;
-             DROP TABLE IF EXISTS {table}_deliveries; DROP TABLE IF EXISTS {table}_replicas"
+             DROP TABLE IF EXISTS {table}_deliveries; DROP TABLE IF EXISTS {table}_replicas; DROP TABLE IF EXISTS {table}_minutes"
         ))
         .await
         .unwrap();
