@@ -85,10 +85,10 @@ pub(crate) async fn count_held_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>)
 /// networking) and a pid (1, in containers) differ.
 pub(crate) fn replica_id() -> String {
     let host = crate::delivery_log::replica_name();
-    static DRAWN: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    static DRAWN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let drawn = DRAWN.get_or_init(rand::random);
     format!(
-        "{}:{}:{drawn:04x}",
+        "{}:{}:{drawn:08x}",
         host.as_deref().unwrap_or("host"),
         std::process::id()
     )
@@ -128,14 +128,20 @@ pub(crate) async fn report_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>) {
 pub(crate) async fn record_minutes_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>) {
     // The counters start at zero with the process, as the book's last reading does.
     let replica = replica_id();
+    let mut last_ended = None;
     loop {
         let now = SystemClock.now();
         let next = minute_of(now) + MINUTE;
         tokio::time::sleep(Duration::from_millis(next - now)).await;
+        // The sleep's clock is not the wall's: a minute is ended once the wall says it
+        // ended, and never twice (a clock stepped back waits for it again).
+        let ended = minute_of(SystemClock.now()).checked_sub(MINUTE);
+        if ended.is_none() || ended <= last_ended {
+            continue;
+        }
+        last_ended = ended;
         let counters = route_counters(&proxy, &metrics);
-        metrics
-            .minutes
-            .end_minute(&replica, next - MINUTE, counters);
+        (metrics.minutes).end_minute(&replica, ended.unwrap_or_default(), counters);
         write_minutes(&proxy, &metrics).await;
     }
 }
@@ -167,18 +173,18 @@ pub(crate) fn route_counters(
     }))
 }
 
-/// Writes the ended minutes in order, up to the first the store does not take.
+/// Writes the ended minutes newest first (at shutdown, after an outage, the last minute
+/// is the one only this process has), up to the first the store does not take.
 async fn write_minutes(proxy: &Proxy, metrics: &Metrics) {
-    let waiting = metrics.minutes.unwritten();
-    let mut written = 0;
-    for figures in &waiting {
-        if let Err(error) = proxy.store().record_minute(figures).await {
+    let mut written = Vec::new();
+    for figures in metrics.minutes.unwritten().into_iter().rev() {
+        if let Err(error) = proxy.store().record_minute(&figures).await {
             metrics.store_error();
             tracing::debug!(%error, "the store did not take a minute of the charts' figures");
             break;
         }
-        written += 1;
+        written.push(figures);
     }
-    metrics.minutes.written(&waiting[..written]);
-    metrics.minutes_unwritten(metrics.minutes.backlog().0);
+    metrics.minutes.forget_written(&written);
+    metrics.minutes_unwritten(metrics.minutes.backlog());
 }

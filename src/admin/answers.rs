@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::body::ProxyBody;
 use crate::reload::LastReload;
-use crate::response::json_response;
+use crate::response::{DedupeStatus, json_response};
 use crate::route::{DeliveryMode, Unmatched};
 
 /// A typed answer as JSON.
@@ -527,9 +527,11 @@ pub(crate) struct ChartMinute {
     pub deliveries: DeliveryGroups,
     /// The app's answers to forwarded deliveries.
     pub answers: u64,
-    /// The app's latency: the median and the 99th percentile of those answers, in
-    /// milliseconds (placed inside power-of-two buckets from 1 ms); `null` without answers.
+    /// The app's latency: the median of those answers in milliseconds, estimated inside
+    /// its bucket (0 to 1 ms, then doubling up to 32.768 s; above, shown as 32 768);
+    /// `null` without answers.
     pub p50_ms: Option<f64>,
+    /// The 99th percentile, estimated the same way.
     pub p99_ms: Option<f64>,
     /// Queued routes' jobs not delivered yet at the minute's end; `null` unless
     /// `queued`, 0 where no replica counted any.
@@ -557,16 +559,19 @@ pub(crate) struct DeliveryGroups {
 }
 
 impl DeliveryGroups {
-    /// The count an outcome adds to; `None` for one not charted.
-    pub(super) fn group_of(&mut self, outcome: &str) -> Option<&mut u64> {
-        Some(match outcome {
-            "forwarded" | "unkeyed" => &mut self.forwarded,
-            "duplicate" | "in-flight" | "stale" => &mut self.duplicate,
-            "rejected" | "unavailable" => &mut self.refused,
-            "released" => &mut self.released,
-            "held" => &mut self.held,
-            "queued" => &mut self.queued,
-            _ => return None,
+    /// The count an outcome (a `Dedupe-Status` value) adds to; `None` for a name that is
+    /// none (a record another version wrote).
+    pub(super) fn count_mut(&mut self, outcome: &str) -> Option<&mut u64> {
+        let status = (DedupeStatus::ALL.into_iter()).find(|status| status.as_str() == outcome)?;
+        Some(match status {
+            DedupeStatus::Forwarded | DedupeStatus::Unkeyed => &mut self.forwarded,
+            DedupeStatus::Duplicate | DedupeStatus::InFlight | DedupeStatus::Stale => {
+                &mut self.duplicate
+            }
+            DedupeStatus::Rejected | DedupeStatus::Unavailable => &mut self.refused,
+            DedupeStatus::Released => &mut self.released,
+            DedupeStatus::Held => &mut self.held,
+            DedupeStatus::Queued => &mut self.queued,
         })
     }
 }

@@ -220,11 +220,12 @@ impl hyper::body::Body for RouterBody {
 }
 
 /// A body read as the JSON object `T` is: anything else (an array too, which serde would
-/// otherwise read as a struct's fields in order) is an error.
+/// otherwise read as a struct's fields in order) is an error. Read once, by `T` itself, so
+/// that a key given twice is refused as `T` refuses it.
 pub(super) fn json_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
-    let value: serde_json::Value = serde_json::from_slice(body)?;
-    if !value.is_object() {
+    let first = body.iter().find(|byte| !byte.is_ascii_whitespace());
+    if first != Some(&b'{') {
         return Err(serde::de::Error::custom("the body is not a JSON object"));
     }
-    serde_json::from_value(value)
+    serde_json::from_slice(body)
 }

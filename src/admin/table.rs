@@ -43,7 +43,7 @@ const KEYS_QUERY: &[QueryParam] = &[
 
 /// `GET /v1/charts`'s parameters.
 const CHARTS_QUERY: &[QueryParam] = &[
-    optional("range", Takes::OneOf(&charts::RANGES)),
+    optional("range", Takes::OneOf(&charts::RANGE_NAMES)),
     optional("route", Takes::Text),
 ];
 

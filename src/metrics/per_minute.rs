@@ -1,14 +1,15 @@
 //! The figures behind the console's charts (`store::minutes`): at each minute's end, what
 //! the request counters gained in it, the app's answers counted by latency, and each
-//! queued route's depth. Taken from the counters the proxy keeps anyway, so the request
-//! path pays one more atomic add per answer of the app, for the latency buckets that
-//! prometheus-client keeps to itself.
+//! queued route's depth; and the [`MinuteBook`] that keeps the ended minutes until the
+//! store takes them (and the last hour's, to chart while it does not answer). Taken from
+//! the counters the proxy keeps anyway, so the request path pays one more atomic add per
+//! answer of the app, for the latency buckets that prometheus-client keeps to itself.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
 use crate::store::minutes::{MinuteFigures, QueueDepth, RouteMinute};
@@ -36,9 +37,8 @@ pub struct LatencyHistogram {
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
-        let bounds = exponential_buckets(LATENCY_BUCKETS[0], 2.0, LATENCY_BUCKETS.len() as u16);
         LatencyHistogram {
-            histogram: Histogram::new(bounds),
+            histogram: Histogram::new(LATENCY_BUCKETS),
             buckets: Default::default(),
         }
     }
@@ -78,14 +78,16 @@ impl EncodeMetric for LatencyHistogram {
 /// placed linearly inside its bucket (as Prometheus' `histogram_quantile`), and at the
 /// last bound when it falls above it. `None` without answers.
 pub fn quantile_ms(counts: &[u64], q: f64) -> Option<f64> {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
+    // Counts come from the store: added without overflowing, as floats.
+    let total: f64 = counts.iter().map(|count| *count as f64).sum();
+    if total == 0.0 {
         return None;
     }
-    let rank = q * total as f64;
-    let mut below = 0u64;
+    let rank = q * total;
+    let mut below = 0.0;
     for (bucket, count) in counts.iter().enumerate() {
-        if *count > 0 && (below + count) as f64 >= rank {
+        let count = *count as f64;
+        if count > 0.0 && below + count >= rank {
             let Some(upper) = LATENCY_BUCKETS.get(bucket) else {
                 break;
             };
@@ -94,7 +96,7 @@ pub fn quantile_ms(counts: &[u64], q: f64) -> Option<f64> {
             } else {
                 LATENCY_BUCKETS[bucket - 1]
             };
-            let within = (rank - below as f64) / *count as f64;
+            let within = (rank - below) / count;
             return Some((lower + (upper - lower) * within) * 1000.0);
         }
         below += count;
@@ -121,26 +123,27 @@ pub struct MinuteBook {
 
 #[derive(Default)]
 struct BookState {
+    /// Each route's counters as last read; a route gone from the table keeps its reading,
+    /// so that if it comes back (its counters were never reset) its next minute holds what
+    /// it gained since, not all it ever counted.
     last: HashMap<String, RouteCounters>,
     unwritten: VecDeque<MinuteFigures>,
     recent: VecDeque<MinuteFigures>,
-    /// Ended minutes dropped because [`UNWRITTEN_MAX`] were waiting.
-    dropped: u64,
 }
 
 impl MinuteBook {
-    /// Ends the minute starting at `minute`: its figures are what `now` (each route's
-    /// counters) gained since the last end, kept to be written.
-    pub fn end_minute(&self, replica: &str, minute: u64, now: HashMap<String, RouteCounters>) {
+    /// Ends the minute starting at `minute`: its figures are what each route's `counters`
+    /// gained since the last end, kept to be written (the oldest dropped past
+    /// [`UNWRITTEN_MAX`]).
+    pub fn end_minute(&self, replica: &str, minute: u64, counters: HashMap<String, RouteCounters>) {
         let mut state = self.state.lock();
-        let figures = gained(replica, minute, &state.last, &now);
-        state.last = now;
+        let figures = gained(replica, minute, &state.last, &counters);
+        state.last.extend(counters);
         if figures.is_empty() {
             return;
         }
         if state.unwritten.len() == UNWRITTEN_MAX {
             state.unwritten.pop_front();
-            state.dropped += 1;
         }
         if state.recent.len() == RECENT_MAX {
             state.recent.pop_front();
@@ -149,14 +152,14 @@ impl MinuteBook {
         state.unwritten.push_back(figures);
     }
 
-    /// The figures of the minute still running, from `now`'s counters.
-    pub fn so_far(
+    /// The figures of the minute still running, from each route's `counters` now.
+    pub fn running_minute(
         &self,
         replica: &str,
         minute: u64,
-        now: &HashMap<String, RouteCounters>,
+        counters: &HashMap<String, RouteCounters>,
     ) -> MinuteFigures {
-        gained(replica, minute, &self.state.lock().last, now)
+        gained(replica, minute, &self.state.lock().last, counters)
     }
 
     /// The ended minutes not written yet, oldest first.
@@ -165,7 +168,7 @@ impl MinuteBook {
     }
 
     /// This replica's ended minutes it still has: those not written, and the last hour's.
-    pub fn own(&self) -> Vec<MinuteFigures> {
+    pub fn own_minutes(&self) -> Vec<MinuteFigures> {
         let state = self.state.lock();
         let older = (state.unwritten.iter()).filter(|figures| {
             !state
@@ -176,24 +179,22 @@ impl MinuteBook {
         older.chain(&state.recent).cloned().collect()
     }
 
-    /// Forgets the ended minutes written, the `written` oldest of those waiting.
-    pub fn written(&self, written: &[MinuteFigures]) {
+    /// Forgets the ended minutes the store took.
+    pub fn forget_written(&self, written: &[MinuteFigures]) {
         let mut state = self.state.lock();
-        let done = |figures: &MinuteFigures| written.iter().any(|w| w == figures);
-        while state.unwritten.front().is_some_and(done) {
-            state.unwritten.pop_front();
-        }
+        state
+            .unwritten
+            .retain(|figures| !written.iter().any(|w| w == figures));
     }
 
-    /// How many ended minutes wait for the store, and how many were dropped waiting.
-    pub fn backlog(&self) -> (usize, u64) {
-        let state = self.state.lock();
-        (state.unwritten.len(), state.dropped)
+    /// How many ended minutes wait for the store.
+    pub fn backlog(&self) -> usize {
+        self.state.lock().unwritten.len()
     }
 }
 
 /// What each route's counters gained from `last` to `now`, as the figures of `minute`;
-/// a route with nothing new is left out (a queued route's depth is news while non-zero).
+/// a direct route with nothing new is left out (a queued route always has its depth).
 fn gained(
     replica: &str,
     minute: u64,
@@ -231,9 +232,7 @@ fn gained(
         if latency.iter().all(|count| *count == 0) {
             latency.clear();
         }
-        let queue = counters
-            .queue
-            .filter(|depth| depth.waiting > 0 || depth.oldest_age_seconds > 0.0);
+        let queue = counters.queue;
         if outcomes.is_empty() && latency.is_empty() && queue.is_none() {
             continue;
         }
@@ -299,12 +298,20 @@ mod tests {
         assert_eq!(route.outcomes, BTreeMap::from([("forwarded".into(), 2)]));
         assert_eq!(route.latency, vec![1, 0]);
         assert_eq!(
-            book.so_far("r", 180_000, &at(8, 6)).routes["hooks"].outcomes["forwarded"],
+            book.running_minute("r", 180_000, &at(8, 6)).routes["hooks"].outcomes["forwarded"],
             1
         );
-        book.written(&ended[..1]);
+        book.forget_written(&ended[..1]);
         assert_eq!(book.unwritten(), ended[1..].to_vec());
         // Written or not, the last hour's minutes stay to be charted.
-        assert_eq!(book.own(), ended);
+        assert_eq!(book.own_minutes(), ended);
+        // A route gone from the table and back gains from its last reading, not from zero.
+        book.end_minute("r", 180_000, HashMap::new());
+        book.end_minute("r", 240_000, at(9, 6));
+        let back = book.unwritten().pop().unwrap();
+        assert_eq!(
+            (back.minute, back.routes["hooks"].outcomes["forwarded"]),
+            (240_000, 2)
+        );
     }
 }

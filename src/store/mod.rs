@@ -608,7 +608,7 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn record_minute(&self, figures: &minutes::MinuteFigures) -> Result<(), StoreError>;
 
     /// Every replica's figures of the minutes from `since` on, in no set order; records
-    /// that do not read are left out.
+    /// that do not read are left out, and past [`minutes::READ_MAX`] the oldest.
     async fn minutes(&self, since: Millis) -> Result<Vec<minutes::MinuteFigures>, StoreError>;
 
     /// On a shared store, whether [`ClaimStore::hear_outcomes`] hears other processes'

@@ -824,8 +824,9 @@ async fn a_read_is_answered_without_waiting_for_a_body_held_back() {
 }
 
 /// A body that is JSON but not an object (an array, which serde reads as a struct's fields
-/// in order, a string, a number) is refused where the API takes an object, and changes
-/// nothing: Schemathesis' stateful phase found `[]` clearing a scope.
+/// in order, a string, a number), or an object with a key twice, is refused where the API
+/// takes an object, and changes nothing: Schemathesis' stateful phase found `[]` clearing
+/// a scope.
 #[tokio::test]
 async fn a_body_that_is_not_a_json_object_is_refused_and_changes_nothing() {
     let upstream = Upstream::start().await;
@@ -851,6 +852,10 @@ async fn a_body_that_is_not_a_json_object_is_refused_and_changes_nothing() {
             assert_eq!(refused.json()["error"], "bad_request", "{}", refused.body);
         }
     }
+    // A key given twice is refused, not read as its last value (which would clear all).
+    let twice = r#"{"prefix":"nothing_","prefix":""}"#;
+    let refused = send(proxy.admin, "POST", "/v1/scopes/hooks/clear", &json, twice).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
     assert_eq!(
         post_event(proxy.addr, "evt_obj").await.dedupe(),
         "duplicate"

@@ -109,8 +109,8 @@ async fn each_replicas_latest_report_is_kept_whatever_its_version(h: Harness) {
 }
 
 /// Every store keeps each replica's figures of each minute for a day: minutes of several
-/// replicas side by side are read from a given minute on, and a write drops the minutes
-/// more than a day older than its own.
+/// replicas side by side are read from a given minute on, the day's first minute among
+/// them, and a write drops the minutes more than a day old.
 async fn each_replicas_minutes_are_kept_a_day(h: Harness) {
     use dedupe_proxy::store::minutes::{
         KEPT_FOR, MINUTE, MinuteFigures, QueueDepth, RouteMinute, minute_of,
@@ -154,8 +154,8 @@ async fn each_replicas_minutes_are_kept_a_day(h: Harness) {
         ours
     };
     let since_before = now - day - 2 * MINUTE;
-    assert_eq!(ours(h.store.minutes(since_before).await.unwrap()).len(), 1);
     let written = [
+        figures("a", now - day + 2 * MINUTE, 8),
         figures("a", now - MINUTE, 1),
         figures("b", now - MINUTE, 2),
         figures("a", now, 3),
@@ -164,13 +164,14 @@ async fn each_replicas_minutes_are_kept_a_day(h: Harness) {
         h.store.record_minute(figures).await.unwrap();
     }
     // The same minute written again (a retried write) is kept once.
-    h.store.record_minute(&written[2]).await.unwrap();
+    h.store.record_minute(&written[3]).await.unwrap();
     let all = h.store.minutes(since_before).await.unwrap();
-    let read_back = all.iter().find(|figures| figures == &&written[1]);
+    let read_back = all.iter().find(|figures| figures == &&written[2]);
     assert!(read_back.is_some(), "a minute reads back whole");
     assert_eq!(
         ours(all),
         [
+            (format!("a-{run}"), now - day + 2 * MINUTE, 8),
             (format!("a-{run}"), now - MINUTE, 1),
             (format!("a-{run}"), now, 3),
             (format!("b-{run}"), now - MINUTE, 2),

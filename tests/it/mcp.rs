@@ -97,8 +97,7 @@ async fn an_agent_reads_routes_keys_and_the_delivery_log_and_changes_nothing_by_
         seen["instructions"]
     );
     for tool in seen["tools"].as_array().unwrap() {
-        let carries =
-            !["list_routes", "list_scopes", "get_charts"].contains(&tool["name"].as_str().unwrap());
+        let carries = !["list_routes", "list_scopes"].contains(&tool["name"].as_str().unwrap());
         assert_eq!(
             tool["description"].as_str().unwrap().contains(untrusted),
             carries,

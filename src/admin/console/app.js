@@ -245,7 +245,7 @@ async function overviewPage() {
   const rows = o.routes.map((r) => {
     const n = r.requests;
     return h('tr', {},
-      h('td', {}, link(`#/deliveries?route=${enc(r.route)}`, r.route)),
+      h('td', {}, link(`#/route/${enc(r.route)}`, r.route)),
       h('td', { class: 'hide-narrow' }, r.scope),
       h('td', { class: 'hide-narrow' }, r.delivery),
       h('td', { class: 'num' }, num(n.forwarded + n.queued)),
@@ -304,7 +304,9 @@ const CHART = { width: 600, height: 120, top: 4 };
 const GROUPS = [['forwarded', 'forwarded'], ['duplicate', 'duplicates'], ['refused', 'refused'],
   ['released', 'released'], ['held', 'held'], ['queued', 'queued']];
 const RANGE_WORDS = { hour: 'the last hour', day: 'the last day' };
-const CHARTS_EVERY = 15000;
+// How often the charts are read again while on show: the hour's every 15 s, the day's
+// (a larger read, of figures that change little) every minute.
+const CHARTS_EVERY = { hour: 15000, day: 60000 };
 // The most steps a chart draws: a day's minutes go five to a step, each step the busiest
 // of its five (the captions stay per minute), so that a minute is never thinner than a
 // pixel at a phone's width.
@@ -331,23 +333,30 @@ function chartsSection(route) {
   const buttons = Object.keys(RANGE_WORDS).map((range) => h('button', {
     type: 'button', id: `range-${range}`, 'aria-pressed': String(range === 'hour'), onclick: () => load(range),
   }, range === 'hour' ? 'Last hour' : 'Last day'));
-  const load = async (range) => {
+  let asked = 0; // counts the reads: an answer to an older one (the range changed) is dropped
+  let range = 'hour';
+  const load = async (chosen) => {
+    range = chosen;
+    const mine = ++asked;
     for (const button of buttons) button.setAttribute('aria-pressed', String(button.id === `range-${range}`));
     const query = new URLSearchParams({ range });
     if (route) query.set('route', route);
+    let drawn;
     try {
-      body.replaceChildren(...drawCharts(await api('GET', '/v1/charts?' + query)));
+      drawn = drawCharts(await api('GET', '/v1/charts?' + query));
     } catch (error) {
       if (error instanceof ApiError && error.status === 401) return failed(error);
-      body.replaceChildren(h('p', { class: 'empty' }, `The charts could not be loaded: ${error.message}`));
+      drawn = [h('p', { class: 'empty' }, `The charts could not be loaded: ${error.message}`)];
     }
+    if (mine !== asked) return;
+    body.replaceChildren(...drawn);
     section.dataset.range = range;
   };
   const again = async () => {
-    await new Promise((resolve) => setTimeout(resolve, CHARTS_EVERY));
+    await new Promise((resolve) => setTimeout(resolve, CHARTS_EVERY[range]));
     // Dropped with its page: a page left for another stops here.
     if (!section.isConnected) return;
-    await load(section.dataset.range || 'hour');
+    await load(range);
     again();
   };
   load('hour').then(again);
@@ -365,8 +374,10 @@ function drawCharts(c) {
   parts.push(h('div', { class: 'chart-grid' }, deliveryChart(minutes, words), latencyChart(minutes, words),
     c.queued ? queueCharts(minutes, words) : null));
   const per = Math.ceil(minutes.length / CHART_STEPS);
+  // On sled each start of the process is a replica of its own to the store.
+  const shared = session.replicas !== null;
   parts.push(h('p', { class: 'muted' }, c.replicas.length > 1
-    ? `Figures of ${count(c.replicas.length, 'replica')}, added up; the minute running is this replica's so far.`
+    ? `Figures of ${count(c.replicas.length, shared ? 'replica' : 'run')} of this proxy, added up; the minute running is ${shared ? "this replica's" : "this run's"} so far.`
     : 'The minute running is counted so far.',
   per > 1 ? ` Each step shows the busiest of its ${per} minutes.` : ''));
   return parts;

@@ -497,10 +497,10 @@ impl ClaimStore for PostgresStore {
 
     async fn record_minute(&self, figures: &MinuteFigures) -> Result<(), StoreError> {
         let (replica, minute, text) = (&figures.replica, signed(figures.minute), figures.encode());
-        let kept_from = signed(figures.minute.saturating_sub(millis(KEPT_FOR)));
         self.query(&self.statements.record_minute, &[replica, &minute, &text])
             .await?;
-        self.query(&self.statements.forget_minutes, &[&kept_from])
+        let kept_for = signed(millis(KEPT_FOR));
+        self.query(&self.statements.forget_minutes, &[&kept_for])
             .await?;
         Ok(())
     }

@@ -5,6 +5,7 @@ use tokio_postgres::types::Type;
 
 use super::connection::{Sending, Sql};
 use crate::store::RESOLVED_STATUS;
+use crate::store::minutes::MINUTE_MAX;
 
 /// The database's time in milliseconds since the Unix epoch. A statement that writes two
 /// times reads it once (a `now` CTE): the wall clock can step back between two reads, and
@@ -136,12 +137,18 @@ impl Statements {
             minutes: sql((
                 &[Type::INT8, Type::INT8],
                 format!(
-                    "SELECT figures FROM {minutes} WHERE minute >= $1 ORDER BY minute LIMIT $2"
+                    "SELECT figures FROM {minutes} WHERE minute >= $1 AND octet_length(figures) <= {MINUTE_MAX}
+                     ORDER BY minute DESC LIMIT $2"
                 ),
             )),
             forget_minutes: sql((
                 &[Type::INT8],
-                format!("DELETE FROM {minutes} WHERE minute < $1"),
+                // By the server's clock, which every replica shares: one whose own runs
+                // ahead would drop the others' minutes.
+                format!(
+                    "DELETE FROM {minutes}
+                     WHERE minute < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1"
+                ),
             )),
         }
     }

@@ -543,7 +543,12 @@ impl ClaimStore for RedisStore {
         let mut add = redis::cmd("ZADD");
         add.arg(&minutes).arg(figures.minute).arg(figures.encode());
         let _: i64 = self.bounded(add.query_async(&mut connection)).await?;
-        let kept_from = figures.minute.saturating_sub(millis(KEPT_FOR));
+        // By the server's clock, which every replica shares: one whose own runs ahead
+        // would drop the others' minutes.
+        let (seconds, _): (u64, u64) = self
+            .bounded(redis::cmd("TIME").query_async(&mut connection))
+            .await?;
+        let kept_from = (seconds * 1000).saturating_sub(millis(KEPT_FOR));
         let mut old = redis::cmd("ZREMRANGEBYSCORE");
         old.arg(&minutes).arg("-inf").arg(format!("({kept_from}"));
         let _: i64 = self.bounded(old.query_async(&mut connection)).await?;
@@ -552,11 +557,11 @@ impl ClaimStore for RedisStore {
 
     async fn minutes(&self, since: Millis) -> Result<Vec<MinuteFigures>, StoreError> {
         let mut connection = self.connection();
-        let mut range = redis::cmd("ZRANGEBYSCORE");
+        let mut range = redis::cmd("ZREVRANGEBYSCORE");
         range
             .arg(format!("{}minutes", self.prefix))
-            .arg(since)
             .arg("+inf")
+            .arg(since)
             .arg("LIMIT")
             .arg(0)
             .arg(READ_MAX);

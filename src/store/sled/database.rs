@@ -267,10 +267,11 @@ impl OpenDatabase {
         Ok(())
     }
 
-    /// The minutes from `since` on that read.
+    /// The minutes from `since` on that read, the newest [`READ_MAX`].
     pub(super) fn minutes(&self, since: Millis) -> Result<Vec<MinuteFigures>, StoreError> {
         let mut read = Vec::new();
-        for stored in (self.minutes.range(since.to_be_bytes()..).values()).take(READ_MAX) {
+        let newest_first = self.minutes.range(since.to_be_bytes()..).values().rev();
+        for stored in newest_first.take(READ_MAX) {
             read.extend(MinuteFigures::decode(&stored?).ok());
         }
         Ok(read)
