@@ -8,7 +8,6 @@
 //! limits, shutdown grace) are reported as needing a restart.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,9 +56,10 @@ pub struct Reloader {
     /// The file's text as last loaded, so that file events that change nothing are ignored.
     loaded_text: Mutex<Option<String>>,
     last: Mutex<Option<LastReload>>,
-    /// Whether a read of the file is under way on a blocking thread: one at a time, so
-    /// that reads a hung filesystem holds do not pile up.
-    reading: Arc<AtomicBool>,
+    /// A read of the file on a blocking thread holds it: one at a time, so that reads a
+    /// hung filesystem holds do not pile up. A reload asked while the watcher's read runs
+    /// (the file was just saved) waits for it rather than failing.
+    reading: Arc<tokio::sync::Semaphore>,
 }
 
 impl Reloader {
@@ -71,7 +71,7 @@ impl Reloader {
             metrics,
             loaded_text: Mutex::new(loaded_text),
             last: Mutex::new(None),
-            reading: Arc::new(AtomicBool::new(false)),
+            reading: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -115,21 +115,21 @@ impl Reloader {
             file: self.started.source.display().to_string(),
             source: std::io::Error::other(reason.to_owned()),
         };
-        if self.reading.swap(true, Ordering::AcqRel) {
+        let turn = tokio::time::timeout(READ_TIMEOUT, Arc::clone(&self.reading).acquire_owned());
+        let Ok(Ok(turn)) = turn.await else {
             return Err(failed(
                 "an earlier read of the file has not returned (a hung filesystem?)",
             ));
-        }
+        };
         let (path, overrides) = (self.started.source.clone(), self.started.overrides.clone());
-        let reading = Arc::clone(&self.reading);
         let read = tokio::task::spawn_blocking(move || {
             let read = crate::config::read_file(&path).and_then(|text| {
                 let config = Config::parse(&text, &path, &overrides)?;
                 Ok((text, config))
             });
-            // Cleared once parsed too: reads and parses that outlast the timeout do not
-            // pile up.
-            reading.store(false, Ordering::Release);
+            // Given back once parsed too: reads and parses that outlast the timeout do
+            // not pile up.
+            drop(turn);
             read
         });
         match tokio::time::timeout(READ_TIMEOUT, read).await {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
-use super::time::Millis;
+use super::time::{LATEST, Millis};
 
 /// One minute, in milliseconds.
 pub const MINUTE: Millis = 60_000;
@@ -23,9 +23,6 @@ pub const MINUTE_MAX: usize = 256 * 1024;
 
 /// The most records one read returns: a day of 64 replicas' minutes.
 pub const READ_MAX: usize = 64 * 1440;
-
-/// The latest minute a record may carry (the end of year 9999, as RFC 3339 writes it).
-const LATEST: Millis = 253_402_300_799_999;
 
 /// One replica's figures of one minute.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

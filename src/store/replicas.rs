@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
-use super::time::Millis;
+use super::time::{LATEST, Millis};
 
 /// How often a replica reports.
 pub const REPORT_EVERY: Duration = Duration::from_secs(5);
@@ -22,9 +22,6 @@ pub const FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);
 
 /// The largest report read: a few dozen outcomes' counts take a few hundred bytes.
 pub const REPORT_MAX: usize = 16 * 1024;
-
-/// The latest time a report may carry (the end of year 9999, as RFC 3339 can write it).
-const LATEST: Millis = 253_402_300_799_999;
 
 /// One replica's latest report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -54,6 +54,10 @@ pub fn millis(duration: Duration) -> Millis {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The latest time RFC 3339 writes (the end of year 9999): a record read from a store
+/// with a later one is refused, as no clock gives it.
+pub(crate) const LATEST: Millis = 253_402_300_799_999;
+
 /// A time as RFC 3339 text, in UTC, to the millisecond.
 pub(crate) fn rfc3339(at: Millis) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at)).to_string()

@@ -51,11 +51,7 @@ async fn browser() -> Option<Browser> {
     ) {
         return None;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let driver = Command::new("chromedriver")
         .process_group(0)
         .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
@@ -480,7 +476,15 @@ async fn a_viewer_sees_no_buttons_and_a_forged_change_with_its_token_is_refused(
         }
         for button in browser.buttons().await {
             assert!(
-                ["Filter", "Show", "Older entries", "Try it"].contains(&button.as_str()),
+                [
+                    "Filter",
+                    "Show",
+                    "Older entries",
+                    "Try it",
+                    "Last hour",
+                    "Last day"
+                ]
+                .contains(&button.as_str()),
                 "`{button}` shown to a viewer on {page}"
             );
         }
@@ -1079,6 +1083,30 @@ async fn the_overview_lists_every_replica_of_a_shared_store() {
         },
     )
     .await;
+    // Mid-way through a rolling upgrade: a replica of an older version reports too.
+    let store = dedupe_proxy::store::redis::RedisStore::connect(
+        &dedupe_proxy::config::RedisConfig {
+            prefix: prefix.clone(),
+            ..plain_redis_config()
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let older = dedupe_proxy::store::replicas::ReplicaReport {
+        id: "old-pod:1:0000beef".into(),
+        version: "0.0.9".into(),
+        started_at: now - 3_600_000,
+        seen_at: now,
+        requests: [("forwarded".to_owned(), 5)].into(),
+    };
+    dedupe_proxy::store::ClaimStore::report_replica(&store, &older)
+        .await
+        .unwrap();
     browser.sign_in(replicas[0].admin, OPERATOR).await;
     browser.wait_for_text("main", "(this one)").await;
     let text = browser
@@ -1089,9 +1117,21 @@ async fn the_overview_lists_every_replica_of_a_shared_store() {
         let id = format!(":{}:", replica.child.id());
         assert!(text.contains(&id), "{id}: {text}");
     }
+    let old = text
+        .lines()
+        .find(|line| line.starts_with("old-pod"))
+        .unwrap();
+    assert!(old.contains("0.0.9"), "{text}");
+    assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
     let all = text.lines().find(|line| line.starts_with("All")).unwrap();
-    assert_eq!(all.split_whitespace().nth(1), Some("2"), "{text}");
+    assert_eq!(all.split_whitespace().nth(1), Some("7"), "{text}");
     browser.screenshot("replicas").await;
+}
+
+/// A loopback port nothing listens on now, for a server the test starts.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
 }
 
 /// A Redis server of the test's own on a free loopback port, to stop while the proxy
@@ -1106,11 +1146,7 @@ impl OwnRedis {
         if !installed("Redis", "redis-server", &["--version"]) {
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let server = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])

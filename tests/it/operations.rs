@@ -979,3 +979,29 @@ async fn reloads_while_queued_deliveries_run_keep_them_within_max_concurrency() 
     .await;
     assert_eq!(proxy.upstream.most_running(), 2);
 }
+
+/// A reload asked right after the file is saved meets the watcher's read of it (which
+/// starts 200 ms after the save): it waits for that read instead of failing as if the
+/// filesystem hung (the console's Reload button, pressed after an edit, failed so now and
+/// then). Many routes make each read long enough to meet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_asked_as_the_watcher_reads_the_file_waits_for_it() {
+    let upstream = Upstream::start().await;
+    let many: String = (0..1500)
+        .map(|n| route(&format!("r{n}"), &format!("/r{n}")))
+        .collect();
+    let proxy = Reloadable::start(upstream, &format!("routes:\n{many}")).await;
+    let admin = proxy.app.admin_addr;
+    for round in 0..12u64 {
+        let extra = if round % 2 == 0 {
+            route("b", "/b")
+        } else {
+            String::new()
+        };
+        proxy.rewrite(&format!("routes:\n{many}{extra}"));
+        tokio::time::sleep(Duration::from_millis(190 + round * 10)).await;
+        let reloaded = admin_post(admin, "/v1/reload", "").await;
+        assert_eq!(reloaded.status, 200, "round {round}: {}", reloaded.body);
+        assert_eq!(reloaded.json()["routes"], 1501 - round % 2, "round {round}");
+    }
+}
