@@ -84,14 +84,17 @@ pub(crate) async fn count_held_forever(proxy: Arc<Proxy>, metrics: Arc<Metrics>)
 /// process's id and a number drawn once, so that replicas sharing a host name (host
 /// networking) and a pid (1, in containers) differ.
 pub(crate) fn replica_id() -> String {
-    let host = crate::delivery_log::replica_name();
-    static DRAWN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let drawn = DRAWN.get_or_init(rand::random);
-    format!(
-        "{}:{}:{drawn:08x}",
-        host.as_deref().unwrap_or("host"),
-        std::process::id()
-    )
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let id = ID.get_or_init(|| {
+        let host = crate::delivery_log::replica_name();
+        let drawn: u32 = rand::random();
+        format!(
+            "{}:{}:{drawn:08x}",
+            host.as_deref().unwrap_or("host"),
+            std::process::id()
+        )
+    });
+    id.clone()
 }
 
 /// Reports this replica to a shared store at once and every [`REPORT_EVERY`]: its

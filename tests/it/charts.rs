@@ -151,9 +151,9 @@ async fn every_replicas_minutes_are_added_up(kind: &str) {
         return;
     }
     let name = "charts_replicas";
+    let prefix = format!("{name}-{:x}:", rand::random::<u64>());
     let store = if kind == "redis" {
-        let run = format!("{:x}", rand::random::<u64>());
-        format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{name}-{run}:\" }} }}")
+        format!("store: {{ redis: {{ url: \"{REDIS_URL}\", prefix: \"{prefix}\" }} }}")
     } else {
         drop_postgres_tables(name).await;
         format!("store: {{ postgres: {{ url: \"{POSTGRES_URL}\", table: {name} }} }}")
@@ -184,6 +184,7 @@ async fn every_replicas_minutes_are_added_up(kind: &str) {
     );
     replicas[0].signal("TERM");
     assert!(replicas[0].wait(Duration::from_secs(10)).success());
+    plant_odd_minutes(kind, &prefix, name);
     let both = charts(replicas[1].admin, "?route=hooks").await.json();
     assert_eq!(total(&both, "forwarded"), 3, "{kind}: {both}");
     assert_eq!(total(&both, "duplicate"), 1, "{kind}");
@@ -237,4 +238,65 @@ async fn a_queued_routes_minutes_carry_its_jobs_waiting() {
         last["minutes"][0]["queue_waiting"], 0,
         "no depth counted then"
     );
+}
+
+/// Writes what no replica writes into the store's minutes, as whoever else reaches the
+/// store could: garbage, a minute off the minute, one ten days ahead with a large count,
+/// and one over the 256 KiB a minute may take. The charts leave each out.
+fn plant_odd_minutes(kind: &str, prefix: &str, table: &str) {
+    use std::io::Write;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let minute = now - now % 60_000;
+    let record = |at: u64, replica: &str| {
+        format!(
+            r#"{{"replica":"{replica}","minute":{at},"routes":{{"hooks":{{"outcomes":{{"forwarded":1000}}}}}}}}"#
+        )
+    };
+    let planted = [
+        (minute, "\u{ff}{garbage".to_owned()),
+        (minute + 1, record(minute + 1, "off")),
+        (
+            minute + 10 * 86_400_000,
+            record(minute + 10 * 86_400_000, "ahead"),
+        ),
+        (minute, record(minute, &"huge".repeat(70_000))),
+    ];
+    for (score, member) in planted {
+        let done = if kind == "redis" {
+            let key = format!("{prefix}minutes");
+            let mut cli = std::process::Command::new("redis-cli")
+                .args(["-p", "6379", "-x", "ZADD", &key, &score.to_string()])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            cli.stdin
+                .take()
+                .unwrap()
+                .write_all(member.as_bytes())
+                .unwrap();
+            cli.wait().unwrap()
+        } else {
+            let sql = format!(
+                "INSERT INTO {table}_minutes (minute, replica, figures) VALUES ({score}, 'odd-{}', $odd${member}$odd$)",
+                rand::random::<u32>()
+            );
+            // On standard input: the large one is over an argument's 128 KiB.
+            let mut psql = std::process::Command::new("psql")
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-q"])
+                .args(["-v", "ON_ERROR_STOP=1"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut input = psql.stdin.take().unwrap();
+            input.write_all(format!("{sql};\n").as_bytes()).unwrap();
+            drop(input);
+            psql.wait().unwrap()
+        };
+        assert!(done.success(), "{kind}: planting a minute");
+    }
 }

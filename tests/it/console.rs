@@ -127,6 +127,17 @@ impl Browser {
         self.wait_for(&format!("body[data-page={page}]")).await;
     }
 
+    /// Asserts that nothing runs off the side of the window (a phone's, in the tests).
+    async fn fits_its_width(&self) {
+        let overflow = self
+            .script("return document.documentElement.scrollWidth - window.innerWidth")
+            .await;
+        assert!(
+            overflow.as_i64().unwrap() <= 0,
+            "the page is wider than the window: {overflow}"
+        );
+    }
+
     async fn click(&self, css: &str) {
         self.wait_for(css).await.click().await.unwrap();
     }
@@ -407,13 +418,7 @@ async fn clearing_a_scope_asks_for_its_name_and_the_routes_reload_from_the_page(
     browser.client.set_window_size(390, 844).await.unwrap();
     browser.go("deliveries").await;
     browser.wait_for_text("#deliveries tbody", "evt_b1").await;
-    let overflow = browser
-        .script("return document.documentElement.scrollWidth - window.innerWidth")
-        .await;
-    assert!(
-        overflow.as_i64().unwrap() <= 0,
-        "the page is wider than the phone: {overflow}"
-    );
+    browser.fits_its_width().await;
     browser.screenshot("deliveries-phone").await;
 }
 
@@ -1248,13 +1253,7 @@ async fn the_charts_draw_each_minute_and_say_it_in_words() {
 
     // At a phone's width nothing runs off the side.
     browser.client.set_window_size(390, 844).await.unwrap();
-    let overflow = browser
-        .script("return document.documentElement.scrollWidth - window.innerWidth")
-        .await;
-    assert!(
-        overflow.as_i64().unwrap() <= 0,
-        "the page is wider than the phone: {overflow}"
-    );
+    browser.fits_its_width().await;
     browser.screenshot("charts-phone").await;
     browser.client.set_window_size(1280, 900).await.unwrap();
 

@@ -376,9 +376,12 @@ function drawCharts(c) {
   const per = Math.ceil(minutes.length / CHART_STEPS);
   // On sled each start of the process is a replica of its own to the store.
   const shared = session.replicas !== null;
+  const running = shared
+    ? "the minute running is this replica's so far; the others' appear as each of their minutes ends."
+    : "the minute running is this run's so far.";
   parts.push(h('p', { class: 'muted' }, c.replicas.length > 1
-    ? `Figures of ${count(c.replicas.length, shared ? 'replica' : 'run')} of this proxy, added up; the minute running is ${shared ? "this replica's" : "this run's"} so far.`
-    : 'The minute running is counted so far.',
+    ? `Figures of ${count(c.replicas.length, shared ? 'replica' : 'run')} of this proxy, added up; ${running}`
+    : `Figures of this ${shared ? 'replica' : 'run'}; ${running}`,
   per > 1 ? ` Each step shows the busiest of its ${per} minutes.` : ''));
   return parts;
 }
