@@ -44,6 +44,7 @@ mod properties;
 mod queue_contract;
 mod queued;
 mod queued_crashes;
+mod readme;
 mod replays;
 mod replicas;
 mod secrets;
