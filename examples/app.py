@@ -16,7 +16,6 @@ class App(BaseHTTPRequestHandler):
         body = b'{"paid":true}' if paid else b'{"ok":true}'
         self.send_response(201 if paid else 200)
         self.send_header("content-type", "application/json")
-        # A sized answer: only those are kept for replay (the idempotency-key example).
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -3,27 +3,28 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 use http::HeaderName;
 use http::Response;
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::{Frame, Incoming};
 use sha2::{Digest, Sha256};
 
-use crate::body::{self, ProxyBody};
+use crate::body::{self, BoxError, ProxyBody};
 use crate::preset::FingerprintScope;
 use crate::store::{Fingerprint, RecordedResponse};
 use crate::upstream;
 
 /// The largest upstream answer kept for `duplicate_response.replay`: its body and the
-/// headers recorded with it. Larger answers (or answers without a `Content-Length`)
-/// stream through and are not replayed.
+/// headers recorded with it. Larger answers stream through and are not replayed.
 pub const REPLAY_RECORD_LIMIT: u64 = 64 * 1024;
 
 /// Buffers a small upstream answer so that duplicates can be answered with it, with the
-/// headers `replay_headers` names; a large or unsized one streams through and is not
-/// kept. Small means its body and those headers within [`REPLAY_RECORD_LIMIT`].
+/// headers `replay_headers` names; a large one streams through and is not kept. Small
+/// means its body and those headers within [`REPLAY_RECORD_LIMIT`]; an answer without a
+/// `Content-Length` (chunked, or ended by closing) is read up to that much to find out.
 pub(super) async fn keep_for_replay(
     response: Response<Incoming>,
     replay_headers: &[HeaderName],
@@ -50,18 +51,19 @@ pub(super) async fn keep_for_replay(
         .iter()
         .map(|(name, value)| (name.len() + value.len()) as u64)
         .sum();
-    let small = response
+    let room = REPLAY_RECORD_LIMIT.saturating_sub(headers_size);
+    let declared = response
         .headers()
         .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|length| length.saturating_add(headers_size) <= REPLAY_RECORD_LIMIT);
-    if !small {
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if headers_size > REPLAY_RECORD_LIMIT || declared.is_some_and(|length| length > room) {
         return (response, None);
     }
     let (head, body) = response.into_parts();
-    let body = match tokio::time::timeout(timeout, body.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        _ => {
+    let body = match read_within(body, room, timeout).await {
+        Read::Whole(body) => body,
+        Read::TooLong(body) => return (Response::from_parts(head, body), None),
+        Read::Failed => {
             tracing::warn!("upstream answer body failed; relaying the status without it");
             return (Response::from_parts(head, body::empty()), None);
         }
@@ -72,6 +74,54 @@ pub(super) async fn keep_for_replay(
         body: body.clone(),
     };
     (Response::from_parts(head, body::full(body)), Some(recorded))
+}
+
+/// What became of reading an answer's body to keep it.
+enum Read {
+    /// All of it, within the room.
+    Whole(Bytes),
+    /// More than the room, or not ended in time, or with trailers: what was read, then
+    /// the rest as it comes.
+    TooLong(ProxyBody),
+    /// The body broke off.
+    Failed,
+}
+
+/// Reads `body` whole if it is at most `room` bytes and ends within `timeout`; otherwise
+/// hands back what was read followed by the rest, so that nothing of it is lost.
+async fn read_within(mut body: ProxyBody, room: u64, timeout: Duration) -> Read {
+    let mut kept = BytesMut::new();
+    let mut trailers = None;
+    let reading = async {
+        while let Some(frame) = body.frame().await {
+            match frame?.into_data() {
+                Ok(data) => {
+                    kept.extend_from_slice(&data);
+                    if kept.len() as u64 > room {
+                        return Ok(false);
+                    }
+                }
+                Err(frame) => {
+                    trailers = Some(frame);
+                    return Ok(false);
+                }
+            }
+        }
+        Ok::<bool, BoxError>(true)
+    };
+    let outcome = tokio::time::timeout(timeout, reading).await;
+    match outcome {
+        Ok(Ok(true)) => Read::Whole(kept.freeze()),
+        Ok(Err(_)) => Read::Failed,
+        Ok(Ok(false)) | Err(_) => {
+            let read = (!kept.is_empty())
+                .then(|| Frame::data(kept.freeze()))
+                .into_iter()
+                .chain(trailers);
+            let frames = futures_util::stream::iter(read.map(Ok)).chain(BodyStream::new(body));
+            Read::TooLong(BodyExt::boxed(StreamBody::new(frames)))
+        }
+    }
 }
 
 /// The hash a duplicate's is compared with: of the body, or of the method, the target

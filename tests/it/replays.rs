@@ -1,7 +1,8 @@
 //! Faithful replays (`duplicate_response.replay`): a duplicate gets the app's recorded
 //! status, body and the headers `replay_headers` names, marked `Idempotent-Replayed: true`;
 //! other headers (cookies included) are not recorded unless listed, and an answer whose
-//! body and recorded headers exceed 64 KiB is not kept.
+//! body and recorded headers exceed 64 KiB is not kept; one without a `Content-Length`
+//! (chunked, or ended by closing) is kept as well, and relayed whole when it is not.
 
 use crate::support;
 
@@ -141,4 +142,131 @@ async fn a_compressed_answer_is_replayed_with_its_encoding_listed_or_not() {
         "the body's encoding"
     );
     assert_eq!(replay.body, "compressed bytes");
+}
+
+/// An upstream answering every request with `answer` (after reading the request whole),
+/// written as raw bytes; `pause` splits the answer there, for that long.
+async fn raw_answer(
+    answer: Vec<u8>,
+    pause: Option<(usize, std::time::Duration)>,
+) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer = std::sync::Arc::new(answer);
+    raw_upstream(move |mut stream| {
+        let answer = std::sync::Arc::clone(&answer);
+        async move {
+            let Some(head) = read_head(&mut stream).await else {
+                return;
+            };
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    line.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            let mut body = vec![0; length];
+            stream.read_exact(&mut body).await.unwrap();
+            let (first, rest) = answer.split_at(pause.map_or(answer.len(), |(at, _)| at));
+            let _ = stream.write_all(first).await;
+            if let Some((_, wait)) = pause {
+                tokio::time::sleep(wait).await;
+            }
+            let _ = stream.write_all(rest).await;
+            let _ = stream.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// `text` as chunks of at most `size` bytes, the chunked encoding's way.
+fn chunked(text: &str, size: usize) -> String {
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(size) {
+        out.push_str(&format!(
+            "{:x}\r\n{}\r\n",
+            chunk.len(),
+            std::str::from_utf8(chunk).unwrap()
+        ));
+    }
+    out + "0\r\n\r\n"
+}
+
+#[tokio::test]
+async fn an_answer_without_a_content_length_is_replayed_chunked_or_ended_by_closing() {
+    let body = r#"{"order":78,"state":"paid"}"#;
+    let answers = [
+        format!(
+            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{}",
+            chunked(body, 7)
+        ),
+        format!("HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\r\n{body}"),
+    ];
+    for answer in answers {
+        let upstream = raw_answer(answer.clone().into_bytes(), None).await;
+        let proxy = Proxy::start(upstream, &replaying_route("")).await;
+        let first = post_event(proxy.addr, "evt_unsized").await;
+        assert_eq!((first.status, first.body.as_str()), (201, body), "{answer}");
+        let replay = post_event(proxy.addr, "evt_unsized").await;
+        assert_eq!(
+            (replay.status, replay.dedupe(), replay.body.as_str()),
+            (201, "duplicate", body),
+            "{answer}"
+        );
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+        assert_eq!(replay.header("content-type"), Some("application/json"));
+    }
+}
+
+#[tokio::test]
+async fn an_unsized_answer_over_64_kib_is_relayed_whole_and_not_kept() {
+    // 100 KiB in 1 000-byte chunks, each line numbered: a lost or repeated part would show.
+    let body: String = (0..1600).map(|n| format!("{n:063}\n")).collect();
+    let answer = format!(
+        "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n{}",
+        chunked(&body, 1000)
+    );
+    let upstream = raw_answer(answer.into_bytes(), None).await;
+    let proxy = Proxy::start(upstream, &replaying_route("")).await;
+    let first = post_event(proxy.addr, "evt_long").await;
+    assert_eq!(first.status, 201);
+    assert!(first.body == body, "the answer arrived whole and in order");
+    let duplicate = post_event(proxy.addr, "evt_long").await;
+    assert_eq!((duplicate.status, duplicate.dedupe()), (200, "duplicate"));
+    assert_eq!(duplicate.header("idempotent-replayed"), None);
+}
+
+#[tokio::test]
+async fn an_unsized_answer_slower_than_upstream_timeout_is_relayed_whole_and_not_kept() {
+    let answer = format!(
+        "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n{}",
+        chunked("first part, then after a pause the second", 11)
+    );
+    // The head and a chunk at once, the rest past the route's 300 ms.
+    let pause = Some((
+        answer.find("\r\n\r\n").unwrap() + 20,
+        std::time::Duration::from_millis(900),
+    ));
+    let upstream = raw_answer(answer.into_bytes(), pause).await;
+    let proxy = Proxy::start(
+        upstream,
+        &replaying_route("").replace(
+            "    duplicate_response",
+            "    upstream_timeout: 300ms\n    duplicate_response",
+        ),
+    )
+    .await;
+    let first = post_event(proxy.addr, "evt_slow").await;
+    assert_eq!(
+        (first.status, first.dedupe(), first.body.as_str()),
+        (
+            201,
+            "forwarded",
+            "first part, then after a pause the second"
+        )
+    );
+    let duplicate = post_event(proxy.addr, "evt_slow").await;
+    assert_eq!((duplicate.status, duplicate.dedupe()), (200, "duplicate"));
+    assert_eq!(duplicate.header("idempotent-replayed"), None);
 }
