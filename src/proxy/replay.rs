@@ -90,14 +90,19 @@ enum Read {
 /// Reads `body` whole if it is at most `room` bytes and ends within `timeout`; otherwise
 /// hands back what was read followed by the rest, so that nothing of it is lost.
 async fn read_within(mut body: ProxyBody, room: u64, timeout: Duration) -> Read {
-    let mut kept = BytesMut::new();
+    // The frames as they came: one (the usual answer) is kept without a copy.
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut length = 0u64;
     let mut trailers = None;
     let reading = async {
         while let Some(frame) = body.frame().await {
             match frame?.into_data() {
                 Ok(data) => {
-                    kept.extend_from_slice(&data);
-                    if kept.len() as u64 > room {
+                    length += data.len() as u64;
+                    if !data.is_empty() {
+                        parts.push(data);
+                    }
+                    if length > room {
                         return Ok(false);
                     }
                 }
@@ -111,17 +116,26 @@ async fn read_within(mut body: ProxyBody, room: u64, timeout: Duration) -> Read 
     };
     let outcome = tokio::time::timeout(timeout, reading).await;
     match outcome {
-        Ok(Ok(true)) => Read::Whole(kept.freeze()),
+        Ok(Ok(true)) => Read::Whole(joined(parts, length)),
         Ok(Err(_)) => Read::Failed,
         Ok(Ok(false)) | Err(_) => {
-            let read = (!kept.is_empty())
-                .then(|| Frame::data(kept.freeze()))
-                .into_iter()
-                .chain(trailers);
+            let read = parts.into_iter().map(Frame::data).chain(trailers);
             let frames = futures_util::stream::iter(read.map(Ok)).chain(BodyStream::new(body));
             Read::TooLong(BodyExt::boxed(StreamBody::new(frames)))
         }
     }
+}
+
+/// The parts of a body as one.
+fn joined(mut parts: Vec<Bytes>, length: u64) -> Bytes {
+    if parts.len() <= 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut whole = BytesMut::with_capacity(usize::try_from(length).unwrap_or(0));
+    for part in parts {
+        whole.extend_from_slice(&part);
+    }
+    whole.freeze()
 }
 
 /// The hash a duplicate's is compared with: of the body, or of the method, the target
