@@ -1,8 +1,10 @@
 //! Faithful replays (`duplicate_response.replay`): a duplicate gets the app's recorded
 //! status, body and the headers `replay_headers` names, marked `Idempotent-Replayed: true`;
 //! other headers (cookies included) are not recorded unless listed, and an answer whose
-//! body and recorded headers exceed 64 KiB is not kept; one without a `Content-Length`
-//! (chunked, or ended by closing) is kept as well, and relayed whole when it is not.
+//! body and recorded headers exceed 64 KiB is not kept. A chunked answer is kept too; one
+//! ended by closing the connection is not (a crash ends it the same way); past 64 KiB,
+//! or when its body outlasts `upstream_timeout`, an answer is relayed whole and not kept,
+//! and a body that breaks off reaches the sender broken, not as a whole empty answer.
 
 use crate::support;
 
@@ -145,8 +147,9 @@ async fn a_compressed_answer_is_replayed_with_its_encoding_listed_or_not() {
 }
 
 /// An upstream answering every request with `answer` (after reading the request whole),
-/// written as raw bytes; `pause` splits the answer there, for that long.
-async fn raw_answer(
+/// written as raw bytes, then closing; with `pause` `(at, wait)`, it writes `answer[..at]`,
+/// waits `wait`, then writes the rest.
+async fn upstream_writing(
     answer: Vec<u8>,
     pause: Option<(usize, std::time::Duration)>,
 ) -> std::net::SocketAddr {
@@ -194,29 +197,67 @@ fn chunked(text: &str, size: usize) -> String {
 }
 
 #[tokio::test]
-async fn an_answer_without_a_content_length_is_replayed_chunked_or_ended_by_closing() {
+async fn a_chunked_answer_is_replayed_and_one_ended_by_closing_is_relayed_not_kept() {
     let body = r#"{"order":78,"state":"paid"}"#;
-    let answers = [
-        format!(
-            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{}",
-            chunked(body, 7)
-        ),
-        format!("HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\r\n{body}"),
-    ];
-    for answer in answers {
-        let upstream = raw_answer(answer.clone().into_bytes(), None).await;
-        let proxy = Proxy::start(upstream, &replaying_route("")).await;
-        let first = post_event(proxy.addr, "evt_unsized").await;
-        assert_eq!((first.status, first.body.as_str()), (201, body), "{answer}");
-        let replay = post_event(proxy.addr, "evt_unsized").await;
-        assert_eq!(
-            (replay.status, replay.dedupe(), replay.body.as_str()),
-            (201, "duplicate", body),
-            "{answer}"
-        );
-        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
-        assert_eq!(replay.header("content-type"), Some("application/json"));
-    }
+    let chunked_answer = format!(
+        "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{}",
+        chunked(body, 7)
+    );
+    let upstream = upstream_writing(chunked_answer.into_bytes(), None).await;
+    let proxy = Proxy::start(upstream, &replaying_route("")).await;
+    let first = post_event(proxy.addr, "evt_chunked").await;
+    assert_eq!((first.status, first.body.as_str()), (201, body));
+    let replay = post_event(proxy.addr, "evt_chunked").await;
+    assert_eq!(
+        (replay.status, replay.dedupe(), replay.body.as_str()),
+        (201, "duplicate", body)
+    );
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+
+    // Ended by closing: a crash mid-answer would end it the same way, so it is not kept.
+    let closed = format!("HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\r\n{body}");
+    let upstream = upstream_writing(closed.into_bytes(), None).await;
+    let proxy = Proxy::start(upstream, &replaying_route("")).await;
+    let first = post_event(proxy.addr, "evt_closed").await;
+    assert_eq!((first.status, first.body.as_str()), (201, body));
+    let duplicate = post_event(proxy.addr, "evt_closed").await;
+    assert_eq!((duplicate.status, duplicate.dedupe()), (200, "duplicate"));
+    assert_eq!(duplicate.header("idempotent-replayed"), None);
+}
+
+#[tokio::test]
+async fn a_chunked_answer_that_breaks_off_reaches_the_sender_broken_and_is_not_kept() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Two chunks, then the connection closes without the last, empty chunk.
+    let broken = "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n3\r\nsec";
+    let upstream = upstream_writing(broken.as_bytes().to_vec(), None).await;
+    let proxy = Proxy::start(upstream, &replaying_route("")).await;
+    let event = r#"{"id":"evt_broken","type":"test"}"#;
+    let request = format!(
+        "POST /hooks HTTP/1.1\r\nhost: hooks\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
+        event.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the proxy ends the broken answer");
+    // Cut off (hyper may close before it has written anything), never whole.
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty()
+            || (answer.starts_with("HTTP/1.1 201")
+                && !answer.ends_with("0\r\n\r\n")
+                && !answer.contains("content-length: 0")),
+        "a broken answer must not look whole: {answer}"
+    );
+    let duplicate = post_event(proxy.addr, "evt_broken").await;
+    assert_eq!(duplicate.header("idempotent-replayed"), None);
 }
 
 #[tokio::test]
@@ -227,7 +268,7 @@ async fn an_unsized_answer_over_64_kib_is_relayed_whole_and_not_kept() {
         "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n{}",
         chunked(&body, 1000)
     );
-    let upstream = raw_answer(answer.into_bytes(), None).await;
+    let upstream = upstream_writing(answer.into_bytes(), None).await;
     let proxy = Proxy::start(upstream, &replaying_route("")).await;
     let first = post_event(proxy.addr, "evt_long").await;
     assert_eq!(first.status, 201);
@@ -238,7 +279,7 @@ async fn an_unsized_answer_over_64_kib_is_relayed_whole_and_not_kept() {
 }
 
 #[tokio::test]
-async fn an_answer_slower_than_upstream_timeout_is_relayed_whole_and_not_kept() {
+async fn an_answer_whose_body_outlasts_upstream_timeout_is_relayed_whole_and_not_kept() {
     let text = "first part, then after a pause the second";
     let answers = [
         format!(
@@ -258,7 +299,7 @@ async fn an_answer_slower_than_upstream_timeout_is_relayed_whole_and_not_kept() 
         // The head and a part of the body at once, the rest past the route's 300 ms.
         let split = answer.find("\r\n\r\n").unwrap() + 20;
         let pause = Some((split, std::time::Duration::from_millis(900)));
-        let upstream = raw_answer(answer.clone().into_bytes(), pause).await;
+        let upstream = upstream_writing(answer.clone().into_bytes(), pause).await;
         let proxy = Proxy::start(upstream, &route).await;
         let first = post_event(proxy.addr, "evt_slow").await;
         assert_eq!(
