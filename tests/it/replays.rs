@@ -312,3 +312,18 @@ async fn an_answer_whose_body_outlasts_upstream_timeout_is_relayed_whole_and_not
         assert_eq!(duplicate.header("idempotent-replayed"), None);
     }
 }
+
+#[tokio::test]
+async fn a_no_content_answer_is_replayed() {
+    let upstream = upstream_writing(
+        b"HTTP/1.1 204 No Content\r\netag: \"v2\"\r\n\r\n".to_vec(),
+        None,
+    )
+    .await;
+    let proxy = Proxy::start(upstream, &replaying_route("")).await;
+    assert_eq!(post_event(proxy.addr, "evt_204").await.status, 204);
+    let replay = post_event(proxy.addr, "evt_204").await;
+    assert_eq!((replay.status, replay.dedupe()), (204, "duplicate"));
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.header("etag"), Some("\"v2\""));
+}
