@@ -36,6 +36,9 @@ pub(super) async fn keep_for_replay(
     let end_is_marked = end_is_marked(&response);
     // As the sender gets it: the headers that describe the connection are gone.
     let response = upstream::inbound(response);
+    if !end_is_marked {
+        return (response, None);
+    }
     // The body is kept as the app encoded it, so its encoding goes with it, listed or not.
     let unlisted_encoding =
         (!replay_headers.contains(&CONTENT_ENCODING)).then_some(&CONTENT_ENCODING);
@@ -60,10 +63,7 @@ pub(super) async fn keep_for_replay(
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    if !end_is_marked
-        || headers_size > REPLAY_RECORD_LIMIT
-        || declared_length.is_some_and(|n| n > body_room)
-    {
+    if headers_size > REPLAY_RECORD_LIMIT || declared_length.is_some_and(|n| n > body_room) {
         return (response, None);
     }
     let (head, body) = response.into_parts();
