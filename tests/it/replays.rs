@@ -317,3 +317,27 @@ async fn a_no_content_answer_is_replayed() {
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(replay.header("etag"), Some("\"v2\""));
 }
+
+/// An app dripping its answer a byte a chunk, each chunk's size padded with zeros (which
+/// HTTP/1.1 parsers accept): the answer is kept whole, from its many frames, and replayed.
+#[tokio::test]
+async fn a_drip_fed_answer_of_many_padded_chunks_is_kept_whole() {
+    let body: String = (0..4000u32)
+        .map(|n| char::from(b'a' + (n % 26) as u8))
+        .collect();
+    let chunks: String = body
+        .chars()
+        .map(|c| format!("00000001\r\n{c}\r\n"))
+        .collect();
+    let answer =
+        format!("HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n{chunks}0\r\n\r\n");
+    let upstream = upstream_writing(answer.into_bytes(), None).await;
+    let proxy = Proxy::start(upstream, &replaying_route("")).await;
+    let first = post_event(proxy.addr, "evt_drip").await;
+    assert_eq!(first.status, 201);
+    assert!(first.body == body, "relayed whole and in order");
+    let replay = post_event(proxy.addr, "evt_drip").await;
+    assert_eq!((replay.status, replay.dedupe()), (201, "duplicate"));
+    assert!(replay.body == body, "replayed whole and in order");
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+}
